@@ -1,0 +1,141 @@
+"""The process-group context: who this process is and how to reach the others.
+
+This package (``dist/``) is the only code that imports ``torch.distributed``; everything else
+receives a :class:`DistContext` and calls the collectives through it.
+
+Three ways a process can start, all ending in the same context:
+  * a single process (``ns-train distsplat``): ``world_size == 1``, no process group;
+  * nerfstudio's launcher (``ns-train --machine.num-devices N``): the group already exists;
+  * torchrun (``torchrun --nproc_per_node N $(which ns-train) distsplat``, also multi-node through
+    its c10d rendezvous): ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are set and we create the group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distsplat_ns.utils.logging import get_logger, set_log_rank
+
+LOGGER = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """One validated description of this process in the job.
+
+    Attributes:
+        rank: Global process index in ``[0, world_size)``.
+        local_rank: Index of this process's device on its host.
+        world_size: Number of processes in the job.
+        device: The device this process computes on (``cuda:<local_rank>`` or ``cpu``).
+        backend: ``"nccl"``, ``"gloo"`` or ``None`` when ``world_size == 1``.
+        timeout_s: Collective timeout in seconds: a rank that stops answering ends the run.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that owns viewer, writers and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError as err:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from err
+
+
+def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0) -> DistContext:
+    """Create (or adopt) the process group and bind this process to its device.
+
+    Args:
+        device_type: ``"cuda"`` or ``"cpu"`` (nerfstudio's ``--machine.device-type``).
+        timeout_s: Collective timeout in seconds. A dead or stuck rank makes every other rank fail
+            with an error after at most this long, instead of hanging.
+        local_rank_hint: The local rank nerfstudio's launcher passed, used when the group already
+            exists and ``LOCAL_RANK`` is not set.
+
+    Returns:
+        The context for this process.
+
+    Raises:
+        ValueError: ``device_type`` is not ``cuda``/``cpu``, or CUDA is asked for but absent.
+
+    **Collective:** creating the group is itself a rendezvous of all ranks.
+    """
+    if device_type not in ("cuda", "cpu"):
+        raise ValueError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
+    if timeout_s <= 0:
+        raise ValueError(f"collective timeout must be > 0 seconds, got {timeout_s}")
+
+    env_world = _env_int("WORLD_SIZE")
+    env_rank = _env_int("RANK")
+    env_local = _env_int("LOCAL_RANK")
+
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = env_local if env_local is not None else local_rank_hint
+        backend = dist.get_backend()
+    elif env_world is not None and env_world > 1:
+        if env_rank is None:
+            raise ValueError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
+        rank, world_size = env_rank, env_world
+        local_rank = env_local if env_local is not None else 0
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            world_size=world_size,
+            rank=rank,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    else:
+        rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
+
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    set_log_rank(rank)
+    ctx = DistContext(
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
+    )
+    if ctx.is_distributed:
+        LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
+    return ctx
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group if this process created or joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,135 @@
+"""Densification: gsplat's DefaultStrategy driven by statistics reduced over the whole batch.
+
+gsplat is imported lazily here (STYLE.md layer rule). Schedules are counted in images and converted
+to optimizer steps once, so a batch of B images per step keeps what an epoch means (Grendel-GS
+counts iterations in images; ANCHORS.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def images_to_steps(num_images: int, batch_size: int) -> int:
+    """The number of steps of ``batch_size`` images that covers ``num_images`` images (at least 1)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return max(1, int(round(num_images / batch_size)))
+
+
+@dataclass(frozen=True)
+class StrategySchedule:
+    """The DefaultStrategy knobs that are counted in time, in optimizer steps."""
+
+    refine_start_iter: int
+    refine_stop_iter: int
+    reset_every: int
+    refine_every: int
+    pause_refine_after_reset: int
+    refine_scale2d_stop_iter: int
+
+
+def schedule_in_steps(
+    *,
+    warmup_images: int,
+    stop_split_images: int,
+    refine_every_images: int,
+    reset_alpha_every_refines: int,
+    stop_screen_size_images: int,
+    num_train_images: int,
+    batch_size: int,
+) -> StrategySchedule:
+    """Convert splatfacto's image-counted densification schedule to steps of ``batch_size`` images."""
+    refine_every = images_to_steps(refine_every_images, batch_size)
+    return StrategySchedule(
+        refine_start_iter=images_to_steps(warmup_images, batch_size),
+        refine_stop_iter=images_to_steps(stop_split_images, batch_size),
+        reset_every=reset_alpha_every_refines * refine_every,
+        refine_every=refine_every,
+        pause_refine_after_reset=images_to_steps(num_train_images + refine_every_images, batch_size),
+        refine_scale2d_stop_iter=images_to_steps(stop_screen_size_images, batch_size),
+    )
+
+
+def build_default_strategy(
+    schedule: StrategySchedule,
+    *,
+    prune_opa: float,
+    grow_grad2d: float,
+    grow_scale3d: float,
+    grow_scale2d: float,
+    prune_scale3d: float,
+    prune_scale2d: float,
+    absgrad: bool,
+    verbose: bool,
+) -> Any:
+    """gsplat's DefaultStrategy with splatfacto's thresholds and a step-counted schedule."""
+    from gsplat.strategy import DefaultStrategy
+
+    return DefaultStrategy(
+        prune_opa=prune_opa,
+        grow_grad2d=grow_grad2d,
+        grow_scale3d=grow_scale3d,
+        grow_scale2d=grow_scale2d,
+        prune_scale3d=prune_scale3d,
+        prune_scale2d=prune_scale2d,
+        refine_scale2d_stop_iter=schedule.refine_scale2d_stop_iter,
+        refine_start_iter=schedule.refine_start_iter,
+        refine_stop_iter=schedule.refine_stop_iter,
+        reset_every=schedule.reset_every,
+        refine_every=schedule.refine_every,
+        pause_refine_after_reset=schedule.pause_refine_after_reset,
+        absgrad=absgrad,
+        revised_opacity=False,
+        verbose=verbose,
+    )
+
+
+def batch_info(
+    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
+) -> dict[str, Any]:
+    """The ``info`` dict DefaultStrategy reads, built from statistics of the WHOLE global batch.
+
+    Args:
+        grads2d: d loss / d means2d summed over every band of every rank. ``[B, N, 2]``.
+        absgrads2d: gsplat's absgrad, likewise summed. ``[B, N, 2]``.
+        radii: Screen radii, max over ranks (0 where culled). ``[B, N]`` int32, px.
+        width: Rendered width this step, px.
+        height: Rendered height this step, px.
+
+    Returns:
+        The dict gsplat's ``DefaultStrategy._update_state`` consumes; its ``means2d`` is a stand-in
+        leaf tensor carrying ``.grad`` and ``.absgrad``, exactly what a single process rendering the
+        whole batch in one call would have produced.
+    """
+    holder = torch.zeros_like(grads2d, requires_grad=True)
+    holder.grad = grads2d
+    holder.absgrad = absgrads2d  # type: ignore[attr-defined]
+    return {
+        "means2d": holder,
+        "radii": radii,
+        "width": width,
+        "height": height,
+        "n_cameras": int(grads2d.shape[0]),
+        "gaussian_ids": None,
+    }
+
+
+def refine_seed(seed: int, step: int) -> int:
+    """The global-RNG seed used for densification at ``step``: identical on every rank.
+
+    gsplat's split samples new positions with the global generator; reseeding it from (seed, step)
+    right before the strategy runs makes every rank draw the same samples whatever else used the
+    generator since (data workers, viewer).
+    """
+    return (seed * 1_000_003 + step * 7919 + 17) % (2**63 - 1)
+
+
+def sqrt_batch_scaling(lr: float, eps: float, betas: tuple[float, float], batch_size: int) -> tuple[float, float, tuple[float, float]]:
+    """Grendel-GS's "sqrt" rule: lr x sqrt(B), eps / sqrt(B), betas -> beta^B (ANCHORS.md)."""
+    s = math.sqrt(batch_size)
+    return lr * s, eps / s, (betas[0] ** batch_size, betas[1] ** batch_size)
