@@ -1,0 +1,592 @@
+"""ParallelFullImageDatamanager: nerfstudio glue around the shared-byte image stream (issue #3).
+
+nerfstudio 1.1.5's FullImageDatamanager decodes every image up front (RAM ~ decoded size, start-up
+linear in the number of images). This datamanager keeps only the encoded files in one shared
+buffer (``store.py``) and lets DataLoader workers decode each rank's share of every step
+(``stream.py``), prefetched.
+
+- ``train_dataset`` / ``eval_dataset`` are nerfstudio ``InputDataset``s (viewer, ns-export), whose
+  ``cameras`` are rewritten at construction to the *undistorted* intrinsics and sizes, computed
+  from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does.
+- The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner)`` once and
+  then ``next_train_batch(step)`` for increasing steps.
+- nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
+  ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
+
+Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
+
+import numpy as np
+import torch
+from torch.nn import Parameter
+from torch.utils.data import DataLoader
+
+from nerfstudio.cameras.cameras import Cameras, CameraType
+from nerfstudio.configs.dataparser_configs import AnnotatedDataParserUnion
+from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
+from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
+from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from nerfstudio.data.datasets.base_dataset import InputDataset
+
+from distsplat_ns.data import order
+from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, UndistortSpec, default_decoder
+from distsplat_ns.data.store import EncodedImageStore, format_bytes
+from distsplat_ns.data.stream import (
+    Assigner,
+    ImageBatchStream,
+    IndexedImageDataset,
+    TrainBatch,
+    TrainBatchReader,
+    identity_collate,
+)
+from distsplat_ns.utils.logging import get_logger, log_rank0
+
+_LOGGER = get_logger(__name__)
+
+_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+@dataclass
+class ParallelFullImageDatamanagerConfig(DataManagerConfig):
+    """Configuration of ``ParallelFullImageDatamanager``."""
+
+    _target: Type = field(default_factory=lambda: ParallelFullImageDatamanager)
+    dataparser: AnnotatedDataParserUnion = field(default_factory=NerfstudioDataParserConfig)
+    """Which dataparser reads the scene (nerfstudio-data, colmap, blender-data, ...)."""
+    camera_res_scale_factor: float = 1.0
+    """Resize factor applied to images, masks and intrinsics at decode time (as nerfstudio's
+    FullImageDatamanager). 1.0 keeps the files' resolution."""
+    num_workers: int = 2
+    """DataLoader worker processes decoding training images, per rank. Each decodes about one
+    core's worth of JPEGs (~180 1080p images/s with simplejpeg); 0 decodes in the training process."""
+    prefetch_batches: int = 4
+    """Steps decoded ahead of the training loop. A few steps absorb decode-time jitter; each
+    costs B/world_size decoded images of RAM (6 MB per 1080p image)."""
+    ram_budget_bytes: int = 0
+    """Most bytes of encoded training files kept in RAM. 0: ram_budget_fraction of the memory
+    available at start-up. Above the budget, workers read the files from disk (logged once)."""
+    ram_budget_fraction: float = 0.25
+    """Share of available memory the encoded files may take when ram_budget_bytes is 0. A quarter
+    leaves room for the model, the optimizer and other ranks on the same host."""
+    decoder: Literal["auto", "pil", "simplejpeg", "torchvision"] = "auto"
+    """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
+    docs/data.md). PNG and other formats always use PIL."""
+    seed: int = 42
+    """Seed of the per-epoch shuffles of the training images."""
+    skip_corrupt_images: bool = False
+    """Log and drop undecodable training images instead of failing. Off by default: a corrupt
+    file is a data problem the user should see."""
+    multiprocessing_context: Literal["fork", "spawn", "forkserver"] = "fork"
+    """DataLoader start method. fork shares the encoded buffer by inheritance (nothing pickled);
+    spawn/forkserver send it as a shared-memory handle."""
+    eval_num_workers: int = 2
+    """DataLoader workers decoding eval images for fixed_indices_eval_dataloader (0: in process)."""
+    eval_num_images_to_sample_from: int = -1
+    """Number of images to sample during eval iteration (as nerfstudio; unused here)."""
+    eval_num_times_to_repeat_images: int = -1
+    """When not evaluating on all images, iterations before picking new images (as nerfstudio; unused)."""
+    eval_image_indices: Optional[Tuple[int, ...]] = (0,)
+    """Image indices used during eval (as nerfstudio; unused: all eval images are used)."""
+
+    def __post_init__(self) -> None:
+        if self.camera_res_scale_factor <= 0:
+            raise ValueError(f"camera_res_scale_factor must be > 0, got {self.camera_res_scale_factor}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if self.eval_num_workers < 0:
+            raise ValueError(f"eval_num_workers must be >= 0, got {self.eval_num_workers}")
+        if self.prefetch_batches < 1:
+            raise ValueError(f"prefetch_batches must be >= 1, got {self.prefetch_batches}")
+        if self.ram_budget_bytes < 0:
+            raise ValueError(f"ram_budget_bytes must be >= 0 (0: use ram_budget_fraction), got {self.ram_budget_bytes}")
+        if not 0.0 < self.ram_budget_fraction <= 1.0:
+            raise ValueError(f"ram_budget_fraction must be in (0, 1], got {self.ram_budget_fraction}")
+        if self.decoder not in ("auto", *DECODERS):
+            raise ValueError(f"decoder must be one of {('auto', *DECODERS)}, got {self.decoder!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.multiprocessing_context not in _START_METHODS:
+            raise ValueError(f"multiprocessing_context must be one of {_START_METHODS}, got {self.multiprocessing_context!r}")
+
+
+def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
+    """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
+
+    Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
+    operations, same OpenCV calls) without decoding any image, once per distinct camera.
+    Distortion parameters of undistorted cameras are set to zero: the cameras then describe the
+    delivered pixels.
+
+    Args:
+        cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.
+
+    Returns:
+        Per camera, its ``UndistortSpec`` or None (no distortion).
+
+    Raises:
+        NotImplementedError: A distorted camera of a model other than perspective or fisheye.
+        ValueError: A perspective camera with a non-zero k4 (unsupported by nerfstudio as well).
+    """
+    import cv2
+
+    if len(cameras.shape) != 1:
+        raise ValueError(f"cameras must have one batch dimension, got shape {tuple(cameras.shape)}")
+    num_cameras = cameras.shape[0]
+    specs: list[Optional[UndistortSpec]] = [None] * num_cameras
+    if cameras.distortion_params is None:
+        return specs
+    dist_all = cameras.distortion_params.detach().cpu().numpy()
+    fx = cameras.fx[:, 0].cpu().numpy()
+    fy = cameras.fy[:, 0].cpu().numpy()
+    cx = cameras.cx[:, 0].cpu().numpy()
+    cy = cameras.cy[:, 0].cpu().numpy()
+    widths = cameras.width[:, 0].cpu().numpy()
+    heights = cameras.height[:, 0].cpu().numpy()
+    types = cameras.camera_type[:, 0].cpu().numpy()
+    cache: dict[tuple, tuple[UndistortSpec, np.ndarray, int, int]] = {}
+    for i in range(num_cameras):
+        params = dist_all[i]
+        if not np.any(params != 0):
+            continue
+        key = (int(types[i]), float(fx[i]), float(fy[i]), float(cx[i]), float(cy[i]), int(widths[i]), int(heights[i]), tuple(params.tolist()))
+        if key not in cache:
+            cache[key] = _undistortion_for(cv2, key, params)
+        spec, final_K, width, height = cache[key]
+        specs[i] = spec
+        cameras.fx[i] = float(final_K[0, 0])
+        cameras.fy[i] = float(final_K[1, 1])
+        cameras.cx[i] = float(final_K[0, 2])
+        cameras.cy[i] = float(final_K[1, 2])
+        cameras.width[i] = width
+        cameras.height[i] = height
+        cameras.distortion_params[i] = 0.0
+    return specs
+
+
+def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> tuple[UndistortSpec, np.ndarray, int, int]:  # noqa: ANN001
+    camera_type, fx, fy, cx, cy, width, height, _ = key
+    # float32, like Cameras.get_intrinsics_matrices().numpy() in nerfstudio.
+    K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
+    if camera_type == CameraType.PERSPECTIVE.value:
+        if params[3] != 0:
+            raise ValueError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
+        dist = np.array([params[0], params[1], params[4], params[5], params[2], params[3], 0, 0])
+        K[0, 2] = K[0, 2] - 0.5
+        K[1, 2] = K[1, 2] - 0.5
+        new_K, roi = cv2.getOptimalNewCameraMatrix(K, dist, (width, height), 0)
+        used_K = new_K.copy()
+        x, y, w, h = (int(v) for v in roi)
+        new_K[0, 2] -= x
+        new_K[1, 2] -= y
+        new_K[0, 2] = new_K[0, 2] + 0.5
+        new_K[1, 2] = new_K[1, 2] + 0.5
+        spec = UndistortSpec(
+            camera_model="perspective",
+            K=tuple(float(v) for v in K.reshape(-1)),
+            dist=tuple(float(v) for v in dist),
+            new_K=tuple(float(v) for v in used_K.reshape(-1)),
+            size_wh=(width, height),
+            roi_xywh=(x, y, w, h),
+        )
+        return spec, new_K, w, h
+    if camera_type == CameraType.FISHEYE.value:
+        K[0, 2] = K[0, 2] - 0.5
+        K[1, 2] = K[1, 2] - 0.5
+        dist = np.array([params[0], params[1], params[2], params[3]])
+        new_K = cv2.fisheye.estimateNewCameraMatrixForUndistortRectify(K, dist, (width, height), np.eye(3), balance=0)
+        used_K = new_K.copy()
+        new_K[0, 2] = new_K[0, 2] + 0.5
+        new_K[1, 2] = new_K[1, 2] + 0.5
+        spec = UndistortSpec(
+            camera_model="fisheye",
+            K=tuple(float(v) for v in K.reshape(-1)),
+            dist=tuple(float(v) for v in dist),
+            new_K=tuple(float(v) for v in used_K.reshape(-1)),
+            size_wh=(width, height),
+            roi_xywh=(0, 0, width, height),
+        )
+        return spec, new_K, width, height
+    raise NotImplementedError(
+        f"undistortion of {CameraType(camera_type).name} cameras is not supported by ParallelFullImageDatamanager "
+        "(perspective and fisheye are); use nerfstudio's FullImageDatamanager for this scene"
+    )
+
+
+def image_specs(dataset: InputDataset, undistort: list[Optional[UndistortSpec]], heights: list[int], widths: list[int]) -> list[ImageSpec]:
+    """Per-image decode instructions for ``dataset`` (sizes before undistortion)."""
+    outputs: DataparserOutputs = dataset._dataparser_outputs
+    alpha = outputs.alpha_color
+    alpha_color = tuple(float(v) for v in alpha.reshape(-1).tolist()) if alpha is not None else None
+    mask_color = tuple(float(v) for v in dataset.mask_color) if dataset.mask_color else None
+    return [
+        ImageSpec(
+            height=heights[i],
+            width=widths[i],
+            scale_factor=float(dataset.scale_factor),
+            alpha_color=alpha_color,  # type: ignore[arg-type]
+            mask_color=mask_color,  # type: ignore[arg-type]
+            undistort=undistort[i],
+        )
+        for i in range(len(dataset))
+    ]
+
+
+class ParallelFullImageDatamanager(DataManager):
+    """Full-image datamanager decoding encoded files in DataLoader workers, sharded across ranks.
+
+    Args:
+        config: The configuration.
+        device: Where ``next_train`` / eval batches and cameras go.
+        test_mode: ``"val"``, ``"test"`` or ``"inference"`` (no image is read in inference).
+        world_size: Number of processes (informational; ``configure_training`` sets the split).
+        local_rank: Device index on this host (informational).
+
+    Attributes:
+        train_dataset: nerfstudio ``InputDataset``; ``cameras`` hold undistorted intrinsics.
+        eval_dataset: Same for the eval split.
+        train_dataparser_outputs: The dataparser's train outputs (original, distorted cameras).
+    """
+
+    config: ParallelFullImageDatamanagerConfig
+    train_dataset: InputDataset
+    eval_dataset: InputDataset
+
+    def __init__(
+        self,
+        config: ParallelFullImageDatamanagerConfig,
+        device: Union[torch.device, str] = "cpu",
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        **kwargs,
+    ) -> None:
+        del kwargs
+        self.config = config
+        self.device = device
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.sampler = None
+        self.test_mode = test_mode
+        self.test_split = "test" if test_mode in ["test", "inference"] else "val"
+        self.dataparser_config = self.config.dataparser
+        if self.config.data is not None:
+            self.config.dataparser.data = Path(self.config.data)
+        else:
+            self.config.data = self.config.dataparser.data
+        self.dataparser = self.dataparser_config.setup()
+        if test_mode == "inference":
+            self.dataparser.downscale_factor = 1  # Avoid opening images (as nerfstudio).
+        self.includes_time = self.dataparser.includes_time
+        self.decoder = default_decoder() if config.decoder == "auto" else config.decoder
+
+        self.train_dataparser_outputs: DataparserOutputs = self.dataparser.get_dataparser_outputs(split="train")
+        self.train_dataset = InputDataset(self.train_dataparser_outputs, scale_factor=config.camera_res_scale_factor)
+        self.eval_dataset = InputDataset(
+            self.dataparser.get_dataparser_outputs(split=self.test_split), scale_factor=config.camera_res_scale_factor
+        )
+        self._train_specs = self._prepare_cameras(self.train_dataset)
+        self._eval_specs = self._prepare_cameras(self.eval_dataset)
+        self.exclude_batch_keys_from_device = list(self.train_dataset.exclude_batch_keys_from_device)
+        self.train_cameras = self.train_dataset.cameras
+
+        self._train_loader: Optional[ImageLoader] = None
+        self._eval_loader: Optional[ImageLoader] = None
+        self._reader: Optional[TrainBatchReader] = None
+        self._training: Optional[tuple[int, int, int, Optional[Assigner]]] = None
+        self._compat_mode = False
+        self._eval_rng = random.Random(config.seed)
+        self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
+        self._totals = {"num_images_delivered": 0, "decode_s": 0.0, "wait_s": 0.0, "num_batches": 0}
+        self._skipped: list[int] = []
+        super().__init__()
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _prepare_cameras(dataset: InputDataset) -> list[ImageSpec]:
+        heights = [int(h) for h in dataset.cameras.height[:, 0].tolist()]
+        widths = [int(w) for w in dataset.cameras.width[:, 0].tolist()]
+        undistort = undistort_cameras(dataset.cameras)
+        return image_specs(dataset, undistort, heights, widths)
+
+    def _ram_budget_bytes(self) -> int:
+        if self.config.ram_budget_bytes > 0:
+            return self.config.ram_budget_bytes
+        import psutil
+
+        return int(self.config.ram_budget_fraction * psutil.virtual_memory().available)
+
+    def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
+        outputs: DataparserOutputs = dataset._dataparser_outputs
+        images = EncodedImageStore(outputs.image_filenames, budget, name=name)
+        masks = None
+        if outputs.mask_filenames is not None:
+            remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
+            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+        return ImageLoader(images, specs, masks, decoder=self.decoder)
+
+    def setup_train(self) -> None:
+        """Read the training files into the shared buffer (or check them, in disk mode)."""
+        if self._train_loader is not None:
+            return
+        self._train_loader = self._build_loader(self.train_dataset, self._train_specs, self._ram_budget_bytes(), "train images")
+        store = self._train_loader.images
+        log_rank0(
+            _LOGGER,
+            "%d train images: %s encoded, %s (decoder %s, %d workers)",
+            len(store),
+            format_bytes(store.num_bytes),
+            "read from disk" if store.disk_mode else ("in shared memory" if store.shared else "in a private buffer"),
+            self.decoder,
+            self.config.num_workers,
+        )
+
+    def setup_eval(self) -> None:
+        """Check the eval files exist; they are read from disk when used (once per evaluation)."""
+        if self._eval_loader is None and len(self.eval_dataset) > 0:
+            self._eval_loader = self._build_loader(self.eval_dataset, self._eval_specs, 0, "eval images")
+
+    def _require_train_loader(self) -> ImageLoader:
+        if self._train_loader is None:
+            self.setup_train()
+        assert self._train_loader is not None
+        return self._train_loader
+
+    def _require_eval_loader(self) -> ImageLoader:
+        if self._eval_loader is None:
+            self.setup_eval()
+        if self._eval_loader is None:
+            raise RuntimeError("the eval split has no images")
+        return self._eval_loader
+
+    # ------------------------------------------------------------------ training stream
+    def configure_training(
+        self,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        start_step: int = 0,
+        assigner: Optional[Assigner] = None,
+    ) -> None:
+        """(Re)start the training stream: global batch size, this rank, the split, the first step.
+
+        Args:
+            batch_size: Global images per step, ``B`` (same on every rank).
+            rank: Global index of this process.
+            world_size: Number of processes.
+            start_step: The first step ``next_train_batch`` will be asked for (resume point).
+            assigner: Split of each batch across ranks (``positions_for_rank``, picklable);
+                ``order.ContiguousAssigner()`` if None.
+
+        Raises:
+            ValueError: Bad batch size, rank, world size or start step.
+        """
+        for name, value, minimum in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("start_step", start_step, 0)):
+            if not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        self._close_reader()
+        stream = ImageBatchStream(
+            self._require_train_loader(),
+            batch_size=batch_size,
+            seed=self.config.seed,
+            rank=rank,
+            world_size=world_size,
+            start_step=start_step,
+            assigner=assigner,
+            skip_corrupt_images=self.config.skip_corrupt_images,
+        )
+        self._reader = TrainBatchReader(
+            stream, self.config.num_workers, self.config.prefetch_batches, self.config.multiprocessing_context
+        )
+        self._training = (batch_size, rank, world_size, assigner)
+        self._compat_mode = False
+
+    def batch_camera_ids(self, step: int) -> list[int]:
+        """The global batch of dataset indices for ``step`` (same on every rank).
+
+        Raises:
+            RuntimeError: ``configure_training`` was not called.
+        """
+        if self._training is None:
+            raise RuntimeError("call configure_training(batch_size, rank, world_size) before batch_camera_ids")
+        return order.batch_camera_ids(self.config.seed, len(self.train_dataset), self._training[0], step)
+
+    def next_train_batch(self, step: int) -> TrainBatch:
+        """This rank's decoded images of ``step``.
+
+        Steps must be requested in increasing order from ``configure_training``'s ``start_step``;
+        any other step restarts the stream there (logged as a warning: it costs a pipeline refill).
+
+        Raises:
+            RuntimeError: ``configure_training`` was not called, or a worker failed earlier.
+            ValueError: A corrupt, truncated or wrongly-sized image (the message names the file),
+                re-raised from the worker, unless ``skip_corrupt_images``.
+        """
+        if self._training is None or self._reader is None:
+            raise RuntimeError("call configure_training(batch_size, rank, world_size, start_step) before next_train_batch")
+        if step != self._reader.next_step:
+            _LOGGER.warning(
+                "next_train_batch(%d) but the stream is at step %d: restarting the stream at %d", step, self._reader.next_step, step
+            )
+            batch_size, rank, world_size, assigner = self._training
+            self.configure_training(batch_size, rank, world_size, start_step=step, assigner=assigner)
+            assert self._reader is not None
+        return self._reader.next_batch(step)
+
+    def get_images(self, camera_indices: List[int]) -> List[torch.Tensor]:
+        """Decode training images in this process (fallback for images the stream did not deliver).
+
+        Returns:
+            One image per index. `[H, W, 3 or 4]`, uint8, CPU.
+        """
+        loader = self._require_train_loader()
+        return [loader.load(int(i))[0] for i in camera_indices]
+
+    def get_image_and_mask(self, camera_index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Decode one training image and its mask in this process (`[H, W, C]` uint8, `[H, W, 1]` bool or None)."""
+        return self._require_train_loader().load(int(camera_index))
+
+    def _close_reader(self) -> None:
+        if self._reader is None:
+            return
+        reader, self._reader = self._reader, None
+        self._totals["num_images_delivered"] += reader.num_images_delivered
+        self._totals["decode_s"] += reader.decode_s
+        self._totals["wait_s"] += reader.wait_s
+        self._totals["num_batches"] += reader.next_step - reader.stream.start_step
+        self._skipped.extend(reader.skipped_indices)
+        reader.close()
+
+    def close(self) -> None:
+        """Stop the training workers."""
+        self._close_reader()
+        self._training = None
+
+    def __del__(self) -> None:
+        try:
+            self._close_reader()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def stats(self) -> dict:
+        """Counters: store bytes, disk mode, images delivered, decode and wait seconds, skipped images."""
+        totals = dict(self._totals)
+        skipped = list(self._skipped)
+        if self._reader is not None:
+            totals["num_images_delivered"] += self._reader.num_images_delivered
+            totals["decode_s"] += self._reader.decode_s
+            totals["wait_s"] += self._reader.wait_s
+            totals["num_batches"] += self._reader.next_step - self._reader.stream.start_step
+            skipped += self._reader.skipped_indices
+        store = self._train_loader.images if self._train_loader is not None else None
+        return {
+            "num_train_images": len(self.train_dataset),
+            "store_bytes": store.num_bytes if store is not None else 0,
+            "disk_mode": store.disk_mode if store is not None else None,
+            "shared_buffer": store.shared if store is not None else None,
+            "decoder": self.decoder,
+            "num_workers": self.config.num_workers,
+            **totals,
+            "skipped_indices": skipped,
+        }
+
+    # ------------------------------------------------------------------ nerfstudio interface
+    def _to_float_data(self, index: int, image: torch.Tensor, mask: Optional[torch.Tensor]) -> Dict:
+        data: Dict = {"image_idx": index, "image": image.to(self.device).float() / 255.0}
+        if mask is not None:
+            data["mask"] = mask.to(self.device)
+        return data
+
+    def next_train(self, step: int) -> Tuple[Cameras, Dict]:
+        """One training image per call, nerfstudio style (batch size 1, every rank the same images).
+
+        Returns:
+            ``(camera, data)``: one camera on ``device`` (``metadata["cam_idx"]``), and
+            ``{"image": [H, W, C] float32 in [0, 1] on device, "image_idx": int, ("mask")}``.
+        """
+        if not self._compat_mode or self._reader is None:
+            self.configure_training(1, 0, 1, start_step=step)
+            self._compat_mode = True
+        assert self._reader is not None
+        # nerfstudio's step only sets the start: the stream then runs on by itself, so that an
+        # image skipped as corrupt is replaced by the next one rather than stalling the loop.
+        batch = self._reader.next_batch(self._reader.next_step)
+        while not batch.images:
+            batch = self._reader.next_batch(self._reader.next_step)
+        index = batch.camera_indices[0]
+        camera = self.train_cameras[index : index + 1].to(self.device)
+        if camera.metadata is None:
+            camera.metadata = {}
+        camera.metadata["cam_idx"] = index
+        return camera, self._to_float_data(index, batch.images[0], batch.masks[0])
+
+    def next_eval(self, step: int) -> Tuple[Cameras, Dict]:
+        """A random eval image (see ``next_eval_image``)."""
+        return self.next_eval_image(step=step)
+
+    def next_eval_image(self, step: int) -> Tuple[Cameras, Dict]:
+        """A random eval image, each once before any repeats (seeded), decoded in this process.
+
+        Returns:
+            ``(camera, data)``: one camera on device, ``{"image": [H, W, C] float32 in [0, 1] on
+            device, "image_idx": int, ("mask")}``.
+        """
+        del step
+        index = self.eval_unseen_cameras.pop(self._eval_rng.randint(0, len(self.eval_unseen_cameras) - 1))
+        if not self.eval_unseen_cameras:
+            self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
+        image, mask = self._require_eval_loader().load(index)
+        camera = self.eval_dataset.cameras[index : index + 1].to(self.device)
+        return camera, self._to_float_data(index, image, mask)
+
+    @property
+    def fixed_indices_eval_dataloader(self) -> "EvalImages":
+        """Every eval image as ``(camera, data)``, decoded lazily by ``eval_num_workers`` workers."""
+        return EvalImages(self)
+
+    def get_param_groups(self) -> Dict[str, List[Parameter]]:
+        """No trainable parameters."""
+        return {}
+
+    def get_train_rays_per_batch(self) -> int:
+        """Pixels of one training image (the first camera's undistorted size)."""
+        cameras = self.train_dataset.cameras
+        return int(cameras.height[0, 0]) * int(cameras.width[0, 0])
+
+    def get_datapath(self) -> Path:
+        """The scene's data path."""
+        return self.config.dataparser.data
+
+
+class EvalImages:
+    """Sized iterable of ``(camera, data)`` over all eval images (nerfstudio's fixed-indices loader).
+
+    Each iteration starts a DataLoader with the manager's ``eval_num_workers``; only the small
+    picklable ``ImageLoader`` reaches the workers, never the datamanager.
+    """
+
+    def __init__(self, manager: ParallelFullImageDatamanager) -> None:
+        self.manager = manager
+
+    def __len__(self) -> int:
+        return len(self.manager.eval_dataset)
+
+    def __iter__(self) -> Iterator[Tuple[Cameras, Dict]]:
+        manager = self.manager
+        dataset = IndexedImageDataset(manager._require_eval_loader(), list(range(len(self))))
+        num_workers = min(manager.config.eval_num_workers, len(dataset))
+        kwargs: dict = {}
+        if num_workers > 0:
+            kwargs["multiprocessing_context"] = manager.config.multiprocessing_context
+        loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
+        cameras = manager.eval_dataset.cameras
+        for index, image, mask in loader:
+            yield cameras[index : index + 1].to(manager.device), manager._to_float_data(index, image, mask)

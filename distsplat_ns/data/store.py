@@ -1,0 +1,215 @@
+"""The encoded image files of a dataset, read once into one shared, read-only byte buffer.
+
+Pure: torch and numpy only.
+
+Why (issue #3): decoded 1080p images take 6 MB each in uint8 (25 MB in float32), their JPEG files
+about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
+DataLoader workers decode on demand.
+
+How the workers avoid copies:
+- The bytes live in one ``torch.UntypedStorage`` allocated in shared memory (POSIX shm, the same
+  mechanism the DataLoader uses to return tensors). Pages are shared, never copy-on-write.
+- With the ``fork`` start method (Linux default) a worker inherits the mapping: nothing is pickled.
+- With ``spawn``/``forkserver`` the DataLoader pickles the dataset with ``ForkingPickler``, for
+  which torch registers a reduction that sends the storage's file descriptor, not its bytes.
+- Readers get zero-copy, read-only views (``memoryview`` / tensor slices) of one file's bytes.
+- When ``/dev/shm`` is too small for the buffer, it is a private buffer instead; under ``fork`` it is
+  still shared (copy-on-write pages that nobody writes), and the store refuses to be pickled so
+  that a ``spawn`` worker cannot silently copy it.
+
+Disk mode: when the files exceed the RAM budget the store keeps only paths and sizes, and readers
+open the file on each access; the store logs this once, at construction.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from distsplat_ns.utils.logging import get_logger
+
+_LOGGER = get_logger(__name__)
+
+_SHM_DIR = "/dev/shm"
+_MAX_LISTED_MISSING = 10
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Human-readable size, e.g. ``'1.50 GiB'``."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024.0 or unit == "TiB":
+            return f"{value:.2f} {unit}" if unit != "B" else f"{int(value)} B"
+        value /= 1024.0
+    raise AssertionError("unreachable")
+
+
+def shm_free_bytes() -> int:
+    """Free bytes in ``/dev/shm`` (0 where it does not exist)."""
+    try:
+        stats = os.statvfs(_SHM_DIR)
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
+
+
+def stat_files(paths: Sequence[Path]) -> np.ndarray:
+    """Sizes of ``paths``; every missing or unreadable file is reported at once.
+
+    Args:
+        paths: Files to check.
+
+    Returns:
+        File sizes. `[len(paths)]`, int64, bytes.
+
+    Raises:
+        FileNotFoundError: Naming the missing files (the first few and their count).
+    """
+    sizes = np.zeros(len(paths), dtype=np.int64)
+    missing: list[str] = []
+    for i, path in enumerate(paths):
+        try:
+            sizes[i] = os.stat(path).st_size
+        except OSError:
+            missing.append(str(path))
+            continue
+        if not os.path.isfile(path):
+            missing.append(f"{path} (not a regular file)")
+    if missing:
+        listed = "\n  ".join(missing[:_MAX_LISTED_MISSING])
+        more = f"\n  ... and {len(missing) - _MAX_LISTED_MISSING} more" if len(missing) > _MAX_LISTED_MISSING else ""
+        raise FileNotFoundError(f"{len(missing)} of {len(paths)} image files are missing:\n  {listed}{more}")
+    return sizes
+
+
+class EncodedImageStore:
+    """Encoded files held in one shared buffer with offsets, or read from disk.
+
+    Args:
+        paths: The files, in dataset order.
+        ram_budget_bytes: Most bytes the buffer may take. When the files exceed it the store is in
+            disk mode. ``0`` forces disk mode without the warning (e.g. eval images, read once).
+        name: What the files are, for log messages (``"train images"``).
+
+    Raises:
+        FileNotFoundError: A file is missing (all of them are listed), checked at construction.
+        ValueError: ``paths`` is empty or ``ram_budget_bytes`` is negative.
+        OSError: A file shrank while being read.
+
+    Invariants:
+        ``view(i)`` returns exactly the bytes file ``i`` had at construction (RAM mode) or has now
+        (disk mode). The buffer is never written after construction.
+    """
+
+    def __init__(self, paths: Sequence[Path | str], ram_budget_bytes: int, name: str = "images") -> None:
+        if len(paths) == 0:
+            raise ValueError(f"paths must hold at least one file for the {name} store, got none")
+        if ram_budget_bytes < 0:
+            raise ValueError(f"ram_budget_bytes must be >= 0, got {ram_budget_bytes}")
+        self.name = name
+        self.paths: list[str] = [str(p) for p in paths]
+        self.sizes = stat_files([Path(p) for p in self.paths])
+        self.offsets = np.zeros(len(self.paths) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=self.offsets[1:])
+        self.num_bytes = int(self.offsets[-1])
+        self.shared = False
+        self._buffer: torch.Tensor | None = None
+        self._array: np.ndarray | None = None
+        if ram_budget_bytes == 0:
+            return
+        if self.num_bytes > ram_budget_bytes:
+            _LOGGER.warning(
+                "DISK MODE for %s: the %d encoded files take %s, more than the RAM budget of %s "
+                "(ram_budget_bytes / ram_budget_fraction). DataLoader workers will read every file "
+                "from disk on each access instead of from a shared in-RAM buffer.",
+                name,
+                len(self.paths),
+                format_bytes(self.num_bytes),
+                format_bytes(ram_budget_bytes),
+            )
+            return
+        self._allocate()
+        self._fill()
+
+    # ------------------------------------------------------------------ construction
+    def _allocate(self) -> None:
+        # Leave headroom in /dev/shm for the DataLoader's own shared tensors (decoded images).
+        if shm_free_bytes() >= 2 * self.num_bytes + (256 << 20):
+            storage = torch.UntypedStorage._new_shared(max(self.num_bytes, 1))
+            self._buffer = torch.empty(0, dtype=torch.uint8).set_(storage)[: self.num_bytes]
+            self.shared = True
+        else:
+            _LOGGER.info(
+                "/dev/shm has %s free, too little for the %s %s buffer: using a private buffer, "
+                "shared with fork-started workers only.",
+                format_bytes(shm_free_bytes()),
+                format_bytes(self.num_bytes),
+                self.name,
+            )
+            self._buffer = torch.empty(self.num_bytes, dtype=torch.uint8)
+        self._array = self._buffer.numpy()
+
+    def _fill(self) -> None:
+        assert self._array is not None
+        for i, path in enumerate(self.paths):
+            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+            with open(path, "rb", buffering=0) as f:
+                target = memoryview(self._array[start:end])
+                num_read = 0
+                while num_read < end - start:
+                    n = f.readinto(target[num_read:])
+                    if not n:
+                        raise OSError(f"{path} shrank while being read: expected {end - start} bytes, got {num_read}")
+                    num_read += n
+        self._array.flags.writeable = False
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def disk_mode(self) -> bool:
+        """Whether readers open the files instead of reading the shared buffer."""
+        return self._array is None
+
+    def path(self, index: int) -> str:
+        """File of entry ``index``."""
+        return self.paths[index]
+
+    def view(self, index: int) -> memoryview | bytes:
+        """The encoded bytes of entry ``index``: a zero-copy read-only view (RAM) or the file's bytes (disk)."""
+        if self._array is None:
+            with open(self.paths[index], "rb") as f:
+                return f.read()
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return memoryview(self._array[start:end])
+
+    def tensor(self, index: int) -> torch.Tensor:
+        """The encoded bytes of entry ``index`` as a uint8 tensor. `[num_bytes]`; a view in RAM mode."""
+        if self._buffer is None:
+            return torch.frombuffer(bytearray(self.view(index)), dtype=torch.uint8)
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        return self._buffer[start:end]
+
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict:
+        if self._buffer is not None and not self.shared:
+            raise RuntimeError(
+                f"the {self.name} store holds a private buffer ({format_bytes(self.num_bytes)}) that would be "
+                "copied into every worker: use the 'fork' DataLoader start method or make /dev/shm larger"
+            )
+        state = self.__dict__.copy()
+        # The numpy view is rebuilt from the tensor, whose storage torch pickles as a shm handle.
+        state["_array"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._buffer is not None:
+            array = self._buffer.numpy()
+            array.flags.writeable = False
+            self._array = array
