@@ -75,6 +75,23 @@ def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
+def broadcast_tensors_(ctx: DistContext, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+    """Overwrite ``tensors`` with rank ``src``'s values, in place.
+
+    **Collective:** world group; every rank passes tensors of the same shapes in the same order.
+    No-op at ``world_size == 1``.
+    """
+    if not ctx.is_distributed:
+        return
+    for t in tensors:
+        if ctx.backend == "nccl" or t.device.type == "cpu":
+            dist.broadcast(t, src=src)
+        else:
+            staged = t.detach().cpu()
+            dist.broadcast(staged, src=src)
+            t.copy_(staged)
+
+
 def barrier(ctx: DistContext) -> None:
     """Wait for every rank. **Collective:** world group; no-op at ``world_size == 1``."""
     if ctx.is_distributed:

@@ -1,0 +1,183 @@
+"""Checkpoints that survive crashes, torch >= 2.6, and a change of world size.
+
+* Written by rank 0 only, to a temporary file in the same folder, flushed, then renamed over the
+  final name: a crash mid-write leaves the previous checkpoint intact, never a truncated file.
+* Only tensors and plain Python values are stored (numpy scalars converted), so
+  ``torch.load(..., weights_only=True)`` -- torch >= 2.6's default, used by nerfstudio's
+  ``ns-export``/``ns-eval`` -- loads them. Older nerfstudio checkpoints holding numpy scalars load
+  through the safe globals registered in :func:`register_numpy_safe_globals`.
+* Nothing in a checkpoint depends on the number of processes (every rank holds the whole model),
+  so a run saved on R ranks resumes on R' ranks.
+
+Also here: the batch-size scaling of the optimizer configuration (Grendel-GS's "sqrt" rule).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Type
+
+import numpy as np
+import torch
+from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays replaced by Python numbers and tensors."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    return value
+
+
+def save_checkpoint_atomic(
+    checkpoint_dir: Path,
+    step: int,
+    pipeline_state: Dict[str, Any],
+    optimizers: Optimizers,
+    scalers: Dict[str, Any],
+    extra: Dict[str, Any],
+    keep_only_latest: bool,
+) -> Path:
+    """Write ``step-{step:09d}.ckpt`` atomically; optionally delete older checkpoints afterwards.
+
+    Returns:
+        The checkpoint's path.
+
+    Raises:
+        OSError: when the folder cannot be written; the previous checkpoint is untouched.
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_dir / f"step-{step:09d}.ckpt"
+    tmp = checkpoint_dir / f".{path.name}.tmp-{os.getpid()}"
+    payload = plain(
+        {
+            "step": int(step),
+            "pipeline": pipeline_state,
+            "optimizers": {k: v.state_dict() for k, v in optimizers.optimizers.items()},
+            "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()},
+            "scalers": scalers,
+            "distsplat": extra,
+        }
+    )
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(payload, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    if keep_only_latest:
+        # Only after the new file is in place: at every instant one complete checkpoint exists.
+        for old in checkpoint_dir.glob("step-*.ckpt"):
+            if old != path:
+                old.unlink()
+    return path
+
+
+def register_numpy_safe_globals() -> None:
+    """Allow the numpy scalar types nerfstudio's own checkpoints hold under ``weights_only``."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is None:
+        return
+    try:
+        from numpy.core.multiarray import scalar  # type: ignore[attr-defined]
+    except ImportError:  # numpy >= 2 moved it
+        from numpy._core.multiarray import scalar  # type: ignore[no-redef]
+    dtypes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
+    add([scalar, np.dtype, *dtypes])
+
+
+def load_checkpoint_file(path: Path) -> Dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
+
+    Raises:
+        ValueError: naming the file when it is missing, truncated or not a checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"checkpoint {path} does not exist")
+    register_numpy_safe_globals()
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {str(err).splitlines()[0]})") from err
+    for key in ("step", "pipeline", "optimizers"):
+        if key not in loaded:
+            raise ValueError(f"checkpoint {path} has no '{key}' entry: not a nerfstudio/distsplat checkpoint")
+    return loaded
+
+
+@dataclass
+class AdamWithBetasConfig(AdamOptimizerConfig):
+    """nerfstudio's Adam configuration with explicit betas (scaled with the batch size)."""
+
+    _target: Type = torch.optim.Adam
+    betas: Tuple[float, float] = (0.9, 0.999)
+
+
+def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int) -> Dict[str, Dict[str, Any]]:
+    """Optimizer and scheduler configurations for ``batch_size`` images per step.
+
+    Grendel-GS's "sqrt" rule (ANCHORS.md): lr x sqrt(B), Adam eps / sqrt(B), betas -> beta^B,
+    with the batch's gradients averaged (the loss is a mean over the batch). Scheduler lengths are
+    counted in images, so ``max_steps`` and ``warmup_steps`` are divided by B. At B = 1 the
+    configurations are returned unchanged (copied).
+    """
+    out = copy.deepcopy(configs)
+    if batch_size == 1:
+        return out
+    root = math.sqrt(batch_size)
+    for name, group in out.items():
+        opt = group.get("optimizer")
+        if isinstance(opt, AdamOptimizerConfig):
+            betas = getattr(opt, "betas", (0.9, 0.999))
+            group["optimizer"] = AdamWithBetasConfig(
+                lr=opt.lr * root,
+                eps=opt.eps / root,
+                max_norm=opt.max_norm,
+                weight_decay=opt.weight_decay,
+                betas=(betas[0] ** batch_size, betas[1] ** batch_size),
+            )
+        elif opt is not None:
+            LOGGER.warning("optimizer of group %s is %s: batch-size scaling applies to Adam only", name, type(opt).__name__)
+        sched = group.get("scheduler")
+        if isinstance(sched, ExponentialDecaySchedulerConfig):
+            group["scheduler"] = ExponentialDecaySchedulerConfig(
+                lr_pre_warmup=sched.lr_pre_warmup * root,
+                lr_final=None if sched.lr_final is None else sched.lr_final * root,
+                warmup_steps=int(round(sched.warmup_steps / batch_size)),
+                max_steps=max(1, int(round(sched.max_steps / batch_size))),
+                ramp=sched.ramp,
+            )
+    return out
+
+
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step encoded in a ``step-XXXXXXXXX.ckpt`` file name, or None."""
+    name = Path(path).name
+    if name.startswith("step-") and name.endswith(".ckpt"):
+        try:
+            return int(name[5:-5])
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,521 @@
+"""DistSplatModel: splatfacto's Gaussians rendered as batches of image bands.
+
+A subclass of nerfstudio's ``SplatfactoModel`` so that ``ns-export gaussian-splat``, ``ns-eval``
+and the viewer accept it unchanged. What differs from splatfacto:
+
+* a training step renders the bands of B images (``forward_bands``) through
+  ``distsplat_ns.rendering`` (gsplat on CUDA, the pure-PyTorch reference on CPU);
+* the loss of every band is its exact share of the whole batch's loss (``model/losses.py``);
+* densification reads statistics reduced over the whole batch and every rank (``refine``);
+* schedules (warm-up, refine interval, SH degree, resolution) are counted in images;
+* no bare ``.cuda()``; LPIPS is built only when its weights can be had, never at construction.
+
+Shape letters: N Gaussians, C cameras rendered by this rank, B images in the global batch,
+H/W pixels, K SH bases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
+from nerfstudio.models.splatfacto import (
+    RGB2SH,
+    SplatfactoModel,
+    SplatfactoModelConfig,
+    get_viewmat,
+    num_sh_bases,
+    random_quat_tensor,
+    resize_image,
+)
+from nerfstudio.utils.colors import get_color
+
+from distsplat_ns.model.losses import band_loss, halo_end_row
+from distsplat_ns.model.strategy import batch_info, build_default_strategy, refine_seed, schedule_in_steps
+from distsplat_ns.rendering import project, rasterization, rasterize_rows
+from distsplat_ns.types import ImageBand
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+
+@dataclass
+class DistSplatModelConfig(SplatfactoModelConfig):
+    """Splatfacto's configuration, with every schedule counted in images (not steps).
+
+    ``warmup_length``, ``refine_every``, ``resolution_schedule``, ``sh_degree_interval``,
+    ``stop_split_at`` and ``stop_screen_size_at`` keep splatfacto's names and defaults but count
+    training images, so a batch of B images per step changes neither what an epoch means nor when
+    densification happens (Grendel-GS's convention; at B = 1 they equal splatfacto's steps).
+    """
+
+    _target: Type = field(default_factory=lambda: DistSplatModel)
+    rendering_backend: Literal["auto", "gsplat", "reference"] = "auto"
+    """Rasterizer: "auto" runs gsplat's CUDA kernels on CUDA tensors and the pure-PyTorch reference on CPU."""
+    lpips: Literal["auto", "off"] = "auto"
+    """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
+    seed: int = 42
+    """Seed of the random training backgrounds and densification samples; identical on every rank."""
+
+    def __post_init__(self) -> None:
+        if self.use_bilateral_grid:
+            raise ValueError("distsplat: --pipeline.model.use-bilateral-grid True is not supported yet (it is per image, not per band)")
+        if self.rasterize_mode not in ("classic", "antialiased"):
+            raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
+        if self.background_color not in ("random", "black", "white"):
+            raise ValueError(f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}")
+
+
+@dataclass
+class BandRenderResult:
+    """What one rank's training forward produced.
+
+    Attributes:
+        loss: This rank's share of the global batch loss (sum over ranks = whole-batch loss). 0-d.
+        l1: This rank's share of the mean L1 (detached). 0-d.
+        dssim: This rank's share of the mean ``1 - SSIM`` (detached). 0-d.
+        projections: ``(positions, means2d, radii)`` per projection call: batch positions `[C]`,
+            projected means (gradients land in ``.grad``/``.absgrad`` after backward) `[C, N, 2]`
+            and screen radii `[C, N]`.
+        band_tile_counts: Per band, Gaussian-tile intersections of the rows it owns
+            `[tile_rows, tile_cols]`, int.
+        width: Rendered width (after the resolution schedule), px.
+        height: Rendered height, px.
+        num_pixels: Pixels this rank owns (its share of the loss), for throughput figures.
+    """
+
+    loss: torch.Tensor
+    l1: torch.Tensor
+    dssim: torch.Tensor
+    projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]]
+    band_tile_counts: List[Tuple[ImageBand, torch.Tensor]]
+    width: int
+    height: int
+    num_pixels: int
+
+
+class DistSplatModel(SplatfactoModel):
+    """Splatfacto trained on batches of image bands; see the module docstring."""
+
+    config: DistSplatModelConfig
+
+    # ------------------------------------------------------------------ construction
+    def populate_modules(self) -> None:
+        self.batch_size: int = int(self.kwargs.get("batch_size", 1))
+        if self.batch_size < 1:
+            raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
+        self.is_main_rank: bool = bool(self.kwargs.get("is_main_rank", True))
+        if self.seed_points is not None and not self.config.random_init:
+            means = torch.nn.Parameter(self.seed_points[0].float())
+        else:
+            means = torch.nn.Parameter((torch.rand((self.config.num_random, 3)) - 0.5) * self.config.random_scale)
+        distances, _ = self.k_nearest_sklearn(means.data, 3)
+        avg_dist = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
+        scales = torch.nn.Parameter(torch.log(avg_dist.repeat(1, 3)))
+        num_points = means.shape[0]
+        quats = torch.nn.Parameter(random_quat_tensor(num_points))
+        dim_sh = num_sh_bases(self.config.sh_degree)
+        if self.seed_points is not None and not self.config.random_init and self.seed_points[1].shape[0] > 0:
+            shs = torch.zeros((self.seed_points[1].shape[0], dim_sh, 3), dtype=torch.float32)
+            if self.config.sh_degree > 0:
+                shs[:, 0, :3] = RGB2SH(self.seed_points[1].float() / 255)
+            else:
+                shs[:, 0, :3] = torch.logit(self.seed_points[1].float() / 255, eps=1e-10)
+            features_dc = torch.nn.Parameter(shs[:, 0, :])
+            features_rest = torch.nn.Parameter(shs[:, 1:, :])
+        else:
+            features_dc = torch.nn.Parameter(torch.rand(num_points, 3))
+            features_rest = torch.nn.Parameter(torch.zeros((num_points, dim_sh - 1, 3)))
+        opacities = torch.nn.Parameter(torch.logit(0.1 * torch.ones(num_points, 1)))
+        self.gauss_params = torch.nn.ParameterDict(
+            {
+                "means": means,
+                "scales": scales,
+                "quats": quats,
+                "features_dc": features_dc,
+                "features_rest": features_rest,
+                "opacities": opacities,
+            }
+        )
+        self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
+
+        from pytorch_msssim import SSIM
+        from torchmetrics.image import PeakSignalNoiseRatio
+
+        self.psnr = PeakSignalNoiseRatio(data_range=1.0)
+        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
+        # LPIPS downloads AlexNet weights when built: build it on first use (ANCHORS.md, nerfstudio).
+        self._lpips: Any = None
+        self._lpips_state: Literal["unbuilt", "ready", "unavailable"] = "unbuilt" if self.config.lpips == "auto" else "unavailable"
+        self.step = 0
+        self.crop_box = None
+        if self.config.background_color == "random":
+            # viser's default background: what eval and the viewer show (splatfacto's choice).
+            self.background_color = torch.tensor([0.1490, 0.1647, 0.2157])
+        else:
+            self.background_color = get_color(self.config.background_color)
+
+        self.schedule = schedule_in_steps(
+            warmup_images=self.config.warmup_length,
+            stop_split_images=self.config.stop_split_at,
+            refine_every_images=self.config.refine_every,
+            reset_alpha_every_refines=self.config.reset_alpha_every,
+            stop_screen_size_images=self.config.stop_screen_size_at,
+            num_train_images=self.num_train_data,
+            batch_size=self.batch_size,
+        )
+        self.strategy = build_default_strategy(
+            self.schedule,
+            prune_opa=self.config.cull_alpha_thresh,
+            grow_grad2d=self.config.densify_grad_thresh,
+            grow_scale3d=self.config.densify_size_thresh,
+            grow_scale2d=self.config.split_screen_size,
+            prune_scale3d=self.config.cull_scale_thresh,
+            prune_scale2d=self.config.cull_screen_size,
+            absgrad=self.config.use_absgrad,
+            verbose=self.is_main_rank,
+        )
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+
+    # ------------------------------------------------------------------ checkpoint state
+    def get_extra_state(self) -> Dict[str, Any]:
+        """Densification statistics, so a resumed run refines exactly as an uninterrupted one."""
+        state = {}
+        for key in ("grad2d", "count", "radii"):
+            value = self.strategy_state.get(key)
+            if isinstance(value, torch.Tensor):
+                state[key] = value.detach().cpu()
+        return {"strategy_state": state, "step": int(self.step)}
+
+    def set_extra_state(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            return
+        for key, value in state.get("strategy_state", {}).items():
+            self.strategy_state[key] = value.to(self.device)
+
+    def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
+        # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
+        dict = {k: v for k, v in dict.items() if not k.startswith("lpips.")}
+        return super().load_state_dict(dict, **kwargs)
+
+    # ------------------------------------------------------------------ schedules (in images)
+    def images_seen(self, step: int) -> int:
+        """Training images consumed before ``step``."""
+        return step * self.batch_size
+
+    def downscale_factor_at(self, step: int) -> int:
+        """Splatfacto's resolution schedule, counted in images."""
+        return 2 ** max(self.config.num_downscales - self.images_seen(step) // self.config.resolution_schedule, 0)
+
+    def _get_downscale_factor(self) -> int:
+        return self.downscale_factor_at(self.step) if self.training else 1
+
+    def sh_degree_at(self, step: int) -> Optional[int]:
+        if self.config.sh_degree == 0:
+            return None
+        return min(self.images_seen(step) // self.config.sh_degree_interval, self.config.sh_degree)
+
+    def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes) -> List[TrainingCallback]:
+        # Densification is driven by the pipeline after the gradient reduction (``refine``), not
+        # by a callback reading state a forward pass left on ``self``.
+        return [
+            TrainingCallback(
+                [TrainingCallbackLocation.BEFORE_TRAIN_ITERATION],
+                self.step_cb,
+                args=[training_callback_attributes.optimizers],
+            )
+        ]
+
+    # ------------------------------------------------------------------ rendering helpers
+    def _activated(self) -> Dict[str, torch.Tensor]:
+        colors = torch.cat((self.features_dc[:, None, :], self.features_rest), dim=1)
+        if self.config.sh_degree == 0:
+            colors = torch.sigmoid(colors).squeeze(1)
+        return {
+            "means": self.means,
+            "quats": self.quats,
+            "scales": torch.exp(self.scales),
+            "opacities": torch.sigmoid(self.opacities).squeeze(-1),
+            "colors": colors,
+        }
+
+    def training_background(self, step: int, position: int) -> torch.Tensor:
+        """Background colour of image ``position`` of the batch at ``step``: the same on every rank.
+
+        Splatfacto draws a random background per step from the global generator; here it comes
+        from a generator seeded by (seed, step, position), so every rank that renders a band of
+        that image composites the same colour.
+        """
+        if self.config.background_color != "random":
+            return get_color(self.config.background_color).to(self.device)
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed((self.config.seed * 1_000_003 + step) * 4099 + position)
+        return torch.rand(3, generator=gen).to(self.device)
+
+    def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
+        c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
+        viewmats = get_viewmat(c2w.to(self.device).float())
+        Ks = cameras.get_intrinsics_matrices().to(self.device).float().clone()
+        Ks[:, :2, :] /= downscale
+        widths = torch.unique((cameras.width.reshape(-1).float() / downscale).to(torch.int64))
+        heights = torch.unique((cameras.height.reshape(-1).float() / downscale).to(torch.int64))
+        if widths.numel() != 1 or heights.numel() != 1:
+            raise ValueError("cameras rendered in one call must share width and height")
+        return viewmats, Ks, int(widths.item()), int(heights.item())  # host sync: sizes are needed to allocate
+
+    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int) -> torch.Tensor:
+        """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.
+
+        Args:
+            image: `[H, W, 3 or 4]`, uint8 or float in [0, 1].
+        """
+        if image.dtype == torch.uint8:
+            image = image.to(self.device).float() / 255.0
+        image = image.to(self.device)
+        if downscale > 1:
+            image = resize_image(image, downscale)
+        return self.composite_with_background(image, background)
+
+    # ------------------------------------------------------------------ training forward
+    def forward_bands(
+        self,
+        cameras: Cameras,
+        positions: Sequence[int],
+        images: Sequence[torch.Tensor],
+        masks: Sequence[Optional[torch.Tensor]],
+        bands: Sequence[ImageBand],
+        step: int,
+        add_regularizers: bool,
+    ) -> BandRenderResult:
+        """Render this rank's bands of the step's batch and compute its share of the loss.
+
+        Args:
+            cameras: The cameras of the images this rank renders, in the order of ``positions``.
+            positions: Batch positions of those images (``0 <= p < B``).
+            images: Their ground-truth images. Each `[H, W, 3 or 4]` uint8.
+            masks: Their masks `[H, W, 1]` or None.
+            bands: This rank's bands (pixel rows at the resolution rendered this step); each band's
+                ``position`` is one of ``positions``.
+            step: The training step.
+            add_regularizers: Whether this rank adds the batch-independent loss terms (scale
+                regularisation, camera-optimizer penalty): exactly one rank does.
+
+        Returns:
+            The rank's loss share and what the pipeline reduces after backward.
+
+        **Differentiable:** with respect to every Gaussian parameter (and camera adjustments).
+        """
+        if len(cameras) != len(positions) or len(images) != len(positions):
+            raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
+        pos_to_local = {p: i for i, p in enumerate(positions)}
+        downscale = self.downscale_factor_at(step)
+        sh_degree = self.sh_degree_at(step)
+        params = self._activated()
+        viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras, downscale)
+        backgrounds = [self.training_background(step, p) for p in positions]
+        gts = [self.gt_image(img, bg, downscale) for img, bg in zip(images, backgrounds)]
+        gt_masks = [None if m is None else self._downscale_mask(m, downscale) for m in masks]
+        for gt in gts:
+            if gt.shape[0] != height or gt.shape[1] != width:
+                raise ValueError(
+                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
+                    f"(after downscale {downscale})"
+                )
+
+        projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = []
+        band_tile_counts: List[Tuple[ImageBand, torch.Tensor]] = []
+        zero = params["means"].new_zeros(())
+        l1_total, dssim_total = zero, zero
+        lam = self.config.ssim_lambda
+        bands_by_local: Dict[int, List[ImageBand]] = {}
+        for band in bands:
+            if band.position not in pos_to_local:
+                raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")
+            if band.end_row > height:
+                raise ValueError(f"band {band} ends past the image height {height}")
+            bands_by_local.setdefault(pos_to_local[band.position], []).append(band)
+
+        one_call = (
+            len(bands_by_local) == len(positions)
+            and all(len(b) == 1 for b in bands_by_local.values())
+            and len({halo_end_row(b[0].end_row, height) - b[0].first_row for b in bands_by_local.values()}) == 1
+        )
+        num_pixels = 0
+        if one_call:
+            proj = project(
+                **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=sh_degree,
+                rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+            )
+            order = list(range(len(positions)))
+            first = [bands_by_local[i][0] for i in order]
+            rows = halo_end_row(first[0].end_row, height) - first[0].first_row
+            out = rasterize_rows(
+                proj, [b.first_row for b in first], rows, tile_size=16, absgrad=self.config.use_absgrad
+            )
+            projections.append((list(positions), proj.means2d, proj.radii))
+            for i, band in zip(order, first):
+                l1, dssim = self._band_terms(out.colors[i], out.alphas[i], gts[i], gt_masks[i], backgrounds[i], band, height)
+                l1_total, dssim_total = l1_total + l1, dssim_total + dssim
+                band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[i], band)))
+                num_pixels += band.num_rows * width
+        else:
+            for i, cam_bands in sorted(bands_by_local.items()):
+                proj = project(
+                    **params, viewmats=viewmats[i : i + 1], Ks=Ks[i : i + 1], width=width, height=height,
+                    sh_degree=sh_degree, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+                )
+                projections.append(([positions[i]], proj.means2d, proj.radii))
+                for band in cam_bands:
+                    rows = halo_end_row(band.end_row, height) - band.first_row
+                    out = rasterize_rows(proj, [band.first_row], rows, tile_size=16, absgrad=self.config.use_absgrad)
+                    l1, dssim = self._band_terms(out.colors[0], out.alphas[0], gts[i], gt_masks[i], backgrounds[i], band, height)
+                    l1_total, dssim_total = l1_total + l1, dssim_total + dssim
+                    band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[0], band)))
+                    num_pixels += band.num_rows * width
+
+        loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size
+        if add_regularizers:
+            loss = loss + self._regularizers(step)
+        return BandRenderResult(
+            loss=loss,
+            l1=(l1_total / self.batch_size).detach(),
+            dssim=(dssim_total / self.batch_size).detach(),
+            projections=projections,
+            band_tile_counts=band_tile_counts,
+            width=width,
+            height=height,
+            num_pixels=num_pixels,
+        )
+
+    def _downscale_mask(self, mask: torch.Tensor, downscale: int) -> torch.Tensor:
+        mask = mask.to(self.device).float()
+        return resize_image(mask, downscale) if downscale > 1 else mask
+
+    def _band_terms(
+        self,
+        colors: torch.Tensor,
+        alphas: torch.Tensor,
+        gt: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        background: torch.Tensor,
+        band: ImageBand,
+        height: int,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        end = halo_end_row(band.end_row, height)
+        rows = end - band.first_row
+        pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
+        target = gt[band.first_row : end]
+        if mask is not None:
+            m = mask[band.first_row : end]
+            pred, target = pred * m, target * m
+        return band_loss(pred, target, band.first_row, band.end_row, height)
+
+    def _regularizers(self, step: int) -> torch.Tensor:
+        total = self.means.new_zeros(())
+        if self.config.use_scale_regularization and step % 10 == 0:
+            scale_exp = torch.exp(self.scales)
+            ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
+            total = total + 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
+        if self.training:
+            extra: Dict[str, torch.Tensor] = {}
+            self.camera_optimizer.get_loss_dict(extra)
+            for value in extra.values():
+                total = total + value
+        return total
+
+    # ------------------------------------------------------------------ densification
+    def refine(self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Dict[str, Any]) -> None:
+        """Run gsplat's DefaultStrategy on statistics of the whole batch (see ``batch_info``).
+
+        Every rank calls it with identical ``info`` and parameters, and the strategy's random
+        samples come from a generator reseeded from (seed, step), so every rank makes the same
+        decisions and stays bitwise identical.
+        """
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(refine_seed(self.config.seed, step))
+            self.strategy.step_post_backward(
+                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
+            )
+
+    @staticmethod
+    def make_batch_info(
+        grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
+    ) -> Dict[str, Any]:
+        return batch_info(grads2d, absgrads2d, radii, width, height)
+
+    # ------------------------------------------------------------------ eval / viewer
+    def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
+        """Render one whole camera for eval, export and the viewer. Never enters a collective."""
+        if not isinstance(camera, Cameras):
+            raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
+        if camera.shape[0] != 1:
+            raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
+        crop_ids = None
+        if self.crop_box is not None and not self.training:
+            crop_ids = self.crop_box.within(self.means).squeeze()
+            if crop_ids.sum() == 0:
+                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+        params = self._activated()
+        if crop_ids is not None:
+            params = {k: v[crop_ids] for k, v in params.items()}
+        downscale = self._get_downscale_factor()
+        viewmats, Ks, width, height = self._cameras_to_render_inputs(camera, downscale)
+        self.last_size = (height, width)
+        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
+        render, alpha, info = rasterization(
+            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
+            near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=self.sh_degree_at(self.step),
+            absgrad=False, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+        )
+        self.info = info
+        background = self._get_background_color()
+        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
+        depth_im = None
+        if render_mode == "RGB+ED":
+            depth_im = render[..., 3:4]
+            depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
+        if background.shape[0] == 3 and not self.training:
+            background = background.expand(height, width, 3)
+        return {"rgb": rgb.squeeze(0), "depth": depth_im, "accumulation": alpha.squeeze(0), "background": background}
+
+    def _get_background_color(self) -> torch.Tensor:
+        if self.config.background_color == "random":
+            # Only the eval/viewer path reaches here; training uses training_background().
+            return self.background_color.to(self.device)
+        return get_color(self.config.background_color).to(self.device)
+
+    def _lpips_metric(self) -> Any:
+        if self._lpips_state == "unbuilt":
+            try:
+                from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+                self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(self.device)
+                self._lpips_state = "ready"
+            except Exception as err:  # weights download fails offline: report once, keep going
+                self._lpips_state = "unavailable"
+                LOGGER.warning("LPIPS is not reported: its network weights could not be loaded (%s)", str(err).splitlines()[0][:200])
+        return self._lpips if self._lpips_state == "ready" else None
+
+    def get_image_metrics_and_images(
+        self, outputs: Dict[str, torch.Tensor], batch: Dict[str, torch.Tensor]
+    ) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+        predicted_rgb = outputs["rgb"]
+        combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)
+        gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
+        pred = torch.moveaxis(predicted_rgb, -1, 0)[None, ...]
+        metrics = {"psnr": float(self.psnr(gt, pred).item()), "ssim": float(self.ssim(gt, pred))}
+        lpips = self._lpips_metric()
+        if lpips is not None:
+            metrics["lpips"] = float(lpips(gt, pred))
+        return metrics, {"img": combined_rgb}
+
+
+def _owned_tile_counts(tile_counts: torch.Tensor, band: ImageBand, tile_size: int = 16) -> torch.Tensor:
+    """Tile counts of the tile rows a band owns (the halo rows belong to the next band)."""
+    num_tile_rows = -(-band.num_rows // tile_size)
+    return tile_counts[:num_tile_rows]

@@ -1,0 +1,301 @@
+"""DistSplatPipeline: one data-parallel training step over bands of a global batch.
+
+Every rank holds the same Gaussians (the DDP pattern, without DDP's one-time registration). A step:
+
+1. the global batch of B camera ids for the step (identical on every rank: ``data/order.py``);
+2. the plan: each rank's bands ``(image, first_row, end_row)`` (whole images split contiguously
+   over ranks, or the load balancer's cut);
+3. this rank's images from the datamanager, its bands rendered, its exact share of the loss;
+4. backward (trainer), then gradients summed over ranks in buckets rebuilt every step, and the
+   densification statistics (screen-space gradients, absgrads, radii) reduced over ranks;
+5. the identical optimizer step everywhere, then densification on identical inputs.
+
+Rank 0 alone owns viewer, writers and checkpoints (trainer.py); the eval and viewer paths of the
+model never enter a collective.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
+
+import torch
+from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
+from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
+from torch.cuda.amp.grad_scaler import GradScaler
+
+from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+from distsplat_ns.dist.collectives import (
+    DEFAULT_BUCKET_BYTES,
+    all_reduce_max_,
+    all_reduce_sum_,
+    broadcast_tensors_,
+    check_finite_gradients,
+    check_replicas,
+    sum_gradients_,
+)
+from distsplat_ns.dist.context import DistContext
+from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
+from distsplat_ns.model.losses import halo_end_row
+from distsplat_ns.types import ImageBand
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+
+@dataclass
+class DistSplatPipelineConfig(VanillaPipelineConfig):
+    """The distsplat pipeline: batch size, synchronisation and checks."""
+
+    _target: Type = field(default_factory=lambda: DistSplatPipeline)
+    datamanager: DataManagerConfig = field(default_factory=ParallelFullImageDatamanagerConfig)
+    model: DistSplatModelConfig = field(default_factory=DistSplatModelConfig)
+    batch_size: int = 1
+    """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
+    partition: Literal["whole-images"] = "whole-images"
+    """How a batch is split across ranks: "whole-images" hands each rank a contiguous run of whole images."""
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """Gradient all-reduce bucket size in bytes (torch DDP's default of 25 MiB)."""
+    replica_check_every: int = 100
+    """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
+    check_finite_every: int = 1
+    """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). Each check is one host sync."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
+        if self.bucket_bytes < 1024:
+            raise ValueError(f"--pipeline.bucket-bytes must be >= 1024, got {self.bucket_bytes}")
+        if self.replica_check_every < 0 or self.check_finite_every < 0:
+            raise ValueError("--pipeline.replica-check-every and --pipeline.check-finite-every must be >= 0")
+
+
+@dataclass
+class StepTimings:
+    """Seconds spent in each phase of one step on this rank."""
+
+    data_wait: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    all_reduce: float = 0.0
+    optimizer: float = 0.0
+    densify: float = 0.0
+
+    def as_dict(self) -> Dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class StepState:
+    """What flows from the forward to the reduction and densification of one step."""
+
+    step: int
+    result: BandRenderResult
+    timings: StepTimings
+    bytes_communicated: int = 0
+    info: Optional[Dict[str, Any]] = None
+
+
+def whole_image_plan(batch_size: int, world_size: int, height: int) -> List[List[ImageBand]]:
+    """Whole images, contiguous runs per rank (gsplat's multi-GPU split): rank r gets positions
+    ``[r*B//W, (r+1)*B//W)``; with B < W some ranks get none."""
+    plan: List[List[ImageBand]] = []
+    for rank in range(world_size):
+        start, end = rank * batch_size // world_size, (rank + 1) * batch_size // world_size
+        plan.append([ImageBand(p, 0, height) for p in range(start, end)])
+    return plan
+
+
+class DistSplatPipeline(VanillaPipeline):
+    """Data-parallel splatting pipeline; see the module docstring.
+
+    Args:
+        config: The pipeline configuration.
+        device: Device of this rank.
+        test_mode: nerfstudio's data split mode.
+        world_size: Number of processes (taken from ``dist_ctx`` when given).
+        local_rank: Device index on this host.
+        grad_scaler: Unused (mixed precision is not supported); kept for nerfstudio's signature.
+        dist_ctx: The process context; a single-process context when None (ns-export, ns-eval).
+    """
+
+    config: DistSplatPipelineConfig
+
+    def __init__(
+        self,
+        config: DistSplatPipelineConfig,
+        device: str,
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        grad_scaler: Optional[GradScaler] = None,
+        dist_ctx: Optional[DistContext] = None,
+    ):
+        torch.nn.Module.__init__(self)
+        self.config = config
+        self.test_mode = test_mode
+        self.ctx = dist_ctx if dist_ctx is not None else DistContext(device=torch.device(device))
+        self.datamanager = config.datamanager.setup(
+            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank
+        )
+        seed_pts = None
+        outputs = getattr(self.datamanager, "train_dataparser_outputs", None)
+        if outputs is not None and "points3D_xyz" in outputs.metadata:
+            seed_pts = (outputs.metadata["points3D_xyz"], outputs.metadata["points3D_rgb"])
+        if self.datamanager.train_dataset is None:
+            raise ValueError("the datamanager produced no training dataset; check --data")
+        self._model = config.model.setup(
+            scene_box=self.datamanager.train_dataset.scene_box,
+            num_train_data=len(self.datamanager.train_dataset),
+            metadata=self.datamanager.train_dataset.metadata,
+            device=device,
+            grad_scaler=grad_scaler,
+            seed_points=seed_pts,
+            batch_size=config.batch_size,
+            is_main_rank=self.ctx.is_main,
+        )
+        self.model.to(device)
+        self.world_size = self.ctx.world_size
+        # Every rank builds the same initial Gaussians from the same seed; broadcasting rank 0's
+        # copy makes that a guarantee rather than an assumption.
+        broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
+        self._training_configured = False
+
+    @property
+    def model(self) -> DistSplatModel:
+        return self._model  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ training set-up
+    def configure_training(self, start_step: int) -> None:
+        """Start this rank's data stream at ``start_step`` (after a resume, at the next step)."""
+        self.datamanager.configure_training(
+            batch_size=self.config.batch_size, rank=self.ctx.rank, world_size=self.ctx.world_size, start_step=start_step
+        )
+        self._training_configured = True
+
+    def trainable_parameters(self) -> List[torch.nn.Parameter]:
+        """Every parameter the optimizers update, in the same order on every rank."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def rendered_height(self, step: int, camera_index: int) -> int:
+        camera = self.datamanager.train_dataset.cameras[camera_index]
+        return int(int(camera.height.item()) / self.model.downscale_factor_at(step))
+
+    def plan(self, step: int, batch: Sequence[int]) -> List[List[ImageBand]]:
+        """Every rank's bands for the step; a pure function of values every rank has."""
+        height = self.rendered_height(step, batch[0])
+        return whole_image_plan(len(batch), self.ctx.world_size, height)
+
+    # ------------------------------------------------------------------ the step
+    def get_train_loss_dict(self, step: int) -> Tuple[StepState, Dict[str, torch.Tensor], Dict[str, Any]]:
+        """Forward of this rank's share of the step's batch.
+
+        Returns:
+            ``(state, loss_dict, metrics_dict)``: ``state`` goes to :meth:`after_backward`; the
+            sum of ``loss_dict``'s values is this rank's loss share (sum over ranks = batch loss).
+        """
+        if not self._training_configured:
+            self.configure_training(start_step=step)
+        timings = StepTimings()
+        batch_ids = self.datamanager.batch_camera_ids(step)
+        plan = self.plan(step, batch_ids)
+        my_bands = plan[self.ctx.rank]
+        needed = sorted({b.position for b in my_bands})
+        t0 = time.perf_counter()
+        train_batch = self.datamanager.next_train_batch(step)
+        images_by_pos = dict(zip(train_batch.positions, train_batch.images))
+        masks_by_pos = dict(zip(train_batch.positions, train_batch.masks))
+        missing = [p for p in needed if p not in images_by_pos]
+        if missing:
+            fetched = self.datamanager.get_images([batch_ids[p] for p in missing])
+            for p, img in zip(missing, fetched):
+                images_by_pos[p] = img
+                masks_by_pos.setdefault(p, None)
+        timings.data_wait = train_batch.wait_s + (time.perf_counter() - t0 if missing else 0.0)
+        t1 = time.perf_counter()
+        if needed:
+            camera_indices = torch.tensor([batch_ids[p] for p in needed])
+            cameras = self.datamanager.train_dataset.cameras[camera_indices].to(self.device)
+            result = self.model.forward_bands(
+                cameras,
+                needed,
+                [images_by_pos[p] for p in needed],
+                [masks_by_pos.get(p) for p in needed],
+                my_bands,
+                step,
+                add_regularizers=self.ctx.is_main,
+            )
+        else:
+            # B < W whole images: this rank renders nothing but still joins every collective.
+            result = self._empty_result(step)
+        timings.forward = time.perf_counter() - t1
+        loss_dict = {"main_loss": result.loss}
+        metrics = {"gaussian_count": self.model.num_points}
+        return StepState(step=step, result=result, timings=timings), loss_dict, metrics
+
+    def _empty_result(self, step: int) -> BandRenderResult:
+        zero = self.model.means.new_zeros(())
+        loss = self.model._regularizers(step) if self.ctx.is_main else zero
+        return BandRenderResult(
+            loss=loss, l1=zero, dssim=zero, projections=[], band_tile_counts=[], width=0, height=0, num_pixels=0
+        )
+
+    def after_backward(self, state: StepState) -> None:
+        """Sum gradients over ranks and reduce the densification statistics.
+
+        **Collective:** world group, same order on every rank: the gradient buckets, then (while
+        densification is active) the statistics. At ``world_size == 1`` only local work remains.
+        """
+        t0 = time.perf_counter()
+        params = self.trainable_parameters()
+        sync = sum_gradients_(self.ctx, params, self.config.bucket_bytes)
+        state.bytes_communicated = sync.bytes_reduced
+        every = self.config.check_finite_every
+        if every and state.step % every == 0:
+            check_finite_gradients(self.ctx, params, state.step)
+        if state.step < self.model.schedule.refine_stop_iter:
+            state.info = self._reduce_statistics(state)
+            n = self.model.num_points
+            state.bytes_communicated += self.config.batch_size * n * (2 * 2 * 4 + 4)
+        state.timings.all_reduce = time.perf_counter() - t0
+
+    def _reduce_statistics(self, state: StepState) -> Dict[str, Any]:
+        result = state.result
+        batch = self.config.batch_size
+        n = self.model.num_points
+        device = self.model.means.device
+        grads = torch.zeros(batch, n, 2, device=device)
+        absgrads = torch.zeros(batch, n, 2, device=device)
+        radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
+        for positions, means2d, proj_radii in result.projections:
+            idx = torch.tensor(positions, device=device)
+            if means2d.grad is not None:
+                grads[idx] += means2d.grad.detach()
+            absgrad = getattr(means2d, "absgrad", None)
+            if absgrad is not None:
+                absgrads[idx] += absgrad.detach()
+            radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
+        all_reduce_sum_(self.ctx, grads)
+        all_reduce_sum_(self.ctx, absgrads)
+        all_reduce_max_(self.ctx, radii)
+        width, height = self._rendered_size(state.step)
+        return self.model.make_batch_info(grads, absgrads, radii, width, height)
+
+    def _rendered_size(self, step: int) -> Tuple[int, int]:
+        camera = self.datamanager.train_dataset.cameras[0]
+        d = self.model.downscale_factor_at(step)
+        return int(int(camera.width.item()) / d), int(int(camera.height.item()) / d)
+
+    def after_optimizer_step(self, state: StepState, optimizers: Dict[str, torch.optim.Optimizer]) -> None:
+        """Densify on the reduced statistics, then (every K steps) prove the replicas identical.
+
+        **Collective:** the replica check all-gathers a digest every ``replica_check_every`` steps.
+        """
+        t0 = time.perf_counter()
+        if state.info is not None:
+            self.model.refine(state.step, optimizers, state.info)
+        state.timings.densify = time.perf_counter() - t0
+        every = self.config.replica_check_every
+        if self.ctx.is_distributed and every and state.step % every == 0:
+            check_replicas(self.ctx, [p.data for p in self.trainable_parameters()], state.step)

@@ -1,0 +1,72 @@
+"""The ``distsplat`` method for nerfstudio (entry point group ``nerfstudio.method_configs``).
+
+Wiring only. Importing this module builds configuration objects and nothing else: no CUDA work, no
+network, no dataset access (every ``ns-*`` command imports every plugin).
+"""
+
+from __future__ import annotations
+
+from nerfstudio.configs.base_config import ViewerConfig
+from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
+from nerfstudio.plugins.types import MethodSpecification
+
+from distsplat_ns.checkpoint import register_numpy_safe_globals
+from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+from distsplat_ns.model.distsplat_model import DistSplatModelConfig
+from distsplat_ns.pipeline import DistSplatPipelineConfig
+from distsplat_ns.trainer import DistSplatTrainerConfig
+
+# nerfstudio's own checkpoints hold numpy scalars; let them load under weights_only=True.
+register_numpy_safe_globals()
+
+
+def _adam(lr: float) -> AdamOptimizerConfig:
+    return AdamOptimizerConfig(lr=lr, eps=1e-15)
+
+
+def distsplat_trainer_config() -> DistSplatTrainerConfig:
+    """Splatfacto's schedule and learning rates, with the distsplat pipeline and trainer.
+
+    ``max_num_iterations`` counts training images (at the default batch size of 1, steps).
+    """
+    return DistSplatTrainerConfig(
+        method_name="distsplat",
+        steps_per_eval_image=100,
+        steps_per_eval_batch=0,
+        steps_per_save=2000,
+        steps_per_eval_all_images=1000,
+        max_num_iterations=30000,
+        mixed_precision=False,
+        pipeline=DistSplatPipelineConfig(
+            datamanager=ParallelFullImageDatamanagerConfig(
+                dataparser=NerfstudioDataParserConfig(load_3D_points=True),
+            ),
+            model=DistSplatModelConfig(),
+        ),
+        optimizers={
+            "means": {
+                "optimizer": _adam(1.6e-4),
+                "scheduler": ExponentialDecaySchedulerConfig(lr_final=1.6e-6, max_steps=30000),
+            },
+            "features_dc": {"optimizer": _adam(0.0025), "scheduler": None},
+            "features_rest": {"optimizer": _adam(0.0025 / 20), "scheduler": None},
+            "opacities": {"optimizer": _adam(0.05), "scheduler": None},
+            "scales": {"optimizer": _adam(0.005), "scheduler": None},
+            "quats": {"optimizer": _adam(0.001), "scheduler": None},
+            "camera_opt": {
+                "optimizer": _adam(1e-4),
+                "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0),
+            },
+        },
+        viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
+        vis="viewer",
+    )
+
+
+distsplat = MethodSpecification(
+    config=distsplat_trainer_config(),
+    description="Gaussian splatting (splatfacto's model) trained data-parallel on one or many processes "
+    "(torch.distributed: NCCL on GPUs, gloo on CPUs), with streamed JPEG loading and load-balanced image bands.",
+)

@@ -1,0 +1,415 @@
+"""DistSplatTrainer: nerfstudio's trainer with a process lifecycle of its own.
+
+What it changes against nerfstudio's ``Trainer`` (ANCHORS.md lists why each matters):
+
+* it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
+  process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;
+* rank 0 alone runs the viewer, writers, progress display, evaluation and checkpoints;
+* a step is: forward of this rank's bands, backward, gradient sum over ranks, identical optimizer
+  step, densification on reduced statistics (``pipeline.py``);
+* ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
+* checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
+  ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
+  a resumed run optimises the parameters it loaded -- on any number of processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Type
+
+import numpy as np
+import torch
+from nerfstudio.engine.callbacks import TrainingCallbackAttributes, TrainingCallbackLocation
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils import profiler, writer
+from nerfstudio.utils.decorators import check_eval_enabled
+from nerfstudio.utils.misc import step_check
+from nerfstudio.utils.rich_utils import CONSOLE
+from nerfstudio.utils.writer import EventName, TimeWriter
+
+from distsplat_ns.checkpoint import load_checkpoint_file, save_checkpoint_atomic, scaled_optimizer_configs
+from distsplat_ns.dist.collectives import all_gather_object, all_reduce_sum_, barrier, broadcast_object
+from distsplat_ns.dist.context import DistContext, init_distributed, shutdown_distributed
+from distsplat_ns.pipeline import DistSplatPipeline, StepState
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+STATS_FILENAME = "distsplat_stats.json"
+
+
+@dataclass
+class DistSplatTrainerConfig(TrainerConfig):
+    """nerfstudio's trainer configuration plus the distributed lifecycle's settings."""
+
+    _target: Type = field(default_factory=lambda: DistSplatTrainer)
+    collective_timeout_s: float = 600.0
+    """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
+
+    def __post_init__(self) -> None:
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
+
+
+class DistSplatTrainer(Trainer):
+    """See the module docstring."""
+
+    config: DistSplatTrainerConfig
+    pipeline: DistSplatPipeline
+
+    def __init__(self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+        if config.mixed_precision:
+            raise ValueError("distsplat does not support --mixed-precision True")
+        self.ctx: DistContext = init_distributed(
+            config.machine.device_type, timeout_s=config.collective_timeout_s, local_rank_hint=local_rank
+        )
+        self._agree_run_identity(config)
+        super().__init__(config, local_rank=self.ctx.local_rank, world_size=self.ctx.world_size)
+        self.device = str(self.ctx.device)
+        self.step_times: List[float] = []
+        self.timing_totals: Dict[str, float] = {}
+        self.bytes_per_step: int = 0
+        self.images_trained = 0
+        self.steps_trained = 0
+        self.last_eval_psnr: Optional[float] = None
+        self.eval_psnr_history: List[tuple] = []
+        self._train_wall_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def _agree_run_identity(self, config: DistSplatTrainerConfig) -> None:
+        """One timestamp and one seed for every rank (rank 0's), and one global RNG state.
+
+        nerfstudio seeds each process with ``seed + rank`` and stamps each with its own clock;
+        under torchrun that means one output folder per rank. Rank 0's values win.
+        """
+        own_dir = config.get_base_dir()
+        agreed = broadcast_object(self.ctx, {"timestamp": config.timestamp, "seed": config.machine.seed})
+        if agreed["timestamp"] != config.timestamp:
+            config.timestamp = agreed["timestamp"]
+            # ns-train already wrote this rank's config.yml under its own timestamp: remove that
+            # folder if it holds nothing else (it was created by this same command moments ago).
+            if own_dir.exists() and {p.name for p in own_dir.iterdir()} <= {"config.yml"}:
+                shutil.rmtree(own_dir, ignore_errors=True)
+        config.machine.seed = agreed["seed"]
+        torch.manual_seed(agreed["seed"])
+        np.random.seed(agreed["seed"] % (2**32))
+
+    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        self.pipeline = self.config.pipeline.setup(
+            device=self.device,
+            test_mode=test_mode,
+            world_size=self.ctx.world_size,
+            local_rank=self.ctx.local_rank,
+            grad_scaler=self.grad_scaler,
+            dist_ctx=self.ctx,
+        )
+        loaded = self._load_checkpoint_state()
+        self.optimizers = self.setup_optimizers()
+        if loaded is not None:
+            self.optimizers.load_optimizers(loaded["optimizers"])
+            if "schedulers" in loaded and self.config.load_scheduler:
+                self.optimizers.load_schedulers(loaded["schedulers"])
+        banner_messages = None
+        self.viewer_state = None
+        if self.ctx.is_main and self.config.is_viewer_enabled():
+            from nerfstudio.viewer.viewer import Viewer as ViewerState
+
+            datapath = self.config.data if self.config.data is not None else self.base_dir
+            self.viewer_state = ViewerState(
+                self.config.viewer,
+                log_filename=self.base_dir / self.config.viewer.relative_log_filename,
+                datapath=datapath,
+                pipeline=self.pipeline,
+                trainer=self,
+                train_lock=self.train_lock,
+                share=self.config.viewer.make_share_url,
+            )
+            banner_messages = self.viewer_state.viewer_info
+        if self.config.is_viewer_legacy_enabled():
+            raise ValueError("distsplat does not support --vis viewer_legacy; use --vis viewer")
+        self.callbacks = self.pipeline.get_training_callbacks(
+            TrainingCallbackAttributes(
+                optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self
+            )
+        )
+        writer_log_path = self.base_dir / self.config.logging.relative_log_dir
+        logging_config = self.config.logging
+        if self.ctx.is_main:
+            writer.setup_event_writer(
+                self.config.is_wandb_enabled(),
+                self.config.is_tensorboard_enabled(),
+                self.config.is_comet_enabled(),
+                log_dir=writer_log_path,
+                experiment_name=self.config.experiment_name,
+                project_name=self.config.project_name,
+            )
+        else:
+            # Other ranks keep nerfstudio's buffers (timers write into them) but show nothing.
+            logging_config = dataclasses.replace(
+                logging_config, local_writer=dataclasses.replace(logging_config.local_writer, enable=False)
+            )
+        writer.setup_local_writer(logging_config, max_iter=self.num_steps, banner_messages=banner_messages)
+        if self.ctx.is_main:
+            writer.put_config(name="config", config_dict=dataclasses.asdict(self.config), step=0)
+        profiler.setup_profiler(self.config.logging, writer_log_path)
+
+    @property
+    def num_steps(self) -> int:
+        """Optimizer steps in this run: ``max_num_iterations`` images over the batch size."""
+        return max(1, math.ceil(self.config.max_num_iterations / self.pipeline.config.batch_size))
+
+    def setup_optimizers(self) -> Optimizers:
+        configs = scaled_optimizer_configs(self.config.optimizers, self.pipeline.config.batch_size)
+        return Optimizers(configs, self.pipeline.get_param_groups())
+
+    def _load_checkpoint_state(self) -> Optional[Dict[str, Any]]:
+        path = self._checkpoint_to_load()
+        if path is None:
+            if self.ctx.is_main:
+                CONSOLE.print("No checkpoint to load, so training from scratch.")
+            return None
+        loaded = load_checkpoint_file(path)
+        self._start_step = int(loaded["step"]) + 1
+        self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
+        rng = loaded.get("distsplat", {}).get("torch_rng_state")
+        if isinstance(rng, torch.Tensor):
+            torch.set_rng_state(rng)
+        if self.ctx.is_main:
+            CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
+        return loaded
+
+    def _checkpoint_to_load(self) -> Optional[Path]:
+        if self.config.load_dir is not None:
+            load_dir = Path(self.config.load_dir)
+            if not load_dir.is_dir():
+                raise ValueError(f"--load-dir {load_dir} is not a directory")
+            if self.config.load_step is not None:
+                path = load_dir / f"step-{self.config.load_step:09d}.ckpt"
+            else:
+                found = sorted(load_dir.glob("step-*.ckpt"))
+                if not found:
+                    raise ValueError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
+                path = found[-1]
+            if not path.exists():
+                raise ValueError(f"checkpoint {path} does not exist (--load-dir/--load-step)")
+            return path
+        if self.config.load_checkpoint is not None:
+            path = Path(self.config.load_checkpoint)
+            if not path.exists():
+                raise ValueError(f"--load-checkpoint {path} does not exist")
+            return path
+        return None
+
+    # ------------------------------------------------------------------ training loop
+    def train(self) -> None:
+        dm = self.pipeline.datamanager
+        if self.ctx.is_main and hasattr(dm, "train_dataparser_outputs"):
+            dm.train_dataparser_outputs.save_dataparser_transform(self.base_dir / "dataparser_transforms.json")
+        self._init_viewer_state()
+        self.pipeline.configure_training(start_step=self._start_step)
+        t_start = time.perf_counter()
+        self.stop_training = False
+        step = self._start_step
+        try:
+            with TimeWriter(writer, EventName.TOTAL_TRAIN_TIME):
+                for step in range(self._start_step, self.num_steps):
+                    self.step = step
+                    if self.stop_training:
+                        break
+                    while self.training_state == "paused":
+                        if self.stop_training:
+                            break
+                        time.sleep(0.01)
+                    with self.train_lock:
+                        with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
+                            self.pipeline.train()
+                            for callback in self.callbacks:
+                                callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+                            loss, loss_dict, metrics_dict = self.train_iteration(step)
+                            for callback in self.callbacks:
+                                callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+                    self.step_times.append(train_t.duration)
+                    if step > 1:
+                        writer.put_time(
+                            name=EventName.TRAIN_RAYS_PER_SEC,
+                            duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size
+                            / max(0.001, train_t.duration),
+                            step=step,
+                            avg_over_steps=True,
+                        )
+                    self._update_viewer_state(step)
+                    if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
+                        writer.put_scalar(name="Train Loss", scalar=loss, step=step)
+                        writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
+                        writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
+                    if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
+                        with self.train_lock:
+                            self.eval_iteration(step)
+                    if step_check(step, self.config.steps_per_save):
+                        self.save_checkpoint(step)
+                    writer.write_out_storage()
+        finally:
+            self._train_wall_s += time.perf_counter() - t_start
+        self._after_train()
+
+    def train_iteration(self, step: int):  # type: ignore[override]
+        """One step: forward, backward, gradient sum, optimizer step, densification."""
+        self.optimizers.zero_grad_all()
+        state, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
+        loss = sum(loss_dict.values())
+        t0 = time.perf_counter()
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            loss.backward()
+        state.timings.backward = time.perf_counter() - t0
+        self.pipeline.after_backward(state)
+        t1 = time.perf_counter()
+        self.optimizers.optimizer_step_all()
+        self.optimizers.scheduler_step_all(step)
+        state.timings.optimizer = time.perf_counter() - t1
+        self.pipeline.after_optimizer_step(state, self.optimizers.optimizers)
+        self._record_step(state)
+        if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
+            # The logged loss is the whole batch's: the ranks' shares summed (every rank calls this
+            # on the same steps, so the collective lines up).
+            logged = {k: v.detach().clone().reshape(()) for k, v in loss_dict.items()}
+            logged["l1"] = state.result.l1.clone()
+            logged["dssim"] = state.result.dssim.clone()
+            for value in logged.values():
+                all_reduce_sum_(self.ctx, value)
+            loss = sum(v for k, v in logged.items() if k in loss_dict)
+            loss_dict = logged
+            metrics_dict = dict(metrics_dict)
+            for key, value in state.timings.as_dict().items():
+                metrics_dict[f"time_{key}_s"] = value
+            metrics_dict["bytes_communicated"] = state.bytes_communicated
+        return loss, loss_dict, metrics_dict
+
+    def _record_step(self, state: StepState) -> None:
+        self.steps_trained += 1
+        self.images_trained += self.pipeline.config.batch_size
+        for key, value in state.timings.as_dict().items():
+            self.timing_totals[key] = self.timing_totals.get(key, 0.0) + value
+        self.bytes_per_step = state.bytes_communicated
+
+    @check_eval_enabled
+    def eval_iteration(self, step: int) -> None:
+        """Rank 0 only: one eval image every ``steps_per_eval_image``, all of them every
+        ``steps_per_eval_all_images`` (recorded in the run summary). Never a collective."""
+        if not self.ctx.is_main:
+            return
+        if step_check(step, self.config.steps_per_eval_image):
+            with TimeWriter(writer, EventName.TEST_RAYS_PER_SEC, write=False) as test_t:
+                metrics_dict, images_dict = self.pipeline.get_eval_image_metrics_and_images(step=step)
+            writer.put_time(
+                name=EventName.TEST_RAYS_PER_SEC,
+                duration=metrics_dict["num_rays"] / max(test_t.duration, 1e-9),
+                step=step,
+                avg_over_steps=True,
+            )
+            writer.put_dict(name="Eval Images Metrics", scalar_dict=metrics_dict, step=step)
+            for image_name, image in images_dict.items():
+                writer.put_image(name="Eval Images/" + image_name, image=image, step=step)
+        if step_check(step, self.config.steps_per_eval_all_images):
+            self._eval_all(step)
+
+    def _eval_all(self, step: int) -> Optional[float]:
+        metrics = self.pipeline.get_average_eval_image_metrics(step=step)
+        writer.put_dict(name="Eval Images Metrics Dict (all images)", scalar_dict=metrics, step=step)
+        psnr = float(metrics["psnr"]) if "psnr" in metrics else None
+        if psnr is not None:
+            self.last_eval_psnr = psnr
+            self.eval_psnr_history.append((int(step), psnr))
+        return psnr
+
+    # ------------------------------------------------------------------ checkpoints and end
+    def save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; other ranks wait for it."""
+        if self.ctx.is_main:
+            save_checkpoint_atomic(
+                checkpoint_dir=self.checkpoint_dir,
+                step=step,
+                pipeline_state=self.pipeline.state_dict(),
+                optimizers=self.optimizers,
+                scalers=self.grad_scaler.state_dict(),
+                extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size},
+                keep_only_latest=self.config.save_only_latest_checkpoint,
+            )
+        barrier(self.ctx)
+
+    def _after_train(self) -> None:
+        self.training_state = "completed"
+        self.save_checkpoint(self.step)
+        if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
+            if not self.eval_psnr_history or self.eval_psnr_history[-1][0] != self.step:
+                self._eval_all(self.step)
+        self._write_stats()
+        writer.write_out_storage()
+        if self.ctx.is_main:
+            CONSOLE.print(f"[bold green]distsplat training finished[/bold green]: config {self.base_dir / 'config.yml'}")
+            CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}")
+        for callback in self.callbacks:
+            callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
+        if self.ctx.is_main and not self.config.viewer.quit_on_train_completion:
+            self._train_complete_viewer()
+        shutdown_distributed()
+
+    def collect_stats(self) -> Dict[str, Any]:
+        """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
+        timings = dict(self.timing_totals)
+        step_total = sum(self.step_times) or 1e-9
+        data_wait = timings.get("data_wait", 0.0)
+        dm_stats = self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {}
+        return {
+            "images_trained": self.images_trained,
+            "steps": self.steps_trained,
+            "batch_size": self.pipeline.config.batch_size,
+            "world_size": self.ctx.world_size,
+            "wall_time_s": self._train_wall_s,
+            "images_per_s": self.images_trained / max(self._train_wall_s, 1e-9),
+            "data_wait_fraction": data_wait / step_total,
+            "final_gaussian_count": int(self.pipeline.model.num_points),
+            "final_eval_psnr": self.last_eval_psnr,
+            "eval_psnr_history": self.eval_psnr_history,
+            "backend": _backend_name(self.pipeline.model.config.rendering_backend, self.ctx.device),
+            "device": str(self.ctx.device),
+            "time_breakdown_s": timings,
+            "bytes_communicated_per_step": self.bytes_per_step,
+            "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
+            "datamanager": dm_stats,
+        }
+
+    def _write_stats(self) -> None:
+        stats = self.collect_stats()
+        gathered = all_gather_object(self.ctx, {"rank": self.ctx.rank, "time_breakdown_s": stats["time_breakdown_s"]})
+        stats["per_rank_time_breakdown_s"] = gathered
+        if self.ctx.is_main:
+            path = self.base_dir / STATS_FILENAME
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(stats, indent=2, default=_json_default))
+            os.replace(tmp, path)
+
+
+def _backend_name(configured: str, device: torch.device) -> str:
+    if configured != "auto":
+        return configured
+    return "gsplat" if device.type == "cuda" else "reference"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

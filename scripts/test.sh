@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the test suite on a fresh machine: sets up .venv (and test-only system packages) first.
+# Usage: bash scripts/test.sh [pytest args]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/setup_env.sh --test
+exec .venv/bin/python -m pytest "$@"

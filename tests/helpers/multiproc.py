@@ -1,0 +1,71 @@
+"""Run a function on W gloo ranks in spawned processes and collect what each returns."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float) -> None:
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
+    )
+    torch.set_num_threads(1)
+    try:
+        from distsplat_ns.dist.context import init_distributed, shutdown_distributed
+
+        ctx = init_distributed("cpu", timeout_s=timeout_s)
+        result = fn(ctx, *args)
+        queue.put((rank, "ok", result))
+        shutdown_distributed()
+    except BaseException as err:  # report to the parent, which fails the test
+        queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+    """``[fn(ctx_rank0, *args), ..., fn(ctx_rankW-1, *args)]`` computed on W gloo processes.
+
+    ``fn`` must be a module-level function (it is pickled into spawned processes).
+
+    Raises:
+        RuntimeError: any rank raised; the message holds that rank's traceback.
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors = []
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s * 2)
+    try:
+        while len(results) + len(errors) < world_size:
+            remaining = (deadline - datetime.datetime.now()).total_seconds()
+            if remaining <= 0:
+                raise RuntimeError(f"ranks did not finish within {timeout_s * 2:.0f}s")
+            rank, status, value = queue.get(timeout=remaining)
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors.append(f"rank {rank}: {value}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world_size)]

@@ -1,0 +1,37 @@
+"""Collectives on 2-3 gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.multiproc import run_ranks
+from tests.helpers import rank_fns
+
+
+@pytest.mark.parametrize("bucket_bytes", [1024, 25 * 1024 * 1024])
+def test_sum_gradients_sums_every_parameter_and_treats_missing_as_zero(bucket_bytes: int) -> None:
+    results = run_ranks(rank_fns.sum_gradients_of_rank_params, 2, bucket_bytes)
+    for grads in results:
+        for i, g in enumerate(grads):
+            expected = (1 + (0 if i == 1 else 2)) * (i + 1)
+            assert torch.equal(g, torch.full_like(g, float(expected)))
+
+
+def test_all_reduce_max_agrees_on_every_rank() -> None:
+    results = run_ranks(rank_fns.max_reduce_rank, 3)
+    for r in results:
+        assert r.tolist() == [2, 0, 5]
+
+
+def test_broadcast_object_gives_rank0_value_everywhere() -> None:
+    assert run_ranks(rank_fns.broadcast_rank0_value, 2) == [{"timestamp": "ts-0"}] * 2
+
+
+def test_replica_check_names_the_drifting_rank_on_every_rank() -> None:
+    results = run_ranks(rank_fns.replica_check_outcome, 3, 2)
+    assert all("ranks [2]" in r and "step 7" in r for r in results)
+
+
+def test_replica_check_passes_identical_replicas() -> None:
+    assert run_ranks(rank_fns.replica_check_outcome, 2, -1) == ["identical", "identical"]

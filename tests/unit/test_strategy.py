@@ -1,0 +1,45 @@
+"""Schedules counted in images, and the batch-size scaling rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from distsplat_ns.model.strategy import batch_info, images_to_steps, refine_seed, schedule_in_steps, sqrt_batch_scaling
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+def test_schedule_in_steps_counts_images(batch_size: int) -> None:
+    s = schedule_in_steps(
+        warmup_images=500, stop_split_images=15000, refine_every_images=100, reset_alpha_every_refines=30,
+        stop_screen_size_images=4000, num_train_images=12, batch_size=batch_size,
+    )
+    assert s.refine_every * batch_size == 100
+    assert s.refine_start_iter * batch_size == 500
+    assert s.reset_every == 30 * s.refine_every
+
+
+def test_images_to_steps_rejects_zero_batch() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        images_to_steps(100, 0)
+
+
+def test_sqrt_scaling_rule() -> None:
+    lr, eps, betas = sqrt_batch_scaling(1e-3, 1e-15, (0.9, 0.999), 4)
+    assert math.isclose(lr, 2e-3) and math.isclose(eps, 0.5e-15)
+    assert math.isclose(betas[0], 0.9**4) and math.isclose(betas[1], 0.999**4)
+
+
+def test_batch_info_carries_grad_and_absgrad() -> None:
+    g = torch.ones(2, 5, 2)
+    info = batch_info(g, 2 * g, torch.ones(2, 5, dtype=torch.int32), 16, 8)
+    assert torch.equal(info["means2d"].grad, g)
+    assert torch.equal(info["means2d"].absgrad, 2 * g)
+    assert info["n_cameras"] == 2 and info["width"] == 16 and info["height"] == 8
+
+
+def test_refine_seed_depends_on_step_only_through_value() -> None:
+    assert refine_seed(42, 100) == refine_seed(42, 100)
+    assert refine_seed(42, 100) != refine_seed(42, 200)
