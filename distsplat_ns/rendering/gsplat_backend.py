@@ -1,0 +1,158 @@
+"""The CUDA backend: gsplat 1.4.0's fused kernels behind this package's contract.
+
+gsplat is imported inside the functions only: importing it may JIT-compile its CUDA extension,
+and importing ``distsplat_ns.rendering`` must stay light (STYLE: layers).
+
+Bands: gsplat has no pixel-origin argument, so a band is rendered by shifting ``means2d`` up by
+the band's (tile-aligned) first row and rasterizing an image of the band's height.
+
+Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``K`` SH bases.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from distsplat_ns.rendering.projection import ProjectedGaussians
+
+__all__ = ["project_gaussians", "evaluate_sh", "rasterize_band"]
+
+
+def project_gaussians(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    *,
+    eps2d: float,
+    near_plane: float,
+    far_plane: float,
+    radius_clip: float,
+    calc_compensations: bool,
+) -> ProjectedGaussians:
+    """gsplat's ``fully_fused_projection`` (pinhole, not packed); same contract as the reference."""
+    from gsplat import fully_fused_projection
+
+    radii, means2d, depths, conics, compensations = fully_fused_projection(
+        means,
+        None,
+        quats,
+        scales,
+        viewmats,
+        Ks,
+        width,
+        height,
+        eps2d=eps2d,
+        packed=False,
+        near_plane=near_plane,
+        far_plane=far_plane,
+        radius_clip=radius_clip,
+        calc_compensations=calc_compensations,
+    )
+    return ProjectedGaussians(
+        radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations
+    )
+
+
+def evaluate_sh(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor) -> Tensor:
+    """gsplat's ``spherical_harmonics``; masked-out entries give 0 (as gsplat)."""
+    from gsplat import spherical_harmonics
+
+    return spherical_harmonics(degree, dirs, coeffs, masks=masks)
+
+
+def _absgrad_forwarder(band_ref: "weakref.ReferenceType[Tensor]", sink: Tensor):
+    def hook(grad: Tensor) -> None:
+        # Runs once gsplat's backward has produced this band's gradient, after it set `.absgrad`.
+        band = band_ref()
+        absgrad = getattr(band, "absgrad", None) if band is not None else None
+        if absgrad is not None:
+            sink.add_(absgrad.to(sink.dtype))
+            band.absgrad = None  # type: ignore[union-attr]  # consumed: a second backward re-sets it
+        return None
+
+    return hook
+
+
+def rasterize_band(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    radii: Tensor,
+    depths: Tensor,
+    width: int,
+    num_rows: int,
+    tile_size: int,
+    tile_row_starts: List[int],
+    *,
+    backgrounds: Optional[Tensor],
+    absgrad_sink: Optional[Tensor],
+    keepalive: list,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Render rows ``tile_row_starts[c] * tile_size + [0, num_rows)`` of every camera with gsplat.
+
+    Args:
+        means2d, conics, colors, opacities, radii, depths: The projection, `[C, N, ...]`.
+        width: Image width, px.
+        num_rows: Rows to render, px.
+        tile_size: Tile side, px.
+        tile_row_starts: Whole-image tile row each camera's band starts at. Length C.
+        backgrounds: `[C, D]` or None.
+        absgrad_sink: If given, gsplat's absgrad of this call is added into it after backward.
+            `[C, N, 2]`.
+        keepalive: A list owned by the projection; the shifted means are kept there so that
+            gsplat's ``.absgrad`` lands on a live Python object until backward.
+
+    Returns:
+        ``(colors [C, num_rows, W, D], alphas [C, num_rows, W, 1], tile_counts [C, th, tw])``.
+
+    **Differentiable:** as gsplat's ``rasterize_to_pixels``.
+    """
+    from gsplat import isect_offset_encode, isect_tiles, rasterize_to_pixels
+
+    num_cameras = means2d.shape[0]
+    shift_px = torch.tensor(tile_row_starts, device=means2d.device, dtype=means2d.dtype) * tile_size
+    shift = torch.stack([torch.zeros_like(shift_px), shift_px], dim=-1)[:, None, :]  # [C, 1, 2]
+    # Always a new tensor (even for a zero shift): gsplat writes `.absgrad` onto it.
+    band_means2d = means2d - shift
+    num_tile_rows = math.ceil(num_rows / tile_size)
+    num_tile_cols = math.ceil(width / tile_size)
+    _, isect_ids, flatten_ids = isect_tiles(
+        band_means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=False, n_cameras=num_cameras
+    )
+    if flatten_ids.numel() == 0:
+        # gsplat leaves the offsets uninitialised when nothing intersects (torch::empty).
+        isect_offsets = torch.zeros(num_cameras, num_tile_rows, num_tile_cols, dtype=torch.int32, device=means2d.device)
+    else:
+        isect_offsets = isect_offset_encode(isect_ids, num_cameras, num_tile_cols, num_tile_rows)
+    render_colors, render_alphas = rasterize_to_pixels(
+        band_means2d,
+        conics,
+        colors,
+        opacities,
+        width,
+        num_rows,
+        tile_size,
+        isect_offsets,
+        flatten_ids,
+        backgrounds=backgrounds,
+        packed=False,
+        absgrad=absgrad_sink is not None,
+    )
+    if absgrad_sink is not None and band_means2d.requires_grad:
+        keepalive.append(band_means2d)
+        band_means2d.register_hook(_absgrad_forwarder(weakref.ref(band_means2d), absgrad_sink))
+    offsets = torch.cat(
+        [isect_offsets.reshape(-1).to(torch.int64), isect_offsets.new_full((1,), flatten_ids.numel()).to(torch.int64)]
+    )
+    tile_counts = (offsets[1:] - offsets[:-1]).reshape(num_cameras, num_tile_rows, num_tile_cols).to(torch.int32)
+    return render_colors, render_alphas, tile_counts
