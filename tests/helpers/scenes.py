@@ -251,3 +251,16 @@ def two_gaussian_scene(
         opacities=torch.full((2,), opacity, dtype=dtype),
         colors=torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=dtype),
     )
+
+
+def assert_grads_close(got: Tensor, want: Tensor, rel: float = 1e-5, name: str = "") -> None:
+    """Elementwise ``|got - want| <= rel * (|want| + max|want|)``: relative to the tensor's scale.
+
+    Why scale by ``max|want|``: a gradient entry is a sum over many pixels of terms of both signs;
+    when they nearly cancel, its own magnitude says nothing about the rounding error, which is set
+    by the size of the terms, of which ``max|want|`` is a fair proxy.
+    """
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    torch.testing.assert_close(
+        got, want, rtol=rel, atol=rel * scale, msg=lambda m: f"{name}: {m}" if name else m
+    )
