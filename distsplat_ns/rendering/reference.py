@@ -11,19 +11,30 @@ What is reproduced from gsplat's ``isect_tiles`` + ``rasterize_to_pixels`` kerne
   ``alpha < 1/255`` are skipped; a Gaussian whose next transmittance would be ``<= 1e-4`` is
   not composited and ends the pixel; ``alpha_out = 1 - T_final``; ``color = sum + T_final * bg``.
 
-How: the (tile, Gaussian) intersections are gathered into a padded ``[tiles, pixels, L]`` block
-(``L`` = the largest intersection count in the block), alphas are computed for all of them at
-once and transmittance is a ``cumprod`` along ``L``. Tiles are processed in chunks of similar
-intersection count so padding stays small and memory stays bounded. The backward pass recomputes
-each chunk under autograd (checkpointing), so nothing per pixel is kept between forward and
-backward; it also yields gsplat's ``absgrad`` (per-pixel ``|d loss / d means2d|`` summed).
+How, in two phases:
+
+1. *Find* (no autograd): tiles are grouped by similar intersection count into chunks; each chunk's
+   (tile, Gaussian) intersections are padded into a ``[tiles, pixels, L]`` block and ``sigma`` is
+   evaluated densely, only to find the (pixel, Gaussian) pairs that can pass the 1/255 cut-off
+   (``sigma <= ln(255 opacity)``). In real scenes that is a few percent of the block. The exact
+   gsplat tests then run on that short list, and pairs past a pixel's early termination are
+   dropped. What remains -- the *composited* pairs, pixel-major and front to back within a pixel
+   -- is all the later phases see.
+2. *Composite* (differentiable): per pair ``alpha``, ``log(1 - alpha)``, a segmented exclusive
+   cumulative sum (float64) per pixel gives the transmittance in front of each pair, and
+   ``index_add`` sums the weighted colours per pixel. It runs in chunks of pairs inside a custom
+   autograd Function whose backward recomputes each chunk under autograd (checkpointing): between
+   forward and backward only the pair list (16 bytes per pair) is kept. The backward also yields
+   gsplat's ``absgrad``: each pair is one pixel's contribution, so ``|d loss / d mean2d|`` per
+   pair is exactly the per-pixel term gsplat sums.
 
 Rows of the tile grid may start at any whole-image tile row (``tile_row_starts``): pixel
 coordinates stay whole-image coordinates, which makes a band bit-identical to the same rows of
 the whole image.
 
 Shape legend: ``C`` cameras, ``N`` Gaussians, ``T`` tiles, ``I`` intersections, ``D`` channels,
-``P`` pixels per tile (``tile_size ** 2``), ``L`` intersections per tile in a chunk.
+``P`` pixels per tile (``tile_size ** 2``), ``L`` intersections per tile in a chunk, ``V``
+composited (pixel, Gaussian) pairs.
 """
 
 from __future__ import annotations
@@ -45,9 +56,12 @@ __all__ = [
 
 _LOGGER = get_logger(__name__)
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 21
-"""Pixel x intersection pairs processed at once (2M). About 20 float tensors of this size are
-alive at the peak of a chunk's backward, i.e. ~170 MB in float32; see ``rasterize_to_pixels``."""
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+"""Dense (pixel, intersection) block size of the find phase (4M); the composite phase works on
+``chunk_elements // 8`` pairs at a time. See ``rasterize_to_pixels`` for the memory bound."""
+
+_PAIRS_PER_ELEMENT = 8  # composite-phase chunk = chunk_elements // 8 pairs (~8x the bytes per entry)
+_CANDIDATE_MARGIN = 1e-3  # slack on sigma <= ln(255 o) before the exact float test (rounding)
 
 _ALPHA_MAX = 0.999  # gsplat clamps alpha so 1 - alpha never reaches 0 (3DGS, Kerbl et al. 2023)
 _ALPHA_MIN = 1.0 / 255.0  # contributions below one 8-bit level are skipped (3DGS)
@@ -154,141 +168,213 @@ def intersect_tiles(
     )
 
 
-def _composite(
-    dx: Tensor, dy: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor, pad_ok: Tensor
-) -> Tuple[Tensor, Tensor]:
-    """Front-to-back compositing of one chunk of padded tiles.
-
-    Args:
-        dx, dy: ``mean - pixel centre``. `[Tc, P, L]`, px.
-        conics: `[Tc, L, 3]`. opacities: `[Tc, L]`. colors: `[Tc, L, D]`.
-        pad_ok: False on padding. `[Tc, L]`, bool.
-
-    Returns:
-        ``(accumulated colour [Tc, P, D], final transmittance [Tc, P])``.
-    """
-    a, b, c = (t[:, None, :] for t in conics.unbind(-1))
-    sigma = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy  # [Tc, P, L]
-    # clamp_min keeps exp finite where sigma < 0 (those are skipped anyway).
-    alpha = torch.clamp(opacities[:, None, :] * torch.exp(-sigma.clamp_min(0.0)), max=_ALPHA_MAX)
-    valid = pad_ok[:, None, :] & (sigma >= 0) & (alpha >= _ALPHA_MIN)
-    one = torch.ones((), dtype=alpha.dtype, device=alpha.device)
-    with torch.no_grad():
-        # Transmittance after each valid Gaussian; composited iff it stays above _T_MIN. T only
-        # decreases, so this also encodes gsplat's "stop at the first failure".
-        t_after = torch.cumprod(torch.where(valid, 1.0 - alpha, one), dim=-1)
-        composited = valid & (t_after > _T_MIN)
-    factors = torch.where(composited, 1.0 - alpha, one)
-    t_incl = torch.cumprod(factors, dim=-1)
-    t_excl = torch.cat([torch.ones_like(t_incl[..., :1]), t_incl[..., :-1]], dim=-1)
-    weights = torch.where(composited, alpha * t_excl, torch.zeros_like(alpha))
-    accum = torch.bmm(weights, colors)  # [Tc, P, D]
-    return accum, t_incl[..., -1]
-
-
 @dataclass
-class _ChunkPlan:
-    tiles: Tensor  # [Tc] global tile ids (camera * T + tile)
-    gauss: Tensor  # [Tc, L] flat Gaussian ids (0 on padding)
-    pad_ok: Tensor  # [Tc, L]
-    px: Tensor  # [Tc, P] pixel-centre x
-    py: Tensor  # [Tc, P] pixel-centre y
+class _PairChunk:
+    """Composited (pixel, Gaussian) pairs: pixel-major, front to back within a pixel.
+
+    Attributes:
+        gauss: Flat Gaussian id in ``[C * N]``. `[V]`, int64.
+        pix: Tile-major pixel id ``tile * P + (y % ts) * ts + x % ts``. `[V]`, int64.
+    """
+
+    gauss: Tensor
+    pix: Tensor
 
 
-def _plan_chunks(isects: TileIntersections, dtype: torch.dtype, chunk_elements: int) -> List[_ChunkPlan]:
-    """Group non-empty tiles by similar count into chunks of <= chunk_elements pixel-pairs."""
+def _pixel_centres(pix: Tensor, isects: TileIntersections, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """Whole-image pixel centres (``+0.5``) of tile-major pixel ids."""
+    ts = isects.tile_size
+    tiles_per_cam = isects.num_tile_rows * isects.num_tile_cols
+    tile = torch.div(pix, ts * ts, rounding_mode="floor")
+    in_tile = pix - tile * (ts * ts)
+    cam = torch.div(tile, tiles_per_cam, rounding_mode="floor")
+    local = tile - cam * tiles_per_cam
+    row_start = torch.tensor(isects.tile_row_starts, device=pix.device, dtype=torch.int64)
+    tile_y = torch.div(local, isects.num_tile_cols, rounding_mode="floor") + row_start[cam]
+    tile_x = local - torch.div(local, isects.num_tile_cols, rounding_mode="floor") * isects.num_tile_cols
+    off_y = torch.div(in_tile, ts, rounding_mode="floor")
+    px = (tile_x * ts + in_tile - off_y * ts).to(dtype) + 0.5
+    py = (tile_y * ts + off_y).to(dtype) + 0.5
+    return px, py
+
+
+def _sigma(dx: Tensor, dy: Tensor, conics: Tensor) -> Tensor:
+    """gsplat's Mahalanobis half-distance ``0.5 (a dx^2 + c dy^2) + b dx dy``."""
+    a, b, c = conics.unbind(-1)
+    return 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+
+
+def _alpha(sigma: Tensor, opacities: Tensor) -> Tensor:
+    # clamp_min keeps exp finite where sigma < 0 (those pairs are skipped anyway).
+    return torch.clamp(opacities * torch.exp(-sigma.clamp_min(0.0)), max=_ALPHA_MAX)
+
+
+def _segment_starts(pix: Tensor) -> Tensor:
+    """For each entry of a pixel-major list, the index of its pixel's first entry."""
+    idx = torch.arange(pix.numel(), device=pix.device)
+    is_first = torch.ones_like(pix, dtype=torch.bool)
+    is_first[1:] = pix[1:] != pix[:-1]
+    return torch.cummax(torch.where(is_first, idx, torch.zeros_like(idx)), dim=0).values
+
+
+def _log_transmittance(alpha: Tensor, first: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(log(1 - alpha) [V], log T in front of each pair [V])``, float64.
+
+    Summed in float64: the running sum spans many pixels, and float32 would lose the small
+    per-pixel differences against its growing magnitude.
+    """
+    log_keep = torch.log1p(-alpha.to(torch.float64))
+    running = torch.cumsum(log_keep, dim=0) - log_keep  # exclusive
+    return log_keep, running - running[first]
+
+
+@torch.no_grad()
+def _find_composited(
+    means2d: Tensor, conics: Tensor, opacities: Tensor, isects: TileIntersections, chunk_elements: int
+) -> List[_PairChunk]:
+    """Phase 1: the composited (pixel, Gaussian) pairs of every tile, grouped into chunks."""
     ts = isects.tile_size
     num_pixels = ts * ts
-    device = isects.flat_ids.device
+    device, dtype = means2d.device, means2d.dtype
     counts = isects.tile_counts.reshape(-1).to(torch.int64)
     sorted_counts, tile_order = torch.sort(counts, descending=True)
-    # host sync: the chunk layout (padded sizes) must be known on the host.
+    # host sync: the block layout (padded widths) must be known on the host.
     sorted_list = sorted_counts.tolist()
     num_nonempty = sum(1 for n in sorted_list if n > 0)
-    tiles_per_cam = isects.num_tile_rows * isects.num_tile_cols
-    row_start = torch.tensor(isects.tile_row_starts, device=device, dtype=torch.int64)
-    pix = torch.arange(num_pixels, device=device)
-    pix_x = (pix % ts).to(dtype) + 0.5
-    pix_y = torch.div(pix, ts, rounding_mode="floor").to(dtype) + 0.5
-    plans = []
+    zero_tile = torch.zeros(1, dtype=torch.int64, device=device)
+    pix_x = (torch.arange(num_pixels, device=device) % ts).to(dtype) + 0.5
+    pix_y = torch.div(torch.arange(num_pixels, device=device), ts, rounding_mode="floor").to(dtype) + 0.5
+    # ln(255 o): alpha = o exp(-sigma) >= 1/255 needs sigma <= this; -1 (never) when o < 1/255.
+    max_sigma = torch.where(
+        opacities >= _ALPHA_MIN, torch.log(255.0 * opacities.clamp_min(_ALPHA_MIN)) + _CANDIDATE_MARGIN, -1.0
+    )
+    found_gauss, found_pix = [], []
     start = 0
     while start < num_nonempty:
         width = sorted_list[start]
         if width * num_pixels > chunk_elements:
             _LOGGER.debug("tile with %d intersections exceeds the chunk budget; processed alone", width)
-        step = max(1, chunk_elements // (width * num_pixels))
-        stop = min(num_nonempty, start + step)
+        stop = min(num_nonempty, start + max(1, chunk_elements // (width * num_pixels)))
         tiles = tile_order[start:stop]
         lane = torch.arange(width, device=device)
         pad_ok = lane[None, :] < counts[tiles][:, None]
-        pair = torch.where(pad_ok, isects.tile_offsets[tiles][:, None] + lane[None, :], 0)
-        gauss = torch.where(pad_ok, isects.flat_ids[pair], 0)
-        cam = torch.div(tiles, tiles_per_cam, rounding_mode="floor")
-        local = tiles % tiles_per_cam
-        tile_y = torch.div(local, isects.num_tile_cols, rounding_mode="floor") + row_start[cam]
-        tile_x = local % isects.num_tile_cols
-        px = (tile_x * ts).to(dtype)[:, None] + pix_x[None, :]
-        py = (tile_y * ts).to(dtype)[:, None] + pix_y[None, :]
-        plans.append(_ChunkPlan(tiles=tiles, gauss=gauss, pad_ok=pad_ok, px=px, py=py))
+        gauss = isects.flat_ids[torch.where(pad_ok, isects.tile_offsets[tiles][:, None] + lane[None, :], 0)]
+        centre_x, centre_y = _pixel_centres(tiles[:, None] * num_pixels + zero_tile, isects, dtype)
+        # Dense sigma over [tiles, P, L], written to keep only three block-sized buffers alive.
+        xy, conic = means2d[gauss], conics[gauss]
+        dx = xy[:, None, :, 0] - (centre_x - 0.5 + pix_x)[:, :, None]
+        dy = xy[:, None, :, 1] - (centre_y - 0.5 + pix_y)[:, :, None]
+        sigma = dx * dx
+        sigma.mul_(conic[:, None, :, 0])
+        tmp = dy * dy
+        tmp.mul_(conic[:, None, :, 2])
+        sigma.add_(tmp).mul_(0.5)
+        dx.mul_(dy).mul_(conic[:, None, :, 1])
+        sigma.add_(dx)
+        del dx, dy, tmp
+        limit = torch.where(pad_ok, max_sigma[gauss], -1.0)[:, None, :]
+        candidate = (sigma <= limit) & (sigma >= 0)
+        del sigma
+        flat = candidate.reshape(-1).nonzero().squeeze(1)  # row-major: pixel-major, then depth
+        in_block = torch.div(flat, width, rounding_mode="floor")
+        tile_idx = torch.div(in_block, num_pixels, rounding_mode="floor")
+        cand_gauss = gauss[tile_idx, flat - in_block * width]
+        cand_pix = tiles[tile_idx] * num_pixels + (in_block - tile_idx * num_pixels)
+
+        # The exact gsplat tests, on the short list, with the same arithmetic as the composite phase.
+        px, py = _pixel_centres(cand_pix, isects, dtype)
+        sig = _sigma(means2d[cand_gauss, 0] - px, means2d[cand_gauss, 1] - py, conics[cand_gauss])
+        alpha = _alpha(sig, opacities[cand_gauss])
+        valid = (sig >= 0) & (alpha >= _ALPHA_MIN)
+        cand_gauss, cand_pix, alpha = cand_gauss[valid], cand_pix[valid], alpha[valid]
+        log_keep, log_front = _log_transmittance(alpha, _segment_starts(cand_pix))
+        # Composited iff the transmittance after it stays above 1e-4; T only falls within a
+        # pixel, so this also drops everything after gsplat's early stop.
+        keep = torch.exp(log_front + log_keep) > _T_MIN
+        found_gauss.append(cand_gauss[keep])
+        found_pix.append(cand_pix[keep])
         start = stop
-    return plans
+    return _group_pairs(found_gauss, found_pix, max(1, chunk_elements // _PAIRS_PER_ELEMENT))
 
 
-def _deltas(means2d: Tensor, plan: _ChunkPlan) -> Tuple[Tensor, Tensor]:
-    xy = means2d[plan.gauss]  # [Tc, L, 2]
-    dx = xy[:, None, :, 0] - plan.px[:, :, None]  # [Tc, P, L]
-    dy = xy[:, None, :, 1] - plan.py[:, :, None]
-    return dx, dy
+def _group_pairs(gauss: List[Tensor], pix: List[Tensor], max_pairs: int) -> List[_PairChunk]:
+    """Concatenate per-block pair lists into chunks of about ``max_pairs`` (whole tiles each)."""
+    chunks, cur_g, cur_p, cur_n = [], [], [], 0
+    for g, p in zip(gauss, pix):
+        if cur_n and cur_n + g.numel() > max_pairs:
+            chunks.append(_PairChunk(torch.cat(cur_g), torch.cat(cur_p)))
+            cur_g, cur_p, cur_n = [], [], 0
+        cur_g.append(g)
+        cur_p.append(p)
+        cur_n += g.numel()
+    if cur_n:
+        chunks.append(_PairChunk(torch.cat(cur_g), torch.cat(cur_p)))
+    return chunks
 
 
-class _RasterizeTiles(torch.autograd.Function):
-    """Tiles -> (accumulated colour, final transmittance), checkpointed per chunk."""
+def _composite(
+    dx: Tensor, dy: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor, first: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """Phase 2 on one chunk of composited pairs.
+
+    Returns:
+        ``(weighted colour per pair [V, D], log(1 - alpha) per pair [V] float64)``; the caller
+        sums both per pixel (the second gives ``log T_final``).
+    """
+    alpha = _alpha(_sigma(dx, dy, conics), opacities)
+    log_keep, log_front = _log_transmittance(alpha, first)
+    weights = alpha * torch.exp(log_front).to(alpha.dtype)
+    return weights[:, None] * colors, log_keep
+
+
+class _CompositePairs(torch.autograd.Function):
+    """Pairs -> per-pixel (accumulated colour, final transmittance), checkpointed per chunk."""
 
     @staticmethod
-    def forward(ctx, means2d, conics, opacities, colors, plans, num_tiles, num_pixels, absgrad_sink):  # type: ignore[override]
-        accum = colors.new_zeros(num_tiles, num_pixels, colors.shape[-1])
-        trans = colors.new_ones(num_tiles, num_pixels)
-        for plan in plans:
-            dx, dy = _deltas(means2d, plan)
-            acc, t_final = _composite(
-                dx, dy, conics[plan.gauss], opacities[plan.gauss], colors[plan.gauss], plan.pad_ok
+    def forward(ctx, means2d, conics, opacities, colors, chunks, isects, num_pixels_total, absgrad_sink):  # type: ignore[override]
+        accum = colors.new_zeros(num_pixels_total, colors.shape[-1])
+        log_trans = torch.zeros(num_pixels_total, dtype=torch.float64, device=colors.device)
+        for chunk in chunks:
+            px, py = _pixel_centres(chunk.pix, isects, means2d.dtype)
+            g = chunk.gauss
+            contrib, log_keep = _composite(
+                means2d[g, 0] - px, means2d[g, 1] - py, conics[g], opacities[g], colors[g], _segment_starts(chunk.pix)
             )
-            accum[plan.tiles] = acc
-            trans[plan.tiles] = t_final
-        ctx.save_for_backward(means2d, conics, opacities, colors)
-        ctx.plans = plans
-        ctx.absgrad_sink = absgrad_sink
+            accum.index_add_(0, chunk.pix, contrib)
+            log_trans.index_add_(0, chunk.pix, log_keep)
+        trans = torch.exp(log_trans).to(colors.dtype)
+        ctx.save_for_backward(means2d, conics, opacities, colors, trans)
+        ctx.chunks, ctx.isects, ctx.absgrad_sink = chunks, isects, absgrad_sink
         return accum, trans
 
     @staticmethod
     def backward(ctx, grad_accum, grad_trans):  # type: ignore[override]
-        means2d, conics, opacities, colors = ctx.saved_tensors
+        means2d, conics, opacities, colors, trans = ctx.saved_tensors
         grads = [torch.zeros_like(t) for t in (means2d, conics, opacities, colors)]
+        grad_log_trans = (grad_trans * trans).to(torch.float64)  # T = exp(sum log(1 - alpha))
         sink = ctx.absgrad_sink
-        for plan in ctx.plans:
+        for chunk in ctx.chunks:
+            g, pix = chunk.gauss, chunk.pix
+            px, py = _pixel_centres(pix, ctx.isects, means2d.dtype)
             with torch.enable_grad():
-                dx, dy = _deltas(means2d.detach(), plan)
                 leaves = [
-                    dx.requires_grad_(),
-                    dy.requires_grad_(),
-                    conics.detach()[plan.gauss].requires_grad_(),
-                    opacities.detach()[plan.gauss].requires_grad_(),
-                    colors.detach()[plan.gauss].requires_grad_(),
+                    (means2d.detach()[g, 0] - px).requires_grad_(),
+                    (means2d.detach()[g, 1] - py).requires_grad_(),
+                    conics.detach()[g].requires_grad_(),
+                    opacities.detach()[g].requires_grad_(),
+                    colors.detach()[g].requires_grad_(),
                 ]
-                acc, t_final = _composite(*leaves, plan.pad_ok)
+                contrib, log_keep = _composite(*leaves, _segment_starts(pix))
                 g_dx, g_dy, g_conic, g_opac, g_color = torch.autograd.grad(
-                    (acc, t_final), leaves, (grad_accum[plan.tiles], grad_trans[plan.tiles])
+                    (contrib, log_keep), leaves, (grad_accum[pix], grad_log_trans[pix])
                 )
-            ids = plan.gauss.reshape(-1)
-            g_xy = torch.stack([g_dx.sum(1), g_dy.sum(1)], dim=-1)  # [Tc, L, 2]
-            grads[0].index_add_(0, ids, g_xy.reshape(-1, 2))
-            grads[1].index_add_(0, ids, g_conic.reshape(-1, g_conic.shape[-1]))
-            grads[2].index_add_(0, ids, g_opac.reshape(-1))
-            grads[3].index_add_(0, ids, g_color.reshape(-1, g_color.shape[-1]))
+            grads[0].index_add_(0, g, torch.stack([g_dx, g_dy], dim=-1))
+            grads[1].index_add_(0, g, g_conic)
+            grads[2].index_add_(0, g, g_opac)
+            grads[3].index_add_(0, g, g_color)
             if sink is not None:
-                # gsplat's absgrad: |per-pixel contribution| summed over pixels (a pixel lies in one tile).
-                g_abs = torch.stack([g_dx.abs().sum(1), g_dy.abs().sum(1)], dim=-1)
-                sink.index_add_(0, ids, g_abs.reshape(-1, 2).to(sink.dtype))
+                # gsplat's absgrad: each pair is one pixel's own contribution to d loss / d mean2d.
+                sink.index_add_(0, g, torch.stack([g_dx.abs(), g_dy.abs()], dim=-1).to(sink.dtype))
         return grads[0], grads[1], grads[2], grads[3], None, None, None, None
 
 
@@ -320,44 +406,43 @@ def rasterize_to_pixels(
         isects: From ``intersect_tiles`` on the same projection.
         backgrounds: Colour behind the Gaussians. `[C, D]`, or None for black.
         absgrad_sink: If given, the backward pass adds gsplat's absgrad into it. `[C, N, 2]`.
-        chunk_elements: Budget of (pixel, intersection) pairs per chunk.
+        chunk_elements: Memory knob: the find phase evaluates blocks of at most this many
+            (pixel, intersection) pairs (a single tile with more is processed alone); the
+            composite phase works on ``chunk_elements // 8`` composited pairs at a time.
 
     Returns:
         ``(colors [C, H, W, D], alphas [C, H, W, 1])``.
 
-    **Memory:** transient memory is about ``20 x 4 bytes x max(chunk_elements, P x max_count)``
-    (float32; x2 for float64) where ``max_count`` is the largest per-tile intersection count;
-    between forward and backward only the inputs and the index plan (``O(I)``) are kept.
+    **Memory:** the transient peak is about ``16 bytes x max(chunk_elements, P x max_count)``
+    in the find phase (``max_count``: largest per-tile intersection count) and about
+    ``30 bytes x chunk_elements`` in a composite chunk's backward, i.e. ~130 MB with the default
+    4M (float32). Between forward and backward only 16 bytes per composited pair are kept, plus
+    the ``[C, H, W, D]`` outputs.
 
     **Differentiable:** with respect to ``means2d``, ``conics``, ``colors``, ``opacities`` and
     ``backgrounds`` (first order only).
 
-    **Host sync:** once, to lay out the chunks.
+    **Host sync:** once, to lay out the find phase's blocks.
     """
     num_cameras, num_gaussians = opacities.shape
     depth = colors.shape[-1]
     ts = isects.tile_size
     rows, cols = isects.num_tile_rows, isects.num_tile_cols
-    plans = _plan_chunks(isects, means2d.dtype, chunk_elements)
+    means_flat, conics_flat = means2d.reshape(-1, 2), conics.reshape(-1, 3)
+    opac_flat, colors_flat = opacities.reshape(-1), colors.reshape(-1, depth)
+    chunks = _find_composited(means_flat.detach(), conics_flat.detach(), opac_flat.detach(), isects, chunk_elements)
     sink_flat = absgrad_sink.view(-1, 2) if absgrad_sink is not None else None
-    accum, trans = _RasterizeTiles.apply(
-        means2d.reshape(-1, 2),
-        conics.reshape(-1, 3),
-        opacities.reshape(-1),
-        colors.reshape(-1, depth),
-        plans,
-        num_cameras * rows * cols,
-        ts * ts,
-        sink_flat,
+    accum, trans = _CompositePairs.apply(
+        means_flat, conics_flat, opac_flat, colors_flat, chunks, isects, num_cameras * rows * cols * ts * ts, sink_flat
     )
 
     def to_image(t: Tensor, channels: int) -> Tensor:
-        # [C*T, P, D] -> [C, rows*ts, cols*ts, D] -> crop
+        # tile-major [C*T*P, D] -> [C, rows*ts, cols*ts, D] -> crop
         img = t.reshape(num_cameras, rows, cols, ts, ts, channels).permute(0, 1, 3, 2, 4, 5)
         return img.reshape(num_cameras, rows * ts, cols * ts, channels)[:, :image_height, :image_width]
 
     render_colors = to_image(accum, depth)
-    trans_img = to_image(trans[..., None], 1)
+    trans_img = to_image(trans[:, None], 1)
     if backgrounds is not None:
         render_colors = render_colors + trans_img * backgrounds[:, None, None, :]
     return render_colors, 1.0 - trans_img
