@@ -174,5 +174,5 @@ def test_chunk_size_does_not_change_the_image():
     scene = _scene()
     proj = project(**scene.kwargs(), backend="reference")
     big = rasterize_rows(proj, [0, 0], HEIGHT)
-    small = rasterize_rows(proj, [0, 0], HEIGHT, chunk_elements=1)  # one tile per chunk
+    small = rasterize_rows(proj, [0, 0], HEIGHT, chunk_elements=4096)  # one tile per block, 512-pair chunks
     torch.testing.assert_close(small.colors, big.colors, **_PIXEL_TOL)
