@@ -142,7 +142,10 @@ def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
     specs: list[Optional[UndistortSpec]] = [None] * num_cameras
     if cameras.distortion_params is None:
         return specs
-    dist_all = cameras.distortion_params.detach().cpu().numpy()
+    # Dataparsers may hand out expanded views (one row shared by all cameras): write to copies.
+    for name in ("fx", "fy", "cx", "cy", "width", "height", "distortion_params"):
+        setattr(cameras, name, getattr(cameras, name).clone())
+    dist_all = cameras.distortion_params.detach().cpu().numpy().copy()
     fx = cameras.fx[:, 0].cpu().numpy()
     fy = cameras.fy[:, 0].cpu().numpy()
     cx = cameras.cx[:, 0].cpu().numpy()

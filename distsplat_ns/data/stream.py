@@ -86,15 +86,6 @@ def worker_positions(positions: list[int], step: int, worker_id: int, num_worker
     return [p for j, p in enumerate(positions) if (j + step) % num_workers == worker_id]
 
 
-def _limit_worker_threads() -> None:
-    # One DataLoader worker = one core: OpenCV would otherwise start a thread pool per worker.
-    try:
-        import cv2
-    except ImportError:
-        return
-    cv2.setNumThreads(1)
-
-
 class ImageBatchStream(IterableDataset):
     """Infinite stream of ``StepPart``s for one rank, starting at ``start_step``.
 
@@ -181,9 +172,10 @@ class ImageBatchStream(IterableDataset):
 
     def __iter__(self) -> Iterator[StepPart]:
         info = get_worker_info()
+        # OpenCV's thread count is deliberately left alone in workers: cv2.setNumThreads in a
+        # forked child whose parent already ran an OpenCV parallel loop can deadlock (measured).
         if info is None:
             return self.parts(0, 1)
-        _limit_worker_threads()
         return self.parts(info.id, info.num_workers)
 
 
@@ -312,8 +304,6 @@ class IndexedImageDataset(Dataset):
         return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[int, torch.Tensor, Optional[torch.Tensor]]:
-        if get_worker_info() is not None:
-            _limit_worker_threads()
         index = self.indices[i]
         image, mask = self.loader.load(index)
         return index, image, mask
