@@ -1,0 +1,149 @@
+"""Image files, stores and loaders for the data tests and benchmarks (seeded, CPU only).
+
+The real scenes live in ``../shared/data`` next to the repository (read-only); helpers that need
+them skip with a clear reason when that folder is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from PIL import Image
+
+SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
+
+__all__ = [
+    "SHARED_DATA",
+    "shared_scene",
+    "write_images",
+    "make_loader",
+    "make_repeated_fox",
+    "process_tree_memory",
+]
+
+
+def shared_scene(name: str) -> Path:
+    """Path of a real scene under ``../shared/data``; skips the calling test when it is absent."""
+    import pytest
+
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        pytest.skip(f"real scene {name!r} not found at {path} (the shared data folder is absent)")
+    return path
+
+
+def write_images(
+    folder: Path,
+    sizes_hw: Sequence[tuple[int, int]],
+    seed: int = 0,
+    fmt: str = "JPEG",
+    noise: float = 20.0,
+    channels: int = 3,
+) -> list[Path]:
+    """Write one seeded image per size: a colour gradient plus noise (noise makes files bigger).
+
+    Args:
+        folder: Where to write (created).
+        sizes_hw: ``(H, W)`` per image.
+        seed: RNG seed.
+        fmt: ``"JPEG"`` or ``"PNG"``.
+        noise: Standard deviation of the Gaussian noise, in grey levels.
+        channels: 3 (RGB) or 4 (RGBA, PNG only).
+
+    Returns:
+        The written paths, in order.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    suffix = ".jpg" if fmt == "JPEG" else ".png"
+    for i, (h, w) in enumerate(sizes_hw):
+        yy, xx = np.mgrid[0:h, 0:w]
+        base = np.stack([xx * 255.0 / max(w - 1, 1), yy * 255.0 / max(h - 1, 1), np.full((h, w), 40.0 * (i % 6))], -1)
+        pixels = np.clip(base + rng.normal(0.0, noise, size=(h, w, 3)), 0, 255).astype(np.uint8)
+        if channels == 4:
+            alpha = (rng.random((h, w, 1)) * 255).astype(np.uint8)
+            pixels = np.concatenate([pixels, alpha], -1)
+        path = folder / f"img_{i:04d}{suffix}"
+        Image.fromarray(pixels).save(path, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+        paths.append(path)
+    return paths
+
+
+def make_loader(
+    paths: Sequence[Path],
+    ram_budget_bytes: int = 1 << 30,
+    decoder: str = "simplejpeg",
+    masks: Optional[Sequence[Path]] = None,
+):
+    """An ``ImageLoader`` over ``paths`` with sizes read from the files (no undistortion)."""
+    from distsplat_ns.data.decode import ImageLoader, ImageSpec
+    from distsplat_ns.data.store import EncodedImageStore
+
+    specs = []
+    for path in paths:
+        with Image.open(path) as im:
+            specs.append(ImageSpec(height=im.height, width=im.width))
+    store = EncodedImageStore(paths, ram_budget_bytes, name="test images")
+    mask_store = EncodedImageStore(masks, ram_budget_bytes, name="test masks") if masks is not None else None
+    return ImageLoader(store, specs, mask_store, decoder=decoder)
+
+
+def make_repeated_fox(fox: Path, out: Path, num_frames: int) -> Path:
+    """A nerfstudio-data scene of ``num_frames`` frames cycling over fox's frames (symlinks).
+
+    Args:
+        fox: The fox scene folder (``transforms.json`` + ``images/``).
+        out: Empty folder to create the scene in.
+        num_frames: Frames wanted.
+
+    Returns:
+        ``out``, holding ``transforms.json`` and ``images/`` of symlinks.
+    """
+    meta = json.loads((fox / "transforms.json").read_text())
+    frames = meta["frames"]
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    new_frames = []
+    for i in range(num_frames):
+        frame = dict(frames[i % len(frames)])
+        source = (fox / frame["file_path"]).resolve()
+        link = out / "images" / f"{i:05d}{source.suffix}"
+        if not link.exists():
+            os.symlink(source, link)
+        frame["file_path"] = f"images/{link.name}"
+        new_frames.append(frame)
+    meta["frames"] = new_frames
+    (out / "transforms.json").write_text(json.dumps(meta))
+    return out
+
+
+def process_tree_memory(pid: Optional[int] = None) -> dict[str, int]:
+    """Memory of a process and all its descendants, in bytes.
+
+    Returns:
+        ``rss`` (sum of RSS: counts shared pages once per process), ``pss`` (proportional set
+        size: shared pages split between their users, so the sum is the tree's real footprint),
+        ``uss`` (pages private to each process, summed), ``num_processes``, and ``worker_uss``
+        (the largest USS among the descendants, 0 without any).
+    """
+    import psutil
+
+    root = psutil.Process(pid if pid is not None else os.getpid())
+    procs = [root] + root.children(recursive=True)
+    totals = {"rss": 0, "pss": 0, "uss": 0, "num_processes": 0, "worker_uss": 0}
+    for proc in procs:
+        try:
+            info = proc.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        totals["rss"] += info.rss
+        totals["pss"] += info.pss
+        totals["uss"] += info.uss
+        totals["num_processes"] += 1
+        if proc.pid != root.pid:
+            totals["worker_uss"] = max(totals["worker_uss"], info.uss)
+    return totals
