@@ -147,3 +147,66 @@ def process_tree_memory(pid: Optional[int] = None) -> dict[str, int]:
         if proc.pid != root.pid:
             totals["worker_uss"] = max(totals["worker_uss"], info.uss)
     return totals
+
+
+def write_nerfstudio_scene(
+    folder: Path,
+    num_frames: int = 6,
+    size_hw: tuple[int, int] = (60, 80),
+    k1: float = 0.0,
+    with_masks: bool = False,
+    seed: int = 0,
+    camera_model: str = "OPENCV",
+) -> Path:
+    """A small nerfstudio-data scene: seeded JPEGs on a circle of cameras, optional distortion and masks.
+
+    Args:
+        folder: Where to write (created).
+        num_frames: Frames (cameras) to write.
+        size_hw: ``(H, W)`` of every image.
+        k1: First radial distortion coefficient (0: undistorted camera).
+        with_masks: Also write one PNG mask per frame (a seeded blob, 0/255) as ``mask_path``.
+        seed: RNG seed.
+        camera_model: ``OPENCV`` or ``OPENCV_FISHEYE``.
+
+    Returns:
+        ``folder``.
+    """
+    h, w = size_hw
+    paths = write_images(folder / "images", [size_hw] * num_frames, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    frames = []
+    for i, path in enumerate(paths):
+        angle = 2 * np.pi * i / num_frames
+        c2w = np.eye(4)
+        c2w[:3, 3] = [3 * np.cos(angle), 3 * np.sin(angle), 0.5]
+        forward = -c2w[:3, 3] / np.linalg.norm(c2w[:3, 3])
+        right = np.cross(forward, [0.0, 0.0, 1.0])
+        right /= np.linalg.norm(right)
+        up = np.cross(right, forward)
+        c2w[:3, :3] = np.stack([right, up, -forward], 1)  # OpenGL: camera looks down -z
+        frame = {"file_path": f"images/{path.name}", "transform_matrix": c2w.tolist()}
+        if with_masks:
+            (folder / "masks").mkdir(exist_ok=True)
+            yy, xx = np.mgrid[0:h, 0:w]
+            cy, cx = rng.uniform(0.3, 0.7) * h, rng.uniform(0.3, 0.7) * w
+            blob = ((yy - cy) ** 2 + (xx - cx) ** 2 < (0.3 * min(h, w)) ** 2).astype(np.uint8) * 255
+            Image.fromarray(blob).save(folder / "masks" / f"{path.stem}.png")
+            frame["mask_path"] = f"masks/{path.stem}.png"
+        frames.append(frame)
+    meta = {
+        "camera_model": camera_model,
+        "fl_x": 0.9 * w,
+        "fl_y": 0.9 * w,
+        "cx": w / 2 + 0.7,
+        "cy": h / 2 - 0.4,
+        "w": w,
+        "h": h,
+        "k1": k1,
+        "k2": k1 / 4,
+        "p1": 0.0 if camera_model == "OPENCV_FISHEYE" else 0.001,
+        "p2": 0.0,
+        "frames": frames,
+    }
+    (folder / "transforms.json").write_text(json.dumps(meta))
+    return folder
