@@ -210,3 +210,24 @@ def write_nerfstudio_scene(
     }
     (folder / "transforms.json").write_text(json.dumps(meta))
     return folder
+
+
+def measure_stream_memory(paths: Sequence[Path], batch_size: int, num_workers: int, num_steps: int, out_json: Path) -> None:
+    """Run ``num_steps`` steps of a stream over ``paths``; write the process tree's memory to ``out_json``.
+
+    Meant to run in a fresh interpreter (``python -c``), so two dataset sizes compare cleanly.
+    Memory is sampled after every step while the workers are alive; the JSON holds the peaks of
+    ``process_tree_memory``'s fields plus ``store_bytes``.
+    """
+    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+
+    loader = make_loader(paths)
+    reader = TrainBatchReader(ImageBatchStream(loader, batch_size, seed=0), num_workers, prefetch_batches=2)
+    peaks: dict[str, int] = {}
+    for step in range(num_steps):
+        reader.next_batch(step)
+        for key, value in process_tree_memory().items():
+            peaks[key] = max(peaks.get(key, 0), value)
+    reader.close()
+    peaks["store_bytes"] = loader.images.num_bytes
+    out_json.write_text(json.dumps(peaks))
