@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import socket
 import traceback
 from typing import Any, Callable
@@ -28,7 +29,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
         ctx = init_distributed("cpu", timeout_s=timeout_s)
         result = fn(ctx, *args)
-        queue.put((rank, "ok", result))
+        # Plain pickle bytes: tensors sent through a torch queue travel as shared-memory handles
+        # that vanish when this process exits before the parent reads them.
+        queue.put((rank, "ok", pickle.dumps(result)))
         shutdown_distributed()
     except BaseException as err:  # report to the parent, which fails the test
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
@@ -58,7 +61,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.
                 raise RuntimeError(f"ranks did not finish within {timeout_s * 2:.0f}s")
             rank, status, value = queue.get(timeout=remaining)
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}: {value}")
     finally:

@@ -42,3 +42,32 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
     except ReplicaDriftError as err:
         return str(err)
     return "identical"
+
+
+def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
+    """For each split (bands per rank), each rank renders its bands of the batch from the same
+    model; returns, per split, the gradients summed over ranks (missing gradients as zeros)."""
+    from distsplat_ns.types import ImageBand
+    from tests.helpers.model_factory import make_cameras, make_images, make_model
+
+    out = []
+    for bands_per_rank in splits:
+        model = make_model(batch_size)
+        cameras = make_cameras(batch_size)
+        images = make_images(batch_size)
+        bands = [ImageBand(*b) for b in bands_per_rank[ctx.rank]]
+        positions = sorted({b.position for b in bands})
+        model.step = step
+        if positions:
+            result = model.forward_bands(
+                cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
+                bands, step, add_regularizers=ctx.rank == 0,
+            )
+            result.loss.backward()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        for _, p in named:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        sum_gradients_(ctx, [p for _, p in named])
+        out.append({n: p.grad.clone() for n, p in named})
+    return out

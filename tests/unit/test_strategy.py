@@ -43,3 +43,15 @@ def test_batch_info_carries_grad_and_absgrad() -> None:
 def test_refine_seed_depends_on_step_only_through_value() -> None:
     assert refine_seed(42, 100) == refine_seed(42, 100)
     assert refine_seed(42, 100) != refine_seed(42, 200)
+
+
+def test_c2w_to_viewmat_matches_nerfstudios_conversion() -> None:
+    from nerfstudio.models.splatfacto import get_viewmat
+
+    from distsplat_ns.utils.cameras import c2w_to_viewmat
+
+    gen = torch.Generator().manual_seed(0)
+    q, _ = torch.linalg.qr(torch.randn(3, 3, 3, generator=gen))
+    c2w = torch.cat([q, torch.randn(3, 3, 1, generator=gen)], dim=-1)
+    expected = get_viewmat.__wrapped__(c2w) if hasattr(get_viewmat, "__wrapped__") else get_viewmat(c2w)
+    assert torch.allclose(c2w_to_viewmat(c2w), expected, atol=1e-6)

@@ -1,0 +1,88 @@
+"""Run nerfstudio commands (ns-train distsplat, ns-export, ns-eval) as a user would, in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+SCENE = REPO / "scenes" / "lund_door"
+SHARED_DATA = REPO.parent / "shared" / "data"
+BIN = Path(sys.executable).parent
+
+COLMAP_ARGS = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
+
+
+def ns_bin(name: str) -> str:
+    path = BIN / name
+    return str(path) if path.exists() else name
+
+
+def cpu_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def train_args(out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), data_args: Sequence[str] = COLMAP_ARGS) -> list[str]:
+    return [
+        "distsplat",
+        "--output-dir", str(out),
+        "--experiment-name", "it",
+        "--timestamp", timestamp,
+        "--machine.device-type", "cpu",
+        "--max-num-iterations", str(num_images),
+        "--vis", "tensorboard",
+        "--viewer.quit-on-train-completion", "True",
+        "--logging.local-writer.enable", "False",
+        *extra,
+        *data_args,
+    ]
+
+
+def run_ns_train(out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), timeout: float = 900, check: bool = True,
+                 data_args: Sequence[str] = COLMAP_ARGS) -> subprocess.CompletedProcess:
+    cmd = [ns_bin("ns-train"), *train_args(out, timestamp, num_images, extra, data_args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cpu_env())
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ns-train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def run_torchrun(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str] = (), timeout: float = 900,
+                 check: bool = True, torchrun_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), *torchrun_args, ns_bin("ns-train"),
+           *train_args(out, timestamp, num_images, extra)]
+    env = cpu_env()
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def run_dir(out: Path, timestamp: str) -> Path:
+    return out / "it" / "distsplat" / timestamp
+
+
+def read_stats(out: Path, timestamp: str) -> dict:
+    return json.loads((run_dir(out, timestamp) / "distsplat_stats.json").read_text())
+
+
+def latest_checkpoint(out: Path, timestamp: str) -> Path:
+    found = sorted((run_dir(out, timestamp) / "nerfstudio_models").glob("step-*.ckpt"))
+    assert found, f"no checkpoint in {run_dir(out, timestamp)}"
+    return found[-1]
+
+
+def load_gauss_params(ckpt: Path) -> dict:
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    prefix = "_model.gauss_params."
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

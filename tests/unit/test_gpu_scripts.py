@@ -1,0 +1,293 @@
+"""The CPU-checkable parts of the CUDA check (issue #6): scripts/gpu_check.sh, prepare_gpu_wheels.sh,
+gpu_bench.py and gpu_launch.py. The GPU run itself cannot happen here; docs/gpu.md says how to do
+the dry run (`bash scripts/gpu_check.sh OUT --dry-run`, a few minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("gpu_bench")
+launch = _load("gpu_launch")
+
+
+def _run(name: str, method: str = "distsplat", batch_size: int = 1, num_images: int = 8, num_procs: int = 1):
+    return bench.RunSpec(name, method, batch_size, num_images, num_procs)
+
+
+# ------------------------------------------------------------------------------------------ shells
+@pytest.mark.parametrize("script", ["gpu_check.sh", "prepare_gpu_wheels.sh"])
+def test_shell_script_parses(script: str) -> None:
+    result = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_gpu_check_without_outdir_prints_usage_and_exits_2() -> None:
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "usage" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------ wheels
+def test_shipped_wheel_list_pins_nerfstudio_and_gsplat() -> None:
+    pins = dict(bench.parse_wheel_list((SCRIPTS / "gpu_wheels.txt").read_text()))
+    assert pins["nerfstudio"] == "1.1.5" and pins["gsplat"] == "1.4.0"
+
+
+@pytest.mark.parametrize("already_on_machine", ["torch", "torchvision", "numpy", "open3d", "pymeshlab"])
+def test_shipped_wheel_list_carries_nothing_the_machine_has_or_that_is_too_large(already_on_machine: str) -> None:
+    pins = dict(bench.parse_wheel_list((SCRIPTS / "gpu_wheels.txt").read_text()))
+    assert already_on_machine not in pins
+
+
+def test_wheel_list_skips_comments_and_normalises_names() -> None:
+    text = "# header\n\nFoo_Bar==1.0  # why\nbaz.qux==2.0rc1\n"
+    assert bench.parse_wheel_list(text) == [("foo-bar", "1.0"), ("baz-qux", "2.0rc1")]
+
+
+@pytest.mark.parametrize("line", ["foo", "foo>=1.0", "foo==", "==1.0"])
+def test_wheel_list_rejects_a_line_without_exact_pin(line: str) -> None:
+    with pytest.raises(ValueError, match="line 1"):
+        bench.parse_wheel_list(line)
+
+
+def test_wheel_list_rejects_a_project_listed_twice() -> None:
+    with pytest.raises(ValueError, match="already listed on line 1"):
+        bench.parse_wheel_list("foo==1.0\nFoo==2.0\n")
+
+
+@pytest.mark.parametrize(
+    "filename, expected",
+    [
+        ("gsplat-1.4.0-py3-none-any.whl", ("gsplat", "1.4.0")),
+        ("docstring_parser-0.18.0-py3-none-any.whl", ("docstring-parser", "0.18.0")),
+        ("msgspec-0.23.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", ("msgspec", "0.23.0")),
+        ("foo-1.0-1build-py3-none-any.whl", ("foo", "1.0")),
+    ],
+)
+def test_wheel_file_name_gives_project_and_version(filename: str, expected: tuple) -> None:
+    assert bench.wheel_name_version(filename) == expected
+
+
+@pytest.mark.parametrize("filename", ["foo-1.0.tar.gz", "foo-1.0-py3.whl"])
+def test_wheel_file_name_rejects_non_wheels(filename: str) -> None:
+    with pytest.raises(ValueError):
+        bench.wheel_name_version(filename)
+
+
+def _wheel_dir(tmp_path: Path, names: list) -> Path:
+    for name in names:
+        (tmp_path / name).write_bytes(b"x" * 10)
+    return tmp_path
+
+
+PINS = [("foo", "1.0"), ("bar-baz", "2.0")]
+
+
+def test_complete_wheel_folder_is_ok_and_sized(tmp_path: Path) -> None:
+    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, ["foo-1.0-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"]))
+    assert result["ok"] and result["total_bytes"] == 20
+
+
+def test_wheel_folder_missing_a_pin_is_not_ok(tmp_path: Path) -> None:
+    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, ["foo-1.0-py3-none-any.whl"]))
+    assert not result["ok"] and result["missing"] == ["bar-baz==2.0"]
+
+
+def test_wheel_folder_with_two_versions_of_a_project_is_not_ok(tmp_path: Path) -> None:
+    names = ["foo-1.0-py3-none-any.whl", "foo-1.1-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"]
+    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, names))
+    assert not result["ok"] and result["duplicated"] == ["foo"]
+
+
+def test_wheel_folder_with_wrong_version_is_not_ok(tmp_path: Path) -> None:
+    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, ["foo-0.9-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"]))
+    assert not result["ok"] and result["wrong_version"] == ["foo: want 1.0, have 0.9"]
+
+
+def test_wheel_folder_with_an_unlisted_wheel_is_not_ok(tmp_path: Path) -> None:
+    names = ["foo-1.0-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl", "extra-3.0-py3-none-any.whl"]
+    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, names))
+    assert not result["ok"] and result["unlisted"] == ["extra-3.0-py3-none-any.whl"]
+
+
+# --------------------------------------------------------------------------------------------- JSON
+def test_write_json_turns_non_finite_numbers_into_null(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "x.json"
+    bench.write_json(path, {"nan": math.nan, "inf": [math.inf], "ok": 1.5, "path": Path("/p")})
+    assert json.loads(path.read_text()) == {"nan": None, "inf": [None], "ok": 1.5, "path": "/p"}
+
+
+def test_record_step_replaces_a_step_and_keeps_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    bench.record_step(path, "install", "failed", 1.0, "x", dry_run=False)
+    bench.record_step(path, "tests", "ok", 2.0, "y", dry_run=False)
+    bench.record_step(path, "install", "ok", 3.0, "z", dry_run=False)
+    steps = json.loads(path.read_text())["steps"]
+    assert steps == {"install": {"status": "ok", "seconds": 3.0, "detail": "z"}, "tests": {"status": "ok", "seconds": 2.0, "detail": "y"}}
+
+
+def test_record_step_keeps_dry_run_once_set(tmp_path: Path) -> None:
+    path = tmp_path / "summary.json"
+    bench.record_step(path, "a", "ok", 0.0, "", dry_run=True)
+    bench.record_step(path, "b", "ok", 0.0, "", dry_run=False)
+    assert json.loads(path.read_text())["dry_run"] is True
+
+
+# -------------------------------------------------------------------------------------------- junit
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="4">
+<testcase classname="tests.gpu.test_gsplat_parity" name="test_forward_parity[seed0]" time="1.5"/>
+<testcase classname="tests.gpu.test_gsplat_parity" name="test_backward_parity" time="0.1">
+  <failure message="max abs diff 2e-3">trace</failure></testcase>
+<testcase classname="tests.gpu.test_collectives" name="test_nccl_all_reduce" time="0.0">
+  <skipped message="no CUDA"/></testcase>
+<testcase classname="tests.gpu.test_model" name="test_train_step_lowers_loss" time="2.0"/>
+</testsuite></testsuites>"""
+
+
+def test_junit_counts_outcomes() -> None:
+    assert bench.parse_junit(JUNIT)["counts"] == {"passed": 2, "failed": 1, "skipped": 1}
+
+
+def test_junit_keeps_the_failure_message() -> None:
+    tests = {t["id"]: t for t in bench.parse_junit(JUNIT)["tests"]}
+    assert "max abs diff 2e-3" in tests["tests/gpu/test_gsplat_parity.py::test_backward_parity"]["message"]
+
+
+def test_junit_coverage_flags_a_missing_area() -> None:
+    coverage = bench.parse_junit(JUNIT)["coverage"]
+    assert coverage["gloo_collectives"] == [] and len(coverage["rasterization_parity"]) == 2
+
+
+# -------------------------------------------------------------------------------------------- bench
+def test_splatfacto_args_match_distsplat_args_except_batch_size(tmp_path: Path) -> None:
+    d = bench.ns_train_args(_run("same", "distsplat", 1, 100), tmp_path, Path("scene"), "cuda")
+    s = bench.ns_train_args(_run("same", "splatfacto", 1, 100), tmp_path, Path("scene"), "cuda")
+    i = d.index("--pipeline.batch-size")
+    assert d[1:i] + d[i + 2 :] == s[1:]
+
+
+def test_both_methods_train_the_same_number_of_images(tmp_path: Path) -> None:
+    args = bench.ns_train_args(_run("d", "distsplat", 4, 2000), tmp_path, Path("scene"), "cuda")
+    assert args[args.index("--max-num-iterations") + 1] == "2000" and args[args.index("--pipeline.batch-size") + 1] == "4"
+
+
+def test_splatfacto_with_a_batch_size_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="one image per step"):
+        bench.ns_train_args(_run("s", "splatfacto", 4), tmp_path, Path("scene"), "cuda")
+
+
+def test_two_process_run_goes_through_torchrun_sharing_the_gpu(tmp_path: Path) -> None:
+    cmd = bench.launch_command(_run("two", num_procs=2), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
+    assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert "--share-one-gpu" in cmd[: cmd.index("--")]
+
+
+def test_single_process_run_does_not_share_the_gpu(tmp_path: Path) -> None:
+    cmd = bench.launch_command(_run("one"), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
+    assert cmd[0] == "py" and "--share-one-gpu" not in cmd
+
+
+def test_step_stats_drop_warmup_steps() -> None:
+    stats = bench.step_time_stats([9.0] * 5 + [0.5] * 95, batch_size=4)
+    assert stats["warmup_dropped"] == 10 and stats["step_time_s_mean"] == 0.5 and stats["images_per_s"] == 8.0
+
+
+def test_step_stats_use_every_step_when_there_are_too_few() -> None:
+    stats = bench.step_time_stats([2.0, 4.0], batch_size=1)
+    assert stats["warmup_dropped"] == 0 and stats["step_time_s_mean"] == 3.0
+
+
+def test_step_stats_of_no_steps_say_so() -> None:
+    assert bench.step_time_stats([], batch_size=1) == {"num_steps_timed": 0}
+
+
+def _ok(step_s: float, batch: int) -> dict:
+    return {"status": "ok", "measurements": {"step_time_s_mean": step_s, "images_per_s": batch / step_s, "final_psnr": 20.0}}
+
+
+def test_comparison_passes_when_targets_are_met() -> None:
+    runs = {"distsplat_b1": _ok(0.0102, 1), "splatfacto": _ok(0.010, 1), "distsplat_b4": _ok(0.020, 4)}
+    out = bench.compare(runs, dry_run=False)
+    assert out["b1_step_time"]["verdict"] == "pass" and out["b4_images_per_s"]["verdict"] == "pass"
+    assert out["b4_images_per_s"]["ratio"] == pytest.approx(2.0)
+
+
+def test_comparison_fails_a_slow_b1_step() -> None:
+    runs = {"distsplat_b1": _ok(0.0110, 1), "splatfacto": _ok(0.010, 1)}
+    assert bench.compare(runs, dry_run=False)["b1_step_time"]["verdict"] == "fail"
+
+
+def test_comparison_without_splatfacto_is_not_measured() -> None:
+    runs = {"distsplat_b1": _ok(0.01, 1), "splatfacto": {"status": "not run", "reason": "no CUDA"}}
+    assert bench.compare(runs, dry_run=False)["b1_step_time"]["verdict"].startswith("not measured")
+
+
+def test_comparison_of_a_dry_run_is_never_a_verdict() -> None:
+    runs = {"distsplat_b1": _ok(0.01, 1), "splatfacto": _ok(0.02, 1), "distsplat_b4": _ok(0.01, 4)}
+    out = bench.compare(runs, dry_run=True)
+    assert {out["b1_step_time"]["verdict"], out["b4_images_per_s"]["verdict"]} == {"not measured (dry run)"}
+
+
+def test_splatfacto_is_not_run_on_cpu(tmp_path: Path) -> None:
+    cfg = bench.BenchConfig(
+        out=tmp_path / "b.json", workdir=tmp_path, data=tmp_path, device="cpu", num_images=2, num_images_b4=4,
+        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=True,
+    )
+    record = bench.execute_run(_run("splatfacto", "splatfacto"), cfg)
+    assert record["status"] == "not run" and "CUDA" in record["reason"]
+
+
+def test_run_past_the_deadline_is_not_started(tmp_path: Path) -> None:
+    cfg = bench.BenchConfig(
+        out=tmp_path / "b.json", workdir=tmp_path, data=tmp_path, device="cpu", num_images=2, num_images_b4=4,
+        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=True,
+    )
+    record = bench.execute_run(_run("distsplat_b1"), cfg)
+    assert record["status"] == "not run" and record["reason"].startswith("time budget")
+
+
+def test_summary_fails_parity_when_a_parity_test_failed(tmp_path: Path) -> None:
+    summary = bench.summarize(tmp_path / "s.json", bench.parse_junit(JUNIT), None, dry_run=False)
+    assert summary["targets"]["gsplat_parity"]["verdict"] == "fail"
+
+
+def test_summary_without_parity_tests_says_not_measured(tmp_path: Path) -> None:
+    summary = bench.summarize(tmp_path / "s.json", {"tests": [], "coverage": {}}, None, dry_run=True)
+    assert summary["targets"]["gsplat_parity"]["verdict"].startswith("not measured") and summary["dry_run"]
+
+
+# ------------------------------------------------------------------------------------------- launch
+def test_launcher_splits_its_options_from_ns_train_arguments() -> None:
+    args, rest = launch.parse_args(["--report", "r.json", "--final-eval", "--", "splatfacto", "--x", "1"])
+    assert args.report == "r.json" and args.final_eval and not args.share_one_gpu
+    assert rest == ["splatfacto", "--x", "1"]
+
+
+def test_launcher_requires_the_separator() -> None:
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--report", "r.json", "splatfacto"])
+
+
+def test_launcher_report_is_strict_json() -> None:
+    assert launch.sanitize({"a": [math.nan, 1.0], "b": (1, "x")}) == {"a": [None, 1.0], "b": [1, "x"]}
