@@ -256,8 +256,9 @@ class DistSplatPipeline(VanillaPipeline):
             check_finite_gradients(self.ctx, params, state.step)
         if state.step < self.model.schedule.refine_stop_iter:
             state.info = self._reduce_statistics(state)
-            n = self.model.num_points
-            state.bytes_communicated += self.config.batch_size * n * (2 * 2 * 4 + 4)
+            if self.ctx.is_distributed:
+                # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
+                state.bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
         state.timings.all_reduce = time.perf_counter() - t0
 
     def _reduce_statistics(self, state: StepState) -> Dict[str, Any]:

@@ -16,6 +16,7 @@ What it changes against nerfstudio's ``Trainer`` (ANCHORS.md lists why each matt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -37,7 +38,14 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import load_checkpoint_file, save_checkpoint_atomic, scaled_optimizer_configs
-from distsplat_ns.dist.collectives import all_gather_object, all_reduce_sum_, barrier, broadcast_object
+from distsplat_ns.dist.collectives import (
+    NonFiniteGradientError,
+    ReplicaDriftError,
+    all_gather_object,
+    all_reduce_sum_,
+    barrier,
+    broadcast_object,
+)
 from distsplat_ns.dist.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.pipeline import DistSplatPipeline, StepState
 from distsplat_ns.utils.logging import get_logger
@@ -58,6 +66,29 @@ class DistSplatTrainerConfig(TrainerConfig):
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
             raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
+
+
+#: Errors that describe bad input or a failed run, reported as one line rather than a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NonFiniteGradientError, ReplicaDriftError)
+
+
+def _report_user_errors(method):  # noqa: ANN001, ANN202
+    """Turn bad input and run failures into a one-line message and a non-zero exit.
+
+    Every rank that fails prints its own line (prefixed with its rank) and exits; a rank that did
+    not fail is ended by the collective timeout or by torchrun/mp.spawn tearing the job down.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        try:
+            return method(self, *args, **kwargs)
+        except USER_ERRORS as err:
+            rank = getattr(getattr(self, "ctx", None), "rank", 0)
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SystemExit(f"distsplat error (rank {rank}): {first_line}") from err
+
+    return wrapper
 
 
 class DistSplatTrainer(Trainer):
@@ -103,6 +134,7 @@ class DistSplatTrainer(Trainer):
         torch.manual_seed(agreed["seed"])
         np.random.seed(agreed["seed"] % (2**32))
 
+    @_report_user_errors
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         self.pipeline = self.config.pipeline.setup(
             device=self.device,
@@ -210,6 +242,7 @@ class DistSplatTrainer(Trainer):
         return None
 
     # ------------------------------------------------------------------ training loop
+    @_report_user_errors
     def train(self) -> None:
         dm = self.pipeline.datamanager
         if self.ctx.is_main and hasattr(dm, "train_dataparser_outputs"):
@@ -318,7 +351,8 @@ class DistSplatTrainer(Trainer):
             writer.put_dict(name="Eval Images Metrics", scalar_dict=metrics_dict, step=step)
             for image_name, image in images_dict.items():
                 writer.put_image(name="Eval Images/" + image_name, image=image, step=step)
-        if step_check(step, self.config.steps_per_eval_all_images):
+        # Also at step 0: the initial model's PSNR is the baseline the summary's history starts from.
+        if step_check(step, self.config.steps_per_eval_all_images, run_at_zero=True):
             self._eval_all(step)
 
     def _eval_all(self, step: int) -> Optional[float]:

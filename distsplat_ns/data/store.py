@@ -17,13 +17,20 @@ How the workers avoid copies:
   still shared (copy-on-write pages that nobody writes), and the store refuses to be pickled so
   that a ``spawn`` worker cannot silently copy it.
 
+Start-up time: the buffer is filled by a background thread, in dataset order, while training
+starts; an entry not yet filled is read from its file (same bytes). The number of filled entries
+lives in a shared ``multiprocessing.Value`` whose lock orders the writer's bytes before the
+readers' loads. So time to first batch does not grow with the size of the dataset (issue #3).
+
 Disk mode: when the files exceed the RAM budget the store keeps only paths and sizes, and readers
 open the file on each access; the store logs this once, at construction.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -94,18 +101,21 @@ class EncodedImageStore:
         ram_budget_bytes: Most bytes the buffer may take. When the files exceed it the store is in
             disk mode. ``0`` forces disk mode without the warning (e.g. eval images, read once).
         name: What the files are, for log messages (``"train images"``).
+        background_fill: Fill the buffer in a background thread (True) or before returning.
 
     Raises:
         FileNotFoundError: A file is missing (all of them are listed), checked at construction.
         ValueError: ``paths`` is empty or ``ram_budget_bytes`` is negative.
-        OSError: A file shrank while being read.
 
     Invariants:
-        ``view(i)`` returns exactly the bytes file ``i`` had at construction (RAM mode) or has now
-        (disk mode). The buffer is never written after construction.
+        ``view(i)`` returns exactly the bytes of file ``i``: from the buffer once filled (as they
+        were when read), from the file before that and in disk mode. Only the filling thread
+        writes the buffer, each byte once.
     """
 
-    def __init__(self, paths: Sequence[Path | str], ram_budget_bytes: int, name: str = "images") -> None:
+    def __init__(
+        self, paths: Sequence[Path | str], ram_budget_bytes: int, name: str = "images", background_fill: bool = True
+    ) -> None:
         if len(paths) == 0:
             raise ValueError(f"paths must hold at least one file for the {name} store, got none")
         if ram_budget_bytes < 0:
@@ -117,8 +127,13 @@ class EncodedImageStore:
         np.cumsum(self.sizes, out=self.offsets[1:])
         self.num_bytes = int(self.offsets[-1])
         self.shared = False
+        self.fill_error: str | None = None
         self._buffer: torch.Tensor | None = None
         self._array: np.ndarray | None = None
+        self._readable: np.ndarray | None = None
+        self._num_filled = None
+        self._all_filled = False
+        self._fill_thread: threading.Thread | None = None
         if ram_budget_bytes == 0:
             return
         if self.num_bytes > ram_budget_bytes:
@@ -133,7 +148,13 @@ class EncodedImageStore:
             )
             return
         self._allocate()
-        self._fill()
+        # A process-shared counter: forked workers inherit it, spawned ones get it while spawning.
+        self._num_filled = multiprocessing.Value("q", 0)
+        if background_fill:
+            self._fill_thread = threading.Thread(target=self._fill, name=f"fill {name}", daemon=True)
+            self._fill_thread.start()
+        else:
+            self._fill()
 
     # ------------------------------------------------------------------ construction
     def _allocate(self) -> None:
@@ -152,20 +173,50 @@ class EncodedImageStore:
             )
             self._buffer = torch.empty(self.num_bytes, dtype=torch.uint8)
         self._array = self._buffer.numpy()
+        self._readable = self._read_only_view()
+
+    def _read_only_view(self) -> np.ndarray:
+        assert self._buffer is not None
+        readable = self._buffer.numpy().view()
+        readable.flags.writeable = False
+        return readable
 
     def _fill(self) -> None:
-        assert self._array is not None
+        assert self._array is not None and self._num_filled is not None
         for i, path in enumerate(self.paths):
             start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-            with open(path, "rb", buffering=0) as f:
-                target = memoryview(self._array[start:end])
-                num_read = 0
-                while num_read < end - start:
-                    n = f.readinto(target[num_read:])
-                    if not n:
-                        raise OSError(f"{path} shrank while being read: expected {end - start} bytes, got {num_read}")
-                    num_read += n
-        self._array.flags.writeable = False
+            try:
+                with open(path, "rb", buffering=0) as f:
+                    target = memoryview(self._array[start:end])
+                    num_read = 0
+                    while num_read < end - start:
+                        n = f.readinto(target[num_read:])
+                        if not n:
+                            raise OSError(f"{path} shrank while being read: expected {end - start} bytes, got {num_read}")
+                        num_read += n
+            except OSError as exc:
+                # Entries from here on are read from their files, which then report the problem.
+                self.fill_error = str(exc)
+                return
+            with self._num_filled.get_lock():  # the lock orders the bytes before the count
+                self._num_filled.value = i + 1
+
+    def wait_filled(self, timeout_s: float | None = None) -> bool:
+        """Block until the background fill ends; True when every entry is in the buffer."""
+        if self._fill_thread is not None:
+            self._fill_thread.join(timeout_s)
+        return self.num_filled() == len(self.paths)
+
+    def num_filled(self) -> int:
+        """Entries already in the buffer (0 in disk mode)."""
+        if self._num_filled is None:
+            return 0
+        if self._all_filled:
+            return len(self.paths)
+        with self._num_filled.get_lock():
+            count = int(self._num_filled.value)
+        self._all_filled = count == len(self.paths)
+        return count
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -174,26 +225,19 @@ class EncodedImageStore:
     @property
     def disk_mode(self) -> bool:
         """Whether readers open the files instead of reading the shared buffer."""
-        return self._array is None
+        return self._buffer is None
 
     def path(self, index: int) -> str:
         """File of entry ``index``."""
         return self.paths[index]
 
     def view(self, index: int) -> memoryview | bytes:
-        """The encoded bytes of entry ``index``: a zero-copy read-only view (RAM) or the file's bytes (disk)."""
-        if self._array is None:
+        """The encoded bytes of entry ``index``: a zero-copy read-only view of the buffer, or the file's bytes."""
+        if self._readable is None or index >= self.num_filled():
             with open(self.paths[index], "rb") as f:
                 return f.read()
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        return memoryview(self._array[start:end])
-
-    def tensor(self, index: int) -> torch.Tensor:
-        """The encoded bytes of entry ``index`` as a uint8 tensor. `[num_bytes]`; a view in RAM mode."""
-        if self._buffer is None:
-            return torch.frombuffer(bytearray(self.view(index)), dtype=torch.uint8)
-        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        return self._buffer[start:end]
+        return memoryview(self._readable[start:end])
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
@@ -203,13 +247,14 @@ class EncodedImageStore:
                 "copied into every worker: use the 'fork' DataLoader start method or make /dev/shm larger"
             )
         state = self.__dict__.copy()
-        # The numpy view is rebuilt from the tensor, whose storage torch pickles as a shm handle.
+        # The numpy views are rebuilt from the tensor, whose storage torch pickles as a shm
+        # handle; the filling thread stays in the process that owns it.
         state["_array"] = None
+        state["_readable"] = None
+        state["_fill_thread"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self._buffer is not None:
-            array = self._buffer.numpy()
-            array.flags.writeable = False
-            self._array = array
+            self._readable = self._read_only_view()

@@ -26,7 +26,6 @@ from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
     SplatfactoModelConfig,
-    get_viewmat,
     num_sh_bases,
     random_quat_tensor,
     resize_image,
@@ -37,6 +36,7 @@ from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import batch_info, build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
 from distsplat_ns.types import ImageBand
+from distsplat_ns.utils.cameras import c2w_to_viewmat
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -257,7 +257,7 @@ class DistSplatModel(SplatfactoModel):
 
     def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
         c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
-        viewmats = get_viewmat(c2w.to(self.device).float())
+        viewmats = c2w_to_viewmat(c2w.to(self.device).float())
         Ks = cameras.get_intrinsics_matrices().to(self.device).float().clone()
         Ks[:, :2, :] /= downscale
         widths = torch.unique((cameras.width.reshape(-1).float() / downscale).to(torch.int64))
