@@ -25,9 +25,12 @@ from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch.cuda.amp.grad_scaler import GradScaler
 
+from distsplat_ns.balance.cost import footprint_row_costs
+from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.dist.collectives import (
     DEFAULT_BUCKET_BYTES,
+    all_gather_object,
     all_reduce_max_,
     all_reduce_sum_,
     broadcast_tensors_,
@@ -53,20 +56,34 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     model: DistSplatModelConfig = field(default_factory=DistSplatModelConfig)
     batch_size: int = 1
     """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
-    partition: Literal["whole-images"] = "whole-images"
-    """How a batch is split across ranks: "whole-images" hands each rank a contiguous run of whole images."""
+    partition: Literal["balanced", "whole-images", "equal-rows"] = "balanced"
+    """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (Gaussian-tile intersections); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
+    balance_decay: float = 0.0
+    """Weight of the old per-row cost when a camera is measured again (0 = replace, as Grendel-GS: a camera's cost changes little between its visits one epoch apart, and densification makes old estimates stale)."""
+    min_band_rows: int = 1
+    """Thinnest band a rank renders, in 16-px tile rows."""
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Gradient all-reduce bucket size in bytes (torch DDP's default of 25 MiB)."""
     replica_check_every: int = 100
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
     check_finite_every: int = 1
     """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). Each check is one host sync."""
+    inject_nonfinite_at_step: int = -1
+    """Fault injection for tests: at this step, rank ``inject_nonfinite_rank`` writes a NaN into its local gradient before the reduction (-1 = never)."""
+    inject_nonfinite_rank: int = 0
+    """The rank that injects the NaN (see ``inject_nonfinite_at_step``)."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         if self.bucket_bytes < 1024:
             raise ValueError(f"--pipeline.bucket-bytes must be >= 1024, got {self.bucket_bytes}")
+        if self.partition not in ("balanced", "whole-images", "equal-rows"):
+            raise ValueError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
+        if not 0.0 <= self.balance_decay < 1.0:
+            raise ValueError(f"--pipeline.balance-decay must be in [0, 1), got {self.balance_decay}")
+        if self.min_band_rows < 1:
+            raise ValueError(f"--pipeline.min-band-rows must be >= 1, got {self.min_band_rows}")
         if self.replica_check_every < 0 or self.check_finite_every < 0:
             raise ValueError("--pipeline.replica-check-every and --pipeline.check-finite-every must be >= 0")
 
@@ -93,18 +110,13 @@ class StepState:
     step: int
     result: BandRenderResult
     timings: StepTimings
+    plan: Optional[StepPlan] = None
+    batch: List[int] = field(default_factory=list)
+    downscale: int = 1
     bytes_communicated: int = 0
     info: Optional[Dict[str, Any]] = None
-
-
-def whole_image_plan(batch_size: int, world_size: int, height: int) -> List[List[ImageBand]]:
-    """Whole images, contiguous runs per rank (gsplat's multi-GPU split): rank r gets positions
-    ``[r*B//W, (r+1)*B//W)``; with B < W some ranks get none."""
-    plan: List[List[ImageBand]] = []
-    for rank in range(world_size):
-        start, end = rank * batch_size // world_size, (rank + 1) * batch_size // world_size
-        plan.append([ImageBand(p, 0, height) for p in range(start, end)])
-    return plan
+    measured_imbalance: Optional[float] = None
+    time_imbalance: Optional[float] = None
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -161,6 +173,21 @@ class DistSplatPipeline(VanillaPipeline):
         # copy makes that a guarantee rather than an assumption.
         broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
         self._training_configured = False
+        heights = [int(h) for h in self.datamanager.train_dataset.cameras.height.reshape(-1).tolist()]
+        self.planner = BandPlanner(
+            config.partition, heights, decay=config.balance_decay, min_band_rows=config.min_band_rows
+        )
+        self.time_imbalance: List[float] = []
+        self.images_fetched_on_demand = 0
+
+    # ------------------------------------------------------------------ checkpoint state
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The balancer's cost history travels with checkpoints (a resumed run balances at once)."""
+        return {"planner": self.planner.state_dict()}
+
+    def set_extra_state(self, state: Any) -> None:
+        if isinstance(state, dict) and "planner" in state and hasattr(self, "planner"):
+            self.planner.load_state_dict(state["planner"])
 
     @property
     def model(self) -> DistSplatModel:
@@ -170,7 +197,11 @@ class DistSplatPipeline(VanillaPipeline):
     def configure_training(self, start_step: int) -> None:
         """Start this rank's data stream at ``start_step`` (after a resume, at the next step)."""
         self.datamanager.configure_training(
-            batch_size=self.config.batch_size, rank=self.ctx.rank, world_size=self.ctx.world_size, start_step=start_step
+            batch_size=self.config.batch_size,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            start_step=start_step,
+            assigner=ExpectedImagesAssigner(self.config.partition),
         )
         self._training_configured = True
 
@@ -178,14 +209,35 @@ class DistSplatPipeline(VanillaPipeline):
         """Every parameter the optimizers update, in the same order on every rank."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def rendered_height(self, step: int, camera_index: int) -> int:
-        camera = self.datamanager.train_dataset.cameras[camera_index]
-        return int(int(camera.height.item()) / self.model.downscale_factor_at(step))
+    def plan(self, step: int, batch: Sequence[int]) -> StepPlan:
+        """Every rank's bands for the step: a pure function of values every rank has (the batch,
+        the resolution, and the cost history, which every rank updates with the same all-gathered
+        measurements)."""
+        downscale = self.model.downscale_factor_at(step)
+        need_prior = self.planner.cameras_needing_prior(downscale, batch)
+        if need_prior:
+            for camera_index, costs in zip(need_prior, self._footprint_priors(need_prior, step)):
+                self.planner.set_prior(downscale, camera_index, costs)
+        return self.planner.plan(batch, self.ctx.world_size, downscale)
 
-    def plan(self, step: int, batch: Sequence[int]) -> List[List[ImageBand]]:
-        """Every rank's bands for the step; a pure function of values every rank has."""
-        height = self.rendered_height(step, batch[0])
-        return whole_image_plan(len(batch), self.ctx.world_size, height)
+    @torch.no_grad()
+    def _footprint_priors(self, camera_indices: Sequence[int], step: int) -> List[torch.Tensor]:
+        """Cold-start costs: how many tiles each projected Gaussian's 3-sigma footprint covers, per
+        tile row (projection only, no rasterization; identical on every rank)."""
+        from distsplat_ns.rendering import project
+
+        cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_indices))].to(self.device)
+        downscale = self.model.downscale_factor_at(step)
+        viewmats, Ks, width, height = self.model._cameras_to_render_inputs(cameras, downscale)
+        params = self.model._activated()
+        proj = project(
+            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.model.sh_degree_at(step),
+            rasterize_mode=self.model.config.rasterize_mode, backend=self.model.config.rendering_backend,
+        )
+        return [
+            footprint_row_costs(proj.means2d[i].detach(), proj.radii[i], height, width).cpu()
+            for i in range(len(camera_indices))
+        ]
 
     # ------------------------------------------------------------------ the step
     def get_train_loss_dict(self, step: int) -> Tuple[StepState, Dict[str, torch.Tensor], Dict[str, Any]]:
@@ -200,7 +252,7 @@ class DistSplatPipeline(VanillaPipeline):
         timings = StepTimings()
         batch_ids = self.datamanager.batch_camera_ids(step)
         plan = self.plan(step, batch_ids)
-        my_bands = plan[self.ctx.rank]
+        my_bands = plan.bands[self.ctx.rank]
         needed = sorted({b.position for b in my_bands})
         t0 = time.perf_counter()
         train_batch = self.datamanager.next_train_batch(step)
@@ -208,6 +260,7 @@ class DistSplatPipeline(VanillaPipeline):
         masks_by_pos = dict(zip(train_batch.positions, train_batch.masks))
         missing = [p for p in needed if p not in images_by_pos]
         if missing:
+            self.images_fetched_on_demand += len(missing)
             fetched = self.datamanager.get_images([batch_ids[p] for p in missing])
             for p, img in zip(missing, fetched):
                 images_by_pos[p] = img
@@ -232,7 +285,11 @@ class DistSplatPipeline(VanillaPipeline):
         timings.forward = time.perf_counter() - t1
         loss_dict = {"main_loss": result.loss}
         metrics = {"gaussian_count": self.model.num_points}
-        return StepState(step=step, result=result, timings=timings), loss_dict, metrics
+        state = StepState(
+            step=step, result=result, timings=timings, plan=plan, batch=list(batch_ids),
+            downscale=self.model.downscale_factor_at(step),
+        )
+        return state, loss_dict, metrics
 
     def _empty_result(self, step: int) -> BandRenderResult:
         zero = self.model.means.new_zeros(())
@@ -249,6 +306,13 @@ class DistSplatPipeline(VanillaPipeline):
         """
         t0 = time.perf_counter()
         params = self.trainable_parameters()
+        if state.step == self.config.inject_nonfinite_at_step and self.ctx.rank == self.config.inject_nonfinite_rank:
+            LOGGER.warning("fault injection: NaN written into the local gradient at step %d", state.step)
+            grad = self.model.means.grad
+            if grad is None:
+                self.model.means.grad = torch.zeros_like(self.model.means)
+                grad = self.model.means.grad
+            grad.view(-1)[0] = float("nan")
         sync = sum_gradients_(self.ctx, params, self.config.bucket_bytes)
         state.bytes_communicated = sync.bytes_reduced
         every = self.config.check_finite_every
@@ -260,6 +324,41 @@ class DistSplatPipeline(VanillaPipeline):
                 # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
                 state.bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
         state.timings.all_reduce = time.perf_counter() - t0
+        self._observe_costs(state)
+
+    def _observe_costs(self, state: StepState) -> None:
+        """All-gather every rank's measured per-row costs (and render time) into the history.
+
+        **Collective:** one all-gather of small Python lists per step, the same on every rank.
+        **Host sync:** the tile counts come to the host: the next step's cut needs them.
+        """
+        if state.plan is None:
+            return
+        mine = [
+            (band.position, band.first_row // 16, counts.sum(dim=-1).to(torch.float64).cpu().tolist())
+            for band, counts in state.result.band_tile_counts
+        ]
+        render_s = state.timings.forward + state.timings.backward
+        gathered = all_gather_object(self.ctx, (mine, render_s))
+        state.measured_imbalance = self.planner.observe(state.plan, state.batch, state.downscale, [g[0] for g in gathered])
+        times = [g[1] for g in gathered]
+        mean_t = sum(times) / len(times)
+        state.time_imbalance = max(times) / mean_t if mean_t > 0 else 1.0
+        self.time_imbalance.append(state.time_imbalance)
+
+    def balance_summary(self) -> Dict[str, Any]:
+        """Balance figures for the run summary (measured after the first epoch: before it, most
+        cameras have only a footprint prior)."""
+        num_train = len(self.datamanager.train_dataset)
+        warmup = -(-num_train // self.config.batch_size)
+        summary: Dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
+        tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
+        if tail:
+            ordered = sorted(tail)
+            summary["time_imbalance_mean"] = sum(tail) / len(tail)
+            summary["time_imbalance_p95"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        summary["images_fetched_on_demand"] = self.images_fetched_on_demand
+        return summary
 
     def _reduce_statistics(self, state: StepState) -> Dict[str, Any]:
         result = state.result
@@ -286,7 +385,7 @@ class DistSplatPipeline(VanillaPipeline):
     def _rendered_size(self, step: int) -> Tuple[int, int]:
         camera = self.datamanager.train_dataset.cameras[0]
         d = self.model.downscale_factor_at(step)
-        return int(int(camera.width.item()) / d), int(int(camera.height.item()) / d)
+        return int(int(camera.width.item()) / d), int(int(camera.height.item()) / d)  # host sync: sizes
 
     def after_optimizer_step(self, state: StepState, optimizers: Dict[str, torch.optim.Optimizer]) -> None:
         """Densify on the reduced statistics, then (every K steps) prove the replicas identical.

@@ -324,6 +324,11 @@ class DistSplatTrainer(Trainer):
             for key, value in state.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
             metrics_dict["bytes_communicated"] = state.bytes_communicated
+            if state.measured_imbalance is not None:
+                metrics_dict["balance_measured_imbalance"] = state.measured_imbalance
+                metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
+            if state.time_imbalance is not None:
+                metrics_dict["balance_time_imbalance"] = state.time_imbalance
         return loss, loss_dict, metrics_dict
 
     def _record_step(self, state: StepState) -> None:
@@ -419,6 +424,7 @@ class DistSplatTrainer(Trainer):
             "bytes_communicated_per_step": self.bytes_per_step,
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
             "datamanager": dm_stats,
+            "balance": self.pipeline.balance_summary(),
         }
 
     def _write_stats(self) -> None:

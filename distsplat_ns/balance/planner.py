@@ -1,0 +1,261 @@
+"""BandPlanner: each step's bands per rank, from a measured per-camera cost history.
+
+Pure (no nerfstudio, no torch.distributed): the pipeline feeds it identical inputs on every rank --
+the batch, the resolution, all-gathered measurements -- so every rank computes the same plan.
+
+Costs are Gaussian-tile intersections per 16-px tile row, as the renderer reports them for the rows
+it rendered (gsplat's ``isect_offsets`` on CUDA, the reference's count on CPU): a measure of the
+work on the backend in use, not a constant (the failure of Grendel-GS's gsplat mode, ANCHORS.md).
+The training resolution changes with splatfacto's schedule, so one history is kept per downscale.
+
+Shape letters: B images in the batch, R ranks, T tile rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Optional, Sequence
+
+import numpy as np
+import torch
+
+from distsplat_ns.balance.bands import DEFAULT_TILE_SIZE, Band, band_pixel_rows, num_tile_rows, rank_costs
+from distsplat_ns.balance.cost import CostHistory
+from distsplat_ns.balance.partition import (
+    DEFAULT_SNAP_TOLERANCE,
+    equal_rows_partition,
+    partition_rows,
+    whole_image_partition,
+)
+from distsplat_ns.types import ImageBand
+
+PartitionMode = Literal["balanced", "whole-images", "equal-rows"]
+PARTITION_MODES = ("balanced", "whole-images", "equal-rows")
+
+
+@dataclass
+class StepPlan:
+    """The bands of one step.
+
+    Attributes:
+        bands: Per rank, its bands in pixel rows at the rendered resolution. `[R][...]`.
+        tile_bands: The same bands in tile rows. `[R][...]`.
+        predicted_costs: Per rank, the cost the history predicts for its bands. `[R]`.
+        heights_px: Rendered height of each batch image. `[B]`.
+    """
+
+    bands: list[list[ImageBand]]
+    tile_bands: list[list[Band]]
+    predicted_costs: list[float]
+    heights_px: list[int]
+
+
+@dataclass
+class BalanceLog:
+    """Per-step balance figures, for tensorboard and the run summary."""
+
+    predicted_imbalance: list[float] = field(default_factory=list)
+    measured_imbalance: list[float] = field(default_factory=list)
+    prediction_error: list[float] = field(default_factory=list)
+
+    def summary(self, warmup_steps: int = 0) -> dict[str, Optional[float]]:
+        """Means and 95th percentiles over the steps after ``warmup_steps``."""
+
+        def stats(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+            tail = values[warmup_steps:] if len(values) > warmup_steps else values
+            if not tail:
+                return None, None
+            arr = np.asarray(tail, dtype=np.float64)
+            return float(arr.mean()), float(np.percentile(arr, 95))
+
+        m_mean, m_p95 = stats(self.measured_imbalance)
+        p_mean, p_p95 = stats(self.predicted_imbalance)
+        e_mean, e_p95 = stats(self.prediction_error)
+        return {
+            "measured_imbalance_mean": m_mean,
+            "measured_imbalance_p95": m_p95,
+            "predicted_imbalance_mean": p_mean,
+            "predicted_imbalance_p95": p_p95,
+            "prediction_error_mean": e_mean,
+            "prediction_error_p95": e_p95,
+            "num_steps": len(self.measured_imbalance),
+        }
+
+
+class BandPlanner:
+    """Plans bands from costs and learns costs from measurements.
+
+    Args:
+        mode: "balanced" (cost-weighted cut of the batch's tile rows), "whole-images" (gsplat's
+            split) or "equal-rows" (Grendel-GS's cold start).
+        full_heights_px: Full-resolution height of every training camera. `[num_cameras]`.
+        decay: Weight of the old estimate when a measurement arrives (0 = replace, as Grendel-GS).
+        min_band_rows: Thinnest band, in tile rows.
+        snap_tolerance: How much more than its share a part may cost to end on an image edge.
+        tile_size: Tile edge in pixels (gsplat's 16).
+    """
+
+    def __init__(
+        self,
+        mode: PartitionMode,
+        full_heights_px: Sequence[int],
+        *,
+        decay: float = 0.0,
+        min_band_rows: int = 1,
+        snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
+        tile_size: int = DEFAULT_TILE_SIZE,
+    ) -> None:
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"partition mode must be one of {PARTITION_MODES}, got {mode!r}")
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"cost decay must be in [0, 1), got {decay}")
+        self.mode = mode
+        self.full_heights_px = [int(h) for h in full_heights_px]
+        self.decay = decay
+        self.min_band_rows = min_band_rows
+        self.snap_tolerance = snap_tolerance
+        self.tile_size = tile_size
+        self._histories: dict[int, CostHistory] = {}
+        self._with_prior: dict[int, set[int]] = {}
+        self.log = BalanceLog()
+
+    # ------------------------------------------------------------------ history per resolution
+    def heights_at(self, downscale: int, camera_indices: Sequence[int]) -> list[int]:
+        """Rendered heights (px) at ``downscale`` (nerfstudio's truncating rescale)."""
+        return [int(self.full_heights_px[c] / downscale) for c in camera_indices]
+
+    def history(self, downscale: int) -> CostHistory:
+        if downscale not in self._histories:
+            heights = self.heights_at(downscale, range(len(self.full_heights_px)))
+            self._histories[downscale] = CostHistory([num_tile_rows(h, self.tile_size) for h in heights], decay=self.decay)
+            self._with_prior[downscale] = set()
+        return self._histories[downscale]
+
+    def cameras_needing_prior(self, downscale: int, batch: Sequence[int]) -> list[int]:
+        """Cameras of ``batch`` with neither a measurement nor a prior at this resolution."""
+        if self.mode != "balanced":
+            return []
+        hist = self.history(downscale)
+        done = self._with_prior[downscale]
+        return sorted({c for c in batch if not hist.has_measurement(c) and c not in done})
+
+    def set_prior(self, downscale: int, camera_index: int, row_costs: torch.Tensor) -> None:
+        self.history(downscale).set_prior(camera_index, row_costs)
+        self._with_prior[downscale].add(camera_index)
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, batch: Sequence[int], world_size: int, downscale: int) -> StepPlan:
+        """The step's bands for every rank: a pure function of the batch, the resolution and the
+        history, so every rank computes the same plan."""
+        heights = self.heights_at(downscale, batch)
+        row_counts = [num_tile_rows(h, self.tile_size) for h in heights]
+        hist = self.history(downscale)
+        costs = [hist.get(c).numpy() for c in batch]
+        if self.mode == "balanced":
+            tile_bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
+        elif self.mode == "whole-images":
+            tile_bands = whole_image_partition(row_counts, world_size)
+        else:
+            tile_bands = equal_rows_partition(row_counts, world_size)
+        bands = [
+            [ImageBand(b.position, *band_pixel_rows(b, heights[b.position], self.tile_size)) for b in rank_bands]
+            for rank_bands in tile_bands
+        ]
+        return StepPlan(bands=bands, tile_bands=tile_bands, predicted_costs=rank_costs(tile_bands, costs), heights_px=heights)
+
+    # ------------------------------------------------------------------ learning
+    def observe(
+        self,
+        plan: StepPlan,
+        batch: Sequence[int],
+        downscale: int,
+        measurements: Sequence[Sequence[tuple[int, int, list[float]]]],
+    ) -> float:
+        """Fold every rank's measured tile-row costs into the history; log the step's balance.
+
+        Args:
+            plan: The plan the step ran.
+            batch: The step's camera indices. `[B]`.
+            downscale: The step's resolution divisor.
+            measurements: Per rank, ``(position, first_tile_row, row_costs)`` for each band it
+                rendered; identical on every rank (all-gathered), applied in rank order.
+
+        Returns:
+            The measured imbalance (max/mean of the ranks' measured costs; 1.0 when all are 0).
+        """
+        hist = self.history(downscale)
+        measured = []
+        for rank_meas in measurements:
+            total = 0.0
+            for position, first_tile_row, row_costs in rank_meas:
+                hist.update(batch[position], first_tile_row, torch.tensor(row_costs, dtype=torch.float64))
+                total += float(sum(row_costs))
+            measured.append(total)
+        measured_imb = _imbalance(measured)
+        self.log.measured_imbalance.append(measured_imb)
+        self.log.predicted_imbalance.append(_imbalance(plan.predicted_costs))
+        denom = max(sum(measured), 1e-12)
+        # Relative error of the predicted share of each rank (costs of a camera's first step are
+        # priors in other units, so shares, not absolute values, are what the cut relies on).
+        pred_total = max(sum(plan.predicted_costs), 1e-12)
+        err = max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured)) if sum(measured) > 0 else 0.0
+        self.log.prediction_error.append(float(err))
+        return measured_imb
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "histories": {str(d): h.state_dict() for d, h in self._histories.items()},
+            "with_prior": {str(d): sorted(s) for d, s in self._with_prior.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self._histories.clear()
+        self._with_prior.clear()
+        for key, hist_state in state.get("histories", {}).items():
+            hist = self.history(int(key))
+            hist.load_state_dict(hist_state)
+        for key, cams in state.get("with_prior", {}).items():
+            self._with_prior[int(key)] = set(int(c) for c in cams)
+
+
+def _imbalance(costs: Sequence[float]) -> float:
+    mean = sum(costs) / max(len(costs), 1)
+    return float(max(costs) / mean) if mean > 0 else 1.0
+
+
+class ExpectedImagesAssigner:
+    """Which images a rank's data stream decodes ahead of time, for a given partition mode.
+
+    The balanced cut is decided at the step boundary from costs measured up to the previous step,
+    after the stream has prefetched. So the stream decodes the images a rank is expected to need:
+    for whole images, exactly its images; for row splits, every image overlapping its equal share
+    of the batch (``[r B / W, (r + 1) B / W)`` in image units), which covers the cut unless it
+    moves past a neighbouring image. An image the stream did not deliver is decoded on demand by
+    the pipeline and counted. Picklable and pure (it runs in DataLoader workers).
+    """
+
+    def __init__(self, mode: PartitionMode) -> None:
+        if mode not in PARTITION_MODES:
+            raise ValueError(f"partition mode must be one of {PARTITION_MODES}, got {mode!r}")
+        self.mode = mode
+
+    def positions_for_rank(self, step: int, batch: list[int], rank: int, world_size: int) -> list[int]:
+        del step
+        num = len(batch)
+        if self.mode == "whole-images":
+            plan = whole_image_partition([1] * num, world_size)
+            return sorted({b.position for b in plan[rank]})
+        first = (rank * num) // world_size
+        end = -((-(rank + 1) * num) // world_size)  # ceil((rank + 1) * B / W)
+        return list(range(first, max(end, first + 1) if num else 0))[: max(0, num - first)]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExpectedImagesAssigner) and other.mode == self.mode
+
+    def __hash__(self) -> int:
+        return hash(("ExpectedImagesAssigner", self.mode))
+
+    def __repr__(self) -> str:
+        return f"ExpectedImagesAssigner({self.mode!r})"
