@@ -87,6 +87,7 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": args.threads or torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other processes competing for the cores
         "machine": platform.processor() or platform.machine(),
         "results": results,
     }
