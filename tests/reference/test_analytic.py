@@ -90,8 +90,9 @@ def test_two_gaussians_composite_front_to_back(depths):
     scene = two_gaussian_scene(depths)
     colors, alphas, _ = rasterization(**scene.kwargs(), packed=False, backend="reference")
     centre = colors[0, 16, 16].double()
-    # Both project to (16, 16) with the same screen size; pixel (16, 16) has centre (16.5, 16.5).
-    var = (40.0 * 0.1) ** 2 / 1.0 * 0 + (40.0 * 0.2 / 2.0) ** 2 + 0.3  # f * (0.1 z) / z = 4 px
+    # Both project to (16, 16) with std f * (0.1 z) / z = 4 px (+ eps2d); pixel (16, 16) has its
+    # centre at (16.5, 16.5), so r^2 = 0.5.
+    var = 4.0**2 + 0.3
     alpha = 0.9 * math.exp(-0.5 * 0.5 / var)
     front, back = (0, 2) if depths[0] < depths[1] else (2, 0)
     expected = torch.zeros(3, dtype=torch.float64)

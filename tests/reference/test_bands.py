@@ -176,3 +176,11 @@ def test_chunk_size_does_not_change_the_image():
     big = rasterize_rows(proj, [0, 0], HEIGHT)
     small = rasterize_rows(proj, [0, 0], HEIGHT, chunk_elements=4096)  # one tile per block, 512-pair chunks
     torch.testing.assert_close(small.colors, big.colors, **_PIXEL_TOL)
+
+
+def test_per_camera_colors_equal_shared_colors():
+    scene = _scene(num_cameras=2)
+    shared, _, _ = rasterization(**scene.kwargs(), packed=False, backend="reference")
+    per_camera = dict(scene.kwargs(), colors=scene.colors[None].expand(2, -1, -1).contiguous())
+    colors, _, _ = rasterization(**per_camera, packed=False, backend="reference")
+    torch.testing.assert_close(colors, shared, rtol=0, atol=0)
