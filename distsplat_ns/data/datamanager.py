@@ -327,11 +327,12 @@ class ParallelFullImageDatamanager(DataManager):
 
     def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
         outputs: DataparserOutputs = dataset._dataparser_outputs
-        images = EncodedImageStore(outputs.image_filenames, budget, name=name)
+        context = self.config.multiprocessing_context
+        images = EncodedImageStore(outputs.image_filenames, budget, name=name, multiprocessing_context=context)
         masks = None
         if outputs.mask_filenames is not None:
             remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
-            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks", multiprocessing_context=context)
         return ImageLoader(images, specs, masks, decoder=self.decoder)
 
     def setup_train(self) -> None:
@@ -495,6 +496,7 @@ class ParallelFullImageDatamanager(DataManager):
             "store_bytes": store.num_bytes if store is not None else 0,
             "disk_mode": store.disk_mode if store is not None else None,
             "shared_buffer": store.shared if store is not None else None,
+            "store_num_filled": store.num_filled() if store is not None else 0,
             "decoder": self.decoder,
             "num_workers": self.config.num_workers,
             **totals,

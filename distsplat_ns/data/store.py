@@ -7,15 +7,15 @@ about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the
 DataLoader workers decode on demand.
 
 How the workers avoid copies:
-- The bytes live in one ``torch.UntypedStorage`` allocated in shared memory (POSIX shm, the same
-  mechanism the DataLoader uses to return tensors). Pages are shared, never copy-on-write.
-- With the ``fork`` start method (Linux default) a worker inherits the mapping: nothing is pickled.
-- With ``spawn``/``forkserver`` the DataLoader pickles the dataset with ``ForkingPickler``, for
-  which torch registers a reduction that sends the storage's file descriptor, not its bytes.
-- Readers get zero-copy, read-only views (``memoryview`` / tensor slices) of one file's bytes.
-- When ``/dev/shm`` is too small for the buffer, it is a private buffer instead; under ``fork`` it is
-  still shared (copy-on-write pages that nobody writes), and the store refuses to be pickled so
-  that a ``spawn`` worker cannot silently copy it.
+- The bytes live in one shared mapping; its pages are shared between processes, never
+  copy-on-write, and nobody writes them after the fill.
+- ``fork`` start method (Linux default, used by the datamanager): an anonymous ``MAP_SHARED``
+  mapping, which every worker inherits at fork. Nothing is pickled, and the store refuses to be.
+- ``spawn``/``forkserver``: a ``torch.UntypedStorage`` in POSIX shared memory (``/dev/shm``, the
+  mechanism the DataLoader uses to return tensors); the DataLoader pickles the dataset with
+  ``ForkingPickler``, for which torch sends the storage's file descriptor, not its bytes. When
+  ``/dev/shm`` cannot hold it, the store falls back to disk mode (logged).
+- Readers get zero-copy, read-only ``memoryview``s of one file's bytes.
 
 Start-up time: the buffer is filled by a background thread, in dataset order, while training
 starts; an entry not yet filled is read from its file (same bytes). The number of filled entries
@@ -28,6 +28,7 @@ open the file on each access; the store logs this once, at construction.
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import threading
@@ -40,6 +41,11 @@ import torch
 from distsplat_ns.utils.logging import get_logger
 
 _LOGGER = get_logger(__name__)
+
+
+class _NoSharedMemory(Exception):
+    """/dev/shm cannot hold the buffer for spawned workers."""
+
 
 _SHM_DIR = "/dev/shm"
 _MAX_LISTED_MISSING = 10
@@ -102,6 +108,8 @@ class EncodedImageStore:
             disk mode. ``0`` forces disk mode without the warning (e.g. eval images, read once).
         name: What the files are, for log messages (``"train images"``).
         background_fill: Fill the buffer in a background thread (True) or before returning.
+        multiprocessing_context: Start method of the processes that will read the store
+            (``"fork"``, ``"spawn"``, ``"forkserver"``): its shared fill counter must be of that kind.
 
     Raises:
         FileNotFoundError: A file is missing (all of them are listed), checked at construction.
@@ -114,7 +122,12 @@ class EncodedImageStore:
     """
 
     def __init__(
-        self, paths: Sequence[Path | str], ram_budget_bytes: int, name: str = "images", background_fill: bool = True
+        self,
+        paths: Sequence[Path | str],
+        ram_budget_bytes: int,
+        name: str = "images",
+        background_fill: bool = True,
+        multiprocessing_context: str = "fork",
     ) -> None:
         if len(paths) == 0:
             raise ValueError(f"paths must hold at least one file for the {name} store, got none")
@@ -129,6 +142,7 @@ class EncodedImageStore:
         self.shared = False
         self.fill_error: str | None = None
         self._buffer: torch.Tensor | None = None
+        self._mmap: mmap.mmap | None = None
         self._array: np.ndarray | None = None
         self._readable: np.ndarray | None = None
         self._num_filled = None
@@ -147,9 +161,14 @@ class EncodedImageStore:
                 format_bytes(ram_budget_bytes),
             )
             return
-        self._allocate()
-        # A process-shared counter: forked workers inherit it, spawned ones get it while spawning.
-        self._num_filled = multiprocessing.Value("q", 0)
+        try:
+            self._allocate(multiprocessing_context)
+        except _NoSharedMemory as exc:
+            _LOGGER.warning("DISK MODE for %s: %s. DataLoader workers will read every file from disk.", name, exc)
+            return
+        # A process-shared counter: forked workers inherit it, spawned ones get it while spawning
+        # (a fork-context semaphore is unlinked at once and cannot reach a spawned process).
+        self._num_filled = multiprocessing.get_context(multiprocessing_context).Value("q", 0)
         if background_fill:
             self._fill_thread = threading.Thread(target=self._fill, name=f"fill {name}", daemon=True)
             self._fill_thread.start()
@@ -157,27 +176,30 @@ class EncodedImageStore:
             self._fill()
 
     # ------------------------------------------------------------------ construction
-    def _allocate(self) -> None:
-        # Leave headroom in /dev/shm for the DataLoader's own shared tensors (decoded images).
-        if shm_free_bytes() >= 2 * self.num_bytes + (256 << 20):
-            storage = torch.UntypedStorage._new_shared(max(self.num_bytes, 1))
+    def _allocate(self, multiprocessing_context: str) -> None:
+        size = max(self.num_bytes, 1)
+        if multiprocessing_context == "fork":
+            # An anonymous MAP_SHARED mapping: allocated in O(1) (pages appear as the fill touches
+            # them), inherited by forked workers, not bounded by the size of /dev/shm.
+            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+            self._array = np.frombuffer(self._mmap, dtype=np.uint8, count=self.num_bytes)
+            self.shared = True
+        elif shm_free_bytes() >= 2 * self.num_bytes + (256 << 20):
+            # Leave headroom in /dev/shm for the DataLoader's own shared tensors (decoded images).
+            storage = torch.UntypedStorage._new_shared(size)
             self._buffer = torch.empty(0, dtype=torch.uint8).set_(storage)[: self.num_bytes]
+            self._array = self._buffer.numpy()
             self.shared = True
         else:
-            _LOGGER.info(
-                "/dev/shm has %s free, too little for the %s %s buffer: using a private buffer, "
-                "shared with fork-started workers only.",
-                format_bytes(shm_free_bytes()),
-                format_bytes(self.num_bytes),
-                self.name,
+            raise _NoSharedMemory(
+                f"/dev/shm has {format_bytes(shm_free_bytes())} free, too little for the "
+                f"{format_bytes(self.num_bytes)} {self.name} buffer of '{multiprocessing_context}' workers"
             )
-            self._buffer = torch.empty(self.num_bytes, dtype=torch.uint8)
-        self._array = self._buffer.numpy()
         self._readable = self._read_only_view()
 
     def _read_only_view(self) -> np.ndarray:
-        assert self._buffer is not None
-        readable = self._buffer.numpy().view()
+        assert self._array is not None
+        readable = self._array.view()
         readable.flags.writeable = False
         return readable
 
@@ -225,7 +247,7 @@ class EncodedImageStore:
     @property
     def disk_mode(self) -> bool:
         """Whether readers open the files instead of reading the shared buffer."""
-        return self._buffer is None
+        return self._array is None and self._buffer is None
 
     def path(self, index: int) -> str:
         """File of entry ``index``."""
@@ -241,10 +263,10 @@ class EncodedImageStore:
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
-        if self._buffer is not None and not self.shared:
+        if self._mmap is not None:
             raise RuntimeError(
-                f"the {self.name} store holds a private buffer ({format_bytes(self.num_bytes)}) that would be "
-                "copied into every worker: use the 'fork' DataLoader start method or make /dev/shm larger"
+                f"the {self.name} store was built for fork-started workers (an inherited mapping) and cannot be "
+                "pickled: build it with multiprocessing_context='spawn' or 'forkserver' for such workers"
             )
         state = self.__dict__.copy()
         # The numpy views are rebuilt from the tensor, whose storage torch pickles as a shm
@@ -257,4 +279,5 @@ class EncodedImageStore:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self._buffer is not None:
+            self._array = self._buffer.numpy()
             self._readable = self._read_only_view()

@@ -165,10 +165,19 @@ def test_disk_mode_when_files_exceed_budget(jpeg_paths: list[Path], records: _Re
 
 def test_store_view_is_read_only_and_exact(jpeg_paths: list[Path]) -> None:
     store = EncodedImageStore(jpeg_paths, 1 << 30)
-    assert store.shared
+    assert store.wait_filled() and store.shared
+    assert isinstance(store.view(3), memoryview)
     assert bytes(store.view(3)) == jpeg_paths[3].read_bytes()
     with pytest.raises(TypeError):
         store.view(3)[0] = 0  # type: ignore[index]
+
+
+def test_entries_not_yet_filled_are_read_from_their_files(jpeg_paths: list[Path]) -> None:
+    store = EncodedImageStore(jpeg_paths, 1 << 30, background_fill=False)
+    store._num_filled.value = 4  # as if the background fill had reached entry 4
+    store._all_filled = False
+    assert isinstance(store.view(3), memoryview) and isinstance(store.view(4), bytes)
+    assert all(bytes(store.view(i)) == p.read_bytes() for i, p in enumerate(jpeg_paths))
 
 
 def test_fork_workers_never_pickle_the_store(jpeg_paths: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +191,8 @@ def test_fork_workers_never_pickle_the_store(jpeg_paths: list[Path], monkeypatch
 
 
 def test_spawn_workers_get_the_shared_buffer(jpeg_paths: list[Path]) -> None:
-    loader = make_loader(jpeg_paths)
+    loader = make_loader(jpeg_paths, multiprocessing_context="spawn")
+    assert loader.images.wait_filled()
     expected = _batches(loader, 4, 0, 1, 0, 2)
     reader = TrainBatchReader(ImageBatchStream(loader, 4, SEED), 1, 1, "spawn")
     try:
@@ -190,3 +200,10 @@ def test_spawn_workers_get_the_shared_buffer(jpeg_paths: list[Path]) -> None:
     finally:
         reader.close()
     assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a.images, b.images))
+
+
+def test_fork_store_refuses_to_be_pickled(jpeg_paths: list[Path]) -> None:
+    import pickle
+
+    with pytest.raises(RuntimeError, match="fork-started workers"):
+        pickle.dumps(EncodedImageStore(jpeg_paths, 1 << 30))
