@@ -1,0 +1,170 @@
+"""ns-train distsplat on 2 CPU processes (torchrun, gloo): same result as one process, faults, resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.helpers.multiproc import free_port
+from tests.helpers.nsrun import (
+    cpu_env,
+    latest_checkpoint,
+    load_gauss_params,
+    ns_bin,
+    read_stats,
+    run_dir,
+    run_ns_train,
+    run_torchrun,
+    train_args,
+)
+
+pytestmark = pytest.mark.slow
+
+# 100 images at B = 2: 50 steps. Refines (counted in images) at images 40, 60, 80 -> steps 20, 30,
+# 40, after the 10 + 20 = 30-image pause that follows an opacity reset in splatfacto's schedule.
+EQUIV_EXTRA = [
+    "--pipeline.batch-size", "2",
+    "--pipeline.model.warmup-length", "20",
+    "--pipeline.model.refine-every", "20",
+    "--pipeline.replica-check-every", "1",
+    "--steps-per-eval-all-images", "1000",
+    "--steps-per-save", "1000",
+]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("one")
+    run_ns_train(out, "one", 100, extra=EQUIV_EXTRA)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("two")
+    run_torchrun(out, "two", 100, 2, extra=EQUIV_EXTRA)
+    return out
+
+
+def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path, two_process_run: Path) -> None:
+    one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
+    two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
+    start = read_stats(one_process_run, "one")
+    assert start["steps"] == 50 and read_stats(two_process_run, "two")["world_size"] == 2
+    assert one["means"].shape == two["means"].shape
+    assert one["means"].shape[0] != 11384, "no refine event changed the Gaussian count: the test lost its point"
+
+
+def test_two_processes_match_one_process_parameters(one_process_run: Path, two_process_run: Path) -> None:
+    one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
+    two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
+    for name in one:
+        # 50 Adam steps amplify float32 summation-order differences (gradients agree to ~1e-6
+        # relative, tests/multiproc/test_band_gradients.py); Adam normalises each update to ~lr,
+        # so parameters stay within a few learning rates: 1e-3 absolute (largest lr is 0.05 for
+        # opacity logits, 0.0016 for means scaled by the scene) and median error far below it.
+        diff = (one[name] - two[name]).abs()
+        assert diff.median() < 1e-5, name
+        assert diff.max() < 5e-2, name
+
+
+def test_two_process_run_kept_replicas_bitwise_identical(two_process_run: Path) -> None:
+    # --pipeline.replica-check-every 1 fails the run on any bit of drift; it completed.
+    stats = read_stats(two_process_run, "two")
+    assert stats["steps"] == 50
+    assert len(stats["per_rank_time_breakdown_s"]) == 2
+
+
+def test_resume_on_a_different_world_size(tmp_path: Path, two_process_run: Path) -> None:
+    ckpt_dir = run_dir(two_process_run, "two") / "nerfstudio_models"
+    extra = [e for e in EQUIV_EXTRA]
+    run_ns_train(tmp_path, "onto-one", 110, extra=[*extra, "--load-dir", str(ckpt_dir)])
+    stats = read_stats(tmp_path, "onto-one")
+    assert stats["steps"] == 5 and stats["world_size"] == 1
+    assert latest_checkpoint(tmp_path, "onto-one").name == "step-000000054.ckpt"
+
+
+def test_resume_on_the_same_world_size(tmp_path: Path, two_process_run: Path) -> None:
+    ckpt_dir = run_dir(two_process_run, "two") / "nerfstudio_models"
+    run_torchrun(tmp_path, "again", 110, 2, extra=[*EQUIV_EXTRA, "--load-dir", str(ckpt_dir)])
+    assert read_stats(tmp_path, "again")["steps"] == 5
+
+
+def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    proc = run_torchrun(
+        tmp_path, "nan", 40, 2, check=False,
+        extra=["--pipeline.inject-nonfinite-at-step", "12", "--pipeline.inject-nonfinite-rank", "1",
+               "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "non-finite gradient at step 12" in text
+    assert "rank 0" in text and "rank 1" in text, "both ranks must report the same failure"
+    assert latest_checkpoint(tmp_path, "nan").name == "step-000000010.ckpt"
+
+
+def test_two_node_rendezvous_over_loopback(tmp_path: Path) -> None:
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "it2node"]
+    env = cpu_env()
+    env["OMP_NUM_THREADS"] = "1"
+    args = train_args(tmp_path, "twonode", 6, extra=["--steps-per-eval-all-images", "1000"])
+    nodes = [
+        subprocess.Popen([ns_bin("torchrun"), *common, "--node-rank", str(r), ns_bin("ns-train"), *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for r in (0, 1)
+    ]
+    outputs = [n.communicate(timeout=600)[0] for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), outputs[0][-3000:] + outputs[1][-3000:]
+    assert read_stats(tmp_path, "twonode")["world_size"] == 2
+
+
+def _worker_processes(root: psutil.Process) -> list[psutil.Process]:
+    workers = []
+    for child in root.children(recursive=True):
+        try:
+            env = child.environ()
+            if "RANK" in env and "ns-train" in " ".join(child.cmdline()) and child.ppid() == root.pid:
+                workers.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return workers
+
+
+def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path) -> None:
+    env = cpu_env()
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
+           *train_args(tmp_path, "kill", 100000, extra=["--collective-timeout-s", "30", "--steps-per-eval-all-images", "100000"])]
+    root = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = psutil.Process(root.pid)
+    try:
+        deadline = time.time() + 300
+        victims: list[psutil.Process] = []
+        while time.time() < deadline:
+            victims = [p for p in _worker_processes(proc) if p.environ().get("RANK") == "1"]
+            if victims and (run_dir(tmp_path, "kill") / "config.yml").exists():
+                time.sleep(20)  # let it train a few steps
+                break
+            time.sleep(1)
+        assert victims, "rank 1 never started"
+        everything = [proc, *proc.children(recursive=True)]
+        victims[0].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        root.communicate(timeout=120)
+        assert root.returncode != 0
+        assert time.time() - t0 < 60, "the surviving rank must end well within the 30 s collective timeout plus teardown"
+        time.sleep(2)
+        alive = [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"processes left behind: {alive}"
+    finally:
+        if root.poll() is None:
+            os.killpg(root.pid, signal.SIGKILL)
