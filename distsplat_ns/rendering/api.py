@@ -15,7 +15,7 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``K`` SH bases, ``D`` channels, ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -31,6 +31,7 @@ BACKENDS = ("auto", "gsplat", "reference")
 _RENDER_MODES = ("RGB", "RGB+ED")
 _RASTERIZE_MODES = ("classic", "antialiased")
 _MIN_ALPHA_FOR_DEPTH = 1e-10  # gsplat divides accumulated depth by alpha.clamp(min=1e-10)
+_KEEPALIVE_ATTR = "_distsplat_band_means2d"  # on proj.means2d: the gsplat bands' shifted means
 
 
 @dataclass
@@ -72,7 +73,6 @@ class Projection:
     num_cameras: int
     num_gaussians: int
     compensations: Optional[Tensor] = None
-    _keepalive: List[Tensor] = field(default_factory=list, repr=False)
 
     @property
     def C(self) -> int:  # noqa: N802 - the shape letter, as in the brief
@@ -370,6 +370,13 @@ def rasterize_rows(
         if sink is None:
             sink = torch.zeros_like(proj.means2d, requires_grad=False)
             proj.means2d.absgrad = sink  # type: ignore[attr-defined]
+    keepalive = None
+    if absgrad and proj.backend == "gsplat":
+        # Lives exactly as long as the means2d whose .absgrad the caller will read.
+        keepalive = getattr(proj.means2d, _KEEPALIVE_ATTR, None)
+        if keepalive is None:
+            keepalive = []
+            setattr(proj.means2d, _KEEPALIVE_ATTR, keepalive)
 
     if proj.backend == "gsplat":
         from distsplat_ns.rendering import gsplat_backend
@@ -377,7 +384,7 @@ def rasterize_rows(
         colors, alphas, tile_counts = gsplat_backend.rasterize_band(
             proj.means2d, proj.conics, proj.colors, proj.opacities, proj.radii, proj.depths,
             proj.width, rows_rendered, tile_size, tile_row_starts,
-            backgrounds=backgrounds, absgrad_sink=sink, keepalive=proj._keepalive,
+            backgrounds=backgrounds, absgrad_sink=sink, keepalive=keepalive,
         )  # fmt: skip
     else:
         isects = _ref_raster.intersect_tiles(

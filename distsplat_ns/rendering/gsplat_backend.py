@@ -96,7 +96,7 @@ def rasterize_band(
     *,
     backgrounds: Optional[Tensor],
     absgrad_sink: Optional[Tensor],
-    keepalive: list,
+    keepalive: Optional[list],
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Render rows ``tile_row_starts[c] * tile_size + [0, num_rows)`` of every camera with gsplat.
 
@@ -109,8 +109,9 @@ def rasterize_band(
         backgrounds: `[C, D]` or None.
         absgrad_sink: If given, gsplat's absgrad of this call is added into it after backward.
             `[C, N, 2]`.
-        keepalive: A list owned by the projection; the shifted means are kept there so that
-            gsplat's ``.absgrad`` lands on a live Python object until backward.
+        keepalive: With ``absgrad_sink``: a list that lives as long as the sink's owner (the
+            projection's ``means2d``); the shifted means are kept there so that gsplat's
+            ``.absgrad`` lands on a Python object our hook can still reach at backward.
 
     Returns:
         ``(colors [C, num_rows, W, D], alphas [C, num_rows, W, 1], tile_counts [C, th, tw])``.
@@ -149,6 +150,8 @@ def rasterize_band(
         absgrad=absgrad_sink is not None,
     )
     if absgrad_sink is not None and band_means2d.requires_grad:
+        if keepalive is None:
+            raise ValueError("rasterize_band needs a keepalive list when absgrad_sink is given")
         keepalive.append(band_means2d)
         band_means2d.register_hook(_absgrad_forwarder(weakref.ref(band_means2d), absgrad_sink))
     offsets = torch.cat(

@@ -2,11 +2,13 @@
 
 No GPU here, so gsplat's CUDA ``isect_tiles`` / ``isect_offset_encode`` / ``rasterize_to_pixels``
 are replaced by gsplat's own PyTorch ``isect`` implementations and a ``rasterize_to_pixels``
-built on the reference compositor that, like gsplat's, leaves ``.absgrad`` on its ``means2d``
-input. What runs for real is ``gsplat_backend.rasterize_band`` and ``api.rasterize_rows``.
+built on the reference compositor that, like gsplat's, sets ``.absgrad`` on its saved
+``means2d`` input during backward. What runs for real is ``gsplat_backend.rasterize_band`` and ``api.rasterize_rows``.
 """
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
@@ -29,8 +31,31 @@ def _fake_isect_offset_encode(isect_ids, n_cameras, tile_width, tile_height):
     return gsplat_torch._isect_offset_encode(isect_ids, n_cameras, tile_width, tile_height)
 
 
+class _FakeRasterizeToPixels(torch.autograd.Function):
+    """Reference compositing with gsplat's habit: backward sets ``.absgrad`` on the saved means2d."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, width, height, isects, absgrad):  # type: ignore[override]
+        ctx.save_for_backward(means2d, conics, colors, opacities)
+        ctx.width, ctx.height, ctx.isects, ctx.absgrad = width, height, isects, absgrad
+        return ref.rasterize_to_pixels(means2d, conics, colors, opacities, width, height, isects)
+
+    @staticmethod
+    def backward(ctx, grad_colors, grad_alphas):  # type: ignore[override]
+        means2d, conics, colors, opacities = ctx.saved_tensors
+        sink = torch.zeros_like(means2d) if ctx.absgrad else None
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (means2d, conics, colors, opacities)]
+            outputs = ref.rasterize_to_pixels(*leaves, ctx.width, ctx.height, ctx.isects, absgrad_sink=sink)
+            grads = torch.autograd.grad(outputs, leaves, (grad_colors, grad_alphas))
+        if ctx.absgrad:
+            means2d.absgrad = sink  # exactly what gsplat's _RasterizeToPixels.backward does
+        return (*grads, None, None, None, None)
+
+
 def _fake_rasterize_to_pixels(means2d, conics, colors, opacities, image_width, image_height, tile_size,
                               isect_offsets, flatten_ids, backgrounds=None, packed=False, absgrad=False):  # fmt: skip
+    assert backgrounds is None  # not needed here
     num_cameras, rows, cols = isect_offsets.shape
     offsets = torch.cat([isect_offsets.reshape(-1).long(), torch.tensor([flatten_ids.numel()])])
     isects = ref.TileIntersections(
@@ -38,11 +63,7 @@ def _fake_rasterize_to_pixels(means2d, conics, colors, opacities, image_width, i
         tile_counts=(offsets[1:] - offsets[:-1]).reshape(num_cameras, rows, cols).int(),
         tile_size=tile_size, tile_row_starts=[0] * num_cameras,
     )  # fmt: skip
-    sink = torch.zeros_like(means2d.detach()) if absgrad else None
-    if absgrad:
-        means2d.absgrad = sink  # gsplat sets it in backward; filled by then either way
-    return ref.rasterize_to_pixels(means2d, conics, colors, opacities, image_width, image_height, isects,
-                                   backgrounds=backgrounds, absgrad_sink=sink)  # fmt: skip
+    return _FakeRasterizeToPixels.apply(means2d, conics, colors, opacities, image_width, image_height, isects, absgrad)
 
 
 @pytest.fixture
@@ -82,14 +103,21 @@ def test_gsplat_glue_matches_reference_path(fake_gsplat, starts):
         assert_grads_close(got[name], want[name], 1e-5, name)
 
 
-def test_gsplat_glue_keeps_shifted_means_alive_until_backward(fake_gsplat):
+def test_gsplat_absgrad_survives_dropping_the_projection(fake_gsplat):
+    # Callers often keep only proj.means2d (to read .grad/.absgrad later), not the Projection.
     scene = random_scene(num_gaussians=20, width=WIDTH, height=HEIGHT, seed=1).with_grad()
-    proj = project(**scene.kwargs(), backend="reference")
-    proj.backend = "gsplat"
-    out = rasterize_rows(proj, [16], 16, absgrad=True)
-    assert len(proj._keepalive) == 1
-    out.colors.sum().backward()
-    assert float(proj.means2d.absgrad.sum()) > 0
+    results = []
+    for backend_name in ("reference", "gsplat"):
+        proj = project(**scene.kwargs(), backend="reference")
+        proj.backend = backend_name
+        out = rasterize_rows(proj, [16], 16, absgrad=True)
+        means2d = proj.means2d
+        del proj
+        gc.collect()
+        out.colors.sum().backward()
+        results.append(means2d.absgrad)
+    assert float(results[0].sum()) > 0
+    assert_grads_close(results[1], results[0], 1e-5, "absgrad")
 
 
 def test_empty_band_gives_zero_tile_counts(fake_gsplat):
@@ -97,7 +125,7 @@ def test_empty_band_gives_zero_tile_counts(fake_gsplat):
     proj = project(**scene.kwargs(), backend="reference")
     colors, alphas, counts = gsplat_backend.rasterize_band(
         proj.means2d, proj.conics, proj.colors, proj.opacities, proj.radii, proj.depths, WIDTH, 20, 16, [0],
-        backgrounds=None, absgrad_sink=None, keepalive=[],
+        backgrounds=None, absgrad_sink=None, keepalive=None,
     )  # fmt: skip
     assert counts.shape == (1, 2, 3) and int(counts.sum()) == 0
     assert torch.count_nonzero(alphas) == 0
