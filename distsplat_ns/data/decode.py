@@ -171,7 +171,11 @@ class _MapCache:
 
 
 def undistort(
-    image: np.ndarray, mask: Optional[np.ndarray], spec: UndistortSpec, cache: _MapCache
+    image: np.ndarray,
+    mask: Optional[np.ndarray],
+    spec: UndistortSpec,
+    cache: _MapCache,
+    out: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """Undistort and crop an image and its mask, as nerfstudio's ``_undistort_image`` does.
 
@@ -180,6 +184,7 @@ def undistort(
         mask: Mask. `[H, W, 1]`, bool, or None.
         spec: The camera's undistortion.
         cache: Map cache of this process.
+        out: Where to write the image (`[H', W', C]` uint8, C-contiguous), or None to allocate.
 
     Returns:
         ``(image, mask)``: `[H', W', C]` uint8 and `[H', W', 1]` bool (or None), ``(W', H')`` being
@@ -190,10 +195,14 @@ def undistort(
     if spec.camera_model == "perspective":
         # cv2.undistort == remap(INTER_LINEAR, BORDER_CONSTANT) with CV_16SC2 maps.
         map1, map2 = cache.get(spec, cv2.CV_16SC2)
-        out = cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+        border = cv2.BORDER_CONSTANT
     else:
         map1, map2 = cache.get(spec, cv2.CV_32FC1)
-        out = cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR)
+        border = cv2.BORDER_CONSTANT  # OpenCV's default, as nerfstudio's call
+    if out is not None and out.shape == (*map1.shape[:2], image.shape[2]) and image.shape[2] in (3, 4):
+        cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR, borderMode=border, dst=out)
+    else:
+        out = cv2.remap(image, map1, map2, interpolation=cv2.INTER_LINEAR, borderMode=border)
     if out.ndim == 2:
         out = out[:, :, None]
     out_mask = None
@@ -276,15 +285,48 @@ class ImageLoader:
         self.__dict__.update(state)
         self._map_cache = _MapCache()
 
-    def load(self, index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Decode and prepare image ``index``.
+    def max_output_bytes(self) -> int:
+        """Upper bound of ``load_array``'s image bytes over the dataset (4 channels for non-JPEG files)."""
+        largest = 0
+        for i, spec in enumerate(self.specs):
+            height, width = spec.height, spec.width
+            if spec.undistort is not None:
+                width, height = spec.undistort.roi_xywh[2], spec.undistort.roi_xywh[3]
+            is_jpeg = self.images.path(i).lower().endswith((".jpg", ".jpeg"))
+            channels = 3 if is_jpeg or spec.alpha_color is not None else 4
+            largest = max(largest, height * width * channels)
+        return largest
 
-        Args:
-            index: Dataset index.
+    def load(self, index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Decode and prepare image ``index`` (see ``load_array``) as tensors.
 
         Returns:
             ``(image, mask)``: image `[H, W, 3]` (or `[H, W, 4]` for RGBA without ``alpha_color``),
             uint8, CPU; mask `[H, W, 1]` bool or None.
+        """
+        image, mask = self.load_array(index)
+        return torch.from_numpy(image), (torch.from_numpy(mask) if mask is not None else None)
+
+    def _decode(self, index: int, out: Optional[np.ndarray]) -> np.ndarray:
+        data = self.images.view(index)
+        if out is not None and self.decoder == "simplejpeg" and bytes(data[:3]) == _JPEG_MAGIC:
+            import simplejpeg
+
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            if height * width * 3 <= out.size:
+                return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, buffer=out[: height * width * 3])
+        return decode_bytes(data, self.decoder)
+
+    def load_array(self, index: int, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Decode and prepare image ``index``, writing the pixels into ``out`` where they fit.
+
+        Args:
+            index: Dataset index.
+            out: Flat uint8 buffer (e.g. a shared decode slot), or None to allocate.
+
+        Returns:
+            ``(image, mask)``: image `[H, W, 3]` (or `[H, W, 4]` for RGBA without ``alpha_color``),
+            uint8 (a view of ``out`` when it fitted); mask `[H, W, 1]` bool or None.
 
         Raises:
             ValueError: The image (or its mask) is corrupt, truncated, or not the expected size;
@@ -292,8 +334,10 @@ class ImageLoader:
         """
         spec = self.specs[index]
         path = self.images.path(index)
+        # Decode straight into ``out`` only when decoding is the last step.
+        direct = spec.scale_factor == 1.0 and spec.undistort is None and spec.mask_color is None
         try:
-            image = decode_bytes(self.images.view(index), self.decoder)
+            image = self._decode(index, out if direct else None)
         except Exception as exc:  # noqa: BLE001 - every decoder error means a bad file here
             raise ValueError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         if spec.scale_factor != 1.0:
@@ -307,9 +351,8 @@ class ImageLoader:
                 f"image {path} (dataset index {index}) is {image.shape[1]}x{image.shape[0]} (WxH) after scaling, "
                 f"but its camera says {spec.width}x{spec.height}"
             )
-        tensor = torch.from_numpy(image)
-        if spec.alpha_color is not None and tensor.shape[-1] == 4:
-            tensor = _composite_alpha(tensor, spec.alpha_color)
+        if spec.alpha_color is not None and image.shape[-1] == 4:
+            image = _composite_alpha(torch.from_numpy(image), spec.alpha_color).numpy()
         mask = None
         if self.masks is not None:
             mask_path = self.masks.path(index)
@@ -317,17 +360,32 @@ class ImageLoader:
                 mask = _load_mask(self.masks.view(index), spec.scale_factor)
             except Exception as exc:  # noqa: BLE001
                 raise ValueError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
-            if mask.shape[:2] != tuple(tensor.shape[:2]):
+            if mask.shape[:2] != image.shape[:2]:
                 raise ValueError(
                     f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {path} is "
-                    f"{tensor.shape[1]}x{tensor.shape[0]} (WxH)"
+                    f"{image.shape[1]}x{image.shape[0]} (WxH)"
                 )
             if spec.mask_color is not None:
                 # nerfstudio writes mask_color (in [0, 1]) into a float image; in uint8 that is x255.
-                fill = torch.tensor([round(255 * c) for c in spec.mask_color], dtype=torch.uint8)
-                tensor = torch.where(torch.from_numpy(mask), tensor, fill)
+                fill = np.array([round(255 * c) for c in spec.mask_color], dtype=np.uint8)
+                image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
         if spec.undistort is not None:
-            image_np, mask = undistort(tensor.numpy(), mask, spec.undistort, self._map_cache)
-            tensor = torch.from_numpy(image_np)
-        mask_tensor = torch.from_numpy(mask) if mask is not None else None
-        return tensor, mask_tensor
+            x, y, w, h = spec.undistort.roi_xywh
+            target = _view_of(out, (h, w, image.shape[2]))
+            image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
+        elif out is not None and not np.shares_memory(image, out):
+            target = _view_of(out, image.shape)
+            if target is not None:
+                np.copyto(target, image)
+                image = target
+        return image, mask
+
+
+def _view_of(out: Optional[np.ndarray], shape: tuple[int, ...]) -> Optional[np.ndarray]:
+    """``out``'s first bytes as a C-contiguous array of ``shape``, or None when it is too small."""
+    if out is None:
+        return None
+    size = int(np.prod(shape))
+    if size > out.size:
+        return None
+    return out[:size].reshape(shape)

@@ -207,3 +207,26 @@ def test_fork_store_refuses_to_be_pickled(jpeg_paths: list[Path]) -> None:
 
     with pytest.raises(RuntimeError, match="fork-started workers"):
         pickle.dumps(EncodedImageStore(jpeg_paths, 1 << 30))
+
+
+def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths: list[Path]) -> None:
+    loader = make_loader(jpeg_paths)
+    reader = TrainBatchReader(ImageBatchStream(loader, 5, SEED), 2, 2, "fork")
+    assert reader.slots is not None
+    try:
+        via_slots = [reader.next_batch(s) for s in range(4)]
+    finally:
+        reader.close()
+    in_process = _batches(loader, 5, 0, 1, 0, 4)
+    assert [b.camera_indices for b in via_slots] == [b.camera_indices for b in in_process]
+    assert all(torch.equal(x, y) for a, b in zip(via_slots, in_process) for x, y in zip(a.images, b.images))
+
+
+def test_reused_decode_slot_is_an_error_not_wrong_pixels() -> None:
+    from distsplat_ns.data.stream import DecodeSlots, SlotRef, merge_parts
+
+    slots = DecodeSlots(num_workers=1, num_parts=2, images_per_part=1, image_bytes=12)
+    slots.stamps[0, 1] = 9  # the slot already holds a later step
+    part = StepPart(step=7, worker_id=0, positions=[0], camera_indices=[3], images=[SlotRef(slots.offset(0, 1, 0), (2, 2, 3))], masks=[None], skipped_indices=[], decode_s=0.0, slot_index=1)
+    with pytest.raises(RuntimeError, match="holds step 9, expected 7"):
+        merge_parts(7, [part], slots)
