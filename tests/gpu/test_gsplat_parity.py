@@ -11,11 +11,21 @@ Tolerances (each justified where it is defined):
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
-from tests.helpers.scenes import assert_grads_close, random_scene
+
+try:
+    from tests.helpers.scenes import assert_grads_close, random_scene
+except ModuleNotFoundError:
+    # Plain `pytest tests/gpu/...` puts only tests/gpu (it has no __init__.py) on sys.path, not
+    # the repo root; `python -m pytest` from the root does not need this.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.helpers.scenes import assert_grads_close, random_scene
 
 pytestmark = [
     pytest.mark.cuda,
