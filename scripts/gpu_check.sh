@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# The CUDA check of issue #6, in one go, on the bare CUDA machine (run from the repository root):
+#   1. install the carried wheels (.whl/, made by scripts/prepare_gpu_wheels.sh) and this project
+#      into .gpu_cache/site; compile gsplat 1.4.0's CUDA extension (or load a carried build);
+#   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
+#   3. train distsplat (B=1, B=4, 2 processes on one GPU over gloo) and splatfacto on the same scene
+#      for the same number of images, recording step time, images/s, peak GPU memory, final PSNR;
+#   4. write summary.json, env.json, tests.json, bench.json (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
+#
+# Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
+#   --dry-run (implied when torch sees no CUDA device): use the current Python environment instead of
+#   installing, skip the gsplat build and splatfacto, run the cuda tests (they skip) and tiny CPU
+#   distsplat runs on scenes/lund_door. Everything it writes says "dry_run": true.
+# Environment knobs (defaults in brackets):
+#   GPU_CHECK_BUDGET_S [540]   wall-clock budget; later steps are skipped (and say so) when it runs out
+#   GPU_BENCH_IMAGES [1500]    images per single-process run (CUDA); GPU_BENCH_IMAGES_2PROC [400]
+#   GPU_BENCH_DATA [.gpu_data/lund_door_x2]   scene for the CUDA runs (made by prepare_gpu_wheels.sh)
+#   GPU_CHECK_SKIP_TESTS=1, GPU_CHECK_SKIP_BENCH=1   leave a step out (recorded as skipped)
+#   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
+#   PYTHON [python3]
+# docs/gpu.md has the device call, what is measured and what is known not to work.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+if [[ $# -lt 1 || "$1" == -* ]]; then
+  echo "usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]" >&2
+  exit 2
+fi
+OUTDIR="$1"
+shift
+DRY=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    *) echo "error: unknown option $arg (expected --dry-run)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+T_START=$(date +%s)
+BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
+DEADLINE=$((T_START + BUDGET_S))
+PY="${PYTHON:-python3}"
+CACHE="$ROOT/.gpu_cache"
+WORK="$CACHE/work"
+SUMMARY="$OUTDIR/summary.json"
+LOG="$OUTDIR/gpu_check.log"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+rm -f "$SUMMARY"
+exec > >(tee -a "$LOG") 2>&1
+
+say() { echo "[gpu_check $(date +%H:%M:%S) +$(($(date +%s) - T_START))s] $*"; }
+left() { echo $((DEADLINE - $(date +%s))); }
+DRYFLAG=()
+step() {  # step NAME STATUS SECONDS DETAIL
+  "$PY" scripts/gpu_bench.py step --summary "$SUMMARY" --name "$1" --status "$2" --seconds "$3" --detail "$4" ${DRYFLAG[@]+"${DRYFLAG[@]}"} || true
+}
+
+if ((DRY == 0)) && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  say "torch sees no CUDA device here: running the dry run instead (nothing measured)"
+  DRY=1
+fi
+((DRY)) && DRYFLAG=(--dry-run)
+say "repo $ROOT, out $OUTDIR, budget ${BUDGET_S}s, dry run: $DRY"
+export GPU_CHECK_COMMIT="${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}"
+export PYTHONUNBUFFERED=1
+
+# ------------------------------------------------------------------ 1a. install the carried wheels
+t0=$(date +%s)
+if "$PY" scripts/gpu_bench.py check-wheels --out "$WORK/wheels.json" >/dev/null; then WHEELS_OK=yes; else WHEELS_OK=no; fi
+if ((DRY)); then
+  step install skipped 0 "dry run: the current environment ($("$PY" -c 'import sys; print(sys.executable)')) is used; the wheels are for Python 3.12 (wheel folder .whl complete: $WHEELS_OK; see wheel_check in env.json)"
+else
+  if [[ "$WHEELS_OK" != yes ]]; then
+    say "the wheel folder .whl does not match scripts/gpu_wheels.txt; run scripts/prepare_gpu_wheels.sh here and carry .whl"
+    cat "$WORK/wheels.json"
+    step install failed $(($(date +%s) - t0)) "wheel folder incomplete: $(tr -d '\n' < "$WORK/wheels.json" | head -c 1500)"
+    "$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" || true
+    exit 1
+  fi
+  SITE="$CACHE/site"
+  STAMP="$SITE/.wheels-stamp"
+  WANT_STAMP="$(ls .whl/*.whl | sort | xargs -n1 basename | sha256sum | cut -c1-16)"
+  if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" ]]; then
+    rm -rf "$SITE"
+    say "installing $(ls .whl/*.whl | wc -l) wheels into $SITE"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+      || { step install failed $(($(date +%s) - t0)) "pip install of .whl/*.whl failed (see gpu_check.log)"; exit 1; }
+    echo "$WANT_STAMP" > "$STAMP"
+  fi
+  # The project itself, from this working tree, every time (others may have changed it). Needs the
+  # machine's setuptools and wheel (no build isolation: nothing can be downloaded there).
+  rm -rf "$SITE"/distsplat_ns "$SITE"/distsplat_ns-*.dist-info
+  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target "$SITE" --upgrade . \
+    || { step install failed $(($(date +%s) - t0)) "pip install of the project failed (see gpu_check.log)"; exit 1; }
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  export PATH="$SITE/bin:$PATH"
+  if ! "$PY" -c "import nerfstudio.scripts.train, nerfstudio.scripts.eval, distsplat_ns.registry, gsplat" 2> "$WORK/import.err"; then
+    cat "$WORK/import.err"
+    step install failed $(($(date +%s) - t0)) "import check failed: $(tail -c 1500 "$WORK/import.err")"
+    "$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" || true
+    exit 1
+  fi
+  step install ok $(($(date +%s) - t0)) "$(ls .whl/*.whl | wc -l) wheels ($(du -sm .whl | cut -f1) MiB) and the project into $SITE"
+fi
+
+# ------------------------------------------------------------------ 1b. gsplat's CUDA extension
+t0=$(date +%s)
+export TORCH_EXTENSIONS_DIR="$CACHE/torch_extensions"
+if ((DRY)); then
+  step gsplat_build skipped 0 "dry run: no CUDA device (gsplat 1.4.0 compiles its extension with nvcc on first use)"
+else
+  # CUDA_HOME must be the toolkit folder that holds include/cuda_runtime.h (ANCHORS.md, gsplat).
+  if [[ -z "${CUDA_HOME:-}" || ! -f "${CUDA_HOME}/include/cuda_runtime.h" ]]; then
+    CUDA_HOME=""
+    NVCC="$(command -v nvcc || true)"
+    for cand in ${NVCC:+"$(dirname "$(dirname "$(readlink -f "$NVCC")")")"} /usr/local/cuda /usr/local/cuda-13.0 /usr/local/cuda-13 /opt/cuda; do
+      if [[ -f "$cand/include/cuda_runtime.h" ]]; then CUDA_HOME="$cand"; break; fi
+    done
+  fi
+  export CUDA_HOME
+  [[ -n "$CUDA_HOME" && -z "$(command -v nvcc)" ]] && export PATH="$CUDA_HOME/bin:$PATH"
+  TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')}"
+  export TORCH_CUDA_ARCH_LIST
+  export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+  GSPLAT_DIR="$("$PY" -c 'import gsplat, os; print(os.path.dirname(gsplat.__file__))')"
+  BUILD_KIND=""
+  rm -f "$GSPLAT_DIR/csrc.py"
+  PREBUILT=""
+  if [[ -f .gpu_prebuilt/gsplat_cuda.so.gz ]]; then
+    mkdir -p "$CACHE/prebuilt"
+    gunzip -c .gpu_prebuilt/gsplat_cuda.so.gz > "$CACHE/prebuilt/gsplat_cuda.so" && PREBUILT="$CACHE/prebuilt/gsplat_cuda.so"
+  elif [[ -f .gpu_prebuilt/gsplat_cuda.so ]]; then
+    PREBUILT="$ROOT/.gpu_prebuilt/gsplat_cuda.so"
+  fi
+  if [[ -n "$PREBUILT" ]]; then
+    # A build returned (as gsplat_cuda.so.gz) by an earlier run of this script on the same machine
+    # image (same torch, same Python): gsplat imports `gsplat.csrc` before it tries to compile, so a
+    # shim module that loads the carried library skips the compile.
+    cat > "$GSPLAT_DIR/csrc.py" <<PYSHIM
+# Written by scripts/gpu_check.sh: loads the carried gsplat extension $PREBUILT.
+import importlib.util as _util
+import torch as _torch  # noqa: F401  (the library links against libtorch)
+_spec = _util.spec_from_file_location("gsplat_cuda", "$PREBUILT")
+_mod = _util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+globals().update({k: v for k, v in vars(_mod).items() if not k.startswith("__")})
+PYSHIM
+    if "$PY" -c "from gsplat.cuda._backend import _C; assert _C is not None" 2> "$WORK/prebuilt.err"; then
+      BUILD_KIND="carried build .gpu_prebuilt (no compile)"
+    else
+      say "the carried gsplat build does not load here; compiling instead: $(tail -c 400 "$WORK/prebuilt.err")"
+      rm -f "$GSPLAT_DIR/csrc.py"
+    fi
+  fi
+  if [[ -z "$BUILD_KIND" ]]; then
+    say "compiling gsplat's CUDA extension: CUDA_HOME=$CUDA_HOME arch $TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+    BUILD_LIMIT=$(($(left) - 60))
+    ((BUILD_LIMIT < 30)) && BUILD_LIMIT=30
+    if timeout -k 10 "$BUILD_LIMIT" "$PY" -c "
+import time; t = time.time()
+from gsplat.cuda._backend import _C
+assert _C is not None, 'gsplat extension not built (no nvcc on PATH?)'
+print('gsplat extension ready in %.0f s' % (time.time() - t))"; then
+      BUILD_KIND="JIT-compiled with $(nvcc --version | tail -1)"
+    fi
+  fi
+  if [[ -n "$BUILD_KIND" ]]; then
+    SO="$(find "$TORCH_EXTENSIONS_DIR" -name gsplat_cuda.so 2>/dev/null | head -1)"
+    if [[ -n "$SO" && "$BUILD_KIND" != carried* ]]; then
+      # Returned compressed (files of at most 16 MiB come back) so that a later run on a fresh
+      # machine can carry it as .gpu_prebuilt/gsplat_cuda.so.gz and skip the compile.
+      gzip -c "$SO" > "$WORK/gsplat_cuda.so.gz"
+      GZ_BYTES=$(stat -c %s "$WORK/gsplat_cuda.so.gz")
+      ((GZ_BYTES < 16 * 1048576)) && cp "$WORK/gsplat_cuda.so.gz" "$OUTDIR/"
+      BUILD_KIND="$BUILD_KIND; library $(($(stat -c %s "$SO") / 1048576)) MiB, $((GZ_BYTES / 1048576)) MiB gzipped"
+    fi
+    step gsplat_build ok $(($(date +%s) - t0)) "gsplat $("$PY" -c 'import gsplat; print(gsplat.__version__)'): $BUILD_KIND; CUDA_HOME=$CUDA_HOME; TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST; MAX_JOBS=$MAX_JOBS"
+  else
+    step gsplat_build failed $(($(date +%s) - t0)) "gsplat's extension did not build or load within the budget (see gpu_check.log); CUDA_HOME=$CUDA_HOME"
+  fi
+fi
+"$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"} || true
+
+# ------------------------------------------------------------------ 2. pytest -m cuda
+t0=$(date +%s)
+if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
+  step cuda_tests skipped 0 "GPU_CHECK_SKIP_TESTS=1"
+elif (($(left) < 120)); then
+  step cuda_tests skipped 0 "time budget: $(left) s left"
+else
+  TEST_LIMIT=$(($(left) * 2 / 5))
+  ((TEST_LIMIT > 240)) && TEST_LIMIT=240
+  say "pytest -m cuda (limit ${TEST_LIMIT}s)"
+  timeout -k 10 "$TEST_LIMIT" "$PY" -m pytest -m cuda tests -q -p no:cacheprovider --continue-on-collection-errors \
+    --junitxml "$WORK/junit.xml" -o junit_family=xunit1
+  RC=$?
+  "$PY" scripts/gpu_bench.py junit --xml "$WORK/junit.xml" --out "$OUTDIR/tests.json" --returncode "$RC" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+  case "$RC" in
+    0) STATUS=ok ;;
+    5) STATUS="no tests" ;;
+    124|137) STATUS=timeout ;;
+    *) STATUS=failed ;;
+  esac
+  step cuda_tests "$STATUS" $(($(date +%s) - t0)) "pytest exit code $RC; per-test outcomes in tests.json"
+fi
+
+# ------------------------------------------------------------------ 3. training runs
+t0=$(date +%s)
+if ((DRY)); then
+  DATA="scenes/lund_door"; DEVICE=cpu; IMAGES=2; IMAGES_B4=4; IMAGES2=2
+else
+  DATA="${GPU_BENCH_DATA:-.gpu_data/lund_door_x2}"; DEVICE=cuda
+  IMAGES="${GPU_BENCH_IMAGES:-1500}"; IMAGES_B4="$IMAGES"; IMAGES2="${GPU_BENCH_IMAGES_2PROC:-400}"
+fi
+if [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 ]]; then
+  step bench skipped 0 "GPU_CHECK_SKIP_BENCH=1"
+elif [[ ! -f "$DATA/sparse/0/cameras.txt" ]]; then
+  step bench failed 0 "scene $DATA not found (make it with scripts/prepare_gpu_wheels.sh and carry .gpu_data)"
+else
+  say "training runs on $DATA ($DEVICE): $IMAGES images per run, $IMAGES2 for the 2-process run"
+  # B=4 needs at least 4 images for one step: the dry run gives it 4.
+  "$PY" scripts/gpu_bench.py bench --out "$OUTDIR/bench.json" --workdir "$WORK" --data "$DATA" --device "$DEVICE" \
+    --images "$IMAGES" --images-b4 "$IMAGES_B4" --images-two-procs "$IMAGES2" --deadline $((DEADLINE - 20)) \
+    ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+  RC=$?
+  if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
+  step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
+fi
+
+# ------------------------------------------------------------------ 4. summary
+"$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+say "done in $(($(date +%s) - T_START)) s; results in $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"

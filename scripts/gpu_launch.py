@@ -1,0 +1,272 @@
+"""`ns-train` with benchmark instrumentation, for scripts/gpu_bench.py (issue #6).
+
+Runs nerfstudio's own `ns-train` entry point (`nerfstudio.scripts.train.entrypoint`) unchanged,
+after applying a few clearly labelled run-time patches that make `splatfacto` and `distsplat` runs
+measurable in the same way on the bare, offline CUDA machine. Nothing here changes what either
+method computes.
+
+Usage (the options before `--` are this launcher's, the rest go to ns-train)::
+
+    python scripts/gpu_launch.py --report R.json [--share-one-gpu] [--final-eval] -- \
+        splatfacto --max-num-iterations 100 ... colmap --data DIR ...
+    torchrun --nproc_per_node 2 scripts/gpu_launch.py --report R.json --share-one-gpu -- distsplat ...
+
+Patches (each one recorded under "patches" in the report):
+
+* ``timing``: the `TimeWriter` around each training iteration (`EventName.ITER_TRAIN_TIME`; both
+  nerfstudio's `Trainer.train` and `DistSplatTrainer.train` time their step with it, including the
+  before/after-iteration callbacks where splatfacto densifies) synchronises CUDA when it opens and
+  closes, and every duration is kept. Without the synchronisation a step's time would be the time
+  to *enqueue* its kernels, and the two methods sync at different places.
+* ``lpips_offline_stub`` (only when AlexNet's weights are not in the torch hub cache): splatfacto
+  builds torchmetrics' LPIPS in `populate_modules`, which downloads AlexNet's weights and fails with
+  no network (ANCHORS.md, nerfstudio section). The class is replaced by a stub that returns NaN;
+  PSNR and SSIM are unaffected and LPIPS is reported as not computed.
+* ``final_eval`` (with ``--final-eval``): after nerfstudio's `Trainer.train` returns, the average
+  metrics over all eval images are computed with the pipeline's own
+  `get_average_eval_image_metrics` -- what `ns-eval` computes -- so splatfacto gets a final PSNR
+  without a second process. distsplat writes its own (``final_eval_psnr`` in its stats JSON).
+* ``share_one_gpu`` (with ``--share-one-gpu``, under torchrun): every process uses CUDA device
+  ``LOCAL_RANK % device_count`` and the process group is created here with gloo before ns-train
+  starts; `distsplat_ns.dist.context.init_distributed` adopts an existing group. Needed because, as
+  of this writing, the context binds ``cuda:LOCAL_RANK`` (there is no cuda:1 on a one-GPU machine)
+  and picks NCCL for CUDA, which refuses two ranks on one device. docs/gpu.md says what a native fix
+  in the package would look like.
+
+The report (JSON, one per process: ``{rank}`` in ``--report`` is replaced by the rank) holds the
+per-step times, peak CUDA memory, final metrics and the patches applied. It is written at exit, also
+when the run fails or is stopped with SIGTERM (then ``"completed": false``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPORT: Dict[str, Any] = {
+    "argv": [],
+    "rank": 0,
+    "world_size": 1,
+    "completed": False,
+    "patches": [],
+    "step_times_s": [],
+    "final_eval": None,
+    "peak_cuda_memory_allocated_bytes": None,
+    "peak_cuda_memory_reserved_bytes": None,
+    "cuda_device": None,
+    "error": None,
+    "process_wall_s": None,
+}
+_T0 = time.perf_counter()
+_REPORT_PATH: Optional[Path] = None
+
+
+def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
+    """Split ``argv`` into this launcher's options and the ns-train arguments after ``--``.
+
+    Raises:
+        SystemExit: no ``--`` separator or no ns-train arguments (argparse's usage error).
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", required=True, help="JSON report path; '{rank}' is replaced by the rank")
+    parser.add_argument("--share-one-gpu", action="store_true", help="torchrun ranks share CUDA devices; gloo group")
+    parser.add_argument("--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train")
+    if "--" not in argv:
+        parser.error("separate the ns-train arguments with '--'")
+    split = argv.index("--")
+    args = parser.parse_args(argv[:split])
+    rest = argv[split + 1 :]
+    if not rest:
+        parser.error("no ns-train arguments after '--'")
+    return args, rest
+
+
+def sanitize(value: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None, tensors and numpy scalars become Python numbers."""
+    if isinstance(value, dict):
+        return {str(k): sanitize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def write_report() -> None:
+    if _REPORT_PATH is None:
+        return
+    REPORT["process_wall_s"] = time.perf_counter() - _T0
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+            REPORT["cuda_device"] = f"cuda:{device} {torch.cuda.get_device_name(device)}"
+            REPORT["peak_cuda_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
+            REPORT["peak_cuda_memory_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+    except Exception as err:  # the report must still be written
+        REPORT["error"] = (REPORT["error"] or "") + f"\nmemory query failed: {err!r}"
+    _REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _REPORT_PATH.with_suffix(".tmp")
+    tmp.write_text(json.dumps(sanitize(REPORT), indent=1))
+    os.replace(tmp, _REPORT_PATH)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    REPORT["error"] = f"stopped by signal {signum}"
+    raise SystemExit(128 + signum)
+
+
+def patch_timing() -> None:
+    """Synchronise CUDA around the ITER_TRAIN_TIME timer and keep every step's duration."""
+    import torch
+    from nerfstudio.utils import writer
+
+    original_enter = writer.TimeWriter.__enter__
+    original_exit = writer.TimeWriter.__exit__
+
+    def is_step(timer: Any) -> bool:
+        return timer.name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value)
+
+    def sync() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def enter(self: Any) -> Any:
+        if is_step(self):
+            sync()
+        return original_enter(self)
+
+    def exit_(self: Any, *args: Any) -> Any:
+        if is_step(self):
+            sync()
+        result = original_exit(self, *args)
+        if is_step(self):
+            REPORT["step_times_s"].append(float(self.duration))
+        return result
+
+    writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
+    writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
+    REPORT["patches"].append("timing: CUDA synchronised around each ITER_TRAIN_TIME step; every step's duration kept")
+
+
+def alexnet_weights_cached() -> bool:
+    import torch
+
+    checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
+    return any(checkpoints.glob("alexnet-*.pth"))
+
+
+def patch_lpips_if_offline() -> None:
+    """Replace torchmetrics' LPIPS by a NaN-returning stub when AlexNet's weights are not cached."""
+    if alexnet_weights_cached():
+        return
+    import torch
+    import torchmetrics.image.lpip as lpip_module
+
+    class LpipsUnavailable(torch.nn.Module):
+        """Stand-in for LearnedPerceptualImagePatchSimilarity on an offline machine: returns NaN."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+
+        def forward(self, img1: torch.Tensor, img2: torch.Tensor) -> torch.Tensor:
+            return torch.full((), float("nan"), device=img1.device)
+
+    lpip_module.LearnedPerceptualImagePatchSimilarity = LpipsUnavailable  # type: ignore[misc,assignment]
+    try:
+        import torchmetrics.image as image_module
+
+        image_module.LearnedPerceptualImagePatchSimilarity = LpipsUnavailable  # type: ignore[misc,assignment]
+    except ImportError:
+        pass
+    REPORT["patches"].append(
+        "lpips_offline_stub: torchmetrics LPIPS replaced by a NaN stub (AlexNet weights not cached, no network)"
+    )
+
+
+def patch_final_eval() -> None:
+    """After nerfstudio's own Trainer.train returns, average the eval metrics over all eval images."""
+    from nerfstudio.engine.trainer import Trainer
+
+    original_train = Trainer.train
+
+    def train(self: Any) -> None:
+        original_train(self)
+        t0 = time.perf_counter()
+        metrics = self.pipeline.get_average_eval_image_metrics(step=self.step)
+        REPORT["final_eval"] = {"step": int(self.step), "metrics": metrics, "eval_s": time.perf_counter() - t0}
+
+    Trainer.train = train  # type: ignore[method-assign]
+    REPORT["patches"].append("final_eval: average eval-image metrics after nerfstudio Trainer.train (as ns-eval)")
+
+
+def share_one_gpu() -> None:
+    """Under torchrun: create a gloo group here and bind rank r to cuda:(LOCAL_RANK % device_count)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise SystemExit("--share-one-gpu needs torchrun's RANK/WORLD_SIZE environment")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device_index = local_rank % torch.cuda.device_count()
+        os.environ["LOCAL_RANK"] = str(device_index)
+        torch.cuda.set_device(device_index)
+    dist.init_process_group(backend="gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
+    REPORT["patches"].append(
+        f"share_one_gpu: gloo group created by the launcher; LOCAL_RANK {local_rank} -> {os.environ['LOCAL_RANK']}"
+    )
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    global _REPORT_PATH
+    args, ns_train_args = parse_args(sys.argv[1:] if argv is None else argv)
+    rank = int(os.environ.get("RANK", "0"))
+    REPORT["rank"] = rank
+    REPORT["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
+    REPORT["argv"] = ns_train_args
+    _REPORT_PATH = Path(args.report.replace("{rank}", str(rank)))
+    atexit.register(write_report)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if args.share_one_gpu:
+            share_one_gpu()
+        # nerfstudio's modules import each other in a cycle that only its entry point resolves:
+        # import it first, patch after.
+        from nerfstudio.scripts.train import entrypoint
+
+        patch_timing()
+        patch_lpips_if_offline()
+        if args.final_eval:
+            patch_final_eval()
+        sys.argv = ["ns-train", *ns_train_args]
+        entrypoint()
+        REPORT["completed"] = True
+    except SystemExit as err:
+        if err.code not in (0, None):
+            REPORT["error"] = REPORT["error"] or f"SystemExit({err.code})"
+            raise
+        REPORT["completed"] = REPORT["error"] is None
+    except BaseException as err:
+        REPORT["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()[-4000:]}"
+        raise
+
+
+if __name__ == "__main__":
+    main()
