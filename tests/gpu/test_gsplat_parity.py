@@ -11,6 +11,7 @@ Tolerances (each justified where it is defined):
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -19,13 +20,29 @@ import torch
 
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
 
-try:
-    from tests.helpers.scenes import assert_grads_close, random_scene
-except ModuleNotFoundError:
-    # Plain `pytest tests/gpu/...` puts only tests/gpu (it has no __init__.py) on sys.path, not
-    # the repo root; `python -m pytest` from the root does not need this.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.helpers.scenes import assert_grads_close, random_scene
+
+def _load_scene_helpers():
+    """tests/helpers/scenes.py, however pytest was started.
+
+    ``python -m pytest`` from the repo root finds it as ``tests.helpers.scenes``. Plain
+    ``pytest`` does not put the root on sys.path (tests/gpu has no __init__.py), and a foreign
+    top-level ``tests`` package in site-packages then shadows ours; so fall back to the file.
+    """
+    try:
+        from tests.helpers import scenes
+
+        return scenes
+    except ModuleNotFoundError:
+        path = Path(__file__).resolve().parents[1] / "helpers" / "scenes.py"
+        spec = importlib.util.spec_from_file_location("_distsplat_test_scenes", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+
+
+_scenes = _load_scene_helpers()
+assert_grads_close, random_scene = _scenes.assert_grads_close, _scenes.random_scene
 
 pytestmark = [
     pytest.mark.cuda,
