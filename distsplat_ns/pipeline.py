@@ -43,6 +43,7 @@ from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel,
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
 
@@ -179,6 +180,10 @@ class DistSplatPipeline(VanillaPipeline):
         )
         self.time_imbalance: List[float] = []
         self.images_fetched_on_demand = 0
+        # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
+        self.viewer_start_view = StartAtTrainingView(
+            self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True)
+        )
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> Dict[str, Any]:

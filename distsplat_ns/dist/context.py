@@ -126,6 +126,11 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+        local_world = _env_int("LOCAL_WORLD_SIZE") or (world_size if world_size > 1 else 1)
+        if local_world > 1:
+            # CPU ranks on one host share its cores; torch's default of one thread per core in every
+            # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     set_log_rank(rank)
     ctx = DistContext(
         rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
