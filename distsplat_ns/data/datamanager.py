@@ -18,6 +18,7 @@ Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +74,9 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """Most bytes of encoded training files kept in RAM. 0: ram_budget_fraction of the memory
     available at start-up. Above the budget, workers read the files from disk (logged once)."""
     ram_budget_fraction: float = 0.25
-    """Share of available memory the encoded files may take when ram_budget_bytes is 0. A quarter
-    leaves room for the model, the optimizer and other ranks on the same host."""
+    """Share of the memory available at start-up that the encoded files may take when
+    ram_budget_bytes is 0, split between the ranks of this host ($LOCAL_WORLD_SIZE, set by torchrun).
+    A quarter leaves room for the model, the optimizer and the decoded images in flight."""
     decoder: Literal["auto", "pil", "simplejpeg", "torchvision"] = "auto"
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
@@ -323,7 +325,13 @@ class ParallelFullImageDatamanager(DataManager):
             return self.config.ram_budget_bytes
         import psutil
 
-        return int(self.config.ram_budget_fraction * psutil.virtual_memory().available)
+        # Every rank on a host builds its own store at about the same time, each seeing the same
+        # available memory: split the fraction between them (torchrun sets LOCAL_WORLD_SIZE).
+        try:
+            local_world_size = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+        except ValueError:
+            local_world_size = 1
+        return int(self.config.ram_budget_fraction * psutil.virtual_memory().available / local_world_size)
 
     def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
         outputs: DataparserOutputs = dataset._dataparser_outputs

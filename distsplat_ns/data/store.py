@@ -24,6 +24,8 @@ readers' loads. So time to first batch does not grow with the size of the datase
 
 Disk mode: when the files exceed the RAM budget the store keeps only paths and sizes, and readers
 open the file on each access; the store logs this once, at construction.
+
+Shape legend: ``F``: files (entries).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def stat_files(paths: Sequence[Path]) -> np.ndarray:
         paths: Files to check.
 
     Returns:
-        File sizes. `[len(paths)]`, int64, bytes.
+        File sizes. `[F]`, int64, bytes.
 
     Raises:
         FileNotFoundError: Naming the missing files (the first few and their count).

@@ -16,15 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 NUM_SMALL, NUM_LARGE = 8, 128
 
 
-def _measure(paths: list[Path], out: Path) -> dict:
+def _measure(paths: list[Path], out: Path, ram_budget_bytes: int = 1 << 30) -> dict:
     code = (
         "import sys, json; from pathlib import Path\n"
         "from tests.helpers.data_fixtures import measure_stream_memory\n"
         "paths = [Path(p) for p in json.loads(sys.argv[1])]\n"
-        "measure_stream_memory(paths, batch_size=4, num_workers=2, num_steps=8, out_json=Path(sys.argv[2]))\n"
+        "measure_stream_memory(paths, batch_size=4, num_workers=2, num_steps=8, out_json=Path(sys.argv[2]),\n"
+        "                      ram_budget_bytes=int(sys.argv[3]))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    subprocess.run([sys.executable, "-c", code, json.dumps([str(p) for p in paths]), str(out)], cwd=REPO, env=env, check=True, timeout=120)
+    args = [sys.executable, "-c", code, json.dumps([str(p) for p in paths]), str(out), str(ram_budget_bytes)]
+    subprocess.run(args, cwd=REPO, env=env, check=True, timeout=120)
     return json.loads(out.read_text())
 
 
@@ -38,9 +40,12 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         link = folder / f"frame_{i:04d}.jpg"
         os.symlink(sources[i % len(sources)], link)
         links.append(link)
+    # A budget between the two sizes: the large set goes to disk mode.
+    budget = (NUM_SMALL + NUM_LARGE) // 2 * sources[0].stat().st_size
     return {
         "small": _measure(links[:NUM_SMALL], folder / "small.json"),
         "large": _measure(links, folder / "large.json"),
+        "large_over_budget": _measure(links, folder / "large_disk.json", ram_budget_bytes=budget),
     }
 
 
@@ -57,3 +62,11 @@ def test_workers_hold_no_private_copy_of_the_bytes(memory: dict[str, dict]) -> N
     extra_worker_uss = memory["large"]["worker_uss"] - memory["small"]["worker_uss"]
     assert memory["large"]["num_processes"] == 3
     assert extra_worker_uss <= 0.1 * extra_bytes, (extra_worker_uss, extra_bytes)
+
+
+def test_over_budget_memory_does_not_grow_with_frames(memory: dict[str, dict]) -> None:
+    extra_bytes = memory["large"]["store_bytes"] - memory["small"]["store_bytes"]
+    assert memory["large_over_budget"]["disk_mode"] and not memory["small"]["disk_mode"]
+    extra_pss = memory["large_over_budget"]["pss"] - memory["small"]["pss"]
+    # Disk mode keeps paths and sizes only: a few hundred bytes per frame, within process noise.
+    assert extra_pss <= 0.15 * extra_bytes + (8 << 20), (extra_pss, extra_bytes)

@@ -217,7 +217,9 @@ def write_nerfstudio_scene(
     return folder
 
 
-def measure_stream_memory(paths: Sequence[Path], batch_size: int, num_workers: int, num_steps: int, out_json: Path) -> None:
+def measure_stream_memory(
+    paths: Sequence[Path], batch_size: int, num_workers: int, num_steps: int, out_json: Path, ram_budget_bytes: int = 1 << 30
+) -> None:
     """Run ``num_steps`` steps of a stream over ``paths``; write the process tree's memory to ``out_json``.
 
     Meant to run in a fresh interpreter (``python -c``), so two dataset sizes compare cleanly.
@@ -226,7 +228,8 @@ def measure_stream_memory(paths: Sequence[Path], batch_size: int, num_workers: i
     """
     from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
 
-    loader = make_loader(paths)
+    loader = make_loader(paths, ram_budget_bytes=ram_budget_bytes)
+    loader.images.wait_filled()
     reader = TrainBatchReader(ImageBatchStream(loader, batch_size, seed=0), num_workers, prefetch_batches=2)
     peaks: dict[str, int] = {}
     for step in range(num_steps):
@@ -235,4 +238,5 @@ def measure_stream_memory(paths: Sequence[Path], batch_size: int, num_workers: i
             peaks[key] = max(peaks.get(key, 0), value)
     reader.close()
     peaks["store_bytes"] = loader.images.num_bytes
+    peaks["disk_mode"] = int(loader.images.disk_mode)
     out_json.write_text(json.dumps(peaks))

@@ -1,0 +1,31 @@
+"""The pure data modules import neither nerfstudio nor torch.distributed (STYLE.md layers)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2] / "distsplat_ns" / "data"
+PURE = ["order.py", "stream.py", "store.py", "decode.py"]
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_data_module_does_not_import_nerfstudio(name: str) -> None:
+    assert not any(n.split(".")[0] == "nerfstudio" for n in _imports(DATA / name))
+
+
+@pytest.mark.parametrize("name", PURE + ["datamanager.py"])
+def test_data_module_does_not_import_torch_distributed(name: str) -> None:
+    assert not any(n.startswith("torch.distributed") for n in _imports(DATA / name))
