@@ -311,6 +311,8 @@ class BenchConfig:
     only: Tuple[str, ...] = ()
     python: str = sys.executable
     """Interpreter of the runs (scripts/gpu_simulate.py passes a wrapper that adds ``-S``)."""
+    previous: Optional[Dict[str, Any]] = None
+    """bench.json of an earlier call on the same machine: its finished runs are kept, not re-run."""
 
 
 def plan_runs(cfg: BenchConfig) -> List[RunSpec]:
@@ -462,6 +464,7 @@ def execute_run(run: RunSpec, cfg: BenchConfig) -> Dict[str, Any]:
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc, timed_out = proc.returncode, True
+    record["started_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
     record["wall_s"] = time.time() - t0
     record["returncode"] = rc
     reports = [read_json(p, default={}) for p in sorted(report.parent.glob(f"{run.name}.rank*.json"))]
@@ -525,6 +528,19 @@ def compare(runs: Dict[str, Dict[str, Any]], dry_run: bool) -> Dict[str, Any]:
     return out
 
 
+def reusable_record(run: RunSpec, cfg: BenchConfig) -> Optional[Dict[str, Any]]:
+    """The finished record of the same run (same spec, data, device, dry-run flag) in ``cfg.previous``."""
+    previous = cfg.previous or {}
+    if previous.get("dry_run") != cfg.dry_run or previous.get("device") != cfg.device or previous.get("data") != str(cfg.data):
+        return None
+    record = (previous.get("runs") or {}).get(run.name)
+    if not record or record.get("status") != "ok":
+        return None
+    if any(record.get(k) != v for k, v in dataclasses.asdict(run).items()):
+        return None
+    return dict(record, reused_from_previous_call=True)
+
+
 def run_bench(cfg: BenchConfig) -> Dict[str, Any]:
     """All runs of :func:`plan_runs`, written to ``cfg.out`` after each one (a timeout keeps the rest)."""
     result: Dict[str, Any] = {
@@ -537,11 +553,14 @@ def run_bench(cfg: BenchConfig) -> Dict[str, Any]:
     }
     for run in plan_runs(cfg):
         print(f"[gpu_bench] {run.name}: {run.method} B={run.batch_size} images={run.num_images} procs={run.num_procs}", flush=True)
-        record = execute_run(run, cfg)
+        record = reusable_record(run, cfg)
+        if record is None:
+            record = execute_run(run, cfg)
         result["runs"][run.name] = record
         m = record.get("measurements") or {}
         print(
             f"[gpu_bench] {run.name}: {record['status']}"
+            + (" (reused from the previous call)" if record.get("reused_from_previous_call") else "")
             + (f" ({record.get('reason')})" if record.get("reason") else "")
             + (f"; step {m['step_time_s_mean'] * 1e3:.1f} ms, {m['images_per_s']:.1f} img/s, PSNR {m.get('final_psnr')}" if m.get("step_time_s_mean") else ""),
             flush=True,
@@ -630,6 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-timeout-s", type=float, default=240.0, help="longest one run may take (its steps so far are kept)")
     p.add_argument("--only", nargs="*", default=[], help="run only these (names as in bench.json)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
+    p.add_argument("--previous", type=Path, help="bench.json of an earlier call: keep its finished runs")
     p.add_argument("--dry-run", action="store_true")
 
     p = sub.add_parser("summary", help="targets into the summary JSON")
@@ -672,7 +692,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             out=args.out, workdir=args.workdir, data=args.data, device=args.device, num_images=args.images,
             num_images_b4=args.images_b4 or args.images, num_images_two_procs=args.images_two_procs, two_procs_batch_size=args.two_procs_batch_size,
             deadline=args.deadline, dry_run=args.dry_run, run_timeout_s=args.run_timeout_s, only=tuple(args.only),
-            python=args.python,
+            python=args.python, previous=read_json(args.previous) if args.previous else None,
         )
         result = run_bench(cfg)
         return 0 if all(r["status"] in ("ok", "not run") for r in result["runs"].values()) else 1

@@ -16,6 +16,9 @@
 #   GPU_BENCH_IMAGES [1500]    images per single-process run (CUDA); GPU_BENCH_IMAGES_2PROC [400]
 #   GPU_BENCH_DATA [.gpu_data/lund_door_x2]   scene for the CUDA runs (made by prepare_gpu_wheels.sh)
 #   GPU_CHECK_SKIP_TESTS=1, GPU_CHECK_SKIP_BENCH=1   leave a step out (recorded as skipped)
+#   GPU_CHECK_RESUME=1         a second call on the same (warm) machine, or with .gpu_prebuilt/previous/
+#                              carried: reuse the previous call's tests.json and its finished runs,
+#                              run only what is missing (each call saves its results in .gpu_cache/previous)
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
 #   PYTHON [python3]
 # docs/gpu.md has the device call, what is measured and what is known not to work.
@@ -186,7 +189,17 @@ fi
 
 # ------------------------------------------------------------------ 2. pytest -m cuda
 t0=$(date +%s)
-if [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
+PREV=""
+if [[ "${GPU_CHECK_RESUME:-0}" == 1 ]]; then
+  for cand in "$CACHE/previous" "$ROOT/.gpu_prebuilt/previous"; do
+    if [[ -f "$cand/bench.json" || -f "$cand/tests.json" ]]; then PREV="$cand"; break; fi
+  done
+  say "resuming from ${PREV:-nothing (no previous results found)}"
+fi
+if [[ -n "$PREV" && -f "$PREV/tests.json" ]] && "$PY" -c "import json,sys; sys.exit(0 if json.load(open('$PREV/tests.json')).get('tests') else 1)"; then
+  cp "$PREV/tests.json" "$OUTDIR/tests.json"
+  step cuda_tests reused 0 "GPU_CHECK_RESUME=1: tests.json of the previous call ($PREV), not re-run"
+elif [[ "${GPU_CHECK_SKIP_TESTS:-0}" == 1 ]]; then
   step cuda_tests skipped 0 "GPU_CHECK_SKIP_TESTS=1"
 elif (($(left) < 120)); then
   step cuda_tests skipped 0 "time budget: $(left) s left"
@@ -224,7 +237,7 @@ else
   # B=4 needs at least 4 images for one step: the dry run gives it 4.
   "$PY" scripts/gpu_bench.py bench --out "$OUTDIR/bench.json" --workdir "$WORK" --data "$DATA" --device "$DEVICE" \
     --images "$IMAGES" --images-b4 "$IMAGES_B4" --images-two-procs "$IMAGES2" --deadline $((DEADLINE - 20)) \
-    ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+    ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} ${PREV:+--previous "$PREV/bench.json"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
   RC=$?
   if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
   step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
@@ -232,4 +245,6 @@ fi
 
 # ------------------------------------------------------------------ 4. summary
 "$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+mkdir -p "$CACHE/previous"
+for f in tests.json bench.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done
 say "done in $(($(date +%s) - T_START)) s; results in $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"

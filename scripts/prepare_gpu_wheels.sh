@@ -6,8 +6,10 @@
 #                              made with scripts/make_shipped_scene.py (../shared does not travel)
 # and check that the working tree plus these stays under the device call's 64 MiB.
 #
-# Usage: bash scripts/prepare_gpu_wheels.sh [--factor N] [--source DIR] [--no-data]
+# Usage: bash scripts/prepare_gpu_wheels.sh [--factor N] [--source DIR] [--no-data] [--verify]
 #   --factor N    downscale factor of the benchmark scene [2]
+#   --verify      then run scripts/gpu_simulate.py: the machine's packages + the carried releases,
+#                 rebuilt here on CPU, must import, collect the cuda tests and train (minutes)
 #   --source DIR  the full-resolution lund_door COLMAP scene [../shared/data/lund_door]
 #   --no-data     wheels only
 # Re-running it downloads only what is missing and removes wheels that are no longer listed
@@ -18,12 +20,14 @@ cd "$ROOT"
 FACTOR=2
 SOURCE="$ROOT/../shared/data/lund_door"
 WANT_DATA=1
+VERIFY=0
 while (($#)); do
   case "$1" in
     --factor) FACTOR="$2"; shift 2 ;;
     --source) SOURCE="$2"; shift 2 ;;
     --no-data) WANT_DATA=0; shift ;;
-    *) echo "usage: bash scripts/prepare_gpu_wheels.sh [--factor N] [--source DIR] [--no-data]" >&2; exit 2 ;;
+    --verify) VERIFY=1; shift ;;
+    *) echo "usage: bash scripts/prepare_gpu_wheels.sh [--factor N] [--source DIR] [--no-data] [--verify]" >&2; exit 2 ;;
   esac
 done
 LIMIT_MIB=64
@@ -112,3 +116,6 @@ fi
 CARRY='".whl", ".gpu_data"'
 [[ -d .gpu_prebuilt ]] && CARRY="$CARRY, \".gpu_prebuilt\""
 echo "[prepare] ready: device run with carry [$CARRY] and command: bash scripts/gpu_check.sh \$OUT (docs/gpu.md)"
+if ((VERIFY)); then
+  "$PY" scripts/gpu_simulate.py
+fi

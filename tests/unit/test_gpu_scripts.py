@@ -291,3 +291,25 @@ def test_launcher_requires_the_separator() -> None:
 
 def test_launcher_report_is_strict_json() -> None:
     assert launch.sanitize({"a": [math.nan, 1.0], "b": (1, "x")}) == {"a": [None, 1.0], "b": [1, "x"]}
+
+
+def _cfg(tmp_path: Path, previous: dict) -> "bench.BenchConfig":
+    return bench.BenchConfig(
+        out=tmp_path / "b.json", workdir=tmp_path, data=Path("scene"), device="cuda", num_images=8, num_images_b4=8,
+        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=False, previous=previous,
+    )
+
+
+def _previous(status: str, num_images: int = 8) -> dict:
+    record = {"name": "distsplat_b1", "method": "distsplat", "batch_size": 1, "num_images": num_images, "num_procs": 1, "status": status}
+    return {"dry_run": False, "device": "cuda", "data": "scene", "runs": {"distsplat_b1": record}}
+
+
+def test_finished_run_of_a_previous_call_is_reused(tmp_path: Path) -> None:
+    record = bench.reusable_record(_run("distsplat_b1"), _cfg(tmp_path, _previous("ok")))
+    assert record is not None and record["reused_from_previous_call"]
+
+
+@pytest.mark.parametrize("previous", [_previous("failed"), _previous("ok", num_images=4), None])
+def test_failed_or_different_previous_run_is_not_reused(tmp_path: Path, previous) -> None:
+    assert bench.reusable_record(_run("distsplat_b1"), _cfg(tmp_path, previous)) is None
