@@ -39,7 +39,7 @@ from distsplat_ns.dist.collectives import (
     sum_gradients_,
 )
 from distsplat_ns.dist.context import DistContext
-from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
+from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.logging import get_logger
@@ -302,6 +302,13 @@ class DistSplatPipeline(VanillaPipeline):
         return BandRenderResult(
             loss=loss, l1=zero, dssim=zero, projections=[], band_tile_counts=[], width=0, height=0, num_pixels=0
         )
+
+    def backward(self, state: StepState) -> None:
+        """Backpropagate this rank's loss share with exact per-pixel gradients (``backward_bands``).
+
+        **Collective:** one all-gather of the SSIM halo rows' pixel gradients per step.
+        """
+        backward_bands(state.result, lambda msgs: all_gather_object(self.ctx, msgs))
 
     def after_backward(self, state: StepState) -> None:
         """Sum gradients over ranks and reduce the densification statistics.

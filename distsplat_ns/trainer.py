@@ -300,8 +300,7 @@ class DistSplatTrainer(Trainer):
         state, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
         loss = sum(loss_dict.values())
         t0 = time.perf_counter()
-        if isinstance(loss, torch.Tensor) and loss.requires_grad:
-            loss.backward()
+        self.pipeline.backward(state)
         state.timings.backward = time.perf_counter() - t0
         self.pipeline.after_backward(state)
         t1 = time.perf_counter()

@@ -17,7 +17,7 @@ H/W pixels, K SH bases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -95,6 +95,66 @@ class BandRenderResult:
     width: int
     height: int
     num_pixels: int
+    pixel_links: List["PixelLink"] = field(default_factory=list)
+
+
+@dataclass
+class PixelLink:
+    """One band's rendered pixels and the detached copy the loss was computed on.
+
+    Attributes:
+        band: The band. Its rows ``[first_row, end_row)`` are owned; rows after them are halo.
+        pred: Rendered RGB of the band's rows plus halo, in the rasterizer's graph. `[h, W, 3]`.
+        leaf: ``pred`` detached; the loss's gradient w.r.t. it lands in ``leaf.grad``. `[h, W, 3]`.
+    """
+
+    band: ImageBand
+    pred: torch.Tensor
+    leaf: torch.Tensor
+
+
+HaloMessage = Tuple[int, int, torch.Tensor]
+"""(batch position, first image row, loss gradient of the rendered rows from there) `[h, W, 3]`."""
+
+
+def backward_bands(result: BandRenderResult, exchange: Callable[[List[HaloMessage]], List[List[HaloMessage]]]) -> None:
+    """Backpropagate a rank's band loss with exact per-pixel gradients.
+
+    1. The loss's gradient w.r.t. every rendered pixel (own rows and SSIM halo rows) and directly
+       w.r.t. parameters (regularisers).
+    2. ``exchange`` delivers every rank's halo-row gradients to every rank (an all-gather); each
+       band adds those that fall on its own rows -- a pixel's gradient then holds every term of the
+       whole-image loss that depends on it, whichever rank computed the term.
+    3. Backward through the rasterizer from the own rows only.
+    Regular gradients are linear in the per-pixel gradients, so they were exact either way; gsplat's
+    absgrad sums |per-pixel gradient| and needs step 2 to equal the single-process value.
+
+    **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
+    """
+    if result.loss.requires_grad:
+        result.loss.backward()
+    outgoing: List[HaloMessage] = []
+    for link in result.pixel_links:
+        own = link.band.num_rows
+        if link.leaf.shape[0] > own and link.leaf.grad is not None:
+            outgoing.append((link.band.position, link.band.end_row, link.leaf.grad[own:].detach().cpu()))
+    incoming = exchange(outgoing)
+    roots, grads = [], []
+    for link in result.pixel_links:
+        band = link.band
+        own = band.num_rows
+        grad = link.leaf.grad[:own].clone() if link.leaf.grad is not None else torch.zeros_like(link.leaf[:own])
+        for messages in incoming:
+            for position, start, rows in messages:
+                if position != band.position:
+                    continue
+                lo, hi = max(start, band.first_row), min(start + rows.shape[0], band.end_row)
+                if lo < hi:
+                    grad[lo - band.first_row : hi - band.first_row] += rows[lo - start : hi - start].to(grad.device)
+        roots.append(link.pred[:own])
+        grads.append(grad)
+    if roots:
+        torch.autograd.backward(roots, grads)
 
 
 class DistSplatModel(SplatfactoModel):
@@ -326,6 +386,7 @@ class DistSplatModel(SplatfactoModel):
                 )
 
         projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = []
+        links: List[PixelLink] = []
         band_tile_counts: List[Tuple[ImageBand, torch.Tensor]] = []
         zero = params["means"].new_zeros(())
         l1_total, dssim_total = zero, zero
@@ -357,7 +418,7 @@ class DistSplatModel(SplatfactoModel):
             )
             projections.append((list(positions), proj.means2d, proj.radii))
             for i, band in zip(order, first):
-                l1, dssim = self._band_terms(out.colors[i], out.alphas[i], gts[i], gt_masks[i], backgrounds[i], band, height)
+                l1, dssim = self._band_terms(out.colors[i], out.alphas[i], gts[i], gt_masks[i], backgrounds[i], band, height, links)
                 l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                 band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[i], band)))
                 num_pixels += band.num_rows * width
@@ -371,7 +432,7 @@ class DistSplatModel(SplatfactoModel):
                 for band in cam_bands:
                     rows = halo_end_row(band.end_row, height) - band.first_row
                     out = rasterize_rows(proj, [band.first_row], rows, tile_size=16, absgrad=self.config.use_absgrad)
-                    l1, dssim = self._band_terms(out.colors[0], out.alphas[0], gts[i], gt_masks[i], backgrounds[i], band, height)
+                    l1, dssim = self._band_terms(out.colors[0], out.alphas[0], gts[i], gt_masks[i], backgrounds[i], band, height, links)
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[0], band)))
                     num_pixels += band.num_rows * width
@@ -388,6 +449,7 @@ class DistSplatModel(SplatfactoModel):
             width=width,
             height=height,
             num_pixels=num_pixels,
+            pixel_links=links,
         )
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int) -> torch.Tensor:
@@ -403,15 +465,23 @@ class DistSplatModel(SplatfactoModel):
         background: torch.Tensor,
         band: ImageBand,
         height: int,
+        links: List["PixelLink"],
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         end = halo_end_row(band.end_row, height)
         rows = end - band.first_row
         pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
+        # The loss sees a detached copy of the rendered pixels; backward_bands first takes the loss
+        # gradient w.r.t. these pixels, hands the halo rows' part to the band that owns them, and
+        # only then backpropagates through the rasterizer -- so every pixel carries its whole-image
+        # gradient, which is what gsplat's absgrad (a sum of per-pixel |gradient|) needs to be exact.
+        leaf = pred.detach().requires_grad_(True)
+        links.append(PixelLink(band=band, pred=pred, leaf=leaf))
         target = gt[band.first_row : end]
+        shown = leaf
         if mask is not None:
             m = mask[band.first_row : end]
-            pred, target = pred * m, target * m
-        return band_loss(pred, target, band.first_row, band.end_row, height)
+            shown, target = leaf * m, target * m
+        return band_loss(shown, target, band.first_row, band.end_row, height)
 
     def _regularizers(self, step: int) -> torch.Tensor:
         total = self.means.new_zeros(())
