@@ -62,6 +62,8 @@ class DistSplatTrainerConfig(TrainerConfig):
     _target: Type = field(default_factory=lambda: DistSplatTrainer)
     collective_timeout_s: float = 600.0
     """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
+    dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend under torchrun: "auto" is NCCL on GPUs and gloo on CPUs; gloo on GPUs lets several ranks share one GPU."""
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
@@ -101,7 +103,10 @@ class DistSplatTrainer(Trainer):
         if config.mixed_precision:
             raise ValueError("distsplat does not support --mixed-precision True")
         self.ctx: DistContext = init_distributed(
-            config.machine.device_type, timeout_s=config.collective_timeout_s, local_rank_hint=local_rank
+            config.machine.device_type,
+            timeout_s=config.collective_timeout_s,
+            local_rank_hint=local_rank,
+            backend=config.dist_backend,
         )
         self._agree_run_identity(config)
         super().__init__(config, local_rank=self.ctx.local_rank, world_size=self.ctx.world_size)

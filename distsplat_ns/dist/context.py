@@ -70,7 +70,9 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from err
 
 
-def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0) -> DistContext:
+def init_distributed(
+    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto"
+) -> DistContext:
     """Create (or adopt) the process group and bind this process to its device.
 
     Args:
@@ -79,6 +81,8 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
             with an error after at most this long, instead of hanging.
         local_rank_hint: The local rank nerfstudio's launcher passed, used when the group already
             exists and ``LOCAL_RANK`` is not set.
+        backend: "auto" (NCCL on CUDA, gloo on CPU), "nccl" or "gloo". gloo on CUDA lets several
+            ranks share one GPU (NCCL refuses two ranks on one device).
 
     Returns:
         The context for this process.
@@ -94,6 +98,10 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
         raise ValueError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
     if timeout_s <= 0:
         raise ValueError(f"collective timeout must be > 0 seconds, got {timeout_s}")
+    if backend not in ("auto", "nccl", "gloo"):
+        raise ValueError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
+    if backend == "nccl" and device_type != "cuda":
+        raise ValueError("--dist-backend nccl needs --machine.device-type cuda")
 
     env_world = _env_int("WORLD_SIZE")
     env_rank = _env_int("RANK")
@@ -108,9 +116,10 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
             raise ValueError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
         rank, world_size = env_rank, env_world
         local_rank = env_local if env_local is not None else 0
-        backend = "nccl" if device_type == "cuda" else "gloo"
+        if backend == "auto":
+            backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
-            torch.cuda.set_device(local_rank)
+            torch.cuda.set_device(_device_index(local_rank))
         dist.init_process_group(
             backend=backend,
             init_method="env://",
@@ -122,8 +131,9 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
         rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
 
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        index = _device_index(local_rank)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
         local_world = _env_int("LOCAL_WORLD_SIZE") or (world_size if world_size > 1 else 1)
@@ -138,6 +148,15 @@ def init_distributed(device_type: str, timeout_s: float = 600.0, local_rank_hint
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
     return ctx
+
+
+def _device_index(local_rank: int) -> int:
+    """The GPU of a local rank: ``local_rank`` itself, or shared round-robin when there are more
+    ranks on the host than GPUs (then only gloo works: NCCL refuses two ranks on one device)."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        LOGGER.warning("local rank %d shares GPU %d with another rank (%d GPUs on this host)", local_rank, local_rank % count, count)
+    return local_rank % count
 
 
 def shutdown_distributed() -> None:

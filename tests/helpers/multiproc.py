@@ -19,7 +19,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float) -> None:
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float,
+            device_type: str = "cpu", backend: str = "auto") -> None:
     os.environ.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
     )
@@ -27,7 +28,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
     try:
         from distsplat_ns.dist.context import init_distributed, shutdown_distributed
 
-        ctx = init_distributed("cpu", timeout_s=timeout_s)
+        ctx = init_distributed(device_type, timeout_s=timeout_s, backend=backend)
         result = fn(ctx, *args)
         # Plain pickle bytes: tensors sent through a torch queue travel as shared-memory handles
         # that vanish when this process exits before the parent reads them.
@@ -37,7 +38,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, device_type: str = "cpu",
+              backend: str = "auto") -> list[Any]:
     """``[fn(ctx_rank0, *args), ..., fn(ctx_rankW-1, *args)]`` computed on W gloo processes.
 
     ``fn`` must be a module-level function (it is pickled into spawned processes).
@@ -48,7 +50,7 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s)) for r in range(world_size)]
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s, device_type, backend)) for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

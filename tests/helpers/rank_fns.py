@@ -71,3 +71,12 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
         sum_gradients_(ctx, [p for _, p in named])
         out.append({n: p.grad.clone() for n, p in named})
     return out
+
+
+def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
+    """sum_gradients_ on CUDA tensors (NCCL or gloo on CUDA)."""
+    params = [torch.nn.Parameter(torch.zeros(s, device=ctx.device)) for s in [(7,), (3, 5)]]
+    for i, p in enumerate(params):
+        p.grad = torch.full_like(p, float(ctx.rank + 1) * (i + 1))
+    sum_gradients_(ctx, params)
+    return [p.grad.cpu() for p in params]
