@@ -67,10 +67,23 @@ def build_default_strategy(
     absgrad: bool,
     verbose: bool,
 ) -> Any:
-    """gsplat's DefaultStrategy with splatfacto's thresholds and a step-counted schedule."""
+    """gsplat's DefaultStrategy with splatfacto's thresholds and a step-counted schedule.
+
+    One method is replaced: gsplat 1.4.0's statistics update writes the per-Gaussian maximum
+    screen radius with ``state["radii"][ids] = ...``, which keeps an arbitrary one of the values
+    when a Gaussian is seen by several cameras of the batch (its own comment: "should be ideally
+    using scatter max"); the parallel CPU/GPU writes make that choice vary from run to run, and so
+    do the pruning decisions. Here the maximum is taken over cameras, deterministically.
+    """
     from gsplat.strategy import DefaultStrategy
 
-    return DefaultStrategy(
+    class BatchDefaultStrategy(DefaultStrategy):
+        def _update_state(self, params, state, info, packed=False):  # noqa: ANN001, ANN202
+            if packed:
+                raise ValueError("distsplat renders with packed=False only")
+            update_batch_statistics(self, params, state, info)
+
+    return BatchDefaultStrategy(
         prune_opa=prune_opa,
         grow_grad2d=grow_grad2d,
         grow_scale3d=grow_scale3d,
@@ -87,6 +100,41 @@ def build_default_strategy(
         revised_opacity=False,
         verbose=verbose,
     )
+
+
+def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict) -> None:
+    """DefaultStrategy's running statistics from a whole batch, deterministically.
+
+    Same values as gsplat 1.4.0's ``DefaultStrategy._update_state`` (normalised screen-space
+    gradient norms and visibility counts summed camera by camera, in camera order), except that the
+    screen radius is the maximum over every camera that sees the Gaussian.
+
+    Args:
+        strategy: The DefaultStrategy (its ``absgrad`` and ``refine_scale2d_stop_iter``).
+        params: Gaussian parameters (for N).
+        state: The strategy state, updated in place.
+        info: ``batch_info``'s dict: ``means2d`` with ``.grad``/``.absgrad`` `[C, N, 2]`, ``radii``
+            `[C, N]`, width, height, n_cameras.
+    """
+    grads = (info["means2d"].absgrad if strategy.absgrad else info["means2d"].grad).clone()
+    grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
+    grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
+    n = len(params["means"])
+    if state["grad2d"] is None:
+        state["grad2d"] = torch.zeros(n, device=grads.device)
+    if state["count"] is None:
+        state["count"] = torch.zeros(n, device=grads.device)
+    if strategy.refine_scale2d_stop_iter > 0 and state["radii"] is None:
+        state["radii"] = torch.zeros(n, device=grads.device)
+    visible = info["radii"] > 0  # [C, N]
+    norms = torch.where(visible, grads.norm(dim=-1), torch.zeros((), device=grads.device))
+    for c in range(visible.shape[0]):  # camera order, as gsplat's index_add_ over (c, n) pairs
+        state["grad2d"] += norms[c]
+        state["count"] += visible[c].to(state["count"].dtype)
+    if strategy.refine_scale2d_stop_iter > 0:
+        scale = float(max(info["width"], info["height"]))
+        radii = torch.where(visible, info["radii"].to(torch.float32) / scale, torch.zeros((), device=grads.device))
+        state["radii"] = torch.maximum(state["radii"], radii.amax(dim=0))
 
 
 def batch_info(

@@ -55,3 +55,39 @@ def test_c2w_to_viewmat_matches_nerfstudios_conversion() -> None:
     c2w = torch.cat([q, torch.randn(3, 3, 1, generator=gen)], dim=-1)
     expected = get_viewmat.__wrapped__(c2w) if hasattr(get_viewmat, "__wrapped__") else get_viewmat(c2w)
     assert torch.allclose(c2w_to_viewmat(c2w), expected, atol=1e-6)
+
+
+def _state() -> dict:
+    return {"grad2d": None, "count": None, "radii": None}
+
+
+def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
+    from gsplat.strategy import DefaultStrategy
+
+    from distsplat_ns.model.strategy import update_batch_statistics
+
+    gen = torch.Generator().manual_seed(0)
+    n = 50
+    params = {"means": torch.zeros(n, 3)}
+    grads = torch.randn(1, n, 2, generator=gen)
+    radii = (torch.rand(1, n, generator=gen) * 10).to(torch.int32) * (torch.rand(1, n, generator=gen) > 0.3)
+    info = batch_info(grads, grads.abs(), radii, 40, 30)
+    ours, theirs = _state(), _state()
+    strategy = DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100)
+    update_batch_statistics(strategy, params, ours, info)
+    strategy._update_state(params, theirs, info)
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_batch_statistics_take_the_largest_radius_over_cameras() -> None:
+    from gsplat.strategy import DefaultStrategy
+
+    from distsplat_ns.model.strategy import update_batch_statistics
+
+    radii = torch.tensor([[4, 0, 2], [8, 3, 1]], dtype=torch.int32)
+    info = batch_info(torch.ones(2, 3, 2), torch.ones(2, 3, 2), radii, 16, 16)
+    state = _state()
+    update_batch_statistics(DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100), {"means": torch.zeros(3, 3)}, state, info)
+    assert torch.equal(state["radii"], torch.tensor([8, 3, 2]) / 16.0)
+    assert torch.equal(state["count"], torch.tensor([2.0, 1.0, 2.0]))
