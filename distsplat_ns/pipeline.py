@@ -377,8 +377,9 @@ class DistSplatPipeline(VanillaPipeline):
         batch = self.config.batch_size
         n = self.model.num_points
         device = self.model.means.device
-        grads = torch.zeros(batch, n, 2, device=device)
-        absgrads = torch.zeros(batch, n, 2, device=device)
+        dtype = self.model.compute_dtype
+        grads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
+        absgrads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
         radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
         for positions, means2d, proj_radii in result.projections:
             idx = torch.tensor(positions, device=device)

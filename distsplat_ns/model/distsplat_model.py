@@ -59,12 +59,16 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     seed: int = 42
     """Seed of the random training backgrounds and densification samples; identical on every rank."""
+    param_dtype: Literal["float32", "float64"] = "float32"
+    """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: it makes float32 summation-order effects (which differ between 1 and W processes) too small to flip a densification threshold, so runs on different world sizes can be compared exactly."""
 
     def __post_init__(self) -> None:
         if self.use_bilateral_grid:
             raise ValueError("distsplat: --pipeline.model.use-bilateral-grid True is not supported yet (it is per image, not per band)")
         if self.rasterize_mode not in ("classic", "antialiased"):
             raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
+        if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
+            raise ValueError("--pipeline.model.param-dtype float64 needs the reference backend (gsplat renders float32)")
         if self.background_color not in ("random", "black", "white"):
             raise ValueError(f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}")
 
@@ -239,6 +243,13 @@ class DistSplatModel(SplatfactoModel):
             verbose=self.is_main_rank,
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        if self.config.param_dtype == "float64":
+            self.gauss_params.to(torch.float64)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the Gaussians, used for everything rendered and compared with them."""
+        return self.means.dtype
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> Dict[str, Any]:
@@ -310,15 +321,15 @@ class DistSplatModel(SplatfactoModel):
         that image composites the same colour.
         """
         if self.config.background_color != "random":
-            return get_color(self.config.background_color).to(self.device)
+            return get_color(self.config.background_color).to(self.device, self.compute_dtype)
         gen = torch.Generator(device="cpu")
         gen.manual_seed((self.config.seed * 1_000_003 + step) * 4099 + position)
-        return torch.rand(3, generator=gen).to(self.device)
+        return torch.rand(3, generator=gen).to(self.device, self.compute_dtype)
 
     def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
         c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
-        viewmats = c2w_to_viewmat(c2w.to(self.device).float())
-        Ks = cameras.get_intrinsics_matrices().to(self.device).float().clone()
+        viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
+        Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
         Ks[:, :2, :] /= downscale
         widths = torch.unique((cameras.width.reshape(-1).float() / downscale).to(torch.int64))
         heights = torch.unique((cameras.height.reshape(-1).float() / downscale).to(torch.int64))
@@ -333,10 +344,10 @@ class DistSplatModel(SplatfactoModel):
             image: `[H, W, 3 or 4]`, uint8 or float in [0, 1].
         """
         if image.dtype == torch.uint8:
-            image = image.to(self.device).float() / 255.0
-        image = image.to(self.device)
+            image = image.to(self.device, self.compute_dtype) / 255.0
+        image = image.to(self.device, self.compute_dtype)
         if downscale > 1:
-            image = resize_image(image, downscale)
+            image = resize_image(image, downscale).to(self.compute_dtype)  # resize_image returns float32
         return self.composite_with_background(image, background)
 
     # ------------------------------------------------------------------ training forward
@@ -453,8 +464,8 @@ class DistSplatModel(SplatfactoModel):
         )
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int) -> torch.Tensor:
-        mask = mask.to(self.device).float()
-        return resize_image(mask, downscale) if downscale > 1 else mask
+        mask = mask.to(self.device, self.compute_dtype)
+        return resize_image(mask, downscale).to(self.compute_dtype) if downscale > 1 else mask
 
     def _band_terms(
         self,
@@ -505,11 +516,17 @@ class DistSplatModel(SplatfactoModel):
         decisions and stays bitwise identical.
         """
         devices = [self.device] if self.device.type == "cuda" else []
+        previous_dtype = torch.get_default_dtype()
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(refine_seed(self.config.seed, step))
-            self.strategy.step_post_backward(
-                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
-            )
+            # gsplat draws split samples with the default dtype: match the Gaussians' precision.
+            torch.set_default_dtype(self.compute_dtype)
+            try:
+                self.strategy.step_post_backward(
+                    params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
+                )
+            finally:
+                torch.set_default_dtype(previous_dtype)
 
     @staticmethod
     def make_batch_info(
@@ -550,7 +567,13 @@ class DistSplatModel(SplatfactoModel):
             depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
         if background.shape[0] == 3 and not self.training:
             background = background.expand(height, width, 3)
-        return {"rgb": rgb.squeeze(0), "depth": depth_im, "accumulation": alpha.squeeze(0), "background": background}
+        # Outputs are float32 whatever the parameters' precision (metrics and viewer expect it).
+        return {
+            "rgb": rgb.squeeze(0).float(),
+            "depth": None if depth_im is None else depth_im.float(),
+            "accumulation": alpha.squeeze(0).float(),
+            "background": background.float(),
+        }
 
     def _get_background_color(self) -> torch.Tensor:
         if self.config.background_color == "random":

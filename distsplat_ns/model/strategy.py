@@ -121,11 +121,11 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
     grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
     n = len(params["means"])
     if state["grad2d"] is None:
-        state["grad2d"] = torch.zeros(n, device=grads.device)
+        state["grad2d"] = torch.zeros(n, device=grads.device, dtype=grads.dtype)
     if state["count"] is None:
         state["count"] = torch.zeros(n, device=grads.device)
     if strategy.refine_scale2d_stop_iter > 0 and state["radii"] is None:
-        state["radii"] = torch.zeros(n, device=grads.device)
+        state["radii"] = torch.zeros(n, device=grads.device, dtype=grads.dtype)
     visible = info["radii"] > 0  # [C, N]
     norms = torch.where(visible, grads.norm(dim=-1), torch.zeros((), device=grads.device))
     for c in range(visible.shape[0]):  # camera order, as gsplat's index_add_ over (c, n) pairs
@@ -133,7 +133,7 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         state["count"] += visible[c].to(state["count"].dtype)
     if strategy.refine_scale2d_stop_iter > 0:
         scale = float(max(info["width"], info["height"]))
-        radii = torch.where(visible, info["radii"].to(torch.float32) / scale, torch.zeros((), device=grads.device))
+        radii = torch.where(visible, info["radii"].to(grads.dtype) / scale, torch.zeros((), device=grads.device))
         state["radii"] = torch.maximum(state["radii"], radii.amax(dim=0))
 
 

@@ -30,7 +30,11 @@ pytestmark = pytest.mark.slow
 
 # 100 images at B = 2: 50 steps. Refines (counted in images) at images 40, 60, 80 -> steps 20, 30,
 # 40, after the 10 + 20 = 30-image pause that follows an opacity reset in splatfacto's schedule.
+# float64 (reference backend): float32 summation-order differences between 1 and 2 processes
+# (1e-7 relative) flip a couple of densification thresholds among ~14k Gaussians (measured: 14523
+# vs 14521 after 3 refines); in float64 they are ~1e-16 and the decisions are the same.
 EQUIV_EXTRA = [
+    "--pipeline.model.param-dtype", "float64",
     "--pipeline.batch-size", "2",
     "--pipeline.model.warmup-length", "20",
     "--pipeline.model.refine-every", "20",
@@ -67,13 +71,13 @@ def test_two_processes_match_one_process_parameters(one_process_run: Path, two_p
     one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
     two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
     for name in one:
-        # 50 Adam steps amplify float32 summation-order differences (gradients agree to ~1e-6
-        # relative, tests/multiproc/test_band_gradients.py); Adam normalises each update to ~lr,
-        # so parameters stay within a few learning rates: 1e-3 absolute (largest lr is 0.05 for
-        # opacity logits, 0.0016 for means scaled by the scene) and median error far below it.
         diff = (one[name] - two[name]).abs()
-        assert diff.median() < 1e-5, name
-        assert diff.max() < 5e-2, name
+        # Summation order still differs in the last float64 bits; Adam (eps 1e-15) turns a gradient
+        # that is ~0 in one run and ~1e-20 in the other into updates differing by up to one
+        # learning rate (at most 0.05, the opacity lr). So: nearly every entry equal to 1e-9, and
+        # no entry off by more than a few learning rates.
+        assert (diff <= 1e-9).double().mean() >= 0.999, name
+        assert diff.max() < 0.2, name
 
 
 def test_two_process_run_kept_replicas_bitwise_identical(two_process_run: Path) -> None:
