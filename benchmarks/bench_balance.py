@@ -36,6 +36,7 @@ Shape letters: B images in a batch, W (``world_size``) ranks, T tile rows of one
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -57,7 +58,8 @@ TILE = 16
 
 DEFAULT_SCENES = [
     # name, dataparser, data folder, downscale of the copy, images to train, dataparser args
-    f"name=fox parser=nerfstudio-data data={SHARED / 'fox'} downscale=16 images=2000",
+    # fox has no point cloud: splatfacto's 50k random Gaussians cost ~30 s per 67x120 image here
+    f"name=fox parser=nerfstudio-data data={SHARED / 'fox'} downscale=16 images=2000 train='--pipeline.model.num-random 5000'",
     f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 "
     "args='--colmap-path sparse/0 --load-3D-points True'",
     f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 "
@@ -68,8 +70,11 @@ DEFAULT_CONFIGS = "1x2,1x4,2x2,3x2,4x2,8x4"
 
 # ------------------------------------------------------------------------------------ scenes
 def parse_scene(spec: str) -> Dict[str, Any]:
-    """``name=.. parser=.. data=.. [downscale=N] [images=N] [args='...']`` -> dict."""
-    scene: Dict[str, Any] = {"downscale": 1, "images": 2000, "args": ""}
+    """``name=.. parser=.. data=.. [downscale=N] [images=N] [args='...'] [train='...']`` -> dict.
+
+    ``args`` go to the dataparser, ``train`` to ns-train (before the dataparser) for this scene.
+    """
+    scene: Dict[str, Any] = {"downscale": 1, "images": 2000, "args": "", "train": ""}
     for token in shlex.split(spec):
         if "=" not in token:
             raise ValueError(f"--scene: expected key=value tokens, got {token!r} in {spec!r}")
@@ -124,7 +129,7 @@ def train_command(scene: Dict[str, Any], data: Path, out: Path, save_every: int,
         "--steps-per-eval-batch", "0", "--steps-per-eval-image", "0", "--steps-per-eval-all-images", "0",
         "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True",
         "--logging.local-writer.enable", "False",
-        *shlex.split(extra),
+        *shlex.split(extra), *shlex.split(scene["train"]),
         scene["parser"], "--data", str(data), "--downscale-factor", str(scene["downscale"]),
         *shlex.split(scene["args"]),
     ]  # fmt: skip
@@ -400,6 +405,7 @@ def wallclock_runs(scene: Dict[str, Any], data: Path, args, log) -> List[Dict[st
                 name = f"{scene['name']}_{mode}_B{batch}_W{args.wallclock_world_size}_r{repeat}"
                 out_dir = args.out / "wallclock"
                 stats_path = out_dir / scene["name"] / "distsplat" / name / "distsplat_stats.json"
+                # A cached run is reused whatever --wallclock-images was: "images" reports its own count.
                 cmd = [
                     torchrun, "--standalone", "--nproc_per_node", str(args.wallclock_world_size),
                     shutil.which("ns-train") or "ns-train", "distsplat",
@@ -423,7 +429,7 @@ def wallclock_runs(scene: Dict[str, Any], data: Path, args, log) -> List[Dict[st
                 bal = stats.get("balance", {})
                 runs.append({
                     "scene": scene["name"], "partition": mode, "B": batch, "W": args.wallclock_world_size,
-                    "repeat": repeat, "images": args.wallclock_images,
+                    "repeat": repeat, "images": stats.get("images_trained"),
                     "time_imbalance_mean": bal.get("time_imbalance_mean"),
                     "time_imbalance_p95": bal.get("time_imbalance_p95"),
                     "measured_imbalance_mean": bal.get("measured_imbalance_mean"),
@@ -439,7 +445,7 @@ def wallclock_runs(scene: Dict[str, Any], data: Path, args, log) -> List[Dict[st
 # ------------------------------------------------------------------------------------ main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scene", action="append", default=None, help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args']; repeatable (default: fox, lund_door, bird)")
+    parser.add_argument("--scene", action="append", default=None, help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args'] [train='ns-train args']; repeatable (default: fox, lund_door, bird)")
     parser.add_argument("--out", type=Path, required=True, help="cache folder for scene copies and trained runs")
     parser.add_argument("--train-extra", default="--pipeline.model.num-downscales 0", help="extra ns-train arguments for the cached training runs")
     parser.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (batch size 1: images)")
@@ -468,7 +474,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    runs = {s["name"]: ensure_trained(s, args.out, args.save_every, args.train_extra, log) for s in scenes}
+    with contextlib.redirect_stdout(sys.stderr):
+        runs = {s["name"]: ensure_trained(s, args.out, args.save_every, args.train_extra, log) for s in scenes}
     if args.train_only:
         return 0
     from distsplat_ns.balance import DEFAULT_SNAP_TOLERANCE
@@ -494,11 +501,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         },
         "scenes": [],
     }  # fmt: skip
-    for scene in scenes:
-        report["scenes"].append(analyse_scene(scene, runs[scene["name"]], configs, args, log))
-    if args.wallclock:
-        scene = next(s for s in scenes if s["name"] == args.wallclock)
-        report["wallclock"] = wallclock_runs(scene, Path(runs[scene["name"]]["data"]), args, log)
+    # nerfstudio prints progress on stdout; keep stdout for the JSON alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        for scene in scenes:
+            report["scenes"].append(analyse_scene(scene, runs[scene["name"]], configs, args, log))
+        if args.wallclock:
+            scene = next(s for s in scenes if s["name"] == args.wallclock)
+            report["wallclock"] = wallclock_runs(scene, Path(runs[scene["name"]]["data"]), args, log)
     report["host"]["loadavg_end"] = os.getloadavg()
     report["wall_s"] = time.perf_counter() - t0
     text = json.dumps(report, indent=1)
