@@ -18,6 +18,7 @@ ns-train distsplat \
   --vis tensorboard --viewer.quit-on-train-completion True "$@" \
   colmap --data scenes/lund_door --colmap-path sparse/0 --load-3D-points True --downscale-factor 1
 RUN_DIR="$(ls -td "$OUT"/lund_door/distsplat/*/ | head -1)"
+RUN_DIR="${RUN_DIR%/}"
 ns-export gaussian-splat --load-config "$RUN_DIR/config.yml" --output-dir "$RUN_DIR/export"
 ns-eval --load-config "$RUN_DIR/config.yml" --output-path "$RUN_DIR/eval.json"
 echo
