@@ -7,6 +7,7 @@ import torch
 from distsplat_ns.dist.collectives import (
     ReplicaDriftError,
     all_reduce_max_,
+    all_reduce_sum_,
     broadcast_object,
     check_replicas,
     sum_gradients_,
@@ -47,6 +48,8 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
 def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros)."""
+    from distsplat_ns.dist.collectives import all_gather_object
+    from distsplat_ns.model.distsplat_model import backward_bands
     from distsplat_ns.types import ImageBand
     from tests.helpers.model_factory import make_cameras, make_images, make_model
 
@@ -63,13 +66,26 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
                 cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
                 bands, step, add_regularizers=ctx.rank == 0,
             )
-            result.loss.backward()
+            backward_bands(result, lambda msgs: all_gather_object(ctx, msgs))
+        else:
+            all_gather_object(ctx, [])  # the halo exchange is a collective every rank joins
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         for _, p in named:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         sum_gradients_(ctx, [p for _, p in named])
-        out.append({n: p.grad.clone() for n, p in named})
+        grads = {n: p.grad.clone() for n, p in named}
+        # Densification statistics: per-camera screen-space gradients and absgrads of the batch.
+        stats = torch.zeros(2, batch_size, model.num_points, 2)
+        for pos, means2d, _ in (result.projections if positions else []):
+            idx = torch.tensor(pos)
+            if means2d.grad is not None:
+                stats[0, idx] += means2d.grad
+            if getattr(means2d, "absgrad", None) is not None:
+                stats[1, idx] += means2d.absgrad
+        all_reduce_sum_(ctx, stats)
+        grads["means2d.grad"], grads["means2d.absgrad"] = stats[0], stats[1]
+        out.append(grads)
     return out
 
 
