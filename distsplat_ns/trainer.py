@@ -304,9 +304,7 @@ class DistSplatTrainer(Trainer):
         self.optimizers.zero_grad_all()
         state, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
         loss = sum(loss_dict.values())
-        t0 = time.perf_counter()
-        self.pipeline.backward(state)
-        state.timings.backward = time.perf_counter() - t0
+        self.pipeline.backward(state)  # sets timings.backward (render) and adds the halo exchange to all_reduce
         self.pipeline.after_backward(state)
         t1 = time.perf_counter()
         self.optimizers.optimizer_step_all()

@@ -78,7 +78,8 @@ class BalanceLog:
             "predicted_imbalance_p95": p_p95,
             "prediction_error_mean": e_mean,
             "prediction_error_p95": e_p95,
-            "num_steps": len(self.measured_imbalance),
+            "num_steps": len(self.measured_imbalance[warmup_steps:]) if len(self.measured_imbalance) > warmup_steps else len(self.measured_imbalance),
+            "num_warmup_steps_excluded": min(warmup_steps, max(0, len(self.measured_imbalance) - 1)),
         }
 
 
@@ -93,6 +94,7 @@ class BandPlanner:
         min_band_rows: Thinnest band, in tile rows.
         snap_tolerance: How much more than its share a part may cost to end on an image edge.
         tile_size: Tile edge in pixels (gsplat's 16).
+        level_smoothing: Weight of the newest step in the smoothed cost level (1 = no smoothing).
     """
 
     def __init__(
@@ -104,7 +106,10 @@ class BandPlanner:
         min_band_rows: int = 1,
         snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
         tile_size: int = DEFAULT_TILE_SIZE,
+        level_smoothing: float = 0.2,
     ) -> None:
+        if not 0.0 < level_smoothing <= 1.0:
+            raise ValueError(f"level_smoothing must be in (0, 1], got {level_smoothing}")
         if mode not in PARTITION_MODES:
             raise ValueError(f"partition mode must be one of {PARTITION_MODES}, got {mode!r}")
         if not 0.0 <= decay < 1.0:
@@ -117,6 +122,14 @@ class BandPlanner:
         self.tile_size = tile_size
         self._histories: dict[int, CostHistory] = {}
         self._with_prior: dict[int, set[int]] = {}
+        # Cost level (mean measured cost per tile row, smoothed over steps) now and when each
+        # camera was last measured: a camera measured an epoch ago is scaled by how much the
+        # scene's cost grew since (densification), so images measured at different times compare
+        # fairly in one batch (docs/balance_results.md: without it, stale weights made B >= W cuts
+        # worse than whole images on short runs).
+        self._level: dict[int, float] = {}
+        self._camera_level: dict[int, dict[int, float]] = {}
+        self.level_smoothing = level_smoothing
         self.log = BalanceLog()
 
     # ------------------------------------------------------------------ history per resolution
@@ -150,7 +163,7 @@ class BandPlanner:
         heights = self.heights_at(downscale, batch)
         row_counts = [num_tile_rows(h, self.tile_size) for h in heights]
         hist = self.history(downscale)
-        costs = [hist.get(c).numpy() for c in batch]
+        costs = [hist.get(c).numpy() * self.level_factor(downscale, c) for c in batch]
         if self.mode == "balanced":
             tile_bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
         elif self.mode == "whole-images":
@@ -162,6 +175,15 @@ class BandPlanner:
             for rank_bands in tile_bands
         ]
         return StepPlan(bands=bands, tile_bands=tile_bands, predicted_costs=rank_costs(tile_bands, costs), heights_px=heights)
+
+    def level_factor(self, downscale: int, camera_index: int) -> float:
+        """How much the scene's cost level grew since ``camera_index`` was last measured (1.0 for
+        cameras never measured: their prior is already in current units)."""
+        then = self._camera_level.get(downscale, {}).get(camera_index)
+        now = self._level.get(downscale)
+        if then is None or now is None or then <= 0.0:
+            return 1.0
+        return now / then
 
     # ------------------------------------------------------------------ learning
     def observe(
@@ -185,12 +207,24 @@ class BandPlanner:
         """
         hist = self.history(downscale)
         measured = []
+        rows_measured = 0
+        cameras_measured = []
         for rank_meas in measurements:
             total = 0.0
             for position, first_tile_row, row_costs in rank_meas:
                 hist.update(batch[position], first_tile_row, torch.tensor(row_costs, dtype=torch.float64))
                 total += float(sum(row_costs))
+                rows_measured += len(row_costs)
+                cameras_measured.append(batch[position])
             measured.append(total)
+        if rows_measured:
+            step_level = sum(measured) / rows_measured
+            old = self._level.get(downscale)
+            a = self.level_smoothing
+            self._level[downscale] = step_level if old is None else (1 - a) * old + a * step_level
+            levels = self._camera_level.setdefault(downscale, {})
+            for camera in cameras_measured:
+                levels[camera] = self._level[downscale]
         measured_imb = _imbalance(measured)
         self.log.measured_imbalance.append(measured_imb)
         self.log.predicted_imbalance.append(_imbalance(plan.predicted_costs))
@@ -208,6 +242,8 @@ class BandPlanner:
             "mode": self.mode,
             "histories": {str(d): h.state_dict() for d, h in self._histories.items()},
             "with_prior": {str(d): sorted(s) for d, s in self._with_prior.items()},
+            "level": {str(d): v for d, v in self._level.items()},
+            "camera_level": {str(d): {str(c): v for c, v in lv.items()} for d, lv in self._camera_level.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -218,6 +254,10 @@ class BandPlanner:
             hist.load_state_dict(hist_state)
         for key, cams in state.get("with_prior", {}).items():
             self._with_prior[int(key)] = set(int(c) for c in cams)
+        self._level = {int(d): float(v) for d, v in state.get("level", {}).items()}
+        self._camera_level = {
+            int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()
+        }
 
 
 def _imbalance(costs: Sequence[float]) -> float:
