@@ -178,3 +178,20 @@ def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_p
     finally:
         if root.poll() is None:
             os.killpg(root.pid, signal.SIGKILL)
+
+
+def test_balanced_and_whole_image_partitions_train_the_same_model(tmp_path: Path, two_process_run: Path) -> None:
+    run_torchrun(tmp_path, "whole", 100, 2, extra=[*EQUIV_EXTRA, "--pipeline.partition", "whole-images"])
+    balanced = load_gauss_params(latest_checkpoint(two_process_run, "two"))
+    whole = load_gauss_params(latest_checkpoint(tmp_path, "whole"))
+    assert read_stats(two_process_run, "two")["balance"]["partition"] == "balanced"
+    assert balanced["means"].shape == whole["means"].shape
+    for name in balanced:
+        diff = (balanced[name] - whole[name]).abs().flatten()
+        if diff.numel() == 0 or balanced[name].abs().max() == 0:
+            continue
+        # The same tolerance as 1 vs 2 processes (test_two_processes_match_one_process_parameters).
+        sample = diff[:1_000_000]
+        assert sample.median() <= 1e-6, name
+        assert torch.quantile(sample, 0.99) <= 1e-3, name
+        assert diff.max() <= 0.1, name
