@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import platform
 import shlex

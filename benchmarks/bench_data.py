@@ -405,7 +405,7 @@ def main() -> None:
             "first batch at large <= 2 x at small": summary["first_batch_large_vs_small"] <= 2.0,
             "data wait <= 5% of step time": summary["data_wait_fraction_large"] <= 0.05,
         }
-    n_small, n_mid = ours[args.small_frames], theirs[args.mid_frames]
+    n_mid = theirs[args.mid_frames]
     if "failed" not in theirs[args.small_frames] and "failed" not in n_mid:
         summary["nerfstudio_marginal_tree_rss_per_image_bytes"] = marginal(n_mid, theirs[args.small_frames], "tree_rss")
         summary["nerfstudio_first_batch_mid_vs_small"] = n_mid["time_to_first_batch_s"] / theirs[args.small_frames]["time_to_first_batch_s"]

@@ -40,8 +40,6 @@ from distsplat_ns.dist.collectives import (
 )
 from distsplat_ns.dist.context import DistContext
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
-from distsplat_ns.model.losses import halo_end_row
-from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.viewer_start import StartAtTrainingView
 

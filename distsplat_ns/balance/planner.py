@@ -14,7 +14,7 @@ Shape letters: B images in the batch, R ranks, T tile rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Optional, Sequence
+from typing import Literal, Optional, Sequence
 
 import numpy as np
 import torch

@@ -75,7 +75,6 @@ def _scene(sh_degree=None, seed=0):
 
 def _render_and_grads(scene, backend, absgrad=False, **kwargs):
     scene = scene.with_grad()
-    params = list(scene.params().values())
     colors, alphas, meta = rasterization(**scene.kwargs(), packed=False, backend=backend, absgrad=absgrad, **kwargs)
     gen = torch.Generator(device="cuda").manual_seed(123)
     cot_c = torch.randn(colors.shape, generator=gen, device="cuda")

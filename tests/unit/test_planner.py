@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner
 
