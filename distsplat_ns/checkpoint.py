@@ -26,6 +26,7 @@ import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
+from distsplat_ns.model.strategy import sqrt_batch_scaling
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -150,13 +151,9 @@ def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int
     for name, group in out.items():
         opt = group.get("optimizer")
         if isinstance(opt, AdamOptimizerConfig):
-            betas = getattr(opt, "betas", (0.9, 0.999))
+            lr, eps, betas = sqrt_batch_scaling(opt.lr, opt.eps, getattr(opt, "betas", (0.9, 0.999)), batch_size)
             group["optimizer"] = AdamWithBetasConfig(
-                lr=opt.lr * root,
-                eps=opt.eps / root,
-                max_norm=opt.max_norm,
-                weight_decay=opt.weight_decay,
-                betas=(betas[0] ** batch_size, betas[1] ** batch_size),
+                lr=lr, eps=eps, max_norm=opt.max_norm, weight_decay=opt.weight_decay, betas=betas
             )
         elif opt is not None:
             LOGGER.warning("optimizer of group %s is %s: batch-size scaling applies to Adam only", name, type(opt).__name__)

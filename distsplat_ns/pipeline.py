@@ -40,6 +40,7 @@ from distsplat_ns.dist.collectives import (
 )
 from distsplat_ns.dist.context import DistContext
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
+from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.viewer_start import StartAtTrainingView
 
@@ -405,7 +406,7 @@ class DistSplatPipeline(VanillaPipeline):
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
         width, height = self._rendered_size(state.step)
-        return self.model.make_batch_info(grads, absgrads, radii, width, height)
+        return batch_info(grads, absgrads, radii, width, height)
 
     def _rendered_size(self, step: int) -> Tuple[int, int]:
         camera = self.datamanager.train_dataset.cameras[0]

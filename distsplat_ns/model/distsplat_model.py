@@ -33,7 +33,7 @@ from nerfstudio.models.splatfacto import (
 from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.strategy import batch_info, build_default_strategy, refine_seed, schedule_in_steps
+from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
 from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.cameras import c2w_to_viewmat
@@ -527,12 +527,6 @@ class DistSplatModel(SplatfactoModel):
                 )
             finally:
                 torch.set_default_dtype(previous_dtype)
-
-    @staticmethod
-    def make_batch_info(
-        grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
-    ) -> Dict[str, Any]:
-        return batch_info(grads2d, absgrads2d, radii, width, height)
 
     # ------------------------------------------------------------------ eval / viewer
     def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
