@@ -51,12 +51,11 @@ WARMUP_MIN_STEPS = 5
 NEVER = 1_000_000_000
 
 
-#: Why the 2-process run goes through gpu_launch.py --share-one-gpu (docs/gpu.md).
+#: How the 2-process run shares the one GPU (docs/gpu.md).
 TWO_PROCS_NOTE = (
-    "unmodified distsplat cannot put 2 processes on one GPU: distsplat_ns/dist/context.py binds "
-    "cuda:LOCAL_RANK (there is no cuda:1) and picks NCCL for CUDA (NCCL refuses two ranks on one "
-    "device). This run uses scripts/gpu_launch.py --share-one-gpu: the launcher creates a gloo group "
-    "and remaps LOCAL_RANK to LOCAL_RANK % device_count before ns-train starts; the context adopts it."
+    "2 torchrun ranks on one GPU, unpatched: distsplat's --dist-backend auto picks gloo when a host "
+    "runs more ranks than it has GPUs (NCCL refuses two ranks on one device), and the ranks share "
+    "cuda:0 round-robin (distsplat_ns/dist/context.py)."
 )
 
 
@@ -367,7 +366,6 @@ def launch_command(run: RunSpec, report: Path, output_dir: Path, data: Path, dev
     """The full command of ``run``: scripts/gpu_launch.py, under torchrun for several processes."""
     launcher = [str(LAUNCHER), "--report", str(report), "--final-eval"]
     if run.num_procs > 1:
-        launcher.append("--share-one-gpu")
         prefix = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={run.num_procs}"]
     else:
         prefix = [python]

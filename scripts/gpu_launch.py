@@ -7,9 +7,9 @@ method computes.
 
 Usage (the options before `--` are this launcher's, the rest go to ns-train)::
 
-    python scripts/gpu_launch.py --report R.json [--share-one-gpu] [--final-eval] -- \
+    python scripts/gpu_launch.py --report R.json [--final-eval] -- \
         splatfacto --max-num-iterations 100 ... colmap --data DIR ...
-    torchrun --nproc_per_node 2 scripts/gpu_launch.py --report R.json --share-one-gpu -- distsplat ...
+    torchrun --nproc_per_node 2 scripts/gpu_launch.py --report R.json -- distsplat ...
 
 Patches (each one recorded under "patches" in the report):
 
@@ -26,12 +26,9 @@ Patches (each one recorded under "patches" in the report):
   metrics over all eval images are computed with the pipeline's own
   `get_average_eval_image_metrics` -- what `ns-eval` computes -- so splatfacto gets a final PSNR
   without a second process. distsplat writes its own (``final_eval_psnr`` in its stats JSON).
-* ``share_one_gpu`` (with ``--share-one-gpu``, under torchrun): every process uses CUDA device
-  ``LOCAL_RANK % device_count`` and the process group is created here with gloo before ns-train
-  starts; `distsplat_ns.dist.context.init_distributed` adopts an existing group. Needed because, as
-  of this writing, the context binds ``cuda:LOCAL_RANK`` (there is no cuda:1 on a one-GPU machine)
-  and picks NCCL for CUDA, which refuses two ranks on one device. docs/gpu.md says what a native fix
-  in the package would look like.
+Two processes on one GPU need no patch: under torchrun, distsplat's ``--dist-backend auto`` picks
+gloo when a host runs more ranks than it has GPUs, and ranks share GPUs round-robin
+(``distsplat_ns/dist/context.py``).
 
 The report (JSON, one per process: ``{rank}`` in ``--report`` is replaced by the rank) holds the
 per-step times, peak CUDA memory, final metrics and the patches applied. It is written at exit, also
@@ -78,7 +75,6 @@ def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", required=True, help="JSON report path; '{rank}' is replaced by the rank")
-    parser.add_argument("--share-one-gpu", action="store_true", help="torchrun ranks share CUDA devices; gloo group")
     parser.add_argument("--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train")
     if "--" not in argv:
         parser.error("separate the ns-train arguments with '--'")
@@ -214,26 +210,6 @@ def patch_final_eval() -> None:
     REPORT["patches"].append("final_eval: average eval-image metrics after nerfstudio Trainer.train (as ns-eval)")
 
 
-def share_one_gpu() -> None:
-    """Under torchrun: create a gloo group here and bind rank r to cuda:(LOCAL_RANK % device_count)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise SystemExit("--share-one-gpu needs torchrun's RANK/WORLD_SIZE environment")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device_index = local_rank % torch.cuda.device_count()
-        os.environ["LOCAL_RANK"] = str(device_index)
-        torch.cuda.set_device(device_index)
-    dist.init_process_group(backend="gloo", init_method="env://", timeout=datetime.timedelta(seconds=600))
-    REPORT["patches"].append(
-        f"share_one_gpu: gloo group created by the launcher; LOCAL_RANK {local_rank} -> {os.environ['LOCAL_RANK']}"
-    )
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     global _REPORT_PATH
     args, ns_train_args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -245,8 +221,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     atexit.register(write_report)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if args.share_one_gpu:
-            share_one_gpu()
         # nerfstudio's modules import each other in a cycle that only its entry point resolves:
         # import it first, patch after.
         from nerfstudio.scripts.train import entrypoint

@@ -81,8 +81,9 @@ def init_distributed(
             with an error after at most this long, instead of hanging.
         local_rank_hint: The local rank nerfstudio's launcher passed, used when the group already
             exists and ``LOCAL_RANK`` is not set.
-        backend: "auto" (NCCL on CUDA, gloo on CPU), "nccl" or "gloo". gloo on CUDA lets several
-            ranks share one GPU (NCCL refuses two ranks on one device).
+        backend: "auto" (see :func:`auto_backend`: NCCL on CUDA unless ranks share a GPU, gloo
+            otherwise), "nccl" or "gloo". gloo on CUDA lets several ranks share one GPU (NCCL
+            refuses two ranks on one device).
 
     Returns:
         The context for this process.
@@ -117,7 +118,7 @@ def init_distributed(
         rank, world_size = env_rank, env_world
         local_rank = env_local if env_local is not None else 0
         if backend == "auto":
-            backend = "nccl" if device_type == "cuda" else "gloo"
+            backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
         if device_type == "cuda":
             torch.cuda.set_device(_device_index(local_rank))
         dist.init_process_group(
@@ -148,6 +149,26 @@ def init_distributed(
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
     return ctx
+
+
+def auto_backend(device_type: str, local_world_size: int | None) -> str:
+    """The backend ``--dist-backend auto`` picks: NCCL on CUDA, unless this host runs more ranks
+    than it has GPUs (NCCL refuses two ranks on one device; gloo's CUDA collectives do not), and
+    gloo on CPU.
+
+    Args:
+        device_type: ``"cuda"`` or ``"cpu"``.
+        local_world_size: Ranks on this host (torchrun's ``LOCAL_WORLD_SIZE``), None if unknown.
+    """
+    if device_type != "cuda":
+        return "gloo"
+    count = torch.cuda.device_count()
+    if local_world_size is not None and local_world_size > count:
+        LOGGER.warning(
+            "%d ranks on this host share %d GPU(s): using gloo (NCCL needs one GPU per rank)", local_world_size, count
+        )
+        return "gloo"
+    return "nccl"
 
 
 def _device_index(local_rank: int) -> int:

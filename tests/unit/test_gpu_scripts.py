@@ -197,15 +197,16 @@ def test_splatfacto_with_a_batch_size_is_rejected(tmp_path: Path) -> None:
         bench.ns_train_args(_run("s", "splatfacto", 4), tmp_path, Path("scene"), "cuda")
 
 
-def test_two_process_run_goes_through_torchrun_sharing_the_gpu(tmp_path: Path) -> None:
+def test_two_process_run_goes_through_torchrun_unpatched(tmp_path: Path) -> None:
+    # The GPU sharing is distsplat's own (--dist-backend auto -> gloo), not a launcher patch.
     cmd = bench.launch_command(_run("two", num_procs=2), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
     assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    assert "--share-one-gpu" in cmd[: cmd.index("--")]
+    assert "--dist-backend" not in cmd
 
 
-def test_single_process_run_does_not_share_the_gpu(tmp_path: Path) -> None:
+def test_single_process_run_is_not_under_torchrun(tmp_path: Path) -> None:
     cmd = bench.launch_command(_run("one"), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
-    assert cmd[0] == "py" and "--share-one-gpu" not in cmd
+    assert cmd[0] == "py" and "torch.distributed.run" not in cmd
 
 
 def test_step_stats_drop_warmup_steps() -> None:
@@ -280,7 +281,7 @@ def test_summary_without_parity_tests_says_not_measured(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- launch
 def test_launcher_splits_its_options_from_ns_train_arguments() -> None:
     args, rest = launch.parse_args(["--report", "r.json", "--final-eval", "--", "splatfacto", "--x", "1"])
-    assert args.report == "r.json" and args.final_eval and not args.share_one_gpu
+    assert args.report == "r.json" and args.final_eval
     assert rest == ["splatfacto", "--x", "1"]
 
 
