@@ -46,7 +46,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -192,7 +195,6 @@ def camera_row_costs(pipeline, scale: float, check_renderer: bool = False) -> Tu
     with ``check_renderer`` the first cameras are also rendered through ``rasterize_rows`` (whole
     image and a band) and the counts compared.
     """
-    import numpy as np
     import torch
 
     from distsplat_ns.rendering import project, rasterize_rows
