@@ -26,6 +26,11 @@ Patches (each one recorded under "patches" in the report):
   metrics over all eval images are computed with the pipeline's own
   `get_average_eval_image_metrics` -- what `ns-eval` computes -- so splatfacto gets a final PSNR
   without a second process. distsplat writes its own (``final_eval_psnr`` in its stats JSON).
+* ``cpu_reference_renderer`` (with ``--cpu-reference-renderer``, CPU only): splatfacto renders
+  with distsplat's pure-PyTorch reference rasterizer and ``Tensor.cuda()`` is a no-op, so both
+  methods run on a machine without CUDA through the same renderer (the CPU proxy of
+  benchmarks/bench_step_overhead.py and of the dry run).
+
 Two processes on one GPU need no patch: under torchrun, distsplat's ``--dist-backend auto`` picks
 gloo when a host runs more ranks than it has GPUs, and ranks share GPUs round-robin
 (``distsplat_ns/dist/context.py``).
@@ -76,6 +81,9 @@ def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", required=True, help="JSON report path; '{rank}' is replaced by the rank")
     parser.add_argument("--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train")
+    parser.add_argument(
+        "--cpu-reference-renderer", action="store_true", help="CPU proxy: splatfacto renders with the reference rasterizer"
+    )
     if "--" not in argv:
         parser.error("separate the ns-train arguments with '--'")
     split = argv.index("--")
@@ -210,6 +218,35 @@ def patch_final_eval() -> None:
     REPORT["patches"].append("final_eval: average eval-image metrics after nerfstudio Trainer.train (as ns-eval)")
 
 
+def patch_cpu_reference_renderer() -> None:
+    """CPU proxy runs only: splatfacto renders with distsplat's pure-PyTorch reference rasterizer.
+
+    splatfacto calls gsplat's CUDA-only ``rasterization`` and ``.cuda()`` (seed colours and the
+    intrinsics, splatfacto.py in nerfstudio 1.1.5). With this patch both methods run on the CPU
+    through the same renderer, so their step times differ only by what the methods do around it
+    (benchmarks/bench_step_overhead.py). Refused when CUDA is available: GPU runs use gsplat.
+    """
+    import functools
+
+    import torch
+
+    if torch.cuda.is_available():
+        raise SystemExit("--cpu-reference-renderer is for machines without CUDA; GPU runs use gsplat")
+    import nerfstudio.models.splatfacto as splatfacto_module
+
+    from distsplat_ns.rendering import rasterization
+
+    splatfacto_module.rasterization = functools.partial(rasterization, backend="reference")
+
+    def cuda_is_cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self
+
+    torch.Tensor.cuda = cuda_is_cpu  # type: ignore[method-assign,assignment]
+    REPORT["patches"].append(
+        "cpu_reference_renderer: splatfacto's rasterization is distsplat's reference renderer; Tensor.cuda() is a no-op (no CUDA here)"
+    )
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     global _REPORT_PATH
     args, ns_train_args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -229,6 +266,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         patch_lpips_if_offline()
         if args.final_eval:
             patch_final_eval()
+        if args.cpu_reference_renderer:
+            patch_cpu_reference_renderer()
         sys.argv = ["ns-train", *ns_train_args]
         entrypoint()
         REPORT["completed"] = True

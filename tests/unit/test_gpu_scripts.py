@@ -250,13 +250,13 @@ def test_comparison_of_a_dry_run_is_never_a_verdict() -> None:
     assert {out["b1_step_time"]["verdict"], out["b4_images_per_s"]["verdict"]} == {"not measured (dry run)"}
 
 
-def test_splatfacto_is_not_run_on_cpu(tmp_path: Path) -> None:
-    cfg = bench.BenchConfig(
-        out=tmp_path / "b.json", workdir=tmp_path, data=tmp_path, device="cpu", num_images=2, num_images_b4=4,
-        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=True,
-    )
-    record = bench.execute_run(_run("splatfacto", "splatfacto"), cfg)
-    assert record["status"] == "not run" and "CUDA" in record["reason"]
+def test_splatfacto_on_cpu_renders_with_the_reference_rasterizer(tmp_path: Path) -> None:
+    cmd = bench.launch_command(_run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cpu", python="py")
+    assert "--cpu-reference-renderer" in cmd[: cmd.index("--")]
+    on_gpu = bench.launch_command(_run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
+    assert "--cpu-reference-renderer" not in on_gpu
+    distsplat = bench.launch_command(_run("d"), tmp_path / "r.json", tmp_path, Path("scene"), "cpu", python="py")
+    assert "--cpu-reference-renderer" not in distsplat
 
 
 def test_run_past_the_deadline_is_not_started(tmp_path: Path) -> None:
@@ -281,7 +281,7 @@ def test_summary_without_parity_tests_says_not_measured(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- launch
 def test_launcher_splits_its_options_from_ns_train_arguments() -> None:
     args, rest = launch.parse_args(["--report", "r.json", "--final-eval", "--", "splatfacto", "--x", "1"])
-    assert args.report == "r.json" and args.final_eval
+    assert args.report == "r.json" and args.final_eval and not args.cpu_reference_renderer
     assert rest == ["splatfacto", "--x", "1"]
 
 
