@@ -173,7 +173,9 @@ class DistSplatPipeline(VanillaPipeline):
         # copy makes that a guarantee rather than an assumption.
         broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
         self._training_configured = False
-        heights = [int(h) for h in self.datamanager.train_dataset.cameras.height.reshape(-1).tolist()]
+        train_cameras = self.datamanager.train_dataset.cameras
+        heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
+        self._image_sizes = list(zip([int(w) for w in train_cameras.width.reshape(-1).tolist()], heights))
         self.planner = BandPlanner(
             config.partition, heights, decay=config.balance_decay, min_band_rows=config.min_band_rows
         )
@@ -230,7 +232,7 @@ class DistSplatPipeline(VanillaPipeline):
         tile row (projection only, no rasterization; identical on every rank)."""
         from distsplat_ns.rendering import project
 
-        cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_indices))].to(self.device)
+        cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_indices))]
         downscale = self.model.downscale_factor_at(step)
         viewmats, Ks, width, height = self.model._cameras_to_render_inputs(cameras, downscale)
         params = self.model._activated()
@@ -273,7 +275,8 @@ class DistSplatPipeline(VanillaPipeline):
         t1 = time.perf_counter()
         if needed:
             camera_indices = torch.tensor([batch_ids[p] for p in needed])
-            cameras = self.datamanager.train_dataset.cameras[camera_indices].to(self.device)
+            # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+            cameras = self.datamanager.train_dataset.cameras[camera_indices]
             result = self.model.forward_bands(
                 cameras,
                 needed,
@@ -391,6 +394,18 @@ class DistSplatPipeline(VanillaPipeline):
         n = self.model.num_points
         device = self.model.means.device
         dtype = self.model.compute_dtype
+        if len(result.projections) == 1 and result.projections[0][0] == list(range(batch)):
+            # This rank projected the whole batch in one call (one process, or whole images with
+            # B == W): its statistics are already batch-shaped, no gather into zeros needed.
+            _, means2d, proj_radii = result.projections[0]
+            grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(batch, n, 2, device=device, dtype=dtype)
+            absgrad = getattr(means2d, "absgrad", None)
+            absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
+            radii = proj_radii.detach().to(torch.int32)
+            all_reduce_sum_(self.ctx, grads)
+            all_reduce_sum_(self.ctx, absgrads)
+            all_reduce_max_(self.ctx, radii)
+            return batch_info(grads, absgrads, radii, *self._rendered_size(state.step, state.batch))
         grads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
         absgrads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
         radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
@@ -405,13 +420,15 @@ class DistSplatPipeline(VanillaPipeline):
         all_reduce_sum_(self.ctx, grads)
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
-        width, height = self._rendered_size(state.step)
+        width, height = self._rendered_size(state.step, state.batch)
         return batch_info(grads, absgrads, radii, width, height)
 
-    def _rendered_size(self, step: int) -> Tuple[int, int]:
-        camera = self.datamanager.train_dataset.cameras[0]
+    def _rendered_size(self, step: int, batch: Sequence[int]) -> Tuple[int, int]:
+        """Rendered (width, height) of the batch's images at this step (the model renders a batch's
+        cameras in one call only when their sizes agree)."""
+        width, height = self._image_sizes[batch[0]]
         d = self.model.downscale_factor_at(step)
-        return int(int(camera.width.item()) / d), int(int(camera.height.item()) / d)  # host sync: sizes
+        return int(width / d), int(height / d)
 
     def after_optimizer_step(self, state: StepState, optimizers: Dict[str, torch.optim.Optimizer]) -> None:
         """Densify on the reduced statistics, then (every K steps) prove the replicas identical.

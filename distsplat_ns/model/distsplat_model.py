@@ -327,15 +327,26 @@ class DistSplatModel(SplatfactoModel):
         return torch.rand(3, generator=gen).to(self.device, self.compute_dtype)
 
     def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
+        """View matrices `[C, 4, 4]`, intrinsics `[C, 3, 3]` (on the model's device, scaled by
+        ``downscale``) and the rendered width and height, which all cameras must share.
+
+        Pass host-side cameras where possible (training does): their sizes are then read without a
+        device sync; the cameras are moved to the model's device here.
+        """
+        sizes = {
+            (int(w / downscale), int(h / downscale))
+            for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
+        }  # a host sync only if the caller passed device-side cameras (eval, viewer)
+        if len(sizes) != 1:
+            raise ValueError("cameras rendered in one call must share width and height")
+        ((width, height),) = sizes
+        if cameras.device != self.device:
+            cameras = cameras.to(self.device)
         c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
         viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
         Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
         Ks[:, :2, :] /= downscale
-        widths = torch.unique((cameras.width.reshape(-1).float() / downscale).to(torch.int64))
-        heights = torch.unique((cameras.height.reshape(-1).float() / downscale).to(torch.int64))
-        if widths.numel() != 1 or heights.numel() != 1:
-            raise ValueError("cameras rendered in one call must share width and height")
-        return viewmats, Ks, int(widths.item()), int(heights.item())  # host sync: sizes are needed to allocate
+        return viewmats, Ks, width, height
 
     def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int) -> torch.Tensor:
         """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.

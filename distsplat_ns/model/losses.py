@@ -11,6 +11,8 @@ Shape letters: H, W pixels; D channels.
 
 from __future__ import annotations
 
+from typing import Dict, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -20,10 +22,18 @@ _SSIM_SIGMA = 1.5
 _K1, _K2 = 0.01, 0.03
 
 
+_WINDOWS: Dict[Tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
 def _gauss_window(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    coords = torch.arange(SSIM_WINDOW, dtype=dtype, device=device) - SSIM_WINDOW // 2
-    g = torch.exp(-(coords**2) / (2 * _SSIM_SIGMA**2))
-    return g / g.sum()
+    """The 11-tap Gaussian window, built once per device and dtype (it is a constant)."""
+    key = (torch.device(device), dtype)
+    win = _WINDOWS.get(key)
+    if win is None:
+        coords = torch.arange(SSIM_WINDOW, dtype=dtype, device=device) - SSIM_WINDOW // 2
+        g = torch.exp(-(coords**2) / (2 * _SSIM_SIGMA**2))
+        win = _WINDOWS[key] = g / g.sum()
+    return win
 
 
 def _filter(x: torch.Tensor, win: torch.Tensor) -> torch.Tensor:
