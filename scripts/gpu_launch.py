@@ -26,6 +26,9 @@ Patches (each one recorded under "patches" in the report):
   metrics over all eval images are computed with the pipeline's own
   `get_average_eval_image_metrics` -- what `ns-eval` computes -- so splatfacto gets a final PSNR
   without a second process. distsplat writes its own (``final_eval_psnr`` in its stats JSON).
+* ``count_ops`` (with ``--count-ops``): the ATen operators dispatched in each step are counted
+  (``ops_per_step``, ``sync_ops_per_step``, ``ops_by_name``); a launch-overhead proxy that does not
+  depend on the machine's load. It slows the steps: such a run is not timed for comparison.
 * ``cpu_reference_renderer`` (with ``--cpu-reference-renderer``, CPU only): splatfacto renders
   with distsplat's pure-PyTorch reference rasterizer and ``Tensor.cuda()`` is a no-op, so both
   methods run on a machine without CUDA through the same renderer (the CPU proxy of
@@ -81,6 +84,7 @@ def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", required=True, help="JSON report path; '{rank}' is replaced by the rank")
     parser.add_argument("--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train")
+    parser.add_argument("--count-ops", action="store_true", help="count ATen operators per step (slows the steps)")
     parser.add_argument(
         "--cpu-reference-renderer", action="store_true", help="CPU proxy: splatfacto renders with the reference rasterizer"
     )
@@ -165,6 +169,66 @@ def patch_timing() -> None:
     writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
     writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
     REPORT["patches"].append("timing: CUDA synchronised around each ITER_TRAIN_TIME step; every step's duration kept")
+
+
+#: Operators whose output size depends on the data, or that read a value back: each one is a
+#: host-device synchronisation on CUDA (on the CPU the proxy can only count them).
+SYNC_OPS = ("_local_scalar_dense", "nonzero", "_unique2", "unique_dim", "unique_consecutive", "masked_select")
+
+
+def patch_count_ops() -> None:
+    """Count the ATen operators dispatched inside each ITER_TRAIN_TIME step (forward and backward).
+
+    An operator is one kernel launch on a GPU (near enough), and the count does not depend on the
+    machine's load: the CPU proxy of per-step launch overhead. Counting slows the step, so a run
+    with ``--count-ops`` is not timed for comparison.
+    """
+    import collections
+
+    from nerfstudio.utils import writer
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.counts: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.counts[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    totals: collections.Counter = collections.Counter()
+    REPORT["ops_per_step"] = []
+    REPORT["sync_ops_per_step"] = []
+    REPORT["ops_by_name"] = {}
+    original_enter = writer.TimeWriter.__enter__
+    original_exit = writer.TimeWriter.__exit__
+    active: List[Any] = []
+
+    def is_step(timer: Any) -> bool:
+        return timer.name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value)
+
+    def enter(self: Any) -> Any:
+        result = original_enter(self)
+        if is_step(self):
+            mode = CountOps()
+            mode.__enter__()
+            active.append(mode)
+        return result
+
+    def exit_(self: Any, *args: Any) -> Any:
+        if is_step(self) and active:
+            mode = active.pop()
+            mode.__exit__(None, None, None)
+            totals.update(mode.counts)
+            REPORT["ops_per_step"].append(sum(mode.counts.values()))
+            REPORT["sync_ops_per_step"].append(sum(mode.counts[name] for name in SYNC_OPS))
+            REPORT["ops_by_name"] = dict(totals.most_common())
+        return original_exit(self, *args)
+
+    writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
+    writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
+    REPORT["patches"].append("count_ops: ATen operators counted per ITER_TRAIN_TIME step (the run's times are not comparable)")
 
 
 def alexnet_weights_cached() -> bool:
@@ -268,6 +332,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             patch_final_eval()
         if args.cpu_reference_renderer:
             patch_cpu_reference_renderer()
+        if args.count_ops:
+            patch_count_ops()
         sys.argv = ["ns-train", *ns_train_args]
         entrypoint()
         REPORT["completed"] = True
