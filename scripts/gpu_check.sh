@@ -9,8 +9,9 @@
 #
 # Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
 #   --dry-run (implied when torch sees no CUDA device): use the current Python environment instead of
-#   installing, skip the gsplat build and splatfacto, run the cuda tests (they skip) and tiny CPU
-#   distsplat runs on scenes/lund_door. Everything it writes says "dry_run": true.
+#   installing, skip the gsplat build, run the cuda tests (they skip) and tiny CPU runs on
+#   scenes/lund_door (distsplat; splatfacto through the reference rasterizer). Everything it writes
+#   says "dry_run": true.
 # Environment knobs (defaults in brackets):
 #   GPU_CHECK_BUDGET_S [540]   wall-clock budget; later steps are skipped (and say so) when it runs out
 #   GPU_BENCH_IMAGES [1500]    images per single-process run (CUDA); GPU_BENCH_IMAGES_2PROC [400]
@@ -20,6 +21,13 @@
 #                              carried: reuse the previous call's tests.json and its finished runs,
 #                              run only what is missing (each call saves its results in .gpu_cache/previous)
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
+#   GPU_CHECK_INSTALL=1        with --dry-run: install as the real run does (the wheels of .whl with pip
+#                              --no-index --no-deps --target, the project, PYTHONPATH, the import check)
+#                              instead of using the current environment; only the gsplat build is
+#                              skipped. Needs a Python 3.12 PYTHON (the wheels are cp312), e.g.
+#                              PYTHON=/tmp/venv312/bin/python (docs/gpu.md). Ignored without --dry-run.
+#   GPU_CHECK_CACHE [.gpu_cache]   installed site, compiled extension, work files, previous results
+#   GPU_CHECK_WHEEL_DIR [.whl]     the carried wheels
 #   PYTHON [python3]
 # docs/gpu.md has the device call, what is measured and what is known not to work.
 set -uo pipefail
@@ -45,7 +53,10 @@ T_START=$(date +%s)
 BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
 DEADLINE=$((T_START + BUDGET_S))
 PY="${PYTHON:-python3}"
-CACHE="$ROOT/.gpu_cache"
+CACHE="${GPU_CHECK_CACHE:-$ROOT/.gpu_cache}"
+mkdir -p "$CACHE"
+CACHE="$(cd "$CACHE" && pwd)"
+WHEEL_DIR="${GPU_CHECK_WHEEL_DIR:-.whl}"
 WORK="$CACHE/work"
 SUMMARY="$OUTDIR/summary.json"
 LOG="$OUTDIR/gpu_check.log"
@@ -66,18 +77,21 @@ if ((DRY == 0)) && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_av
   DRY=1
 fi
 ((DRY)) && DRYFLAG=(--dry-run)
-say "repo $ROOT, out $OUTDIR, budget ${BUDGET_S}s, dry run: $DRY"
+# The real run always installs; a dry run only with GPU_CHECK_INSTALL=1.
+INSTALL=1
+((DRY)) && [[ "${GPU_CHECK_INSTALL:-0}" != 1 ]] && INSTALL=0
+say "repo $ROOT, out $OUTDIR, budget ${BUDGET_S}s, dry run: $DRY, install: $INSTALL, python: $PY"
 export GPU_CHECK_COMMIT="${GPU_CHECK_COMMIT:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}"
 export PYTHONUNBUFFERED=1
 
 # ------------------------------------------------------------------ 1a. install the carried wheels
 t0=$(date +%s)
-if "$PY" scripts/gpu_bench.py check-wheels --out "$WORK/wheels.json" >/dev/null; then WHEELS_OK=yes; else WHEELS_OK=no; fi
-if ((DRY)); then
-  step install skipped 0 "dry run: the current environment ($("$PY" -c 'import sys; print(sys.executable)')) is used; the wheels are for Python 3.12 (wheel folder .whl complete: $WHEELS_OK; see wheel_check in env.json)"
+if "$PY" scripts/gpu_bench.py check-wheels --dir "$WHEEL_DIR" --out "$WORK/wheels.json" >/dev/null; then WHEELS_OK=yes; else WHEELS_OK=no; fi
+if ((INSTALL == 0)); then
+  step install skipped 0 "dry run: the current environment ($("$PY" -c 'import sys; print(sys.executable)')) is used; the wheels are for Python 3.12 (wheel folder $WHEEL_DIR complete: $WHEELS_OK; see wheel_check in env.json); GPU_CHECK_INSTALL=1 installs them as the real run does"
 else
   if [[ "$WHEELS_OK" != yes ]]; then
-    say "the wheel folder .whl does not match scripts/gpu_wheels.txt; run scripts/prepare_gpu_wheels.sh here and carry .whl"
+    say "the wheel folder $WHEEL_DIR does not match scripts/gpu_wheels.txt; run scripts/prepare_gpu_wheels.sh here and carry .whl"
     cat "$WORK/wheels.json"
     step install failed $(($(date +%s) - t0)) "wheel folder incomplete: $(tr -d '\n' < "$WORK/wheels.json" | head -c 1500)"
     "$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" || true
@@ -85,12 +99,14 @@ else
   fi
   SITE="$CACHE/site"
   STAMP="$SITE/.wheels-stamp"
-  WANT_STAMP="$(ls .whl/*.whl | sort | xargs -n1 basename | sha256sum | cut -c1-16)"
+  # The wheels' names and the interpreter (a site installed for another Python is not reused).
+  WANT_STAMP="$( (ls "$WHEEL_DIR"/*.whl | sort | xargs -n1 basename; "$PY" -c 'import sys; print(sys.executable, sys.version)') | sha256sum | cut -c1-16)"
   if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT_STAMP" ]]; then
     rm -rf "$SITE"
-    say "installing $(ls .whl/*.whl | wc -l) wheels into $SITE"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-      || { step install failed $(($(date +%s) - t0)) "pip install of .whl/*.whl failed (see gpu_check.log)"; exit 1; }
+    say "installing $(ls "$WHEEL_DIR"/*.whl | wc -l) wheels into $SITE"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEEL_DIR"/*.whl \
+      || { step install failed $(($(date +%s) - t0)) "pip install of $WHEEL_DIR/*.whl failed (see gpu_check.log)"; exit 1; }
+    mkdir -p "$SITE"
     echo "$WANT_STAMP" > "$STAMP"
   fi
   # The project itself, from this working tree, every time (others may have changed it). Needs the
@@ -100,13 +116,14 @@ else
     || { step install failed $(($(date +%s) - t0)) "pip install of the project failed (see gpu_check.log)"; exit 1; }
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
   export PATH="$SITE/bin:$PATH"
-  if ! "$PY" -c "import nerfstudio.scripts.train, nerfstudio.scripts.eval, distsplat_ns.registry, gsplat" 2> "$WORK/import.err"; then
+  # simplejpeg too: nothing above imports it, and without it the JPEG decoder falls back silently.
+  if ! "$PY" -c "import nerfstudio.scripts.train, nerfstudio.scripts.eval, distsplat_ns.registry, gsplat, simplejpeg" 2> "$WORK/import.err"; then
     cat "$WORK/import.err"
     step install failed $(($(date +%s) - t0)) "import check failed: $(tail -c 1500 "$WORK/import.err")"
     "$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" || true
     exit 1
   fi
-  step install ok $(($(date +%s) - t0)) "$(ls .whl/*.whl | wc -l) wheels ($(du -sm .whl | cut -f1) MiB) and the project into $SITE"
+  step install ok $(($(date +%s) - t0)) "$(ls "$WHEEL_DIR"/*.whl | wc -l) wheels ($(du -sm "$WHEEL_DIR" | cut -f1) MiB) and the project into $SITE with $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')$( ((DRY)) && echo " (dry run, GPU_CHECK_INSTALL=1)")"
 fi
 
 # ------------------------------------------------------------------ 1b. gsplat's CUDA extension

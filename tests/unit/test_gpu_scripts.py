@@ -47,6 +47,68 @@ def test_gpu_check_without_outdir_prints_usage_and_exits_2() -> None:
     assert result.returncode == 2 and "usage" in result.stderr
 
 
+
+def _fake_python(tmp_path: Path, calls: Path) -> Path:
+    """A PYTHON for gpu_check.sh that logs each call (with PYTHONPATH), pretends pip and the import
+    check succeed and the machine has no CUDA, skips the environment record (it imports torch) and
+    hands everything else (gpu_bench.py's small commands) to this interpreter."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        f"printf 'PYTHONPATH=%s ARGS=%s\\n' \"${{PYTHONPATH:-}}\" \"$*\" >> '{calls}'\n"
+        'if [[ "$1" == -m && "$2" == pip ]]; then exit 0; fi\n'
+        'if [[ "$1" == -c && "$2" == *cuda.is_available* ]]; then exit 1; fi\n'
+        'if [[ "$1" == -c && "$2" == "import nerfstudio"* ]]; then exit 0; fi\n'
+        'if [[ "$1" == scripts/gpu_bench.py && "$2" == env ]]; then exit 0; fi\n'
+        f"exec '{sys.executable}' \"$@\"\n"
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("install", [False, True])
+def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path: Path, install: bool) -> None:
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    for name, version in bench.parse_wheel_list((SCRIPTS / "gpu_wheels.txt").read_text()):
+        (wheels / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"")
+    calls = tmp_path / "calls.txt"
+    cache = tmp_path / "cache"
+    env = {
+        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": str(_fake_python(tmp_path, calls)),
+        "GPU_CHECK_CACHE": str(cache), "GPU_CHECK_WHEEL_DIR": str(wheels), "GPU_CHECK_COMMIT": "test",
+        "GPU_CHECK_SKIP_TESTS": "1", "GPU_CHECK_SKIP_BENCH": "1",
+    }
+    if install:
+        env["GPU_CHECK_INSTALL"] = "1"
+    out = tmp_path / "out"
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"], capture_output=True,
+                            text=True, cwd=ROOT, env=env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert steps["gsplat_build"]["status"] == "skipped"
+    log = calls.read_text().splitlines()
+    pip_calls = [line for line in log if "ARGS=-m pip install" in line]
+    if not install:
+        assert steps["install"]["status"] == "skipped" and pip_calls == []
+        return
+    assert steps["install"]["status"] == "ok", steps["install"]
+    site = cache / "site"
+    wheel_call, project_call = pip_calls
+    for flag in ("--no-index", "--no-deps", f"--target {site}"):
+        assert flag in wheel_call and flag in project_call
+    assert all(str(w) in wheel_call for w in wheels.glob("*.whl"))
+    assert "--no-build-isolation" in project_call and project_call.endswith(" .")
+    import_check = next(line for line in log if "ARGS=-c import nerfstudio" in line)
+    assert import_check.startswith(f"PYTHONPATH={site}")
+    assert (site / ".wheels-stamp").is_file()
+
+
+def test_gpu_check_install_is_documented() -> None:
+    assert "GPU_CHECK_INSTALL=1" in (SCRIPTS / "gpu_check.sh").read_text()
+    assert "GPU_CHECK_INSTALL=1" in (ROOT / "docs" / "gpu.md").read_text()
+
+
 # ------------------------------------------------------------------------------------------ wheels
 def test_shipped_wheel_list_pins_nerfstudio_and_gsplat() -> None:
     pins = dict(bench.parse_wheel_list((SCRIPTS / "gpu_wheels.txt").read_text()))
