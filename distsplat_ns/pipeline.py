@@ -362,10 +362,16 @@ class DistSplatPipeline(VanillaPipeline):
         """
         if state.plan is None:
             return
-        mine = [
-            (band.position, band.first_row // 16, counts.sum(dim=-1).to(torch.float64).cpu().tolist())
-            for band, counts in state.result.band_tile_counts
-        ]
+        bands = state.result.band_tile_counts
+        mine = []
+        if bands:
+            # One device-to-host copy for all bands (one sync, not one per band).
+            row_costs = torch.cat([counts.sum(dim=-1) for _, counts in bands]).to(torch.float64).cpu().tolist()
+            start = 0
+            for band, counts in bands:
+                rows = counts.shape[0]
+                mine.append((band.position, band.first_row // 16, row_costs[start : start + rows]))
+                start += rows
         render_s = state.timings.forward + state.timings.backward
         gathered = all_gather_object(self.ctx, (mine, render_s))
         state.measured_imbalance = self.planner.observe(state.plan, state.batch, state.downscale, [g[0] for g in gathered])
