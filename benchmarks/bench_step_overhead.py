@@ -7,12 +7,15 @@ step timer and ns-train arguments), and splatfacto renders with distsplat's refe
 (``--cpu-reference-renderer``), so the two differ only in what they do around the renderer --
 data path, planning, loss split, two-phase backward, reductions, checks, trainer.
 
-Reported per resolution (runs interleaved, ``--repeats`` times; the median over repeats is used):
+Every run uses one intra-op thread (``OMP_NUM_THREADS=1``). Reported per resolution (runs
+interleaved, ``--repeats`` times; the median over repeats is used), from wall-clock step times and
+from per-step CPU time of the training process (steadier on a shared machine):
 
 * B=1: distsplat / splatfacto steady-state step time, and the difference in ms per step (the
   overhead, which a GPU's much faster renderer would not dilute);
-* B=4: distsplat images/s / splatfacto images/s (on a CPU batching buys no parallelism, so this
-  mostly shows the per-image overhead amortised, not the GPU target's 1.5 x);
+* B=4: distsplat images/s / splatfacto images/s, both from median step times (on a CPU batching
+  buys no parallelism, so this mostly shows the per-image overhead amortised, not the GPU
+  target's 1.5 x);
 * distsplat's own time breakdown (``distsplat_stats.json``);
 * ATen operators dispatched per B=1 step by each method (``gpu_launch.py --count-ops``, separate
   short runs): on a GPU nearly every operator is a kernel launch, and the renderer's operators are
@@ -73,7 +76,10 @@ def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, c
     split = cmd.index("colmap")
     cmd = cmd[:split] + ["--pipeline.model.num-downscales", str(num_downscales)] + cmd[split:]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    # One intra-op thread: per-step CPU time then measures the work, not spinning threads that
+    # wait for a core the other job holds.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env)
     wall = time.perf_counter() - t0
     data_report = json.loads(report.read_text()) if report.exists() else {}
     if proc.returncode != 0 or not data_report.get("completed"):
@@ -88,6 +94,8 @@ def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, c
             "top_ops": dict(list(data_report["ops_by_name"].items())[:15]),
         }
     result: Dict[str, Any] = dict(bench.step_time_stats(data_report["step_times_s"], run.batch_size))
+    cpu = bench.step_time_stats(data_report["step_cpu_times_s"], run.batch_size)
+    result["cpu_time_s_median"] = cpu.get("step_time_s_median")
     result["process_wall_s"] = wall
     if run.method == "distsplat":
         stats_path = work / "runs" / run.name / "distsplat" / "bench" / "distsplat_stats.json"
@@ -134,13 +142,19 @@ def main() -> None:
                 for spec in specs[:2]
             }
             s1, d1 = med("splatfacto_b1", "step_time_s_median"), med("distsplat_b1", "step_time_s_median")
+            c1, dc1 = med("splatfacto_b1", "cpu_time_s_median"), med("distsplat_b1", "cpu_time_s_median")
             breakdowns = [r["distsplat_ms_per_step"] for r in per_run["distsplat_b1"]]
             results[f"num_downscales_{nd}"] = {
                 "b1_step_time_ratio": d1 / s1,
+                "b1_step_cpu_time_ratio": dc1 / c1,
+                "b1_cpu_overhead_ms_per_step": 1000.0 * (dc1 - c1),
+                "b4_cpu_images_per_s_ratio": (4 / med("distsplat_b4", "cpu_time_s_median")) / (1 / c1),
                 "b1_overhead_ms_per_step": 1000.0 * (d1 - s1),
                 "splatfacto_b1_step_ms": 1000.0 * s1,
                 "distsplat_b1_step_ms": 1000.0 * d1,
-                "b4_images_per_s_ratio": med("distsplat_b4", "images_per_s") / med("splatfacto_b1", "images_per_s"),
+                # From median step times: a load spike on the shared 2-core machine stretches a few
+                # steps by seconds, which moves a mean (images/s) far more than a median.
+                "b4_images_per_s_ratio": (4 / med("distsplat_b4", "step_time_s_median")) / (1 / s1),
                 "b1_ops_per_step": {name: c["ops_per_step_median"] for name, c in counted.items()},
                 "b1_extra_ops_per_step": counted["distsplat_b1"]["ops_per_step_median"] - counted["splatfacto_b1"]["ops_per_step_median"],
                 "b1_sync_ops_per_step": {name: c["sync_ops_per_step_median"] for name, c in counted.items()},
@@ -169,7 +183,8 @@ def main() -> None:
     for key, r in results.items():
         print(
             f"{key}: B=1 step {r['distsplat_b1_step_ms']:.1f} vs splatfacto {r['splatfacto_b1_step_ms']:.1f} ms "
-            f"(ratio {r['b1_step_time_ratio']:.3f}, overhead {r['b1_overhead_ms_per_step']:+.1f} ms); "
+            f"(ratio {r['b1_step_time_ratio']:.3f}, overhead {r['b1_overhead_ms_per_step']:+.1f} ms; CPU time ratio "
+            f"{r['b1_step_cpu_time_ratio']:.3f}, {r['b1_cpu_overhead_ms_per_step']:+.1f} ms); "
             f"B=4 images/s ratio {r['b4_images_per_s_ratio']:.2f}; ATen ops/step B=1 {r['b1_ops_per_step']} "
             f"({r['b1_extra_ops_per_step']:+.0f}), sync-like ops {r['b1_sync_ops_per_step']}"
         )

@@ -64,6 +64,7 @@ REPORT: Dict[str, Any] = {
     "completed": False,
     "patches": [],
     "step_times_s": [],
+    "step_cpu_times_s": [],
     "final_eval": None,
     "peak_cuda_memory_allocated_bytes": None,
     "peak_cuda_memory_reserved_bytes": None,
@@ -153,9 +154,12 @@ def patch_timing() -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
+    cpu_start: List[float] = []
+
     def enter(self: Any) -> Any:
         if is_step(self):
             sync()
+            cpu_start.append(time.process_time())
         return original_enter(self)
 
     def exit_(self: Any, *args: Any) -> Any:
@@ -164,6 +168,10 @@ def patch_timing() -> None:
         result = original_exit(self, *args)
         if is_step(self):
             REPORT["step_times_s"].append(float(self.duration))
+            if cpu_start:
+                # CPU seconds of this process (all its threads): unlike wall time, not stretched
+                # while other jobs hold the cores -- the CPU proxy's steadier figure.
+                REPORT["step_cpu_times_s"].append(time.process_time() - cpu_start.pop())
         return result
 
     writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
