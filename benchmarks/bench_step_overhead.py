@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import platform
@@ -53,15 +52,8 @@ from typing import Any, Dict, List
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _gpu_bench():
-    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "scripts" / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_bench"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _gpu_bench()
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_bench as bench  # noqa: E402  (scripts/ is not a package)
 
 
 def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, count_ops: bool = False) -> Dict[str, Any]:

@@ -41,6 +41,7 @@ from distsplat_ns.dist.collectives import (
 from distsplat_ns.dist.context import DistContext
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
 from distsplat_ns.model.strategy import batch_info
+from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.viewer_start import StartAtTrainingView
 
@@ -401,28 +402,25 @@ class DistSplatPipeline(VanillaPipeline):
         device = self.model.means.device
         dtype = self.model.compute_dtype
         if len(result.projections) == 1 and result.projections[0][0] == list(range(batch)):
-            # This rank projected the whole batch in one call (one process, or whole images with
-            # B == W): its statistics are already batch-shaped, no gather into zeros needed.
+            # This rank projected the whole batch in one call (one process, or a band of every
+            # image): its statistics are already batch-shaped, no gather into zeros needed.
             _, means2d, proj_radii = result.projections[0]
             grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(batch, n, 2, device=device, dtype=dtype)
             absgrad = getattr(means2d, "absgrad", None)
             absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
             radii = proj_radii.detach().to(torch.int32)
-            all_reduce_sum_(self.ctx, grads)
-            all_reduce_sum_(self.ctx, absgrads)
-            all_reduce_max_(self.ctx, radii)
-            return batch_info(grads, absgrads, radii, *self._rendered_size(state.step, state.batch))
-        grads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
-        absgrads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
-        radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
-        for positions, means2d, proj_radii in result.projections:
-            idx = torch.tensor(positions, device=device)
-            if means2d.grad is not None:
-                grads[idx] += means2d.grad.detach()
-            absgrad = getattr(means2d, "absgrad", None)
-            if absgrad is not None:
-                absgrads[idx] += absgrad.detach()
-            radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
+        else:
+            grads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
+            absgrads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
+            radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
+            for positions, means2d, proj_radii in result.projections:
+                idx = torch.tensor(positions, device=device)
+                if means2d.grad is not None:
+                    grads[idx] += means2d.grad.detach()
+                absgrad = getattr(means2d, "absgrad", None)
+                if absgrad is not None:
+                    absgrads[idx] += absgrad.detach()
+                radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
         all_reduce_sum_(self.ctx, grads)
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
@@ -434,7 +432,7 @@ class DistSplatPipeline(VanillaPipeline):
         cameras in one call only when their sizes agree)."""
         width, height = self._image_sizes[batch[0]]
         d = self.model.downscale_factor_at(step)
-        return int(width / d), int(height / d)
+        return downscaled_px(width, d), downscaled_px(height, d)
 
     def after_optimizer_step(self, state: StepState, optimizers: Dict[str, torch.optim.Optimizer]) -> None:
         """Densify on the reduced statistics, then (every K steps) prove the replicas identical.

@@ -55,7 +55,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 REPORT: Dict[str, Any] = {
     "argv": [],
@@ -139,9 +139,12 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def patch_timing() -> None:
-    """Synchronise CUDA around the ITER_TRAIN_TIME timer and keep every step's duration."""
-    import torch
+def hook_step_timer(
+    before_enter: Callable[[], None], before_exit: Callable[[], None], after_exit: Callable[[Any], None]
+) -> None:
+    """Run hooks around every training step: nerfstudio's ``TimeWriter(ITER_TRAIN_TIME)``, which
+    both trainers open around each iteration. ``after_exit`` gets the timer (its ``duration`` set).
+    Hooks installed later wrap those installed earlier."""
     from nerfstudio.utils import writer
 
     original_enter = writer.TimeWriter.__enter__
@@ -150,32 +153,44 @@ def patch_timing() -> None:
     def is_step(timer: Any) -> bool:
         return timer.name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value)
 
+    def enter(self: Any) -> Any:
+        if is_step(self):
+            before_enter()
+        return original_enter(self)
+
+    def exit_(self: Any, *args: Any) -> Any:
+        if is_step(self):
+            before_exit()
+        result = original_exit(self, *args)
+        if is_step(self):
+            after_exit(self)
+        return result
+
+    writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
+    writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
+
+
+def patch_timing() -> None:
+    """Synchronise CUDA around the ITER_TRAIN_TIME timer and keep every step's duration."""
+    import torch
+
     def sync() -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
     cpu_start: List[float] = []
 
-    def enter(self: Any) -> Any:
-        if is_step(self):
-            sync()
-            cpu_start.append(time.process_time())
-        return original_enter(self)
+    def start() -> None:
+        sync()
+        cpu_start.append(time.process_time())
 
-    def exit_(self: Any, *args: Any) -> Any:
-        if is_step(self):
-            sync()
-        result = original_exit(self, *args)
-        if is_step(self):
-            REPORT["step_times_s"].append(float(self.duration))
-            if cpu_start:
-                # CPU seconds of this process (all its threads): unlike wall time, not stretched
-                # while other jobs hold the cores -- the CPU proxy's steadier figure.
-                REPORT["step_cpu_times_s"].append(time.process_time() - cpu_start.pop())
-        return result
+    def record(timer: Any) -> None:
+        REPORT["step_times_s"].append(float(timer.duration))
+        # CPU seconds of this process (all its threads): unlike wall time, not stretched while
+        # other jobs hold the cores -- the CPU proxy's steadier figure.
+        REPORT["step_cpu_times_s"].append(time.process_time() - cpu_start.pop())
 
-    writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
-    writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
+    hook_step_timer(start, sync, record)
     REPORT["patches"].append("timing: CUDA synchronised around each ITER_TRAIN_TIME step; every step's duration kept")
 
 
@@ -193,7 +208,6 @@ def patch_count_ops() -> None:
     """
     import collections
 
-    from nerfstudio.utils import writer
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountOps(TorchDispatchMode):
@@ -209,33 +223,21 @@ def patch_count_ops() -> None:
     REPORT["ops_per_step"] = []
     REPORT["sync_ops_per_step"] = []
     REPORT["ops_by_name"] = {}
-    original_enter = writer.TimeWriter.__enter__
-    original_exit = writer.TimeWriter.__exit__
-    active: List[Any] = []
+    active: List[CountOps] = []
 
-    def is_step(timer: Any) -> bool:
-        return timer.name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value)
+    def start() -> None:
+        active.append(CountOps())
+        active[-1].__enter__()
 
-    def enter(self: Any) -> Any:
-        result = original_enter(self)
-        if is_step(self):
-            mode = CountOps()
-            mode.__enter__()
-            active.append(mode)
-        return result
+    def stop() -> None:
+        mode = active.pop()
+        mode.__exit__(None, None, None)
+        totals.update(mode.counts)
+        REPORT["ops_per_step"].append(sum(mode.counts.values()))
+        REPORT["sync_ops_per_step"].append(sum(mode.counts[name] for name in SYNC_OPS))
+        REPORT["ops_by_name"] = dict(totals.most_common())
 
-    def exit_(self: Any, *args: Any) -> Any:
-        if is_step(self) and active:
-            mode = active.pop()
-            mode.__exit__(None, None, None)
-            totals.update(mode.counts)
-            REPORT["ops_per_step"].append(sum(mode.counts.values()))
-            REPORT["sync_ops_per_step"].append(sum(mode.counts[name] for name in SYNC_OPS))
-            REPORT["ops_by_name"] = dict(totals.most_common())
-        return original_exit(self, *args)
-
-    writer.TimeWriter.__enter__ = enter  # type: ignore[method-assign]
-    writer.TimeWriter.__exit__ = exit_  # type: ignore[method-assign]
+    hook_step_timer(start, stop, lambda timer: None)
     REPORT["patches"].append("count_ops: ATen operators counted per ITER_TRAIN_TIME step (the run's times are not comparable)")
 
 

@@ -28,6 +28,7 @@ from distsplat_ns.balance.partition import (
     whole_image_partition,
 )
 from distsplat_ns.types import ImageBand
+from distsplat_ns.utils.cameras import downscaled_px
 
 PartitionMode = Literal["balanced", "whole-images", "equal-rows"]
 PARTITION_MODES = ("balanced", "whole-images", "equal-rows")
@@ -135,7 +136,7 @@ class BandPlanner:
     # ------------------------------------------------------------------ history per resolution
     def heights_at(self, downscale: int, camera_indices: Sequence[int]) -> list[int]:
         """Rendered heights (px) at ``downscale`` (nerfstudio's truncating rescale)."""
-        return [int(self.full_heights_px[c] / downscale) for c in camera_indices]
+        return [downscaled_px(self.full_heights_px[c], downscale) for c in camera_indices]
 
     def history(self, downscale: int) -> CostHistory:
         if downscale not in self._histories:

@@ -36,7 +36,7 @@ from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
 from distsplat_ns.types import ImageBand
-from distsplat_ns.utils.cameras import c2w_to_viewmat
+from distsplat_ns.utils.cameras import c2w_to_viewmat, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -334,7 +334,7 @@ class DistSplatModel(SplatfactoModel):
         device sync; the cameras are moved to the model's device here.
         """
         sizes = {
-            (int(w / downscale), int(h / downscale))
+            (downscaled_px(w, downscale), downscaled_px(h, downscale))
             for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
         }  # a host sync only if the caller passed device-side cameras (eval, viewer)
         if len(sizes) != 1:

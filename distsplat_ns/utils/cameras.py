@@ -1,4 +1,5 @@
-"""The one conversion between nerfstudio's camera poses and gsplat's view matrices.
+"""The one conversion between nerfstudio's camera poses and gsplat's view matrices, and the one
+rule for image sizes at a downscale.
 
 nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking down -z); gsplat's
 ``w2c`` (``viewmats``) is world-to-camera in OpenCV axes (x right, y down, looking down +z).
@@ -31,3 +32,9 @@ def c2w_to_viewmat(c2w: torch.Tensor) -> torch.Tensor:
     viewmat[:, :3, :3] = rot_inv
     viewmat[:, :3, 3:4] = -torch.bmm(rot_inv, trans)
     return viewmat
+
+
+def downscaled_px(px: int, downscale: int) -> int:
+    """An image side (px) rendered at ``1 / downscale`` resolution: truncated, as nerfstudio's
+    ``Cameras.rescale_output_resolution`` and splatfacto's resolution schedule do."""
+    return int(px / downscale)

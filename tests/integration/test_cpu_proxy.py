@@ -4,7 +4,6 @@ benchmarks/bench_step_overhead.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -14,22 +13,15 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.nsrun import SCENE
+from tests.helpers.scripts import load_script
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "scripts" / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_bench"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_splatfacto_trains_on_cpu_with_the_reference_rasterizer(tmp_path: Path) -> None:
-    bench = _bench_module()
+    bench = load_script("gpu_bench")
     run = bench.RunSpec("splatfacto", "splatfacto", 1, 3)
     report = tmp_path / "report.json"
     cmd = bench.launch_command(run, report, tmp_path / "runs", SCENE, "cpu", python=sys.executable)
@@ -44,9 +36,7 @@ def test_splatfacto_trains_on_cpu_with_the_reference_rasterizer(tmp_path: Path) 
 
 
 def test_the_proxy_is_refused_where_cuda_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_launch", ROOT / "scripts" / "gpu_launch.py")
-    launch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch)
+    launch = load_script("gpu_launch")
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

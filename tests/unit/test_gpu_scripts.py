@@ -4,31 +4,22 @@ the dry run (`bash scripts/gpu_check.sh OUT --dry-run`, a few minutes on 2 cores
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("gpu_bench")
-launch = _load("gpu_launch")
+bench = load_script("gpu_bench")
+launch = load_script("gpu_launch")
 
 
 def _run(name: str, method: str = "distsplat", batch_size: int = 1, num_images: int = 8, num_procs: int = 1):

@@ -1,0 +1,21 @@
+"""The repository's scripts/ (not a package) loaded as modules, for tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as module ``name`` (registered in sys.modules: dataclasses look their
+    module up by name)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
