@@ -28,7 +28,7 @@ from torch.cuda.amp.grad_scaler import GradScaler
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.dist.collectives import (
+from distsplat_ns.distributed.collectives import (
     DEFAULT_BUCKET_BYTES,
     all_gather_object,
     all_reduce_max_,
@@ -38,7 +38,7 @@ from distsplat_ns.dist.collectives import (
     check_replicas,
     sum_gradients_,
 )
-from distsplat_ns.dist.context import DistContext
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
 from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.cameras import downscaled_px

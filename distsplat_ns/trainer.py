@@ -38,7 +38,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import load_checkpoint_file, save_checkpoint_atomic, scaled_optimizer_configs
-from distsplat_ns.dist.collectives import (
+from distsplat_ns.distributed.collectives import (
     NonFiniteGradientError,
     ReplicaDriftError,
     all_gather_object,
@@ -46,7 +46,7 @@ from distsplat_ns.dist.collectives import (
     barrier,
     broadcast_object,
 )
-from distsplat_ns.dist.context import DistContext, init_distributed, shutdown_distributed
+from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.pipeline import DistSplatPipeline, StepState
 from distsplat_ns.utils.logging import get_logger
 

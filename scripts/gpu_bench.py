@@ -61,7 +61,7 @@ CPU_SPLATFACTO_NOTE = (
 TWO_PROCS_NOTE = (
     "2 torchrun ranks on one GPU, unpatched: distsplat's --dist-backend auto picks gloo when a host "
     "runs more ranks than it has GPUs (NCCL refuses two ranks on one device), and the ranks share "
-    "cuda:0 round-robin (distsplat_ns/dist/context.py)."
+    "cuda:0 round-robin (distsplat_ns/distributed/context.py)."
 )
 
 

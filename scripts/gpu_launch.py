@@ -36,7 +36,7 @@ Patches (each one recorded under "patches" in the report):
 
 Two processes on one GPU need no patch: under torchrun, distsplat's ``--dist-backend auto`` picks
 gloo when a host runs more ranks than it has GPUs, and ranks share GPUs round-robin
-(``distsplat_ns/dist/context.py``).
+(``distsplat_ns/distributed/context.py``).
 
 The report (JSON, one per process: ``{rank}`` in ``--report`` is replaced by the rank) holds the
 per-step times, peak CUDA memory, final metrics and the patches applied. It is written at exit, also

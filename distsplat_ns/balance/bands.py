@@ -15,6 +15,8 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from distsplat_ns.utils.validation import check_int
+
 __all__ = [
     "ArrayLike",
     "Band",
@@ -76,15 +78,6 @@ class Band:
 # --------------------------------------------------------------------------------------------
 
 
-def check_positive_int(name: str, value: object) -> int:
-    """``value`` as an int, or a TypeError/ValueError naming ``name`` unless it is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: expected an int >= 1, got {value}")
-    return int(value)
-
-
 def num_tile_rows(height_px: int, tile_size: int = DEFAULT_TILE_SIZE) -> int:
     """Number of tile rows covering an image: ``ceil(height_px / tile_size)``.
 
@@ -99,8 +92,8 @@ def num_tile_rows(height_px: int, tile_size: int = DEFAULT_TILE_SIZE) -> int:
     Raises:
         ValueError: A non-positive height or tile size.
     """
-    height_px = check_positive_int("height_px", height_px)
-    tile_size = check_positive_int("tile_size", tile_size)
+    height_px = check_int("height_px", height_px, 1)
+    tile_size = check_int("tile_size", tile_size, 1)
     return -(-height_px // tile_size)
 
 
@@ -174,7 +167,7 @@ def as_cost_arrays(row_costs: Sequence[ArrayLike]) -> list[np.ndarray]:
 
 def check_row_counts(row_counts: Sequence[int]) -> list[int]:
     """Validated per-camera tile-row counts of a non-empty batch."""
-    counts = [check_positive_int(f"row_counts[{i}]", c) for i, c in enumerate(row_counts)]
+    counts = [check_int(f"row_counts[{i}]", c, 1) for i, c in enumerate(row_counts)]
     if not counts:
         raise ValueError("row_counts: expected at least one camera, got an empty batch")
     return counts

@@ -13,27 +13,21 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from distsplat_ns.balance.bands import ArrayLike
+from distsplat_ns.utils.validation import check_int
+
 
 __all__ = ["CostHistory", "footprint_row_costs"]
 
 
-ArrayLike = Union[Tensor, np.ndarray, Sequence[float]]
 
 _STATE_VERSION = 1
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return int(value)
 
 
 def _host_costs(name: str, values: ArrayLike) -> Tensor:
@@ -85,7 +79,7 @@ class CostHistory:
     """
 
     def __init__(self, row_counts: Sequence[int], *, decay: float = 0.0) -> None:
-        counts = [_check_int(f"row_counts[{i}]", c, 1) for i, c in enumerate(row_counts)]
+        counts = [check_int(f"row_counts[{i}]", c, 1) for i, c in enumerate(row_counts)]
         if not counts:
             raise ValueError("row_counts: expected at least one camera, got 0")
         if isinstance(decay, bool) or not isinstance(decay, numbers.Real):
@@ -128,7 +122,7 @@ class CostHistory:
     # ---- queries -------------------------------------------------------------------------------
 
     def _camera(self, camera_index: int) -> int:
-        index = _check_int("camera_index", camera_index, 0)
+        index = check_int("camera_index", camera_index, 0)
         if index >= self.num_cameras:
             raise ValueError(
                 f"camera_index: expected an int in [0, {self.num_cameras}), got {index}"
@@ -224,7 +218,7 @@ class CostHistory:
             ValueError: Bad index, rows outside the image, negative or non-finite costs.
         """
         camera = self._camera(camera_index)
-        first_row = _check_int("first_row", first_row, 0)
+        first_row = check_int("first_row", first_row, 0)
         costs = _host_costs("row_costs", row_costs)
         end_row = first_row + costs.numel()
         if end_row > self._row_counts[camera]:
@@ -330,9 +324,9 @@ def footprint_row_costs(
     Raises:
         ValueError: Mismatched or wrong shapes, non-positive sizes.
     """
-    height = _check_int("height", height, 1)
-    width = _check_int("width", width, 1)
-    tile_size = _check_int("tile_size", tile_size, 1)
+    height = check_int("height", height, 1)
+    width = check_int("width", width, 1)
+    tile_size = check_int("tile_size", tile_size, 1)
     if means2d.ndim != 2 or means2d.shape[-1] != 2:
         raise ValueError(f"means2d: expected shape [N, 2], got {tuple(means2d.shape)}")
     num = means2d.shape[0]

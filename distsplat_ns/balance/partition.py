@@ -64,7 +64,6 @@ from distsplat_ns.balance.bands import (
     Band,
     as_cost_arrays,
     band_pixel_rows,
-    check_positive_int,
     check_row_counts,
     cuts_to_bands,
     imbalance,
@@ -73,6 +72,7 @@ from distsplat_ns.balance.bands import (
     tile_rows_to_pixel_rows,
 )
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.validation import check_int
 
 __all__ = [
     "Band",
@@ -124,7 +124,7 @@ def whole_image_partition(row_counts: Sequence[int], world_size: int) -> list[li
         ValueError: Empty batch, a non-positive row count or ``world_size``.
     """
     counts = check_row_counts(row_counts)
-    world_size = check_positive_int("world_size", world_size)
+    world_size = check_int("world_size", world_size, 1)
     partition: list[list[Band]] = [[] for _ in range(world_size)]
     base, extra = divmod(len(counts), world_size)
     position = 0
@@ -152,7 +152,7 @@ def equal_rows_partition(row_counts: Sequence[int], world_size: int) -> list[lis
         ValueError: Empty batch, a non-positive row count or ``world_size``.
     """
     counts = check_row_counts(row_counts)
-    world_size = check_positive_int("world_size", world_size)
+    world_size = check_int("world_size", world_size, 1)
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     num_rows = int(offsets[-1])
     cuts = [_equal_cut(k, num_rows, world_size) for k in range(world_size + 1)]
@@ -347,8 +347,8 @@ def partition_rows(
         Only if ``row_costs`` live on a device (they are copied to the host).
     """
     costs = as_cost_arrays(row_costs)
-    world_size = check_positive_int("world_size", world_size)
-    min_band_rows = check_positive_int("min_band_rows", min_band_rows)
+    world_size = check_int("world_size", world_size, 1)
+    min_band_rows = check_int("min_band_rows", min_band_rows, 1)
     if isinstance(snap_tolerance, bool) or not isinstance(snap_tolerance, numbers.Real):
         raise TypeError(f"snap_tolerance: expected a float, got {type(snap_tolerance).__name__}")
     snap_tolerance = float(snap_tolerance)

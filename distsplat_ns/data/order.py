@@ -16,12 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-
-def _check_non_negative_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+from distsplat_ns.utils.validation import check_int
 
 
 @lru_cache(maxsize=8)
@@ -45,9 +40,9 @@ def epoch_permutation(seed: int, num_images: int, epoch: int) -> np.ndarray:
         A permutation of ``range(num_images)``. `[num_images]`, int64, read-only. Cached: the last
         few epochs are kept, so consecutive steps cost O(B) amortised.
     """
-    _check_non_negative_int("seed", seed, 0)
-    _check_non_negative_int("num_images", num_images, 1)
-    _check_non_negative_int("epoch", epoch, 0)
+    check_int("seed", seed, 0)
+    check_int("num_images", num_images, 1)
+    check_int("epoch", epoch, 0)
     return _epoch_permutation(int(seed), int(num_images), int(epoch))
 
 
@@ -69,9 +64,9 @@ def batch_camera_ids(seed: int, num_images: int, batch_size: int, step: int) -> 
         whole epochs, every index appears exactly once per epoch. If ``B > num_images`` a batch
         holds some image twice (from consecutive epochs).
     """
-    _check_non_negative_int("batch_size", batch_size, 1)
-    _check_non_negative_int("step", step, 0)
-    _check_non_negative_int("num_images", num_images, 1)
+    check_int("batch_size", batch_size, 1)
+    check_int("step", step, 0)
+    check_int("num_images", num_images, 1)
     first = step * batch_size
     ids: list[int] = []
     position = first
@@ -99,9 +94,9 @@ def contiguous_split(batch_size: int, world_size: int, rank: int) -> tuple[int, 
     Returns:
         ``(start, end)`` with ``start <= end``: positions ``start .. end - 1`` of the global batch.
     """
-    _check_non_negative_int("batch_size", batch_size, 1)
-    _check_non_negative_int("world_size", world_size, 1)
-    _check_non_negative_int("rank", rank, 0)
+    check_int("batch_size", batch_size, 1)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
     base, remainder = divmod(batch_size, world_size)

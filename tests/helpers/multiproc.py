@@ -26,7 +26,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
     )
     torch.set_num_threads(1)
     try:
-        from distsplat_ns.dist.context import init_distributed, shutdown_distributed
+        from distsplat_ns.distributed.context import init_distributed, shutdown_distributed
 
         ctx = init_distributed(device_type, timeout_s=timeout_s, backend=backend)
         result = fn(ctx, *args)

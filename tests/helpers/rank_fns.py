@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from distsplat_ns.dist.collectives import (
+from distsplat_ns.distributed.collectives import (
     ReplicaDriftError,
     all_reduce_max_,
     all_reduce_sum_,
@@ -48,7 +48,7 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
 def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros)."""
-    from distsplat_ns.dist.collectives import all_gather_object
+    from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.distsplat_model import backward_bands
     from distsplat_ns.types import ImageBand
     from tests.helpers.model_factory import make_cameras, make_images, make_model

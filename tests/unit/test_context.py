@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.dist import context
+from distsplat_ns.distributed import context
 
 
 @pytest.fixture

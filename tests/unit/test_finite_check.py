@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.dist.collectives import NonFiniteGradientError, check_finite_gradients, gradients_finite
-from distsplat_ns.dist.context import DistContext
+from distsplat_ns.distributed.collectives import NonFiniteGradientError, check_finite_gradients, gradients_finite
+from distsplat_ns.distributed.context import DistContext
 
 
 def _params(*grads):

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.dist.context import DistContext
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)

@@ -1,0 +1,18 @@
+"""Argument validators shared by the pure layers: one message format for every integer check."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int; TypeError unless it is an int, ValueError unless it is ``>= minimum``.
+
+    Both errors name ``name``, what was expected and what was given. bool is refused (it is an int
+    subclass, but ``True`` passed as a count is a bug at the call site).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
