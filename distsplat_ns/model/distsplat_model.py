@@ -348,16 +348,18 @@ class DistSplatModel(SplatfactoModel):
         Ks[:, :2, :] /= downscale
         return viewmats, Ks, width, height
 
-    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int) -> torch.Tensor:
+    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.
 
         Args:
-            image: `[H, W, 3 or 4]`, uint8 or float in [0, 1].
+            image: `[H, W, 3 or 4]`, uint8 or float in [0, 1], at full size or already at the
+                rendered size ``size_px`` (the datamanager may decode at the training scale).
+            size_px: Rendered ``(height, width)``.
         """
         if image.dtype == torch.uint8:
             image = image.to(self.device, self.compute_dtype) / 255.0
         image = image.to(self.device, self.compute_dtype)
-        if downscale > 1:
+        if downscale > 1 and tuple(image.shape[:2]) != tuple(size_px):
             image = resize_image(image, downscale).to(self.compute_dtype)  # resize_image returns float32
         return self.composite_with_background(image, background)
 
@@ -398,8 +400,8 @@ class DistSplatModel(SplatfactoModel):
         params = self._activated()
         viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
-        gts = [self.gt_image(img, bg, downscale) for img, bg in zip(images, backgrounds)]
-        gt_masks = [None if m is None else self._downscale_mask(m, downscale) for m in masks]
+        gts = [self.gt_image(img, bg, downscale, (height, width)) for img, bg in zip(images, backgrounds)]
+        gt_masks = [None if m is None else self._downscale_mask(m, downscale, (height, width)) for m in masks]
         for gt in gts:
             if gt.shape[0] != height or gt.shape[1] != width:
                 raise ValueError(
@@ -474,9 +476,11 @@ class DistSplatModel(SplatfactoModel):
             pixel_links=links,
         )
 
-    def _downscale_mask(self, mask: torch.Tensor, downscale: int) -> torch.Tensor:
+    def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)
-        return resize_image(mask, downscale).to(self.compute_dtype) if downscale > 1 else mask
+        if downscale > 1 and tuple(mask.shape[:2]) != tuple(size_px):
+            mask = resize_image(mask, downscale).to(self.compute_dtype)
+        return mask
 
     def _band_terms(
         self,
