@@ -28,6 +28,7 @@ from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
 from distsplat_ns.model.strategy import sqrt_batch_scaling
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.steps import images_to_steps
 
 LOGGER = get_logger(__name__)
 
@@ -162,8 +163,8 @@ def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int
             group["scheduler"] = ExponentialDecaySchedulerConfig(
                 lr_pre_warmup=sched.lr_pre_warmup * root,
                 lr_final=None if sched.lr_final is None else sched.lr_final * root,
-                warmup_steps=int(round(sched.warmup_steps / batch_size)),
-                max_steps=max(1, int(round(sched.max_steps / batch_size))),
+                warmup_steps=images_to_steps(sched.warmup_steps, batch_size, minimum=0),
+                max_steps=images_to_steps(sched.max_steps, batch_size),
                 ramp=sched.ramp,
             )
     return out

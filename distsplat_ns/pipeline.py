@@ -1,35 +1,29 @@
 """DistSplatPipeline: one data-parallel training step over bands of a global batch.
 
-Every rank holds the same Gaussians (the DDP pattern, without DDP's one-time registration). A step:
-
-1. the global batch of B camera ids for the step (identical on every rank: ``data/order.py``);
-2. the plan: each rank's bands ``(image, first_row, end_row)`` (whole images split contiguously
-   over ranks, or the load balancer's cut);
-3. this rank's images from the datamanager, its bands rendered, its exact share of the loss;
-4. backward (trainer), then gradients summed over ranks in buckets rebuilt every step, and the
-   densification statistics (screen-space gradients, absgrads, radii) reduced over ranks;
-5. the identical optimizer step everywhere, then densification on identical inputs.
-
-Rank 0 alone owns viewer, writers and checkpoints (trainer.py); the eval and viewer paths of the
-model never enter a collective.
+Every rank holds the same Gaussians (the DDP pattern, without DDP's one-time registration).
+``DistSplatPipeline.train_step`` is the whole step, in order: plan -> data -> forward -> backward
+(with the SSIM-halo exchange) -> reduce -> finite check -> optimizer -> refine -> observe costs ->
+replica check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and
+checkpoints (trainer.py); the eval and viewer paths of the model never enter a collective.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
+from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch.cuda.amp.grad_scaler import GradScaler
 
+from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import (
-    DEFAULT_BUCKET_BYTES,
     all_gather_object,
     all_reduce_max_,
     all_reduce_sum_,
@@ -39,18 +33,25 @@ from distsplat_ns.distributed.collectives import (
     sum_gradients_,
 )
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
+from distsplat_ns.model.band_backward import backward_bands
+from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
 from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
+from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
 
+#: Test hook (None in real runs): called as ``hook(step, rank, model)`` after backward, before the
+#: gradient sum; tests/helpers/ns_train_with_fault.py sets it to write a NaN into one rank's gradient.
+before_gradient_sum_hook: Optional[Callable[[int, int, DistSplatModel], None]] = None
+
 
 @dataclass
 class DistSplatPipelineConfig(VanillaPipelineConfig):
-    """The distsplat pipeline: batch size, synchronisation and checks."""
+    """The distsplat pipeline: batch size, how a batch is split over ranks, and the run's checks."""
 
     _target: Type = field(default_factory=lambda: DistSplatPipeline)
     datamanager: DataManagerConfig = field(default_factory=ParallelFullImageDatamanagerConfig)
@@ -59,65 +60,60 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
     partition: Literal["balanced", "whole-images", "equal-rows"] = "balanced"
     """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (Gaussian-tile intersections); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
-    balance_decay: float = 0.0
-    """Weight of the old per-row cost when a camera is measured again (0 = replace, as Grendel-GS: a camera's cost changes little between its visits one epoch apart, and densification makes old estimates stale)."""
-    min_band_rows: int = 1
-    """Thinnest band a rank renders, in 16-px tile rows."""
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    """Gradient all-reduce bucket size in bytes (torch DDP's default of 25 MiB)."""
     replica_check_every: int = 100
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
     check_finite_every: int = 1
     """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). Each check is one host sync."""
-    inject_nonfinite_at_step: int = -1
-    """Fault injection for tests: at this step, rank ``inject_nonfinite_rank`` writes a NaN into its local gradient before the reduction (-1 = never)."""
-    inject_nonfinite_rank: int = 0
-    """The rank that injects the NaN (see ``inject_nonfinite_at_step``)."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
-        if self.bucket_bytes < 1024:
-            raise ValueError(f"--pipeline.bucket-bytes must be >= 1024, got {self.bucket_bytes}")
         if self.partition not in ("balanced", "whole-images", "equal-rows"):
             raise ValueError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
-        if not 0.0 <= self.balance_decay < 1.0:
-            raise ValueError(f"--pipeline.balance-decay must be in [0, 1), got {self.balance_decay}")
-        if self.min_band_rows < 1:
-            raise ValueError(f"--pipeline.min-band-rows must be >= 1, got {self.min_band_rows}")
-        if self.replica_check_every < 0 or self.check_finite_every < 0:
-            raise ValueError("--pipeline.replica-check-every and --pipeline.check-finite-every must be >= 0")
+        if self.replica_check_every < 0:
+            raise ValueError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
+        if self.check_finite_every < 0:
+            raise ValueError(f"--pipeline.check-finite-every must be >= 0, got {self.check_finite_every}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepTimings:
     """Seconds spent in each phase of one step on this rank."""
 
-    data_wait: float = 0.0
-    forward: float = 0.0
-    backward: float = 0.0
-    all_reduce: float = 0.0
-    optimizer: float = 0.0
-    densify: float = 0.0
+    data_wait: float
+    forward: float
+    backward: float
+    all_reduce: float
+    optimizer: float
+    densify: float
 
     def as_dict(self) -> Dict[str, float]:
         return dict(self.__dict__)
 
 
-@dataclass
-class StepState:
-    """What flows from the forward to the reduction and densification of one step."""
+@dataclass(frozen=True)
+class StepReport:
+    """What one training step did on this rank (for logging and the run summary).
 
-    step: int
-    result: BandRenderResult
+    Attributes:
+        loss: This rank's share of the batch loss (sum over ranks = batch loss), detached. 0-d.
+        l1: This rank's share of the batch's mean L1, detached. 0-d.
+        dssim: This rank's share of the batch's mean ``1 - SSIM``, detached. 0-d.
+        num_gaussians: Gaussians rendered this step (before densification).
+        timings: Seconds per phase.
+        bytes_communicated: Payload bytes this rank reduced (gradients and statistics).
+        measured_imbalance: Max over mean of the ranks' measured tile costs.
+        time_imbalance: Max over mean of the ranks' render times (forward + backward).
+    """
+
+    loss: torch.Tensor
+    l1: torch.Tensor
+    dssim: torch.Tensor
+    num_gaussians: int
     timings: StepTimings
-    plan: Optional[StepPlan] = None
-    batch: List[int] = field(default_factory=list)
-    downscale: int = 1
-    bytes_communicated: int = 0
-    info: Optional[Dict[str, Any]] = None
-    measured_imbalance: Optional[float] = None
-    time_imbalance: Optional[float] = None
+    bytes_communicated: int
+    measured_imbalance: float
+    time_imbalance: float
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -131,6 +127,8 @@ class DistSplatPipeline(VanillaPipeline):
         local_rank: Device index on this host.
         grad_scaler: Unused (mixed precision is not supported); kept for nerfstudio's signature.
         dist_ctx: The process context; a single-process context when None (ns-export, ns-eval).
+        seed: Seed of the data order, training backgrounds and densification samples, the same on
+            every rank: the trainer passes ``--machine.seed``; 42 (nerfstudio's default) otherwise.
     """
 
     config: DistSplatPipelineConfig
@@ -144,13 +142,14 @@ class DistSplatPipeline(VanillaPipeline):
         local_rank: int = 0,
         grad_scaler: Optional[GradScaler] = None,
         dist_ctx: Optional[DistContext] = None,
+        seed: int = 42,
     ):
         torch.nn.Module.__init__(self)
         self.config = config
         self.test_mode = test_mode
         self.ctx = dist_ctx if dist_ctx is not None else DistContext(device=torch.device(device))
         self.datamanager = config.datamanager.setup(
-            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank
+            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank, seed=seed
         )
         seed_pts = None
         outputs = getattr(self.datamanager, "train_dataparser_outputs", None)
@@ -167,6 +166,7 @@ class DistSplatPipeline(VanillaPipeline):
             seed_points=seed_pts,
             batch_size=config.batch_size,
             is_main_rank=self.ctx.is_main,
+            seed=seed,
         )
         self.model.to(device)
         self.world_size = self.ctx.world_size
@@ -177,9 +177,7 @@ class DistSplatPipeline(VanillaPipeline):
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
         self._image_sizes = list(zip([int(w) for w in train_cameras.width.reshape(-1).tolist()], heights))
-        self.planner = BandPlanner(
-            config.partition, heights, decay=config.balance_decay, min_band_rows=config.min_band_rows
-        )
+        self.planner = BandPlanner(config.partition, heights)
         self.time_imbalance: List[float] = []
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
@@ -209,12 +207,99 @@ class DistSplatPipeline(VanillaPipeline):
             world_size=self.ctx.world_size,
             start_step=start_step,
             assigner=ExpectedImagesAssigner(self.config.partition),
+            downscale_at=self.model.downscale_factor_at,
         )
         self._training_configured = True
 
     def trainable_parameters(self) -> List[torch.nn.Parameter]:
         """Every parameter the optimizers update, in the same order on every rank."""
-        return [p for p in self.model.parameters() if p.requires_grad]
+        return [p for _, p in self._named_trainable_parameters()]
+
+    def _named_trainable_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+        return [
+            (name.removeprefix("gauss_params."), p) for name, p in self.model.named_parameters() if p.requires_grad
+        ]
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, step: int, optimizers: Optimizers) -> StepReport:
+        """One training step on this rank, every phase in order.
+
+        Args:
+            step: The step (the batch is ``step``'s on every rank).
+            optimizers: nerfstudio's optimizers and schedulers of the trainable parameters.
+
+        Returns:
+            What the step did, for logging.
+
+        Raises:
+            NonFiniteGradientError: the summed gradient holds NaN/Inf (before the optimizer step).
+            ReplicaDriftError: the ranks' parameters differ after the step.
+
+        **Collective:** world group, in this order on every rank: the SSIM-halo all-gather, the
+        gradient buckets, the densification statistics (while densification runs), the cost
+        all-gather and, every ``replica_check_every`` steps, the replica digest.
+        **Host sync:** the halo rows and the measured tile costs (every step: the next cut needs
+        them), the finite check (every ``check_finite_every`` steps), the replica digest.
+        """
+        if not self._training_configured:
+            self.configure_training(start_step=step)
+        optimizers.zero_grad_all()
+        batch = self.datamanager.batch_camera_ids(step)
+        # 1. plan: every rank's bands, computed identically on every rank.
+        plan = self.plan(step, batch)
+        bands = plan.bands[self.ctx.rank]
+        # 2. data: this rank's images of the batch.
+        positions, images, masks, data_wait_s = self._fetch_images(step, batch, bands)
+        # 3. forward: render the bands, this rank's exact share of the batch loss.
+        t0 = time.perf_counter()
+        # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+        cameras = self.datamanager.train_dataset.cameras[torch.tensor([batch[p] for p in positions], dtype=torch.long)]
+        result = self.model.forward_bands(cameras, positions, images, masks, bands, step, add_regularizers=self.ctx.is_main)
+        num_gaussians = self.model.num_points
+        forward_s = time.perf_counter() - t0
+        # 4. backward, with the halo rows' pixel gradients exchanged between the two phases.
+        backward_s, halo_wait_s = self._backward(result)
+        # 5. reduce: gradients summed over ranks, densification statistics of the whole batch.
+        t0 = time.perf_counter()
+        named = self._named_trainable_parameters()
+        if before_gradient_sum_hook is not None:
+            before_gradient_sum_hook(step, self.ctx.rank, self.model)
+        bytes_communicated = sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
+        info = None
+        if step < self.model.schedule.refine_stop_iter:
+            info = self._reduce_statistics(step, batch, result)
+            if self.ctx.is_distributed:
+                # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
+                bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
+        # 6. finite check: every rank sees the same summed gradient, so all stop together.
+        every = self.config.check_finite_every
+        if every and step % every == 0:
+            check_finite_gradients(self.ctx, named, step)
+        all_reduce_s = halo_wait_s + time.perf_counter() - t0
+        # 7. the identical optimizer step and learning-rate schedules on every rank.
+        t0 = time.perf_counter()
+        optimizers.optimizer_step_all()
+        optimizers.scheduler_step_all(step)
+        optimizer_s = time.perf_counter() - t0
+        # 8. refine: densification on the reduced statistics (identical inputs everywhere).
+        t0 = time.perf_counter()
+        if info is not None:
+            self.model.refine(step, optimizers.optimizers, info)
+        densify_s = time.perf_counter() - t0
+        # 9. observe costs: every rank's measured tile costs into the planner's history.
+        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, result, forward_s + backward_s)
+        # 10. replica check: every K steps, prove the ranks' parameters bitwise identical.
+        every = self.config.replica_check_every
+        if self.ctx.is_distributed and every and step % every == 0:
+            check_replicas(self.ctx, [p.data for p in self.trainable_parameters()], step)
+        timings = StepTimings(
+            data_wait=data_wait_s, forward=forward_s, backward=backward_s, all_reduce=all_reduce_s,
+            optimizer=optimizer_s, densify=densify_s,
+        )
+        return StepReport(
+            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, num_gaussians=num_gaussians, timings=timings,
+            bytes_communicated=bytes_communicated, measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
+        )
 
     def plan(self, step: int, batch: Sequence[int]) -> StepPlan:
         """Every rank's bands for the step: a pure function of values every rank has (the batch,
@@ -246,70 +331,35 @@ class DistSplatPipeline(VanillaPipeline):
             for i in range(len(camera_indices))
         ]
 
-    # ------------------------------------------------------------------ the step
-    def get_train_loss_dict(self, step: int) -> Tuple[StepState, Dict[str, torch.Tensor], Dict[str, Any]]:
-        """Forward of this rank's share of the step's batch.
+    def _fetch_images(
+        self, step: int, batch: Sequence[int], bands: Sequence[Band]
+    ) -> Tuple[List[int], List[torch.Tensor], List[Optional[torch.Tensor]], float]:
+        """This rank's images of the step: ``(positions, images, masks, wait_s)``, in batch order.
 
-        Returns:
-            ``(state, loss_dict, metrics_dict)``: ``state`` goes to :meth:`after_backward`; the
-            sum of ``loss_dict``'s values is this rank's loss share (sum over ranks = batch loss).
+        The data stream decoded the images this rank was expected to need; one the balanced cut
+        gave it beyond those is decoded here, on demand, and counted.
         """
-        if not self._training_configured:
-            self.configure_training(start_step=step)
-        timings = StepTimings()
-        batch_ids = self.datamanager.batch_camera_ids(step)
-        plan = self.plan(step, batch_ids)
-        my_bands = plan.bands[self.ctx.rank]
-        needed = sorted({b.position for b in my_bands})
+        needed = sorted({b.position for b in bands})
         t0 = time.perf_counter()
         train_batch = self.datamanager.next_train_batch(step)
-        images_by_pos = dict(zip(train_batch.positions, train_batch.images))
-        masks_by_pos = dict(zip(train_batch.positions, train_batch.masks))
-        missing = [p for p in needed if p not in images_by_pos]
+        images = dict(zip(train_batch.positions, train_batch.images))
+        masks = dict(zip(train_batch.positions, train_batch.masks))
+        missing = [p for p in needed if p not in images]
         if missing:
             self.images_fetched_on_demand += len(missing)
-            fetched = self.datamanager.get_images([batch_ids[p] for p in missing])
-            for p, img in zip(missing, fetched):
-                images_by_pos[p] = img
-                masks_by_pos.setdefault(p, None)
-        timings.data_wait = train_batch.wait_s + (time.perf_counter() - t0 if missing else 0.0)
-        t1 = time.perf_counter()
-        if needed:
-            camera_indices = torch.tensor([batch_ids[p] for p in needed])
-            # Host-side cameras: the model reads their sizes without a device sync, then moves them.
-            cameras = self.datamanager.train_dataset.cameras[camera_indices]
-            result = self.model.forward_bands(
-                cameras,
-                needed,
-                [images_by_pos[p] for p in needed],
-                [masks_by_pos.get(p) for p in needed],
-                my_bands,
-                step,
-                add_regularizers=self.ctx.is_main,
-            )
-        else:
-            # B < W whole images: this rank renders nothing but still joins every collective.
-            result = self._empty_result(step)
-        timings.forward = time.perf_counter() - t1
-        loss_dict = {"main_loss": result.loss}
-        metrics = {"gaussian_count": self.model.num_points}
-        state = StepState(
-            step=step, result=result, timings=timings, plan=plan, batch=list(batch_ids),
-            downscale=self.model.downscale_factor_at(step),
-        )
-        return state, loss_dict, metrics
+            images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing])))
+        wait_s = train_batch.wait_s + (time.perf_counter() - t0 if missing else 0.0)
+        return needed, [images[p] for p in needed], [masks.get(p) for p in needed], wait_s
 
-    def _empty_result(self, step: int) -> BandRenderResult:
-        zero = self.model.means.new_zeros(())
-        loss = self.model._regularizers(step) if self.ctx.is_main else zero
-        return BandRenderResult(
-            loss=loss, l1=zero, dssim=zero, projections=[], band_tile_counts=[], width=0, height=0, num_pixels=0
-        )
+    def _backward(self, result: BandRenderResult) -> Tuple[float, float]:
+        """Backpropagate this rank's loss share with exact per-pixel gradients
+        (``model/band_backward.py``); returns ``(render_s, halo_wait_s)``.
 
-    def backward(self, state: StepState) -> None:
-        """Backpropagate this rank's loss share with exact per-pixel gradients (``backward_bands``).
+        The exchange waits for the slowest rank: it counts as communication, not render time, or
+        the per-rank render times (the balancer's wall-clock figure) would look more equal than
+        they are.
 
-        **Collective:** one all-gather of the SSIM halo rows' pixel gradients per step.
+        **Collective:** one all-gather of the SSIM halo rows' pixel gradients.
         """
         waited = [0.0]
 
@@ -319,100 +369,32 @@ class DistSplatPipeline(VanillaPipeline):
             waited[0] += time.perf_counter() - t0
             return gathered
 
-        t_start = time.perf_counter()
-        backward_bands(state.result, exchange)
-        # The exchange waits for the slowest rank: count it as communication, not as render time,
-        # or the per-rank render times (the balancer's wall-clock figure) look more equal than
-        # they are.
-        state.timings.backward = time.perf_counter() - t_start - waited[0]
-        state.timings.all_reduce += waited[0]
-
-    def after_backward(self, state: StepState) -> None:
-        """Sum gradients over ranks and reduce the densification statistics.
-
-        **Collective:** world group, same order on every rank: the gradient buckets, then (while
-        densification is active) the statistics. At ``world_size == 1`` only local work remains.
-        """
         t0 = time.perf_counter()
-        params = self.trainable_parameters()
-        if state.step == self.config.inject_nonfinite_at_step and self.ctx.rank == self.config.inject_nonfinite_rank:
-            LOGGER.warning("fault injection: NaN written into the local gradient at step %d", state.step)
-            grad = self.model.means.grad
-            if grad is None:
-                self.model.means.grad = torch.zeros_like(self.model.means)
-                grad = self.model.means.grad
-            grad.view(-1)[0] = float("nan")
-        sync = sum_gradients_(self.ctx, params, self.config.bucket_bytes)
-        state.bytes_communicated = sync.bytes_reduced
-        every = self.config.check_finite_every
-        if every and state.step % every == 0:
-            check_finite_gradients(self.ctx, params, state.step)
-        if state.step < self.model.schedule.refine_stop_iter:
-            state.info = self._reduce_statistics(state)
-            if self.ctx.is_distributed:
-                # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
-                state.bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
-        state.timings.all_reduce += time.perf_counter() - t0
-        self._observe_costs(state)
+        backward_bands(result.loss, result.pixel_links, exchange)
+        return time.perf_counter() - t0 - waited[0], waited[0]
 
-    def _observe_costs(self, state: StepState) -> None:
-        """All-gather every rank's measured per-row costs (and render time) into the history.
+    def _reduce_statistics(self, step: int, batch: Sequence[int], result: BandRenderResult) -> Dict[str, Any]:
+        """DefaultStrategy's ``info`` for the whole batch: screen-space gradients and absgrads
+        summed, radii maximised over ranks.
 
-        **Collective:** one all-gather of small Python lists per step, the same on every rank.
-        **Host sync:** the tile counts come to the host: the next step's cut needs them.
+        **Collective:** three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`, `[B, N]`.
         """
-        if state.plan is None:
-            return
-        bands = state.result.band_tile_counts
-        mine = []
-        if bands:
-            # One device-to-host copy for all bands (one sync, not one per band).
-            row_costs = torch.cat([counts.sum(dim=-1) for _, counts in bands]).to(torch.float64).cpu().tolist()
-            start = 0
-            for band, counts in bands:
-                rows = counts.shape[0]
-                mine.append((band.position, band.first_row // 16, row_costs[start : start + rows]))
-                start += rows
-        render_s = state.timings.forward + state.timings.backward
-        gathered = all_gather_object(self.ctx, (mine, render_s))
-        state.measured_imbalance = self.planner.observe(state.plan, state.batch, state.downscale, [g[0] for g in gathered])
-        times = [g[1] for g in gathered]
-        mean_t = sum(times) / len(times)
-        state.time_imbalance = max(times) / mean_t if mean_t > 0 else 1.0
-        self.time_imbalance.append(state.time_imbalance)
-
-    def balance_summary(self) -> Dict[str, Any]:
-        """Balance figures for the run summary (measured after the first epoch: before it, most
-        cameras have only a footprint prior)."""
-        num_train = len(self.datamanager.train_dataset)
-        warmup = -(-num_train // self.config.batch_size)
-        summary: Dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
-        tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
-        if tail:
-            ordered = sorted(tail)
-            summary["time_imbalance_mean"] = sum(tail) / len(tail)
-            summary["time_imbalance_p95"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-        summary["images_fetched_on_demand"] = self.images_fetched_on_demand
-        return summary
-
-    def _reduce_statistics(self, state: StepState) -> Dict[str, Any]:
-        result = state.result
-        batch = self.config.batch_size
+        num = self.config.batch_size
         n = self.model.num_points
         device = self.model.means.device
         dtype = self.model.compute_dtype
-        if len(result.projections) == 1 and result.projections[0][0] == list(range(batch)):
+        if len(result.projections) == 1 and result.projections[0][0] == list(range(num)):
             # This rank projected the whole batch in one call (one process, or a band of every
             # image): its statistics are already batch-shaped, no gather into zeros needed.
             _, means2d, proj_radii = result.projections[0]
-            grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(batch, n, 2, device=device, dtype=dtype)
+            grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(num, n, 2, device=device, dtype=dtype)
             absgrad = getattr(means2d, "absgrad", None)
             absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
             radii = proj_radii.detach().to(torch.int32)
         else:
-            grads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
-            absgrads = torch.zeros(batch, n, 2, device=device, dtype=dtype)
-            radii = torch.zeros(batch, n, dtype=torch.int32, device=device)
+            grads = torch.zeros(num, n, 2, device=device, dtype=dtype)
+            absgrads = torch.zeros(num, n, 2, device=device, dtype=dtype)
+            radii = torch.zeros(num, n, dtype=torch.int32, device=device)
             for positions, means2d, proj_radii in result.projections:
                 idx = torch.tensor(positions, device=device)
                 if means2d.grad is not None:
@@ -424,25 +406,42 @@ class DistSplatPipeline(VanillaPipeline):
         all_reduce_sum_(self.ctx, grads)
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
-        width, height = self._rendered_size(state.step, state.batch)
-        return batch_info(grads, absgrads, radii, width, height)
-
-    def _rendered_size(self, step: int, batch: Sequence[int]) -> Tuple[int, int]:
-        """Rendered (width, height) of the batch's images at this step (the model renders a batch's
-        cameras in one call only when their sizes agree)."""
+        # The model renders a batch's cameras in one call only when their sizes agree.
         width, height = self._image_sizes[batch[0]]
-        d = self.model.downscale_factor_at(step)
-        return downscaled_px(width, d), downscaled_px(height, d)
+        downscale = self.model.downscale_factor_at(step)
+        return batch_info(grads, absgrads, radii, downscaled_px(width, downscale), downscaled_px(height, downscale))
 
-    def after_optimizer_step(self, state: StepState, optimizers: Dict[str, torch.optim.Optimizer]) -> None:
-        """Densify on the reduced statistics, then (every K steps) prove the replicas identical.
+    def _observe_costs(
+        self, plan: StepPlan, batch: Sequence[int], result: BandRenderResult, render_s: float
+    ) -> Tuple[float, float]:
+        """All-gather every rank's measured per-row costs (and render time) into the history;
+        returns ``(measured_imbalance, time_imbalance)``.
 
-        **Collective:** the replica check all-gathers a digest every ``replica_check_every`` steps.
+        **Collective:** one all-gather of small Python lists per step, the same on every rank.
+        **Host sync:** the tile counts come to the host: the next step's cut needs them.
         """
-        t0 = time.perf_counter()
-        if state.info is not None:
-            self.model.refine(state.step, optimizers, state.info)
-        state.timings.densify = time.perf_counter() - t0
-        every = self.config.replica_check_every
-        if self.ctx.is_distributed and every and state.step % every == 0:
-            check_replicas(self.ctx, [p.data for p in self.trainable_parameters()], state.step)
+        mine = []
+        if result.band_tile_counts:
+            # One device-to-host copy for all bands (one sync, not one per band).
+            row_costs = torch.cat([c.sum(dim=-1) for _, c in result.band_tile_counts]).to(torch.float64).cpu().tolist()
+            start = 0
+            for band, counts in result.band_tile_counts:
+                rows = counts.shape[0]
+                mine.append((band.position, band.first_row, row_costs[start : start + rows]))
+                start += rows
+        gathered = all_gather_object(self.ctx, (mine, render_s))
+        measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
+        time_imbalance = max_over_mean([g[1] for g in gathered])
+        self.time_imbalance.append(time_imbalance)
+        return measured_imbalance, time_imbalance
+
+    def balance_summary(self) -> Dict[str, Any]:
+        """Balance figures for the run summary (measured after the first epoch: before it, most
+        cameras have only a footprint prior)."""
+        warmup = steps_to_cover(len(self.datamanager.train_dataset), self.config.batch_size)
+        summary: Dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
+        tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
+        if tail:
+            summary["time_imbalance_mean"], summary["time_imbalance_p95"] = mean_and_p95(tail)
+        summary["images_fetched_on_demand"] = self.images_fetched_on_demand
+        return summary

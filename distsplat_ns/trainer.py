@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import shutil
 import time
@@ -47,8 +46,10 @@ from distsplat_ns.distributed.collectives import (
     broadcast_object,
 )
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
-from distsplat_ns.pipeline import DistSplatPipeline, StepState
+from distsplat_ns.pipeline import DistSplatPipeline, StepReport
+from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.steps import steps_to_cover
 
 LOGGER = get_logger(__name__)
 
@@ -148,6 +149,7 @@ class DistSplatTrainer(Trainer):
             local_rank=self.ctx.local_rank,
             grad_scaler=self.grad_scaler,
             dist_ctx=self.ctx,
+            seed=self.config.machine.seed,
         )
         loaded = self._load_checkpoint_state()
         self.optimizers = self.setup_optimizers()
@@ -202,7 +204,7 @@ class DistSplatTrainer(Trainer):
     @property
     def num_steps(self) -> int:
         """Optimizer steps in this run: ``max_num_iterations`` images over the batch size."""
-        return max(1, math.ceil(self.config.max_num_iterations / self.pipeline.config.batch_size))
+        return steps_to_cover(self.config.max_num_iterations, self.pipeline.config.batch_size)
 
     def setup_optimizers(self) -> Optimizers:
         configs = scaled_optimizer_configs(self.config.optimizers, self.pipeline.config.batch_size)
@@ -300,45 +302,34 @@ class DistSplatTrainer(Trainer):
         self._after_train()
 
     def train_iteration(self, step: int):  # type: ignore[override]
-        """One step: forward, backward, gradient sum, optimizer step, densification."""
-        self.optimizers.zero_grad_all()
-        state, loss_dict, metrics_dict = self.pipeline.get_train_loss_dict(step=step)
-        loss = sum(loss_dict.values())
-        self.pipeline.backward(state)  # sets timings.backward (render) and adds the halo exchange to all_reduce
-        self.pipeline.after_backward(state)
-        t1 = time.perf_counter()
-        self.optimizers.optimizer_step_all()
-        self.optimizers.scheduler_step_all(step)
-        state.timings.optimizer = time.perf_counter() - t1
-        self.pipeline.after_optimizer_step(state, self.optimizers.optimizers)
-        self._record_step(state)
-        if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
-            # The logged loss is the whole batch's: the ranks' shares summed (every rank calls this
-            # on the same steps, so the collective lines up).
-            logged = {k: v.detach().clone().reshape(()) for k, v in loss_dict.items()}
-            logged["l1"] = state.result.l1.clone()
-            logged["dssim"] = state.result.dssim.clone()
-            for value in logged.values():
-                all_reduce_sum_(self.ctx, value)
-            loss = sum(v for k, v in logged.items() if k in loss_dict)
-            loss_dict = logged
-            metrics_dict = dict(metrics_dict)
-            for key, value in state.timings.as_dict().items():
-                metrics_dict[f"time_{key}_s"] = value
-            metrics_dict["bytes_communicated"] = state.bytes_communicated
-            if state.measured_imbalance is not None:
-                metrics_dict["balance_measured_imbalance"] = state.measured_imbalance
-                metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
-            if state.time_imbalance is not None:
-                metrics_dict["balance_time_imbalance"] = state.time_imbalance
-        return loss, loss_dict, metrics_dict
+        """One step (``DistSplatPipeline.train_step``), then what nerfstudio's loop logs.
 
-    def _record_step(self, state: StepState) -> None:
+        Returns:
+            ``(loss, loss_dict, metrics_dict)``; on logging steps the losses are the whole batch's
+            (the ranks' shares summed: every rank logs on the same steps, so the all-reduce lines up).
+        """
+        report = self.pipeline.train_step(step, self.optimizers)
+        self._record_step(report)
+        loss_dict = {"main_loss": report.loss}
+        metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
+        if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
+            loss_dict = {"main_loss": report.loss.clone(), "l1": report.l1.clone(), "dssim": report.dssim.clone()}
+            for value in loss_dict.values():
+                all_reduce_sum_(self.ctx, value)
+            for key, value in report.timings.as_dict().items():
+                metrics_dict[f"time_{key}_s"] = value
+            metrics_dict["bytes_communicated"] = report.bytes_communicated
+            metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
+            metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
+            metrics_dict["balance_time_imbalance"] = report.time_imbalance
+        return loss_dict["main_loss"], loss_dict, metrics_dict
+
+    def _record_step(self, report: StepReport) -> None:
         self.steps_trained += 1
         self.images_trained += self.pipeline.config.batch_size
-        for key, value in state.timings.as_dict().items():
+        for key, value in report.timings.as_dict().items():
             self.timing_totals[key] = self.timing_totals.get(key, 0.0) + value
-        self.bytes_per_step = state.bytes_communicated
+        self.bytes_per_step = report.bytes_communicated
 
     @check_eval_enabled
     def eval_iteration(self, step: int) -> None:
@@ -420,7 +411,7 @@ class DistSplatTrainer(Trainer):
             "final_gaussian_count": int(self.pipeline.model.num_points),
             "final_eval_psnr": self.last_eval_psnr,
             "eval_psnr_history": self.eval_psnr_history,
-            "backend": _backend_name(self.pipeline.model.config.rendering_backend, self.ctx.device),
+            "backend": resolve_backend(self.pipeline.model.config.rendering_backend, self.ctx.device),
             "device": str(self.ctx.device),
             "time_breakdown_s": timings,
             "bytes_communicated_per_step": self.bytes_per_step,
@@ -439,12 +430,6 @@ class DistSplatTrainer(Trainer):
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(stats, indent=2, default=_json_default))
             os.replace(tmp, path)
-
-
-def _backend_name(configured: str, device: torch.device) -> str:
-    if configured != "auto":
-        return configured
-    return "gsplat" if device.type == "cuda" else "reference"
 
 
 def _json_default(value: Any) -> Any:

@@ -6,7 +6,7 @@ the same answer. See docs/balance.md.
 """
 
 from distsplat_ns.balance.bands import (
-    DEFAULT_TILE_SIZE,
+    TILE_SIZE,
     Band,
     band_pixel_rows,
     imbalance,
@@ -26,7 +26,7 @@ __all__ = [
     "Band",
     "CostHistory",
     "DEFAULT_SNAP_TOLERANCE",
-    "DEFAULT_TILE_SIZE",
+    "TILE_SIZE",
     "band_pixel_rows",
     "equal_rows_partition",
     "footprint_row_costs",

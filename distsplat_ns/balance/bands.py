@@ -1,7 +1,8 @@
 """Bands (strips of whole tile rows), their pixel rows, and the cost of a partition.
 
-Shape legend: ``C`` cameras in the batch, ``R`` ranks, ``T`` tile rows (16-px strips) of one
-image; "row" means a tile row unless a name ends in ``_px``.
+The one band type of the package: the planner cuts bands, the model renders them, the measured
+costs come back per band. Shape legend: ``C`` cameras in the batch, ``R`` ranks, ``T`` tile rows
+(``TILE_SIZE``-px strips) of one image; "row" means a tile row unless a name ends in ``_px``.
 
 A partition is ``list[list[Band]]``: entry ``r`` holds rank ``r``'s bands in batch order. The
 partitioners live in ``partition.py``; this module holds what they and their callers share.
@@ -15,12 +16,13 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from distsplat_ns.utils.stats import max_over_mean
 from distsplat_ns.utils.validation import check_int
 
 __all__ = [
     "ArrayLike",
     "Band",
-    "DEFAULT_TILE_SIZE",
+    "TILE_SIZE",
     "band_pixel_rows",
     "imbalance",
     "num_tile_rows",
@@ -31,8 +33,8 @@ __all__ = [
 ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
 """One camera's tile-row costs: a 1-D tensor (any device), ndarray or sequence of floats."""
 
-DEFAULT_TILE_SIZE = 16
-"""gsplat's tile edge in pixels; a tile row is a ``DEFAULT_TILE_SIZE``-px strip of an image."""
+TILE_SIZE = 16
+"""gsplat's tile edge in pixels (the rasterizer's, the cost history's and the bands' row unit)."""
 
 
 @dataclass(frozen=True)
@@ -43,17 +45,20 @@ class Band:
         position: Index of the camera in the step's batch (not the dataset camera id).
         first_row: First tile row of the strip (inclusive).
         end_row: One past the last tile row of the strip (exclusive).
+        tile_size: Pixels per row of the band: ``TILE_SIZE`` for every band the planner cuts (its
+            rows are then the rasterizer's tile rows); tests use 1 to cut an image at any pixel row.
 
     Invariants:
-        ``0 <= first_row < end_row``; use ``band_pixel_rows`` for the pixel rows.
+        ``0 <= first_row < end_row``; the pixel rows are ``[first_row_px, end_row_px(height_px))``.
     """
 
     position: int
     first_row: int
     end_row: int
+    tile_size: int = TILE_SIZE
 
     def __post_init__(self) -> None:
-        for name in ("position", "first_row", "end_row"):
+        for name in ("position", "first_row", "end_row", "tile_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"Band.{name}: expected an int, got {type(value).__name__}")
@@ -66,11 +71,27 @@ class Band:
                 f"Band rows: expected 0 <= first_row < end_row, got first_row={self.first_row}, "
                 f"end_row={self.end_row}"
             )
+        if self.tile_size < 1:
+            raise ValueError(f"Band.tile_size: expected >= 1, got {self.tile_size}")
 
     @property
     def num_rows(self) -> int:
         """Number of tile rows in the band."""
         return self.end_row - self.first_row
+
+    @property
+    def first_row_px(self) -> int:
+        """First pixel row of the band."""
+        return self.first_row * self.tile_size
+
+    def end_row_px(self, height_px: int) -> int:
+        """One past the last pixel row of the band in an image ``height_px`` high (the last tile
+        row of an image may be partial)."""
+        return band_pixel_rows(self, height_px)[1]
+
+    def num_rows_px(self, height_px: int) -> int:
+        """Pixel rows of the band in an image ``height_px`` high."""
+        return self.end_row_px(height_px) - self.first_row_px
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,7 +99,7 @@ class Band:
 # --------------------------------------------------------------------------------------------
 
 
-def num_tile_rows(height_px: int, tile_size: int = DEFAULT_TILE_SIZE) -> int:
+def num_tile_rows(height_px: int, tile_size: int = TILE_SIZE) -> int:
     """Number of tile rows covering an image: ``ceil(height_px / tile_size)``.
 
     Args:
@@ -98,7 +119,7 @@ def num_tile_rows(height_px: int, tile_size: int = DEFAULT_TILE_SIZE) -> int:
 
 
 def tile_rows_to_pixel_rows(
-    first_row: int, end_row: int, height_px: int, tile_size: int = DEFAULT_TILE_SIZE
+    first_row: int, end_row: int, height_px: int, tile_size: int = TILE_SIZE
 ) -> tuple[int, int]:
     """Pixel rows ``[first_px, end_px)`` covered by tile rows ``[first_row, end_row)``.
 
@@ -123,9 +144,9 @@ def tile_rows_to_pixel_rows(
     return first_row * tile_size, min(end_row * tile_size, height_px)
 
 
-def band_pixel_rows(band: Band, height_px: int, tile_size: int = DEFAULT_TILE_SIZE) -> tuple[int, int]:
+def band_pixel_rows(band: Band, height_px: int) -> tuple[int, int]:
     """Pixel rows ``[first_px, end_px)`` of ``band`` in an image ``height_px`` pixels high."""
-    return tile_rows_to_pixel_rows(band.first_row, band.end_row, height_px, tile_size)
+    return tile_rows_to_pixel_rows(band.first_row, band.end_row, height_px, band.tile_size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -243,9 +264,4 @@ def imbalance(partition: Sequence[Sequence[Band]], row_costs: Sequence[ArrayLike
     """
     if len(partition) == 0:
         raise ValueError("partition: expected at least one rank, got 0")
-    totals = rank_costs(partition, row_costs)
-    mean = sum(totals) / len(totals)
-    if mean <= 0:
-        return 1.0
-    return max(totals) / mean
-
+    return max_over_mean(rank_costs(partition, row_costs))

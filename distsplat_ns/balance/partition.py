@@ -59,7 +59,7 @@ from typing import Sequence
 import numpy as np
 
 from distsplat_ns.balance.bands import (
-    DEFAULT_TILE_SIZE,
+    TILE_SIZE,
     ArrayLike,
     Band,
     as_cost_arrays,
@@ -77,7 +77,7 @@ from distsplat_ns.utils.validation import check_int
 __all__ = [
     "Band",
     "DEFAULT_SNAP_TOLERANCE",
-    "DEFAULT_TILE_SIZE",
+    "TILE_SIZE",
     "band_pixel_rows",
     "equal_rows_partition",
     "imbalance",

@@ -3,9 +3,9 @@
 Pure (no nerfstudio, no torch.distributed): the pipeline feeds it identical inputs on every rank --
 the batch, the resolution, all-gathered measurements -- so every rank computes the same plan.
 
-Costs are Gaussian-tile intersections per 16-px tile row, as the renderer reports them for the rows
+Costs are Gaussian-tile intersections per tile row (``TILE_SIZE`` px), as the renderer reports them for the rows
 it rendered (gsplat's ``isect_offsets`` on CUDA, the reference's count on CPU): a measure of the
-work on the backend in use, not a constant (the failure of Grendel-GS's gsplat mode, ANCHORS.md).
+work on the backend in use, not a constant (docs/balance.md).
 The training resolution changes with splatfacto's schedule, so one history is kept per downscale.
 
 Shape letters: B images in the batch, R ranks, T tile rows.
@@ -16,10 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Sequence
 
-import numpy as np
 import torch
 
-from distsplat_ns.balance.bands import DEFAULT_TILE_SIZE, Band, band_pixel_rows, num_tile_rows, rank_costs
+from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows, rank_costs
 from distsplat_ns.balance.cost import CostHistory
 from distsplat_ns.balance.partition import (
     DEFAULT_SNAP_TOLERANCE,
@@ -27,8 +26,8 @@ from distsplat_ns.balance.partition import (
     partition_rows,
     whole_image_partition,
 )
-from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 
 PartitionMode = Literal["balanced", "whole-images", "equal-rows"]
 PARTITION_MODES = ("balanced", "whole-images", "equal-rows")
@@ -39,16 +38,17 @@ class StepPlan:
     """The bands of one step.
 
     Attributes:
-        bands: Per rank, its bands in pixel rows at the rendered resolution. `[R][...]`.
-        tile_bands: The same bands in tile rows. `[R][...]`.
+        bands: Per rank, its bands (tile rows at the rendered resolution; ``Band.end_row_px``
+            with ``heights_px`` gives the pixel rows). `[R][...]`.
         predicted_costs: Per rank, the cost the history predicts for its bands. `[R]`.
         heights_px: Rendered height of each batch image. `[B]`.
+        downscale: The resolution divisor the plan was made for.
     """
 
-    bands: list[list[ImageBand]]
-    tile_bands: list[list[Band]]
+    bands: list[list[Band]]
     predicted_costs: list[float]
     heights_px: list[int]
+    downscale: int
 
 
 @dataclass
@@ -63,11 +63,7 @@ class BalanceLog:
         """Means and 95th percentiles over the steps after ``warmup_steps``."""
 
         def stats(values: list[float]) -> tuple[Optional[float], Optional[float]]:
-            tail = values[warmup_steps:] if len(values) > warmup_steps else values
-            if not tail:
-                return None, None
-            arr = np.asarray(tail, dtype=np.float64)
-            return float(arr.mean()), float(np.percentile(arr, 95))
+            return mean_and_p95(values[warmup_steps:] if len(values) > warmup_steps else values)
 
         m_mean, m_p95 = stats(self.measured_imbalance)
         p_mean, p_p95 = stats(self.predicted_imbalance)
@@ -94,7 +90,6 @@ class BandPlanner:
         decay: Weight of the old estimate when a measurement arrives (0 = replace, as Grendel-GS).
         min_band_rows: Thinnest band, in tile rows.
         snap_tolerance: How much more than its share a part may cost to end on an image edge.
-        tile_size: Tile edge in pixels (gsplat's 16).
         level_smoothing: Weight of the newest step in the smoothed cost level (1 = no smoothing).
     """
 
@@ -106,7 +101,6 @@ class BandPlanner:
         decay: float = 0.0,
         min_band_rows: int = 1,
         snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
-        tile_size: int = DEFAULT_TILE_SIZE,
         level_smoothing: float = 0.2,
     ) -> None:
         if not 0.0 < level_smoothing <= 1.0:
@@ -120,7 +114,6 @@ class BandPlanner:
         self.decay = decay
         self.min_band_rows = min_band_rows
         self.snap_tolerance = snap_tolerance
-        self.tile_size = tile_size
         self._histories: dict[int, CostHistory] = {}
         self._with_prior: dict[int, set[int]] = {}
         # Cost level (mean measured cost per tile row, smoothed over steps) now and when each
@@ -141,7 +134,7 @@ class BandPlanner:
     def history(self, downscale: int) -> CostHistory:
         if downscale not in self._histories:
             heights = self.heights_at(downscale, range(len(self.full_heights_px)))
-            self._histories[downscale] = CostHistory([num_tile_rows(h, self.tile_size) for h in heights], decay=self.decay)
+            self._histories[downscale] = CostHistory([num_tile_rows(h, TILE_SIZE) for h in heights], decay=self.decay)
             self._with_prior[downscale] = set()
         return self._histories[downscale]
 
@@ -162,20 +155,16 @@ class BandPlanner:
         """The step's bands for every rank: a pure function of the batch, the resolution and the
         history, so every rank computes the same plan."""
         heights = self.heights_at(downscale, batch)
-        row_counts = [num_tile_rows(h, self.tile_size) for h in heights]
+        row_counts = [num_tile_rows(h, TILE_SIZE) for h in heights]
         hist = self.history(downscale)
         costs = [hist.get(c).numpy() * self.level_factor(downscale, c) for c in batch]
         if self.mode == "balanced":
-            tile_bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
+            bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
         elif self.mode == "whole-images":
-            tile_bands = whole_image_partition(row_counts, world_size)
+            bands = whole_image_partition(row_counts, world_size)
         else:
-            tile_bands = equal_rows_partition(row_counts, world_size)
-        bands = [
-            [ImageBand(b.position, *band_pixel_rows(b, heights[b.position], self.tile_size)) for b in rank_bands]
-            for rank_bands in tile_bands
-        ]
-        return StepPlan(bands=bands, tile_bands=tile_bands, predicted_costs=rank_costs(tile_bands, costs), heights_px=heights)
+            bands = equal_rows_partition(row_counts, world_size)
+        return StepPlan(bands=bands, predicted_costs=rank_costs(bands, costs), heights_px=heights, downscale=downscale)
 
     def level_factor(self, downscale: int, camera_index: int) -> float:
         """How much the scene's cost level grew since ``camera_index`` was last measured (1.0 for
@@ -226,9 +215,9 @@ class BandPlanner:
             levels = self._camera_level.setdefault(downscale, {})
             for camera in cameras_measured:
                 levels[camera] = self._level[downscale]
-        measured_imb = _imbalance(measured)
+        measured_imb = max_over_mean(measured)
         self.log.measured_imbalance.append(measured_imb)
-        self.log.predicted_imbalance.append(_imbalance(plan.predicted_costs))
+        self.log.predicted_imbalance.append(max_over_mean(plan.predicted_costs))
         denom = max(sum(measured), 1e-12)
         # Relative error of the predicted share of each rank (costs of a camera's first step are
         # priors in other units, so shares, not absolute values, are what the cut relies on).
@@ -259,11 +248,6 @@ class BandPlanner:
         self._camera_level = {
             int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()
         }
-
-
-def _imbalance(costs: Sequence[float]) -> float:
-    mean = sum(costs) / max(len(costs), 1)
-    return float(max(costs) / mean) if mean > 0 else 1.0
 
 
 class ExpectedImagesAssigner:

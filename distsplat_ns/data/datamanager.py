@@ -22,7 +22,7 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
+from typing import Callable, Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -385,6 +385,7 @@ class ParallelFullImageDatamanager(DataManager):
         world_size: int,
         start_step: int = 0,
         assigner: Optional[Assigner] = None,
+        downscale_at: Optional[Callable[[int], int]] = None,
     ) -> None:
         """(Re)start the training stream: global batch size, this rank, the split, the first step.
 
@@ -395,6 +396,8 @@ class ParallelFullImageDatamanager(DataManager):
             start_step: The first step ``next_train_batch`` will be asked for (resume point).
             assigner: Split of each batch across ranks (``positions_for_rank``, picklable);
                 ``order.ContiguousAssigner()`` if None.
+            downscale_at: The model's resolution divisor at a step (decoding at the training scale
+                is not done here yet; images are delivered at full size).
 
         Raises:
             ValueError: Bad batch size, rank, world size or start step.

@@ -111,11 +111,9 @@ class GradSyncResult:
 
     Attributes:
         bytes_reduced: Bytes of gradient summed by this rank (payload, not wire traffic).
-        num_buckets: Number of all-reduce calls.
     """
 
     bytes_reduced: int
-    num_buckets: int
 
 
 def _buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
@@ -145,7 +143,7 @@ def sum_gradients_(
 
     The buckets are rebuilt from ``params`` on every call, so parameters that densification added,
     split or pruned since the last step are synchronised exactly like the original ones -- the
-    failure mode of wrapping the model in DDP once (ANCHORS.md, nerfstudio). A parameter without a
+    failure mode of wrapping the model in DDP once (docs/distributed.md). A parameter without a
     gradient on this rank (it rendered nothing this step) contributes zeros and receives the sum.
 
     Args:
@@ -154,7 +152,7 @@ def sum_gradients_(
         bucket_bytes: Upper bound of one all-reduce payload in bytes.
 
     Returns:
-        How many bytes were reduced and in how many calls.
+        How many bytes were reduced.
 
     **Collective:** world group; every rank passes the same parameter list (names, shapes, order).
     At ``world_size == 1`` gradients are left as they are. Rank 0 with grad ``g0`` and rank 1 with
@@ -162,7 +160,7 @@ def sum_gradients_(
     """
     total_bytes = sum(p.numel() * p.element_size() for p in params)
     if not ctx.is_distributed:
-        return GradSyncResult(bytes_reduced=0, num_buckets=0)
+        return GradSyncResult(bytes_reduced=0)
     buckets = _buckets(params, bucket_bytes)
     for bucket in buckets:
         grads = []
@@ -182,7 +180,7 @@ def sum_gradients_(
             else:
                 p.grad.copy_(view)
             offset += n
-    return GradSyncResult(bytes_reduced=total_bytes, num_buckets=len(buckets))
+    return GradSyncResult(bytes_reduced=total_bytes)
 
 
 def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -198,21 +196,27 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=float("inf")))
 
 
-def check_finite_gradients(ctx: DistContext, params: Sequence[torch.Tensor], step: int) -> None:
+def check_finite_gradients(ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], step: int) -> None:
     """Stop the run when the summed gradient holds NaN or Inf.
 
     Called after :func:`sum_gradients_`: a non-finite value on any rank has then reached every
     rank's summed gradient, so every rank reaches the same verdict in the same step without
-    another collective.
+    another collective (``ctx`` is taken for that contract; nothing is communicated).
+
+    Args:
+        ctx: The process context.
+        named_params: ``(name, parameter)`` pairs, e.g. ``("means", ...)``; the names go into the
+            error message.
+        step: The step, for the message.
 
     Raises:
-        NonFiniteGradientError: on every rank, naming the step and the first bad parameter index.
+        NonFiniteGradientError: on every rank, naming the step and the parameters holding NaN/Inf.
     """
-    ok = gradients_finite(params)
+    ok = gradients_finite(p for _, p in named_params)
     if not bool(ok):  # host sync: the verdict decides whether this step's update is applied
-        bad = [i for i, p in enumerate(params) if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        bad = [n for n, p in named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
         raise NonFiniteGradientError(
-            f"non-finite gradient at step {step} (parameter indices {bad}); stopping before the optimizer step "
+            f"non-finite gradient at step {step} (parameters {', '.join(bad)}); stopping before the optimizer step "
             "so the last checkpoint stays good"
         )
 

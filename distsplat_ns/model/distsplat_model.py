@@ -17,7 +17,7 @@ H/W pixels, K SH bases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -32,10 +32,11 @@ from nerfstudio.models.splatfacto import (
 )
 from nerfstudio.utils.colors import get_color
 
+from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
+from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
-from distsplat_ns.types import ImageBand
 from distsplat_ns.utils.cameras import c2w_to_viewmat, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 
@@ -57,8 +58,6 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """Rasterizer: "auto" runs gsplat's CUDA kernels on CUDA tensors and the pure-PyTorch reference on CPU."""
     lpips: Literal["auto", "off"] = "auto"
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
-    seed: int = 42
-    """Seed of the random training backgrounds and densification samples; identical on every rank."""
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: it makes float32 summation-order effects (which differ between 1 and W processes) too small to flip a densification threshold, so runs on different world sizes can be compared exactly."""
 
@@ -84,81 +83,18 @@ class BandRenderResult:
         projections: ``(positions, means2d, radii)`` per projection call: batch positions `[C]`,
             projected means (gradients land in ``.grad``/``.absgrad`` after backward) `[C, N, 2]`
             and screen radii `[C, N]`.
-        band_tile_counts: Per band, Gaussian-tile intersections of the rows it owns
+        band_tile_counts: Per band, Gaussian-tile intersections of the tile rows it owns
             `[tile_rows, tile_cols]`, int.
-        width: Rendered width (after the resolution schedule), px.
-        height: Rendered height, px.
-        num_pixels: Pixels this rank owns (its share of the loss), for throughput figures.
+        pixel_links: Per band, its rendered pixels and their detached copy, for
+            ``model/band_backward.py``'s ``backward_bands``.
     """
 
     loss: torch.Tensor
     l1: torch.Tensor
     dssim: torch.Tensor
-    projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]]
-    band_tile_counts: List[Tuple[ImageBand, torch.Tensor]]
-    width: int
-    height: int
-    num_pixels: int
-    pixel_links: List["PixelLink"] = field(default_factory=list)
-
-
-@dataclass
-class PixelLink:
-    """One band's rendered pixels and the detached copy the loss was computed on.
-
-    Attributes:
-        band: The band. Its rows ``[first_row, end_row)`` are owned; rows after them are halo.
-        pred: Rendered RGB of the band's rows plus halo, in the rasterizer's graph. `[h, W, 3]`.
-        leaf: ``pred`` detached; the loss's gradient w.r.t. it lands in ``leaf.grad``. `[h, W, 3]`.
-    """
-
-    band: ImageBand
-    pred: torch.Tensor
-    leaf: torch.Tensor
-
-
-HaloMessage = Tuple[int, int, torch.Tensor]
-"""(batch position, first image row, loss gradient of the rendered rows from there) `[h, W, 3]`."""
-
-
-def backward_bands(result: BandRenderResult, exchange: Callable[[List[HaloMessage]], List[List[HaloMessage]]]) -> None:
-    """Backpropagate a rank's band loss with exact per-pixel gradients.
-
-    1. The loss's gradient w.r.t. every rendered pixel (own rows and SSIM halo rows) and directly
-       w.r.t. parameters (regularisers).
-    2. ``exchange`` delivers every rank's halo-row gradients to every rank (an all-gather); each
-       band adds those that fall on its own rows -- a pixel's gradient then holds every term of the
-       whole-image loss that depends on it, whichever rank computed the term.
-    3. Backward through the rasterizer from the own rows only.
-    Regular gradients are linear in the per-pixel gradients, so they were exact either way; gsplat's
-    absgrad sums |per-pixel gradient| and needs step 2 to equal the single-process value.
-
-    **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
-    """
-    if result.loss.requires_grad:
-        result.loss.backward()
-    outgoing: List[HaloMessage] = []
-    for link in result.pixel_links:
-        own = link.band.num_rows
-        if link.leaf.shape[0] > own and link.leaf.grad is not None:
-            outgoing.append((link.band.position, link.band.end_row, link.leaf.grad[own:].detach().cpu()))
-    incoming = exchange(outgoing)
-    roots, grads = [], []
-    for link in result.pixel_links:
-        band = link.band
-        own = band.num_rows
-        grad = link.leaf.grad[:own].clone() if link.leaf.grad is not None else torch.zeros_like(link.leaf[:own])
-        for messages in incoming:
-            for position, start, rows in messages:
-                if position != band.position:
-                    continue
-                lo, hi = max(start, band.first_row), min(start + rows.shape[0], band.end_row)
-                if lo < hi:
-                    grad[lo - band.first_row : hi - band.first_row] += rows[lo - start : hi - start].to(grad.device)
-        roots.append(link.pred[:own])
-        grads.append(grad)
-    if roots:
-        torch.autograd.backward(roots, grads)
+    projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    band_tile_counts: List[Tuple[Band, torch.Tensor]] = field(default_factory=list)
+    pixel_links: List[PixelLink] = field(default_factory=list)
 
 
 class DistSplatModel(SplatfactoModel):
@@ -172,6 +108,9 @@ class DistSplatModel(SplatfactoModel):
         if self.batch_size < 1:
             raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         self.is_main_rank: bool = bool(self.kwargs.get("is_main_rank", True))
+        # Seed of the training backgrounds and densification samples: the trainer passes
+        # --machine.seed (agreed by every rank); 42 (nerfstudio's default) where no trainer runs.
+        self.seed: int = int(self.kwargs.get("seed", 42))
         if self.seed_points is not None and not self.config.random_init:
             means = torch.nn.Parameter(self.seed_points[0].float())
         else:
@@ -211,7 +150,7 @@ class DistSplatModel(SplatfactoModel):
 
         self.psnr = PeakSignalNoiseRatio(data_range=1.0)
         self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
-        # LPIPS downloads AlexNet weights when built: build it on first use (ANCHORS.md, nerfstudio).
+        # LPIPS downloads AlexNet weights when built: build it on first use (offline machines).
         self._lpips: Any = None
         self._lpips_state: Literal["unbuilt", "ready", "unavailable"] = "unbuilt" if self.config.lpips == "auto" else "unavailable"
         self.step = 0
@@ -323,7 +262,7 @@ class DistSplatModel(SplatfactoModel):
         if self.config.background_color != "random":
             return get_color(self.config.background_color).to(self.device, self.compute_dtype)
         gen = torch.Generator(device="cpu")
-        gen.manual_seed((self.config.seed * 1_000_003 + step) * 4099 + position)
+        gen.manual_seed((self.seed * 1_000_003 + step) * 4099 + position)
         return torch.rand(3, generator=gen).to(self.device, self.compute_dtype)
 
     def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -370,7 +309,7 @@ class DistSplatModel(SplatfactoModel):
         positions: Sequence[int],
         images: Sequence[torch.Tensor],
         masks: Sequence[Optional[torch.Tensor]],
-        bands: Sequence[ImageBand],
+        bands: Sequence[Band],
         step: int,
         add_regularizers: bool,
     ) -> BandRenderResult:
@@ -381,8 +320,8 @@ class DistSplatModel(SplatfactoModel):
             positions: Batch positions of those images (``0 <= p < B``).
             images: Their ground-truth images. Each `[H, W, 3 or 4]` uint8.
             masks: Their masks `[H, W, 1]` or None.
-            bands: This rank's bands (pixel rows at the resolution rendered this step); each band's
-                ``position`` is one of ``positions``.
+            bands: This rank's bands (rows at the resolution rendered this step); each band's
+                ``position`` is one of ``positions``. May be empty: the rank renders nothing.
             step: The training step.
             add_regularizers: Whether this rank adds the batch-independent loss terms (scale
                 regularisation, camera-optimizer penalty): exactly one rank does.
@@ -394,7 +333,9 @@ class DistSplatModel(SplatfactoModel):
         """
         if len(cameras) != len(positions) or len(images) != len(positions):
             raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
-        pos_to_local = {p: i for i, p in enumerate(positions)}
+        zero = self.means.new_zeros(())
+        if not bands:
+            return BandRenderResult(loss=self._regularizers(step) if add_regularizers else zero, l1=zero, dssim=zero)
         downscale = self.downscale_factor_at(step)
         sh_degree = self.sh_degree_at(step)
         params = self._activated()
@@ -409,72 +350,35 @@ class DistSplatModel(SplatfactoModel):
                     f"(after downscale {downscale})"
                 )
 
-        projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = []
-        links: List[PixelLink] = []
-        band_tile_counts: List[Tuple[ImageBand, torch.Tensor]] = []
-        zero = params["means"].new_zeros(())
+        result = BandRenderResult(loss=zero, l1=zero, dssim=zero)
         l1_total, dssim_total = zero, zero
-        lam = self.config.ssim_lambda
-        bands_by_local: Dict[int, List[ImageBand]] = {}
-        for band in bands:
-            if band.position not in pos_to_local:
-                raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")
-            if band.end_row > height:
-                raise ValueError(f"band {band} ends past the image height {height}")
-            bands_by_local.setdefault(pos_to_local[band.position], []).append(band)
-
-        one_call = (
-            len(bands_by_local) == len(positions)
-            and all(len(b) == 1 for b in bands_by_local.values())
-            and len({halo_end_row(b[0].end_row, height) - b[0].first_row for b in bands_by_local.values()}) == 1
-        )
-        num_pixels = 0
-        if one_call:
+        for first, stop, raster_calls in _render_calls(bands, list(positions), height):
             proj = project(
-                **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=sh_degree,
-                rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+                **params, viewmats=viewmats[first:stop], Ks=Ks[first:stop], width=width, height=height,
+                sh_degree=sh_degree, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
             )
-            order = list(range(len(positions)))
-            first = [bands_by_local[i][0] for i in order]
-            rows = halo_end_row(first[0].end_row, height) - first[0].first_row
-            out = rasterize_rows(
-                proj, [b.first_row for b in first], rows, tile_size=16, absgrad=self.config.use_absgrad
-            )
-            projections.append((list(positions), proj.means2d, proj.radii))
-            for i, band in zip(order, first):
-                l1, dssim = self._band_terms(out.colors[i], out.alphas[i], gts[i], gt_masks[i], backgrounds[i], band, height, links)
-                l1_total, dssim_total = l1_total + l1, dssim_total + dssim
-                band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[i], band)))
-                num_pixels += band.num_rows * width
-        else:
-            for i, cam_bands in sorted(bands_by_local.items()):
-                proj = project(
-                    **params, viewmats=viewmats[i : i + 1], Ks=Ks[i : i + 1], width=width, height=height,
-                    sh_degree=sh_degree, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+            result.projections.append((list(positions[first:stop]), proj.means2d, proj.radii))
+            for call in raster_calls:  # one band per projected camera, all of the same rendered height
+                rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
+                out = rasterize_rows(
+                    proj, [b.first_row_px for b in call], rows, tile_size=TILE_SIZE, absgrad=self.config.use_absgrad
                 )
-                projections.append(([positions[i]], proj.means2d, proj.radii))
-                for band in cam_bands:
-                    rows = halo_end_row(band.end_row, height) - band.first_row
-                    out = rasterize_rows(proj, [band.first_row], rows, tile_size=16, absgrad=self.config.use_absgrad)
-                    l1, dssim = self._band_terms(out.colors[0], out.alphas[0], gts[i], gt_masks[i], backgrounds[i], band, height, links)
+                for k, band in enumerate(call):
+                    i = first + k
+                    l1, dssim = self._band_terms(
+                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links
+                    )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
-                    band_tile_counts.append((band, _owned_tile_counts(out.tile_counts[0], band)))
-                    num_pixels += band.num_rows * width
+                    num_tile_rows_owned = -(-band.num_rows_px(height) // TILE_SIZE)  # the halo's belong to the next band
+                    result.band_tile_counts.append((band, out.tile_counts[k][:num_tile_rows_owned]))
 
-        loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size
+        lam = self.config.ssim_lambda
+        result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size
         if add_regularizers:
-            loss = loss + self._regularizers(step)
-        return BandRenderResult(
-            loss=loss,
-            l1=(l1_total / self.batch_size).detach(),
-            dssim=(dssim_total / self.batch_size).detach(),
-            projections=projections,
-            band_tile_counts=band_tile_counts,
-            width=width,
-            height=height,
-            num_pixels=num_pixels,
-            pixel_links=links,
-        )
+            result.loss = result.loss + self._regularizers(step)
+        result.l1 = (l1_total / self.batch_size).detach()
+        result.dssim = (dssim_total / self.batch_size).detach()
+        return result
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)
@@ -489,25 +393,23 @@ class DistSplatModel(SplatfactoModel):
         gt: torch.Tensor,
         mask: Optional[torch.Tensor],
         background: torch.Tensor,
-        band: ImageBand,
+        band: Band,
         height: int,
-        links: List["PixelLink"],
+        links: List[PixelLink],
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        end = halo_end_row(band.end_row, height)
-        rows = end - band.first_row
+        first, end = band.first_row_px, band.end_row_px(height)
+        halo_end = halo_end_row(end, height)
+        rows = halo_end - first
         pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
-        # The loss sees a detached copy of the rendered pixels; backward_bands first takes the loss
-        # gradient w.r.t. these pixels, hands the halo rows' part to the band that owns them, and
-        # only then backpropagates through the rasterizer -- so every pixel carries its whole-image
-        # gradient, which is what gsplat's absgrad (a sum of per-pixel |gradient|) needs to be exact.
-        leaf = pred.detach().requires_grad_(True)
-        links.append(PixelLink(band=band, pred=pred, leaf=leaf))
-        target = gt[band.first_row : end]
-        shown = leaf
+        # The loss sees a detached copy of the rendered pixels (model/band_backward.py explains why).
+        link = link_pixels(pred, band.position, first, end)
+        links.append(link)
+        target = gt[first:halo_end]
+        shown = link.leaf
         if mask is not None:
-            m = mask[band.first_row : end]
-            shown, target = leaf * m, target * m
-        return band_loss(shown, target, band.first_row, band.end_row, height)
+            m = mask[first:halo_end]
+            shown, target = shown * m, target * m
+        return band_loss(shown, target, first, end, height)
 
     def _regularizers(self, step: int) -> torch.Tensor:
         total = self.means.new_zeros(())
@@ -533,7 +435,7 @@ class DistSplatModel(SplatfactoModel):
         devices = [self.device] if self.device.type == "cuda" else []
         previous_dtype = torch.get_default_dtype()
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(refine_seed(self.config.seed, step))
+            torch.manual_seed(refine_seed(self.seed, step))
             # gsplat draws split samples with the default dtype: match the Gaussians' precision.
             torch.set_default_dtype(self.compute_dtype)
             try:
@@ -560,14 +462,12 @@ class DistSplatModel(SplatfactoModel):
             params = {k: v[crop_ids] for k, v in params.items()}
         downscale = self._get_downscale_factor()
         viewmats, Ks, width, height = self._cameras_to_render_inputs(camera, downscale)
-        self.last_size = (height, width)
         render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
-        render, alpha, info = rasterization(
+        render, alpha, _ = rasterization(
             **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
             near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=self.sh_degree_at(self.step),
             absgrad=False, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
         )
-        self.info = info
         background = self._get_background_color()
         rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
         depth_im = None
@@ -617,7 +517,27 @@ class DistSplatModel(SplatfactoModel):
         return metrics, {"img": combined_rgb}
 
 
-def _owned_tile_counts(tile_counts: torch.Tensor, band: ImageBand, tile_size: int = 16) -> torch.Tensor:
-    """Tile counts of the tile rows a band owns (the halo rows belong to the next band)."""
-    num_tile_rows = -(-band.num_rows // tile_size)
-    return tile_counts[:num_tile_rows]
+def _render_calls(bands: Sequence[Band], positions: List[int], height: int) -> List[Tuple[int, int, List[List[Band]]]]:
+    """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
+
+    A projection call projects the cameras ``positions[first:stop]``; each of its raster calls
+    holds one band per projected camera, all rendering the same number of rows (own rows plus SSIM
+    halo). When every image has exactly one band of one common height (one process, whole images
+    on each rank, or a band of every image), the whole set is one projection and one raster call;
+    otherwise each camera is projected alone and each of its bands rasterized alone.
+
+    Raises:
+        ValueError: A band of a position not in ``positions``, or one past the image's bottom.
+    """
+    local = {p: i for i, p in enumerate(positions)}
+    by_camera: Dict[int, List[Band]] = {}
+    for band in bands:
+        if band.position not in local:
+            raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")
+        if band.end_row > num_tile_rows(height, band.tile_size):
+            raise ValueError(f"band {band} ends past the image height {height}")
+        by_camera.setdefault(local[band.position], []).append(band)
+    heights = {halo_end_row(b[0].end_row_px(height), height) - b[0].first_row_px for b in by_camera.values()}
+    if len(by_camera) == len(positions) and all(len(b) == 1 for b in by_camera.values()) and len(heights) == 1:
+        return [(0, len(positions), [[by_camera[i][0] for i in range(len(positions))]])]
+    return [(i, i + 1, [[band] for band in camera_bands]) for i, camera_bands in sorted(by_camera.items())]

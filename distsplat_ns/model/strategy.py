@@ -2,7 +2,7 @@
 
 gsplat is imported lazily here (STYLE.md layer rule). Schedules are counted in images and converted
 to optimizer steps once, so a batch of B images per step keeps what an epoch means (Grendel-GS
-counts iterations in images; ANCHORS.md).
+counts iterations in images; docs/README.md).
 """
 
 from __future__ import annotations
@@ -13,12 +13,7 @@ from typing import Any
 
 import torch
 
-
-def images_to_steps(num_images: int, batch_size: int) -> int:
-    """The number of steps of ``batch_size`` images that covers ``num_images`` images (at least 1)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return max(1, int(round(num_images / batch_size)))
+from distsplat_ns.utils.steps import images_to_steps
 
 
 @dataclass(frozen=True)
@@ -178,6 +173,6 @@ def refine_seed(seed: int, step: int) -> int:
 
 
 def sqrt_batch_scaling(lr: float, eps: float, betas: tuple[float, float], batch_size: int) -> tuple[float, float, tuple[float, float]]:
-    """Grendel-GS's "sqrt" rule: lr x sqrt(B), eps / sqrt(B), betas -> beta^B (ANCHORS.md)."""
+    """Grendel-GS's "sqrt" rule: lr x sqrt(B), eps / sqrt(B), betas -> beta^B (docs/distributed.md)."""
     s = math.sqrt(batch_size)
     return lr * s, eps / s, (betas[0] ** batch_size, betas[1] ** batch_size)

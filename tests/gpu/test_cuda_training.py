@@ -14,15 +14,16 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 
 
 def _step_grads(backend: str, device: str) -> dict:
-    from distsplat_ns.model.distsplat_model import backward_bands
-    from distsplat_ns.types import ImageBand
+    from distsplat_ns.balance.bands import TILE_SIZE, Band
+    from distsplat_ns.model.band_backward import backward_bands
 
     model = make_model(2, rendering_backend=backend).to(device)
     cameras = make_cameras(2)
     images = make_images(2)
-    bands = [ImageBand(0, 0, HEIGHT), ImageBand(1, 0, 16), ImageBand(1, 16, HEIGHT)]
+    tile_rows = -(-HEIGHT // TILE_SIZE)
+    bands = [Band(0, 0, tile_rows), Band(1, 0, 1), Band(1, 1, tile_rows)]  # tile rows: pixel rows 0-16-48
     result = model.forward_bands(cameras.to(device), [0, 1], images, [None, None], bands, step=5, add_regularizers=True)
-    backward_bands(result, lambda msgs: [msgs])
+    backward_bands(result.loss, result.pixel_links, lambda msgs: [msgs])
     return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None and p.numel()}
 
 

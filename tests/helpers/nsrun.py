@@ -55,8 +55,10 @@ def run_ns_train(out: Path, timestamp: str, num_images: int, extra: Sequence[str
 
 
 def run_torchrun(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str] = (), timeout: float = 900,
-                 check: bool = True, torchrun_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), *torchrun_args, ns_bin("ns-train"),
+                 check: bool = True, torchrun_args: Sequence[str] = (), program: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """``torchrun ... ns-train <args>``; ``program`` replaces ``ns-train`` (a script and its own
+    leading arguments, e.g. tests/helpers/ns_train_with_fault.py)."""
+    cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), *torchrun_args, *(program or [ns_bin("ns-train")]),
            *train_args(out, timestamp, num_images, extra)]
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"

@@ -48,9 +48,9 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
 def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros)."""
+    from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
-    from distsplat_ns.model.distsplat_model import backward_bands
-    from distsplat_ns.types import ImageBand
+    from distsplat_ns.model.band_backward import backward_bands
     from tests.helpers.model_factory import make_cameras, make_images, make_model
 
     out = []
@@ -58,7 +58,8 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
         model = make_model(batch_size)
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)
-        bands = [ImageBand(*b) for b in bands_per_rank[ctx.rank]]
+        # The splits are in pixel rows: bands of 1-px rows cut an image at any row.
+        bands = [Band(*b, tile_size=1) for b in bands_per_rank[ctx.rank]]
         positions = sorted({b.position for b in bands})
         model.step = step
         if positions:
@@ -66,7 +67,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
                 cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
                 bands, step, add_regularizers=ctx.rank == 0,
             )
-            backward_bands(result, lambda msgs: all_gather_object(ctx, msgs))
+            backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
         else:
             all_gather_object(ctx, [])  # the halo exchange is a collective every rank joins
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -14,6 +14,7 @@ import torch
 
 from tests.helpers.multiproc import free_port
 from tests.helpers.nsrun import (
+    REPO,
     cpu_env,
     latest_checkpoint,
     load_gauss_params,
@@ -115,10 +116,10 @@ def test_resume_on_the_same_world_size(tmp_path: Path, two_process_run: Path) ->
 
 
 def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    # A NaN in rank 1's local gradient at step 12 (through the pipeline's test hook).
     proc = run_torchrun(
-        tmp_path, "nan", 40, 2, check=False,
-        extra=["--pipeline.inject-nonfinite-at-step", "12", "--pipeline.inject-nonfinite-rank", "1",
-               "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
+        tmp_path, "nan", 40, 2, check=False, program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        extra=["--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0

@@ -10,7 +10,7 @@ from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner
 def _measure(plan, costs_by_camera, batch):
     """Per rank, (position, first tile row, measured row costs) of each of its bands."""
     out = []
-    for rank_bands in plan.tile_bands:
+    for rank_bands in plan.bands:
         out.append([(b.position, b.first_row, costs_by_camera[batch[b.position]][b.first_row:b.end_row]) for b in rank_bands])
     return out
 
@@ -22,7 +22,8 @@ def test_plan_covers_every_row_of_every_image_once(mode: str) -> None:
     covered = {}
     for rank_bands in plan.bands:
         for band in rank_bands:
-            covered.setdefault(band.position, []).append((band.first_row, band.end_row))
+            height_px = plan.heights_px[band.position]
+            covered.setdefault(band.position, []).append((band.first_row_px, band.end_row_px(height_px)))
     for position, height in enumerate(plan.heights_px):
         spans = sorted(covered[position])
         assert spans[0][0] == 0 and spans[-1][1] == height

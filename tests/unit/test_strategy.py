@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.model.strategy import batch_info, images_to_steps, refine_seed, schedule_in_steps, sqrt_batch_scaling
+from distsplat_ns.model.strategy import batch_info, refine_seed, schedule_in_steps, sqrt_batch_scaling
+from distsplat_ns.utils.steps import images_to_steps
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 4])

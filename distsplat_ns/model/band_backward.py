@@ -1,0 +1,108 @@
+"""The two-phase backward of band rendering: exact per-pixel gradients across band edges.
+
+A band's loss (``model/losses.py``) reads SSIM halo rows below the band's own rows; those rows
+belong to the next band, possibly on another rank. So a rank's backward runs in two phases:
+
+1. forward (``link_pixels``): the loss sees a detached copy (``leaf``) of the rendered pixels;
+2. backward (``backward_bands``): the loss's gradient w.r.t. every rendered pixel (own rows and
+   halo rows) is taken first; the halo rows' part goes to the band that owns them (an all-gather
+   through ``exchange``); only then does the gradient flow through the rasterizer, from the own
+   rows only.
+
+Every pixel then carries its whole-image gradient, whichever rank computed each loss term: the
+regular gradients are exact either way (they are linear in the per-pixel gradients), and gsplat's
+absgrad (a sum of |per-pixel gradient|) equals the single-process value only this way.
+
+Shape letters: h rows a band rendered (own rows plus halo), W pixels per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Sequence, Tuple
+
+import torch
+
+HaloMessage = Tuple[int, int, torch.Tensor]
+"""(batch position, first image row (px), loss gradient of the rendered rows from there) `[h, W, 3]`."""
+
+
+@dataclass(frozen=True)
+class PixelLink:
+    """One band's rendered pixels and the detached copy the loss was computed on.
+
+    Attributes:
+        position: The band's batch position.
+        first_row_px: First pixel row the band owns.
+        end_row_px: One past the last pixel row it owns; rendered rows after it are halo.
+        pred: Rendered RGB of the owned rows plus halo, in the rasterizer's graph. `[h, W, 3]`.
+        leaf: ``pred`` detached; the loss's gradient w.r.t. it lands in ``leaf.grad``. `[h, W, 3]`.
+    """
+
+    position: int
+    first_row_px: int
+    end_row_px: int
+    pred: torch.Tensor
+    leaf: torch.Tensor
+
+    @property
+    def num_rows_px(self) -> int:
+        return self.end_row_px - self.first_row_px
+
+
+def link_pixels(pred: torch.Tensor, position: int, first_row_px: int, end_row_px: int) -> PixelLink:
+    """Phase 1: the detached copy of a band's rendered pixels that its loss is computed on.
+
+    Args:
+        pred: Rendered RGB of rows ``[first_row_px, end of halo)``. `[h, W, 3]`.
+        position: The band's batch position.
+        first_row_px: First pixel row the band owns.
+        end_row_px: One past the last pixel row it owns.
+
+    Returns:
+        The link; compute the loss on ``link.leaf`` and pass the link to :func:`backward_bands`.
+    """
+    return PixelLink(position, first_row_px, end_row_px, pred, pred.detach().requires_grad_(True))
+
+
+def backward_bands(
+    loss: torch.Tensor,
+    links: Sequence[PixelLink],
+    exchange: Callable[[List[HaloMessage]], List[List[HaloMessage]]],
+) -> None:
+    """Phase 2: backpropagate a rank's band loss with exact per-pixel gradients.
+
+    Args:
+        loss: This rank's loss share, computed on the links' leaves (and directly on parameters,
+            for the regularisers). 0-d.
+        links: Every band this rank rendered, from :func:`link_pixels`.
+        exchange: Delivers every rank's list of halo messages to every rank (an all-gather).
+
+    **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
+    **Host sync:** the halo rows' gradients are copied to the host for the exchange.
+    **Differentiable:** runs autograd; the gradients land in the parameters' ``.grad`` and in the
+    projected means' ``.grad``/``.absgrad``.
+    """
+    if loss.requires_grad:
+        loss.backward()
+    outgoing: List[HaloMessage] = []
+    for link in links:
+        own = link.num_rows_px
+        if link.leaf.shape[0] > own and link.leaf.grad is not None:
+            outgoing.append((link.position, link.end_row_px, link.leaf.grad[own:].detach().cpu()))
+    incoming = exchange(outgoing)
+    roots, grads = [], []
+    for link in links:
+        own = link.num_rows_px
+        grad = link.leaf.grad[:own].clone() if link.leaf.grad is not None else torch.zeros_like(link.leaf[:own])
+        for messages in incoming:
+            for position, start, rows in messages:
+                if position != link.position:
+                    continue
+                lo, hi = max(start, link.first_row_px), min(start + rows.shape[0], link.end_row_px)
+                if lo < hi:
+                    grad[lo - link.first_row_px : hi - link.first_row_px] += rows[lo - start : hi - start].to(grad.device)
+        roots.append(link.pred[:own])
+        grads.append(grad)
+    if roots:
+        torch.autograd.backward(roots, grads)
