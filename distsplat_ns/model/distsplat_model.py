@@ -5,7 +5,8 @@ and the viewer accept it unchanged. What differs from splatfacto:
 
 * a training step renders the bands of B images (``forward_bands``) through
   ``distsplat_ns.rendering`` (gsplat on CUDA, the pure-PyTorch reference on CPU);
-* the loss of every band is its exact share of the whole batch's loss (``model/losses.py``);
+* the loss of every band is its exact share of the whole batch's loss (``model/losses.py``), and its
+  backward exact across band edges (``model/band_backward.py``);
 * densification reads statistics reduced over the whole batch and every rank (``refine``);
 * schedules (warm-up, refine interval, SH degree, resolution) are counted in images;
 * no bare ``.cuda()``; LPIPS is built only when its weights can be had, never at construction.
@@ -22,18 +23,12 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Un
 import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
-from nerfstudio.models.splatfacto import (
-    RGB2SH,
-    SplatfactoModel,
-    SplatfactoModelConfig,
-    num_sh_bases,
-    random_quat_tensor,
-    resize_image,
-)
+from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig, resize_image
 from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
+from distsplat_ns.model.gaussians import initial_gaussians
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
@@ -111,38 +106,7 @@ class DistSplatModel(SplatfactoModel):
         # Seed of the training backgrounds and densification samples: the trainer passes
         # --machine.seed (agreed by every rank); 42 (nerfstudio's default) where no trainer runs.
         self.seed: int = int(self.kwargs.get("seed", 42))
-        if self.seed_points is not None and not self.config.random_init:
-            means = torch.nn.Parameter(self.seed_points[0].float())
-        else:
-            means = torch.nn.Parameter((torch.rand((self.config.num_random, 3)) - 0.5) * self.config.random_scale)
-        distances, _ = self.k_nearest_sklearn(means.data, 3)
-        avg_dist = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
-        scales = torch.nn.Parameter(torch.log(avg_dist.repeat(1, 3)))
-        num_points = means.shape[0]
-        quats = torch.nn.Parameter(random_quat_tensor(num_points))
-        dim_sh = num_sh_bases(self.config.sh_degree)
-        if self.seed_points is not None and not self.config.random_init and self.seed_points[1].shape[0] > 0:
-            shs = torch.zeros((self.seed_points[1].shape[0], dim_sh, 3), dtype=torch.float32)
-            if self.config.sh_degree > 0:
-                shs[:, 0, :3] = RGB2SH(self.seed_points[1].float() / 255)
-            else:
-                shs[:, 0, :3] = torch.logit(self.seed_points[1].float() / 255, eps=1e-10)
-            features_dc = torch.nn.Parameter(shs[:, 0, :])
-            features_rest = torch.nn.Parameter(shs[:, 1:, :])
-        else:
-            features_dc = torch.nn.Parameter(torch.rand(num_points, 3))
-            features_rest = torch.nn.Parameter(torch.zeros((num_points, dim_sh - 1, 3)))
-        opacities = torch.nn.Parameter(torch.logit(0.1 * torch.ones(num_points, 1)))
-        self.gauss_params = torch.nn.ParameterDict(
-            {
-                "means": means,
-                "scales": scales,
-                "quats": quats,
-                "features_dc": features_dc,
-                "features_rest": features_rest,
-                "opacities": opacities,
-            }
-        )
+        self.gauss_params = initial_gaussians(self.config, self.seed_points, self.k_nearest_sklearn)
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
 
         from pytorch_msssim import SSIM
@@ -493,7 +457,9 @@ class DistSplatModel(SplatfactoModel):
     def _lpips_metric(self) -> Any:
         if self._lpips_state == "unbuilt":
             try:
-                from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+                from torchmetrics.image.lpip import (
+                    LearnedPerceptualImagePatchSimilarity,
+                )
 
                 self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(self.device)
                 self._lpips_state = "ready"

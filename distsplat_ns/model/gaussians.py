@@ -1,0 +1,64 @@
+"""The initial Gaussians: splatfacto's initialisation, from a point cloud or at random.
+
+Shape letters: N Gaussians, K SH bases.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import torch
+from nerfstudio.models.splatfacto import RGB2SH, SplatfactoModelConfig, num_sh_bases, random_quat_tensor
+
+
+def initial_gaussians(
+    config: SplatfactoModelConfig,
+    seed_points: Optional[Tuple[torch.Tensor, torch.Tensor]],
+    k_nearest: Callable[[torch.Tensor, int], Tuple[np.ndarray, np.ndarray]],
+) -> torch.nn.ParameterDict:
+    """Splatfacto's initial Gaussians (same draws from the global generator, same order).
+
+    Args:
+        config: ``random_init``, ``num_random``, ``random_scale`` and ``sh_degree`` are read.
+        seed_points: The dataset's point cloud: positions `[N, 3]` float and colours `[N, 3]`
+            uint8, or None (random initialisation).
+        k_nearest: Distances to and indices of each point's k nearest neighbours
+            (splatfacto's ``k_nearest_sklearn``).
+
+    Returns:
+        ``means`` `[N, 3]`, ``scales`` (log) `[N, 3]`, ``quats`` `[N, 4]`, ``features_dc`` `[N, 3]`,
+        ``features_rest`` `[N, K - 1, 3]` and ``opacities`` (logits) `[N, 1]`, float32.
+    """
+    if seed_points is not None and not config.random_init:
+        means = torch.nn.Parameter(seed_points[0].float())
+    else:
+        means = torch.nn.Parameter((torch.rand((config.num_random, 3)) - 0.5) * config.random_scale)
+    distances, _ = k_nearest(means.data, 3)
+    avg_dist = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
+    scales = torch.nn.Parameter(torch.log(avg_dist.repeat(1, 3)))
+    num_points = means.shape[0]
+    quats = torch.nn.Parameter(random_quat_tensor(num_points))
+    dim_sh = num_sh_bases(config.sh_degree)
+    if seed_points is not None and not config.random_init and seed_points[1].shape[0] > 0:
+        shs = torch.zeros((seed_points[1].shape[0], dim_sh, 3), dtype=torch.float32)
+        if config.sh_degree > 0:
+            shs[:, 0, :3] = RGB2SH(seed_points[1].float() / 255)
+        else:
+            shs[:, 0, :3] = torch.logit(seed_points[1].float() / 255, eps=1e-10)
+        features_dc = torch.nn.Parameter(shs[:, 0, :])
+        features_rest = torch.nn.Parameter(shs[:, 1:, :])
+    else:
+        features_dc = torch.nn.Parameter(torch.rand(num_points, 3))
+        features_rest = torch.nn.Parameter(torch.zeros((num_points, dim_sh - 1, 3)))
+    opacities = torch.nn.Parameter(torch.logit(0.1 * torch.ones(num_points, 1)))
+    return torch.nn.ParameterDict(
+        {
+            "means": means,
+            "scales": scales,
+            "quats": quats,
+            "features_dc": features_dc,
+            "features_rest": features_rest,
+            "opacities": opacities,
+        }
+    )
