@@ -93,7 +93,7 @@ logger = get_logger(__name__)
 DEFAULT_SNAP_TOLERANCE = 0.05
 """Snap a cut onto an image edge if the part that grows stays within 5% of the ideal share.
 
-Half of DESIGN.md's 1.10 max/mean budget: snapping never pushes a rank above
+Half of the balancer's 1.10 max/mean target: snapping never pushes a rank above
 ``1 + snap_tolerance`` times its share, and each avoided split saves one crop render and its halo.
 """
 

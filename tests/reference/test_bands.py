@@ -17,7 +17,7 @@ WIDTH, HEIGHT = 45, 61  # neither a multiple of 16
 _PIXEL_TOL = dict(rtol=1e-6, atol=1e-6)
 # Gradients are sums over pixels in a different grouping (per band, then across bands): float32
 # reassociation of ~1e3 mixed-sign terms. Checked at 1e-5 relative to each tensor's largest entry
-# (see assert_grads_close), the budget DESIGN.md sets for distributed vs single-process gradients.
+# (see assert_grads_close), the budget docs/distributed.md states for distributed vs single-process gradients.
 _GRAD_REL = 1e-5
 
 SPLITS = {

@@ -252,7 +252,7 @@ def test_zero_snap_tolerance_keeps_a_cut_that_would_overload_a_rank():
 
 
 def test_cost_weighted_cut_beats_baselines_on_a_skewed_batch():
-    # DESIGN.md's target: <= 1.10 where whole-image and equal-row splits exceed 1.3.
+    # The balancer's target: <= 1.10 where whole-image and equal-row splits exceed 1.3.
     rng = np.random.default_rng(0)
     costs = [rng.gamma(0.3, 1.0, 34) * np.linspace(0.1, 3.0, 34) for _ in range(3)]
     heights = [34, 34, 34]
