@@ -1,6 +1,6 @@
 """The process-group context: who this process is and how to reach the others.
 
-This package (``dist/``) is the only code that imports ``torch.distributed``; everything else
+This package (``distributed/``) is the only code that imports ``torch.distributed``; everything else
 receives a :class:`DistContext` and calls the collectives through it.
 
 Three ways a process can start, all ending in the same context:
@@ -12,8 +12,11 @@ Three ways a process can start, all ending in the same context:
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +146,8 @@ def init_distributed(
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     set_log_rank(rank)
+    if world_size > 1:
+        exit_with_launcher()
     ctx = DistContext(
         rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
     )
@@ -178,6 +183,37 @@ def _device_index(local_rank: int) -> int:
     if local_rank >= count:
         LOGGER.warning("local rank %d shares GPU %d with another rank (%d GPUs on this host)", local_rank, local_rank % count, count)
     return local_rank % count
+
+
+#: prctl option asking the kernel to signal this process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this rank when its launcher (torchrun, mp.spawn) dies.
+
+    Without it, a rank whose launcher was killed (SIGKILL, out of memory) trains on in the
+    background to the end. SIGTERM takes the ordinary stop path: with the trainer's handlers
+    installed every rank stops after the same step and keeps a checkpoint (``trainer.py``); before
+    that, SIGTERM's default ends the process. Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere
+    nothing is set.
+
+    Returns:
+        True when the signal is armed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this rank will not follow its launcher's death", ctypes.get_errno())
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent == 1 or os.getppid() != parent:  # the launcher died before the signal was armed
+        os.kill(os.getpid(), sig)
+    return True
 
 
 def shutdown_distributed() -> None:
