@@ -62,8 +62,8 @@ def any_rank_true(ctx: DistContext, flag: bool) -> bool:
     **Collective:** world group (gloo on host memory); every rank calls it at the same step. At
     ``world_size == 1`` it returns ``flag``. Rank 0 passing False and rank 1 True: both get True.
 
-    **Host sync:** none on the GPU -- a one-element CPU tensor over gloo. Cost measured in
-    docs/lifecycle.md (a fraction of a millisecond on one host).
+    **Host sync:** none on the GPU -- a one-element CPU tensor over gloo. Cost measured by
+    ``benchmarks/bench_stop_flag.py`` (figure in the README).
     """
     if not ctx.is_distributed:
         return flag
