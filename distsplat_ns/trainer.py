@@ -321,6 +321,8 @@ class DistSplatTrainer(Trainer):
                     f"Nothing left to train: the checkpoint's step {self._start_step - 1} is the last of "
                     f"--max-num-iterations {self.config.max_num_iterations} ({self.num_steps} steps); nothing written."
                 )
+            if self.ctx.is_main:
+                _remove_unused_run_dir(self.base_dir)  # a resume into a new folder leaves none behind
             shutdown_distributed()
             return
         dm = self.pipeline.datamanager

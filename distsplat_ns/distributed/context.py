@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 
 LOGGER = get_logger(__name__)
@@ -70,7 +71,7 @@ def _env_int(name: str) -> int | None:
     try:
         return int(value)
     except ValueError as err:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from err
+        raise UserError(f"environment variable {name} must be an integer, got {value!r}") from err
 
 
 def init_distributed(
@@ -92,20 +93,21 @@ def init_distributed(
         The context for this process.
 
     Raises:
-        ValueError: ``device_type`` is not ``cuda``/``cpu``, or CUDA is asked for but absent.
+        UserError: ``device_type`` is not ``cuda``/``cpu``, CUDA is asked for but absent, or the
+            launcher's environment is inconsistent.
 
     **Collective:** creating the group is itself a rendezvous of all ranks.
     """
     if device_type not in ("cuda", "cpu"):
-        raise ValueError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
+        raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
+        raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
     if timeout_s <= 0:
-        raise ValueError(f"collective timeout must be > 0 seconds, got {timeout_s}")
+        raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
     if backend not in ("auto", "nccl", "gloo"):
-        raise ValueError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
+        raise UserError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "nccl" and device_type != "cuda":
-        raise ValueError("--dist-backend nccl needs --machine.device-type cuda")
+        raise UserError("--dist-backend nccl needs --machine.device-type cuda")
 
     env_world = _env_int("WORLD_SIZE")
     env_rank = _env_int("RANK")
@@ -117,7 +119,7 @@ def init_distributed(
         backend = dist.get_backend()
     elif env_world is not None and env_world > 1:
         if env_rank is None:
-            raise ValueError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
+            raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
         rank, world_size = env_rank, env_world
         local_rank = env_local if env_local is not None else 0
         if backend == "auto":
