@@ -26,7 +26,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +44,6 @@ from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
 from distsplat_ns.distributed.collectives import (
-    NonFiniteGradientError,
-    ReplicaDriftError,
     all_gather_object,
     all_reduce_sum_,
     broadcast_object,
@@ -56,13 +53,12 @@ from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
     any_rank_true,
     enter_phase,
-    explain_comm_failure,
     finish_phase,
-    first_report,
     startup_phase,
 )
 from distsplat_ns.pipeline import DistSplatPipeline, StepState
-from distsplat_ns.utils.errors import RunFailure, UserError
+from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
 
@@ -86,56 +82,13 @@ class DistSplatTrainerConfig(TrainerConfig):
             raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
 
 
-#: Errors reported as their message alone: bad input, and run failures whose message says why.
-#: Everything else is an internal error and keeps its traceback.
-REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError, PermissionError,
-                   NonFiniteGradientError, ReplicaDriftError)
-
-
-def _report_user_errors(method):  # noqa: ANN001, ANN202
-    """Report bad input and run failures as their whole message and a non-zero exit.
-
-    When every rank fails with the same message, rank 0 alone prints it; a rank whose message
-    differs (or whose rank 0 did not fail) prints its own. A failed collective is reported with
-    where each rank was last seen. Whatever the error, a run folder this command created and left
-    holding only its ``config.yml`` is removed (rank 0).
-    """
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException as err:
-            ctx = getattr(self, "ctx", None) or DistContext()
-            if ctx.is_main:
-                _remove_unused_run_dir(getattr(self, "base_dir", None))
-            if isinstance(err, REPORTED_ERRORS):
-                message = str(err).strip() or type(err).__name__
-            elif isinstance(err, Exception) and explain_comm_failure(ctx, err) is not None:
-                message = f"rank {ctx.rank}: {explain_comm_failure(ctx, err)}"
-            else:
-                raise
-            if first_report(ctx, message):
-                raise SystemExit(f"distsplat error (rank {ctx.rank}): {message}") from err
-            raise SystemExit(1) from err
-
-    return wrapper
-
-
-def _remove_unused_run_dir(base_dir: Optional[Path]) -> None:
-    """Remove ``base_dir`` when it holds nothing but ``config.yml`` (ns-train writes it before the
-    trainer starts): a run that failed before doing anything leaves no empty run folder."""
-    if base_dir is not None and base_dir.is_dir() and {p.name for p in base_dir.iterdir()} <= {"config.yml"}:
-        shutil.rmtree(base_dir, ignore_errors=True)
-
-
 class DistSplatTrainer(Trainer):
     """See the module docstring."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
 
-    @_report_user_errors
+    @report_user_errors
     def __init__(self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
         if config.mixed_precision:
             raise UserError("distsplat does not support --mixed-precision True")
@@ -177,12 +130,12 @@ class DistSplatTrainer(Trainer):
         if agreed["timestamp"] != config.timestamp:
             # ns-train already wrote this rank's config.yml under its own timestamp: remove that
             # folder if it holds nothing else (it was created by this same command moments ago).
-            _remove_unused_run_dir(config.get_base_dir())
+            remove_unused_run_dir(config.get_base_dir())
         torch.manual_seed(agreed["seed"])
         np.random.seed(agreed["seed"] % (2**32))
         return agreed["seed"], agreed["timestamp"]
 
-    @_report_user_errors
+    @report_user_errors
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         """Build the run; every check that can fail comes before the first step.
 
@@ -308,7 +261,7 @@ class DistSplatTrainer(Trainer):
         return None
 
     # ------------------------------------------------------------------ training loop
-    @_report_user_errors
+    @report_user_errors
     def train(self) -> None:
         """Train from the loaded step to ``num_steps``; see :meth:`_train_steps` for stopping.
 
@@ -322,7 +275,7 @@ class DistSplatTrainer(Trainer):
                     f"--max-num-iterations {self.config.max_num_iterations} ({self.num_steps} steps); nothing written."
                 )
             if self.ctx.is_main:
-                _remove_unused_run_dir(self.base_dir)  # a resume into a new folder leaves none behind
+                remove_unused_run_dir(self.base_dir)  # a resume into a new folder leaves none behind
             shutdown_distributed()
             return
         dm = self.pipeline.datamanager

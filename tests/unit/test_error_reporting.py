@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from distsplat_ns.trainer import _report_user_errors
+from distsplat_ns.distributed.reporting import report_user_errors
 from distsplat_ns.utils.errors import RunFailure, UserError
 
 
@@ -15,7 +15,7 @@ class _Runner:
         self.error = error
         self.base_dir = base_dir
 
-    @_report_user_errors
+    @report_user_errors
     def run(self) -> None:
         raise self.error
 
