@@ -28,7 +28,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, port: int, calls: int, grad_mib: float, queue) -> None:  # noqa: ANN001
+def _rank(rank: int, port: int, calls: int, grad_mib: float, queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     from distsplat_ns.distributed.collectives import all_reduce_sum_

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tests.helpers.nsrun import cpu_env, ns_bin, run_dir, train_args
 

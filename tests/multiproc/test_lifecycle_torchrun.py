@@ -4,7 +4,6 @@ SIGINT/SIGTERM, a killed launcher, a checkpoint that cannot be written."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -12,7 +11,12 @@ import pytest
 
 from tests.helpers.lifecycle import kill_session, start_training, wait_until_training
 from tests.helpers.nsrun import run_dir, run_torchrun
-from tests.integration.test_lifecycle import SHORT, _snapshot, _stop, assert_stopped_with_its_checkpoint
+from tests.integration.test_lifecycle import (
+    SHORT,
+    _snapshot,
+    _stop,
+    assert_stopped_with_its_checkpoint,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +55,7 @@ def _ranks(root: psutil.Process) -> list[psutil.Process]:
 
 def test_ranks_exit_when_torchrun_is_killed(tmp_path: Path) -> None:
     proc = start_training(tmp_path, "orphan", 2)
+    ranks: list[psutil.Process] = []
     try:
         wait_until_training(proc, tmp_path, "orphan", settle_s=5.0)
         ranks = _ranks(psutil.Process(proc.pid))
@@ -59,16 +64,14 @@ def test_ranks_exit_when_torchrun_is_killed(tmp_path: Path) -> None:
         proc.wait(timeout=10)
         # The kernel sends SIGTERM to each rank: it finishes its step (about a second here) and
         # saves it. 30 s: a loaded 2-core machine; the ranks never stop without the signal.
-        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        _, alive = psutil.wait_procs(ranks, timeout=30)
         assert not alive, f"ranks still running after their launcher died: {alive}"
     finally:
-        for p in psutil.Process().children(recursive=True):
-            if p.pid != proc.pid:
-                try:
-                    if p.environ().get("RANK") is not None:
-                        p.kill()
-                except psutil.Error:
-                    pass
+        for rank in ranks:  # orphans are no longer our children: kill them by pid
+            try:
+                rank.kill()
+            except psutil.Error:
+                pass
         kill_session(proc)
 
 

@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from distsplat_ns import checkpoint
-from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic
+from distsplat_ns.checkpoint import (
+    load_checkpoint_file,
+    probe_writable,
+    save_checkpoint_atomic,
+)
 
 NO_OPTIMIZERS = SimpleNamespace(optimizers={}, schedulers={})
 
