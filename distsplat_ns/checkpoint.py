@@ -2,6 +2,9 @@
 
 * Written by rank 0 only, to a temporary file in the same folder, flushed, then renamed over the
   final name: a crash mid-write leaves the previous checkpoint intact, never a truncated file.
+* With ``--save-only-latest-checkpoint`` an older checkpoint is deleted only after a newer one
+  (higher step) is durable: file and folder fsynced. A save of an older or equal step deletes
+  nothing.
 * Only tensors and plain Python values are stored (numpy scalars converted), so
   ``torch.load(..., weights_only=True)`` -- torch >= 2.6's default, used by nerfstudio's
   ``ns-export``/``ns-eval`` -- loads them. Older nerfstudio checkpoints holding numpy scalars load
@@ -27,6 +30,7 @@ from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
 from distsplat_ns.model.strategy import sqrt_batch_scaling
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
 
@@ -57,7 +61,11 @@ def save_checkpoint_atomic(
     extra: Dict[str, Any],
     keep_only_latest: bool,
 ) -> Path:
-    """Write ``step-{step:09d}.ckpt`` atomically; optionally delete older checkpoints afterwards.
+    """Write ``step-{step:09d}.ckpt`` atomically and durably; optionally delete older checkpoints.
+
+    Only checkpoints of a lower step are deleted, and only once the new file and its directory
+    entry are on disk (``fsync``), so at every instant -- power loss included -- the newest
+    checkpoint is complete.
 
     Returns:
         The checkpoint's path.
@@ -85,15 +93,63 @@ def save_checkpoint_atomic(
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_directory(checkpoint_dir)
     finally:
         if tmp.exists():
             tmp.unlink()
     if keep_only_latest:
-        # Only after the new file is in place: at every instant one complete checkpoint exists.
         for old in checkpoint_dir.glob("step-*.ckpt"):
-            if old != path:
+            old_step = _step_of(old)
+            if old_step is not None and old_step < step:
                 old.unlink()
     return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (POSIX: the entry lives in the directory's data)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _step_of(path: Path) -> Optional[int]:
+    """The step in a ``step-XXXXXXXXX.ckpt`` file name, or None for other names."""
+    name = Path(path).name
+    if name.startswith("step-") and name.endswith(".ckpt") and name[5:-5].isdigit():
+        return int(name[5:-5])
+    return None
+
+
+def probe_writable(directory: Path) -> None:
+    """Check that checkpoints can be written to ``directory`` without leaving anything behind.
+
+    Creates the folder (and its parents) if needed, writes, fsyncs and deletes a small file, then
+    removes the folders it created.
+
+    Raises:
+        OSError: naming the path that cannot be created or written.
+    """
+    directory = Path(directory)
+    created = []
+    for folder in reversed([directory, *directory.parents]):
+        if not folder.exists():
+            folder.mkdir()
+            created.append(folder)
+    try:
+        probe = directory / f".write-probe-{os.getpid()}"
+        try:
+            with open(probe, "wb") as fh:
+                fh.write(b"distsplat")
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            if probe.exists():
+                probe.unlink()
+    finally:
+        for folder in reversed(created):
+            folder.rmdir()
 
 
 def register_numpy_safe_globals() -> None:
@@ -113,19 +169,19 @@ def load_checkpoint_file(path: Path) -> Dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
 
     Raises:
-        ValueError: naming the file when it is missing, truncated or not a checkpoint.
+        UserError: naming the file when it is missing, truncated or not a checkpoint.
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"checkpoint {path} does not exist")
+        raise UserError(f"checkpoint {path} does not exist")
     register_numpy_safe_globals()
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {str(err).splitlines()[0]})") from err
+        raise UserError(f"checkpoint {path} could not be read ({type(err).__name__}: {err})") from err
     for key in ("step", "pipeline", "optimizers"):
         if key not in loaded:
-            raise ValueError(f"checkpoint {path} has no '{key}' entry: not a nerfstudio/distsplat checkpoint")
+            raise UserError(f"checkpoint {path} has no '{key}' entry: not a nerfstudio/distsplat checkpoint")
     return loaded
 
 
@@ -169,13 +225,3 @@ def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int
             )
     return out
 
-
-def checkpoint_step(path: Path) -> Optional[int]:
-    """The step encoded in a ``step-XXXXXXXXX.ckpt`` file name, or None."""
-    name = Path(path).name
-    if name.startswith("step-") and name.endswith(".ckpt"):
-        try:
-            return int(name[5:-5])
-        except ValueError:
-            return None
-    return None

@@ -10,7 +10,13 @@ What it changes against nerfstudio's ``Trainer`` (ANCHORS.md lists why each matt
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
 * checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
   ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
-  a resumed run optimises the parameters it loaded -- on any number of processes.
+  a resumed run optimises the parameters it loaded -- on any number of processes;
+* the lifecycle never loses work: the output folder is probed before the first step, a resume
+  with nothing left to train exits 0 without writing, SIGINT/SIGTERM stop every rank after the
+  same step and save it, a failed save fails every rank with rank 0's reason, and start-up phases
+  are named barriers (``distributed/lifecycle.py``);
+* bad input (:class:`~distsplat_ns.utils.errors.UserError`) and run failures are reported as their
+  whole message, once when every rank fails alike; internal errors keep their traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import dataclasses
 import functools
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,19 +41,26 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import load_checkpoint_file, save_checkpoint_atomic, scaled_optimizer_configs
+from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
 from distsplat_ns.distributed.collectives import (
-    NonFiniteGradientError,
-    ReplicaDriftError,
     all_gather_object,
     all_reduce_sum_,
-    barrier,
     broadcast_object,
 )
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
+from distsplat_ns.distributed.lifecycle import (
+    agree_outcome,
+    any_rank_true,
+    enter_phase,
+    finish_phase,
+    startup_phase,
+)
+from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.pipeline import DistSplatPipeline, StepReport
 from distsplat_ns.rendering import resolve_backend
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.signals import StopSignals
 from distsplat_ns.utils.steps import steps_to_cover
 
 LOGGER = get_logger(__name__)
@@ -71,47 +83,30 @@ class DistSplatTrainerConfig(TrainerConfig):
             raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
 
 
-#: Errors that describe bad input or a failed run, reported as one line rather than a traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, NonFiniteGradientError, ReplicaDriftError)
-
-
-def _report_user_errors(method):  # noqa: ANN001, ANN202
-    """Turn bad input and run failures into a one-line message and a non-zero exit.
-
-    Every rank that fails prints its own line (prefixed with its rank) and exits; a rank that did
-    not fail is ended by the collective timeout or by torchrun/mp.spawn tearing the job down.
-    """
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
-        try:
-            return method(self, *args, **kwargs)
-        except USER_ERRORS as err:
-            rank = getattr(getattr(self, "ctx", None), "rank", 0)
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise SystemExit(f"distsplat error (rank {rank}): {first_line}") from err
-
-    return wrapper
-
-
 class DistSplatTrainer(Trainer):
     """See the module docstring."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
 
+    @report_user_errors
     def __init__(self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
         if config.mixed_precision:
-            raise ValueError("distsplat does not support --mixed-precision True")
+            raise UserError("distsplat does not support --mixed-precision True")
         self.ctx: DistContext = init_distributed(
             config.machine.device_type,
             timeout_s=config.collective_timeout_s,
             local_rank_hint=local_rank,
             backend=config.dist_backend,
         )
-        self._agree_run_identity(config)
+        self.seed, self.timestamp = self._agree_run_identity(config)
         super().__init__(config, local_rank=self.ctx.local_rank, world_size=self.ctx.world_size)
+        # The agreed run folder (rank 0's timestamp); the config keeps what this rank was given.
+        self.base_dir = config.get_base_dir().parent / self.timestamp
+        self.checkpoint_dir = self.base_dir / config.relative_model_dir
         self.device = str(self.ctx.device)
+        self._nothing_to_train = False
+        self._last_saved_step: Optional[int] = None
         self.step_times: List[float] = []
         self.timing_totals: Dict[str, float] = {}
         self.bytes_per_step: int = 0
@@ -122,26 +117,36 @@ class DistSplatTrainer(Trainer):
         self._train_wall_s = 0.0
 
     # ------------------------------------------------------------------ lifecycle
-    def _agree_run_identity(self, config: DistSplatTrainerConfig) -> None:
-        """One timestamp and one seed for every rank (rank 0's), and one global RNG state.
+    def _agree_run_identity(self, config: DistSplatTrainerConfig) -> tuple:
+        """One seed and one timestamp for every rank (rank 0's), and one global RNG state.
 
         nerfstudio seeds each process with ``seed + rank`` and stamps each with its own clock;
-        under torchrun that means one output folder per rank. Rank 0's values win.
+        under torchrun that means one output folder per rank. Rank 0's values win; the config is
+        left as it was built (the trainer keeps the agreed values: ``self.seed``, ``self.timestamp``).
+
+        Returns:
+            ``(seed, timestamp)``.
         """
-        own_dir = config.get_base_dir()
         agreed = broadcast_object(self.ctx, {"timestamp": config.timestamp, "seed": config.machine.seed})
         if agreed["timestamp"] != config.timestamp:
-            config.timestamp = agreed["timestamp"]
             # ns-train already wrote this rank's config.yml under its own timestamp: remove that
             # folder if it holds nothing else (it was created by this same command moments ago).
-            if own_dir.exists() and {p.name for p in own_dir.iterdir()} <= {"config.yml"}:
-                shutil.rmtree(own_dir, ignore_errors=True)
-        config.machine.seed = agreed["seed"]
+            remove_unused_run_dir(config.get_base_dir())
         torch.manual_seed(agreed["seed"])
         np.random.seed(agreed["seed"] % (2**32))
+        return agreed["seed"], agreed["timestamp"]
 
-    @_report_user_errors
+    @report_user_errors
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        """Build the run; every check that can fail comes before the first step.
+
+        Start-up phases are named barriers (``distributed/lifecycle.py``): a rank that does not
+        finish one within ``--collective-timeout-s`` is reported by rank and phase.
+        """
+        with startup_phase(self.ctx, "output folder check"):
+            agree_outcome(self.ctx, f"creating and writing the checkpoint folder {self.checkpoint_dir}",
+                          functools.partial(probe_writable, self.checkpoint_dir))
+        enter_phase(self.ctx, "pipeline setup")
         self.pipeline = self.config.pipeline.setup(
             device=self.device,
             test_mode=test_mode,
@@ -151,12 +156,20 @@ class DistSplatTrainer(Trainer):
             dist_ctx=self.ctx,
             seed=self.config.machine.seed,
         )
-        loaded = self._load_checkpoint_state()
+        finish_phase(self.ctx, "pipeline setup")
+        with startup_phase(self.ctx, "checkpoint load"):
+            loaded = self._load_checkpoint_state()
+        if self._start_step >= self.num_steps:
+            # Nothing to write: saving here would store the loaded model under step 0 and, with
+            # --save-only-latest-checkpoint, delete the checkpoint just loaded.
+            self._nothing_to_train = True
+            return
         self.optimizers = self.setup_optimizers()
         if loaded is not None:
             self.optimizers.load_optimizers(loaded["optimizers"])
             if "schedulers" in loaded and self.config.load_scheduler:
                 self.optimizers.load_schedulers(loaded["schedulers"])
+        enter_phase(self.ctx, "writers ready")
         banner_messages = None
         self.viewer_state = None
         if self.ctx.is_main and self.config.is_viewer_enabled():
@@ -174,7 +187,7 @@ class DistSplatTrainer(Trainer):
             )
             banner_messages = self.viewer_state.viewer_info
         if self.config.is_viewer_legacy_enabled():
-            raise ValueError("distsplat does not support --vis viewer_legacy; use --vis viewer")
+            raise UserError("distsplat does not support --vis viewer_legacy; use --vis viewer")
         self.callbacks = self.pipeline.get_training_callbacks(
             TrainingCallbackAttributes(
                 optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self
@@ -200,6 +213,7 @@ class DistSplatTrainer(Trainer):
         if self.ctx.is_main:
             writer.put_config(name="config", config_dict=dataclasses.asdict(self.config), step=0)
         profiler.setup_profiler(self.config.logging, writer_log_path)
+        finish_phase(self.ctx, "writers ready")
 
     @property
     def num_steps(self) -> int:
@@ -230,76 +244,105 @@ class DistSplatTrainer(Trainer):
         if self.config.load_dir is not None:
             load_dir = Path(self.config.load_dir)
             if not load_dir.is_dir():
-                raise ValueError(f"--load-dir {load_dir} is not a directory")
+                raise UserError(f"--load-dir {load_dir} is not a directory")
             if self.config.load_step is not None:
                 path = load_dir / f"step-{self.config.load_step:09d}.ckpt"
             else:
                 found = sorted(load_dir.glob("step-*.ckpt"))
                 if not found:
-                    raise ValueError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
+                    raise UserError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
                 path = found[-1]
             if not path.exists():
-                raise ValueError(f"checkpoint {path} does not exist (--load-dir/--load-step)")
+                raise UserError(f"checkpoint {path} does not exist (--load-dir/--load-step)")
             return path
         if self.config.load_checkpoint is not None:
             path = Path(self.config.load_checkpoint)
             if not path.exists():
-                raise ValueError(f"--load-checkpoint {path} does not exist")
+                raise UserError(f"--load-checkpoint {path} does not exist")
             return path
         return None
 
     # ------------------------------------------------------------------ training loop
-    @_report_user_errors
+    @report_user_errors
     def train(self) -> None:
+        """Train from the loaded step to ``num_steps``; see :meth:`_train_steps` for stopping.
+
+        Raises:
+            SystemExit: ``128 + signal`` after a SIGINT/SIGTERM stop (its checkpoint written).
+        """
+        if self._nothing_to_train:
+            if self.ctx.is_main:
+                CONSOLE.print(
+                    f"Nothing left to train: the checkpoint's step {self._start_step - 1} is the last of "
+                    f"--max-num-iterations {self.config.max_num_iterations} ({self.num_steps} steps); nothing written."
+                )
+            if self.ctx.is_main:
+                remove_unused_run_dir(self.base_dir)  # a resume into a new folder leaves none behind
+            shutdown_distributed()
+            return
         dm = self.pipeline.datamanager
         if self.ctx.is_main and hasattr(dm, "train_dataparser_outputs"):
             dm.train_dataparser_outputs.save_dataparser_transform(self.base_dir / "dataparser_transforms.json")
         self._init_viewer_state()
         self.pipeline.configure_training(start_step=self._start_step)
+        enter_phase(self.ctx, "training")
         t_start = time.perf_counter()
         self.stop_training = False
-        step = self._start_step
         try:
-            with TimeWriter(writer, EventName.TOTAL_TRAIN_TIME):
-                for step in range(self._start_step, self.num_steps):
-                    self.step = step
-                    if self.stop_training:
-                        break
-                    while self.training_state == "paused":
-                        if self.stop_training:
-                            break
-                        time.sleep(0.01)
-                    with self.train_lock:
-                        with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
-                            self.pipeline.train()
-                            for callback in self.callbacks:
-                                callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
-                            loss, loss_dict, metrics_dict = self.train_iteration(step)
-                            for callback in self.callbacks:
-                                callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
-                    self.step_times.append(train_t.duration)
-                    if step > 1:
-                        writer.put_time(
-                            name=EventName.TRAIN_RAYS_PER_SEC,
-                            duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size
-                            / max(0.001, train_t.duration),
-                            step=step,
-                            avg_over_steps=True,
-                        )
-                    self._update_viewer_state(step)
-                    if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
-                        writer.put_scalar(name="Train Loss", scalar=loss, step=step)
-                        writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
-                        writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
-                    if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
-                        with self.train_lock:
-                            self.eval_iteration(step)
-                    if step_check(step, self.config.steps_per_save):
-                        self.save_checkpoint(step)
-                    writer.write_out_storage()
+            with StopSignals() as signals, TimeWriter(writer, EventName.TOTAL_TRAIN_TIME):
+                last_step = self._train_steps(signals)
         finally:
             self._train_wall_s += time.perf_counter() - t_start
+        if signals.requested or last_step < self.num_steps - 1:
+            self._after_stop(last_step, signals.signum)
+            return
         self._after_train()
+
+    def _train_steps(self, signals: StopSignals) -> int:
+        """Run steps until the last one or an agreed stop; returns the last step completed
+        (``self._start_step - 1`` when none was).
+
+        A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
+        ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
+        rank leaves after the same step.
+        """
+        last_step = self._start_step - 1
+        for step in range(self._start_step, self.num_steps):
+            self.step = step
+            while self.training_state == "paused" and not self.stop_training and not signals.requested:
+                time.sleep(0.01)
+            with self.train_lock:
+                with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
+                    self.pipeline.train()
+                    for callback in self.callbacks:
+                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+                    loss, loss_dict, metrics_dict = self.train_iteration(step)
+                    for callback in self.callbacks:
+                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+            last_step = step
+            self.step_times.append(train_t.duration)
+            if step > 1:
+                writer.put_time(
+                    name=EventName.TRAIN_RAYS_PER_SEC,
+                    duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size
+                    / max(0.001, train_t.duration),
+                    step=step,
+                    avg_over_steps=True,
+                )
+            self._update_viewer_state(step)
+            if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
+                writer.put_scalar(name="Train Loss", scalar=loss, step=step)
+                writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
+                writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
+            if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
+                with self.train_lock:
+                    self.eval_iteration(step)
+            if step_check(step, self.config.steps_per_save):
+                self.save_checkpoint(step)
+            writer.write_out_storage()
+            if any_rank_true(self.ctx, signals.requested or self.stop_training):
+                break
+        return last_step
 
     def train_iteration(self, step: int):  # type: ignore[override]
         """One step (``DistSplatPipeline.train_step``), then what nerfstudio's loop logs.
@@ -364,9 +407,18 @@ class DistSplatTrainer(Trainer):
 
     # ------------------------------------------------------------------ checkpoints and end
     def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; other ranks wait for it."""
-        if self.ctx.is_main:
-            save_checkpoint_atomic(
+        """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; every rank learns whether it worked.
+
+        Raises:
+            RunFailure: on every rank when rank 0 could not write (full or read-only disk); the
+                previous checkpoint is kept.
+
+        **Collective:** world group (the outcome broadcast replaces a barrier).
+        """
+        agree_outcome(
+            self.ctx,
+            f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)",
+            lambda: save_checkpoint_atomic(
                 checkpoint_dir=self.checkpoint_dir,
                 step=step,
                 pipeline_state=self.pipeline.state_dict(),
@@ -374,12 +426,31 @@ class DistSplatTrainer(Trainer):
                 scalers=self.grad_scaler.state_dict(),
                 extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size},
                 keep_only_latest=self.config.save_only_latest_checkpoint,
-            )
-        barrier(self.ctx)
+            ),
+        )
+        self._last_saved_step = step
+
+    def _save_unless_saved(self, step: int) -> None:
+        """Save ``step`` unless it was just saved or no step ran in this process."""
+        if step >= self._start_step and self._last_saved_step != step:
+            self.save_checkpoint(step)
+
+    def _after_stop(self, last_step: int, signum: Optional[int]) -> None:
+        """End a run stopped early on every rank: checkpoint of the last completed step, summary,
+        then exit ``128 + signal`` (a stop from the viewer ends normally)."""
+        self._save_unless_saved(last_step)
+        self._write_stats()
+        writer.write_out_storage()
+        if self.ctx.is_main:
+            saved = f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}" if last_step >= self._start_step else "no step ran; nothing saved"
+            CONSOLE.print(f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}")
+        shutdown_distributed()
+        if signum is not None:
+            raise SystemExit(128 + signum)
 
     def _after_train(self) -> None:
         self.training_state = "completed"
-        self.save_checkpoint(self.step)
+        self._save_unless_saved(self.step)
         if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
             if not self.eval_psnr_history or self.eval_psnr_history[-1][0] != self.step:
                 self._eval_all(self.step)

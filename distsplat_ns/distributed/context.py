@@ -1,6 +1,6 @@
 """The process-group context: who this process is and how to reach the others.
 
-This package (``dist/``) is the only code that imports ``torch.distributed``; everything else
+This package (``distributed/``) is the only code that imports ``torch.distributed``; everything else
 receives a :class:`DistContext` and calls the collectives through it.
 
 Three ways a process can start, all ending in the same context:
@@ -12,13 +12,17 @@ Three ways a process can start, all ending in the same context:
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 
 LOGGER = get_logger(__name__)
@@ -67,7 +71,7 @@ def _env_int(name: str) -> int | None:
     try:
         return int(value)
     except ValueError as err:
-        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from err
+        raise UserError(f"environment variable {name} must be an integer, got {value!r}") from err
 
 
 def init_distributed(
@@ -89,20 +93,21 @@ def init_distributed(
         The context for this process.
 
     Raises:
-        ValueError: ``device_type`` is not ``cuda``/``cpu``, or CUDA is asked for but absent.
+        UserError: ``device_type`` is not ``cuda``/``cpu``, CUDA is asked for but absent, or the
+            launcher's environment is inconsistent.
 
     **Collective:** creating the group is itself a rendezvous of all ranks.
     """
     if device_type not in ("cuda", "cpu"):
-        raise ValueError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
+        raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
+        raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
     if timeout_s <= 0:
-        raise ValueError(f"collective timeout must be > 0 seconds, got {timeout_s}")
+        raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
     if backend not in ("auto", "nccl", "gloo"):
-        raise ValueError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
+        raise UserError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
     if backend == "nccl" and device_type != "cuda":
-        raise ValueError("--dist-backend nccl needs --machine.device-type cuda")
+        raise UserError("--dist-backend nccl needs --machine.device-type cuda")
 
     env_world = _env_int("WORLD_SIZE")
     env_rank = _env_int("RANK")
@@ -114,7 +119,7 @@ def init_distributed(
         backend = dist.get_backend()
     elif env_world is not None and env_world > 1:
         if env_rank is None:
-            raise ValueError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
+            raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
         rank, world_size = env_rank, env_world
         local_rank = env_local if env_local is not None else 0
         if backend == "auto":
@@ -143,6 +148,8 @@ def init_distributed(
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     set_log_rank(rank)
+    if world_size > 1:
+        exit_with_launcher()
     ctx = DistContext(
         rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
     )
@@ -178,6 +185,37 @@ def _device_index(local_rank: int) -> int:
     if local_rank >= count:
         LOGGER.warning("local rank %d shares GPU %d with another rank (%d GPUs on this host)", local_rank, local_rank % count, count)
     return local_rank % count
+
+
+#: prctl option asking the kernel to signal this process when its parent dies (linux/prctl.h).
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``sig`` to this rank when its launcher (torchrun, mp.spawn) dies.
+
+    Without it, a rank whose launcher was killed (SIGKILL, out of memory) trains on in the
+    background to the end. SIGTERM takes the ordinary stop path: with the trainer's handlers
+    installed every rank stops after the same step and keeps a checkpoint (``trainer.py``); before
+    that, SIGTERM's default ends the process. Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere
+    nothing is set.
+
+    Returns:
+        True when the signal is armed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this rank will not follow its launcher's death", ctypes.get_errno())
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent == 1 or os.getppid() != parent:  # the launcher died before the signal was armed
+        os.kill(os.getpid(), sig)
+    return True
 
 
 def shutdown_distributed() -> None:

@@ -1,0 +1,241 @@
+"""Agreement on the run's lifecycle: named start-up phases, stop requests, rank-0 outcomes, errors.
+
+These are the collectives that keep every rank doing the same thing at the edges of training:
+
+* :func:`startup_phase` -- a named barrier with the collective timeout: a rank that does not
+  finish a start-up phase is reported by name (phase and rank) instead of hanging the others;
+* :func:`any_rank_true` -- the per-step stop flag (Ctrl-C/SIGTERM on any rank stops every rank
+  after the same step);
+* :func:`agree_outcome` -- rank 0 does something alone (write a checkpoint, probe the output
+  folder) and every rank learns whether it worked, so all fail with one message instead of the
+  others seeing a broken collective;
+* :func:`first_report` -- print a failure once when every rank fails the same way.
+
+The phase and error keys travel through the process group's key-value store (torchrun's or
+``init_process_group``'s), not through collectives, so they work while a rank is stuck.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.utils.errors import RunFailure
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+T = TypeVar("T")
+
+_KEY_PREFIX = "distsplat/"
+_control_groups: dict = {}
+
+
+def _store() -> dist.Store | None:
+    """The default group's key-value store, or None without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def _control_group(ctx: DistContext) -> dist.ProcessGroup | None:
+    """A gloo group for host-side flags: the default group under gloo, a gloo twin under NCCL (so
+    the per-step stop flag never synchronises the GPU). Created on first use, which every rank
+    reaches at the same step."""
+    if ctx.backend != "nccl":
+        return None
+    if "gloo" not in _control_groups:
+        _control_groups["gloo"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=ctx.timeout_s))
+    return _control_groups["gloo"]
+
+
+def any_rank_true(ctx: DistContext, flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on at least one rank.
+
+    **Collective:** world group (gloo on host memory); every rank calls it at the same step. At
+    ``world_size == 1`` it returns ``flag``. Rank 0 passing False and rank 1 True: both get True.
+
+    **Host sync:** none on the GPU -- a one-element CPU tensor over gloo. Cost measured by
+    ``benchmarks/bench_stop_flag.py`` (figure in the README).
+    """
+    if not ctx.is_distributed:
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=_control_group(ctx))
+    return bool(value.item())  # host sync: CPU tensor, nothing on the device waits
+
+
+def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
+    """Run ``fn`` on rank 0 only and tell every rank whether it worked.
+
+    Args:
+        what: What ``fn`` does, for the message ("writing checkpoint step-000000010.ckpt").
+        fn: Called on rank 0; an ``OSError`` (full or read-only disk, permissions) is a failure
+            of the run, anything else an internal error.
+
+    Returns:
+        ``fn()``'s value on rank 0, None elsewhere.
+
+    Raises:
+        RunFailure: on every rank, with rank 0's reason, when ``fn`` raised ``OSError``.
+        RuntimeError: on the other ranks when ``fn`` raised anything else (rank 0 re-raises it
+            with its traceback).
+
+    **Collective:** world group (one broadcast); it replaces a barrier after rank-0-only work, so
+    the other ranks never see a broken collective when rank 0 fails. At ``world_size == 1`` it
+    just calls ``fn``.
+    """
+    result: T | None = None
+    failure: BaseException | None = None
+    outcome = "ok"
+    if ctx.is_main:
+        try:
+            result = fn()
+        except OSError as err:
+            failure = err
+            reason = f"{err.strerror} ({err.filename})" if err.strerror and err.filename else (err.strerror or str(err))
+            outcome = f"{what} failed: {reason}"
+        except Exception as err:  # noqa: BLE001 -- told to the other ranks, then re-raised as is
+            failure = err
+            outcome = f"internal error on rank 0 while {what}"
+    if ctx.is_distributed:
+        outcome = _broadcast_text(ctx, outcome)
+    if outcome == "ok":
+        return result
+    if failure is not None and not isinstance(failure, OSError):
+        raise failure
+    if failure is None and outcome.startswith("internal error"):
+        raise RuntimeError(f"{outcome}: see rank 0's traceback")
+    raise RunFailure(outcome) from failure
+
+
+def _broadcast_text(ctx: DistContext, text: str) -> str:
+    holder = [text if ctx.is_main else None]
+    dist.broadcast_object_list(holder, src=0, group=_control_group(ctx))
+    return str(holder[0])
+
+
+def enter_phase(ctx: DistContext, name: str) -> None:
+    """Record that this rank entered start-up phase ``name`` (read by error reports).
+
+    **Collective:** none (one store write); no-op at ``world_size == 1``.
+    """
+    store = _store() if ctx.is_distributed else None
+    if store is not None:
+        store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
+
+
+def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -> None:
+    """Wait until every rank has finished start-up phase ``name``.
+
+    Raises:
+        RunFailure: on every waiting rank when a rank has not finished within ``timeout_s``
+            (default: the collective timeout), naming the phase, the missing ranks and where each
+            rank was last seen.
+
+    **Collective:** through the store; every rank finishes the same phases in the same order.
+    No-op at ``world_size == 1``. Rank 1 sleeping in phase "model ready" past the timeout: rank 0
+    raises "start-up phase 'model ready': rank(s) [1] did not finish within 5 s ...".
+    """
+    store = _store() if ctx.is_distributed else None
+    if store is None:
+        return
+    timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
+    store.set(f"{_KEY_PREFIX}done/{name}/{ctx.rank}", "1")
+    store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
+    keys = [f"{_KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as err:  # DistStoreError: the wait timed out
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:  # arrived between the timeout and the check
+            return
+        raise RunFailure(
+            f"start-up phase '{name}': rank(s) {missing} did not finish within {timeout_s:g} s "
+            f"(--collective-timeout-s); {_whereabouts(ctx, store)}"
+        ) from err
+
+
+@contextmanager
+def startup_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -> Iterator[None]:
+    """Run the block as start-up phase ``name`` (:func:`enter_phase`, then :func:`finish_phase`).
+
+    A collective that fails inside the block (a rank stuck before it, a dead rank) is re-raised as
+    :class:`RunFailure` naming the phase and where each rank was last seen.
+
+    **Collective:** as :func:`finish_phase`.
+    """
+    enter_phase(ctx, name)
+    try:
+        yield
+    except RuntimeError as err:
+        where = explain_comm_failure(ctx, err)
+        if where is None:
+            raise
+        raise RunFailure(f"start-up phase '{name}' on rank {ctx.rank}: {where}") from err
+    finish_phase(ctx, name, timeout_s)
+
+
+def is_comm_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a failed or timed-out collective (gloo raises plain RuntimeErrors)."""
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(s in text for s in ("gloo", "Timed out", "timed out", "Connection closed by peer"))
+
+
+def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
+    """One line for a failed collective: its first line and where every rank was last seen; None
+    when ``err`` is not a communication failure."""
+    if not ctx.is_distributed or not is_comm_failure(err):
+        return None
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    store = _store()
+    where = ""
+    if store is not None:
+        try:
+            where = "; " + _whereabouts(ctx, store)
+        except (RuntimeError, dist.DistError):
+            where = ""
+    return f"a collective failed ({first}){where} (--collective-timeout-s {ctx.timeout_s:g})"
+
+
+def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
+    parts = []
+    for r in range(ctx.world_size):
+        key = f"{_KEY_PREFIX}where/{r}"
+        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}")
+    return "last seen: " + ", ".join(parts)
+
+
+def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
+    """Whether this rank should print ``message``: rank 0 always; another rank only when rank 0
+    did not report the same message within ``wait_s`` seconds. So a failure every rank shares is
+    printed once, and one only some ranks hit is still printed by them.
+
+    **Collective:** through the store, never blocking longer than ``wait_s``; safe to call while
+    other ranks are stuck or gone. Always True at ``world_size == 1`` or without a store.
+    """
+    store = _store() if ctx.is_distributed else None
+    if store is None:
+        return True
+    key = f"{_KEY_PREFIX}error/0"
+    try:
+        if ctx.is_main:
+            store.set(key, message)
+            return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if store.check([key]):
+                return store.get(key).decode() != message
+            time.sleep(0.05)
+    except (RuntimeError, dist.DistError):  # the store lived in a launcher that is gone
+        pass
+    return True

@@ -1,0 +1,99 @@
+"""Rank functions for the lifecycle tests (module level: they are pickled into spawned ranks)."""
+
+from __future__ import annotations
+
+import errno
+import time
+
+from distsplat_ns.utils.errors import RunFailure
+
+
+def agreed_failed_save(ctx) -> str:
+    """Rank 0's "save" fails with a full disk; every rank returns what it raised."""
+    from distsplat_ns.distributed.lifecycle import agree_outcome
+
+    def save() -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "/ckpt/step-000000010.ckpt")
+
+    try:
+        agree_outcome(ctx, "writing checkpoint step-000000010.ckpt", save)
+    except RunFailure as err:
+        return f"RunFailure: {err}"
+    return "no error"
+
+
+def agreed_successful_save(ctx) -> object:
+    from distsplat_ns.distributed.lifecycle import agree_outcome
+
+    return agree_outcome(ctx, "writing", lambda: "written")
+
+
+def stuck_in_phase(ctx, phase: str, sleep_s: float, timeout_s: float) -> tuple:
+    """Rank 1 sleeps inside ``phase`` past ``timeout_s``; returns (what this rank raised, seconds)."""
+    from distsplat_ns.distributed.lifecycle import startup_phase
+
+    t0 = time.monotonic()
+    try:
+        with startup_phase(ctx, phase, timeout_s=timeout_s):
+            if ctx.rank == 1:
+                time.sleep(sleep_s)
+    except RunFailure as err:
+        return f"RunFailure: {err}", time.monotonic() - t0
+    except RuntimeError as err:  # rank 1 wakes after rank 0, which hosts the store, has gone
+        return f"{type(err).__name__}", time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+def collective_timeout_in_phase(ctx) -> str:
+    """Rank 0 enters a collective (3 s gloo timeout) inside the phase; rank 1 stays out of it until
+    that timeout has ended it (rank 0 then sets a store key), up to 60 s."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from distsplat_ns.distributed.lifecycle import startup_phase
+
+    store = dist.distributed_c10d._get_default_store()
+    short = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=3))
+    try:
+        with startup_phase(ctx, "pipeline setup"):
+            if ctx.rank == 1:
+                deadline = time.monotonic() + 60
+                while not store.check(["test/rank0-gave-up"]) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                return "waited"
+            dist.all_reduce(torch.zeros(1), group=short)
+    except RunFailure as err:
+        store.set("test/rank0-gave-up", "1")
+        time.sleep(1.0)  # rank 0 hosts the store: let rank 1 see the key
+        return f"RunFailure: {err}"
+    except RuntimeError as err:  # rank 1 after rank 0 (which hosts the store) has gone
+        return f"{type(err).__name__}"
+    return "no error"
+
+
+def stop_flag_agreement(ctx, stopping_rank: int) -> bool:
+    from distsplat_ns.distributed.lifecycle import any_rank_true
+
+    return any_rank_true(ctx, ctx.rank == stopping_rank)
+
+
+def trainer_identity(ctx, out: str) -> dict:
+    """Build a DistSplatTrainer from a config with this rank's own timestamp and seed."""
+    from nerfstudio.configs.base_config import MachineConfig
+
+    from distsplat_ns.trainer import DistSplatTrainer, DistSplatTrainerConfig
+
+    config = DistSplatTrainerConfig(
+        method_name="distsplat", output_dir=out, experiment_name="it", timestamp=f"t{ctx.rank}",
+        machine=MachineConfig(device_type="cpu", seed=100 + ctx.rank),
+    )
+    trainer = DistSplatTrainer(config)
+    return {
+        "config_timestamp": config.timestamp,
+        "config_seed": config.machine.seed,
+        "seed": trainer.seed,
+        "base_dir": trainer.base_dir.name,
+        "checkpoint_dir": str(trainer.checkpoint_dir.relative_to(trainer.base_dir)),
+    }
