@@ -209,6 +209,8 @@ class DistSplatPipeline(VanillaPipeline):
             world_size=self.ctx.world_size,
             start_step=start_step,
             assigner=ExpectedImagesAssigner(self.config.partition),
+            # Images are decoded at the size the step renders (docs/data.md, decode at the training scale).
+            downscale_at=self.model.downscale_factor_at,
         )
         self._training_configured = True
 
@@ -268,7 +270,7 @@ class DistSplatPipeline(VanillaPipeline):
         missing = [p for p in needed if p not in images_by_pos]
         if missing:
             self.images_fetched_on_demand += len(missing)
-            fetched = self.datamanager.get_images([batch_ids[p] for p in missing])
+            fetched = self.datamanager.get_images([batch_ids[p] for p in missing], step=step)
             for p, img in zip(missing, fetched):
                 images_by_pos[p] = img
                 masks_by_pos.setdefault(p, None)

@@ -478,14 +478,22 @@ class ParallelFullImageDatamanager(DataManager):
             assert self._reader is not None
         return self._reader.next_batch(step)
 
-    def get_images(self, camera_indices: List[int]) -> List[torch.Tensor]:
+    def get_images(self, camera_indices: List[int], step: Optional[int] = None) -> List[torch.Tensor]:
         """Decode training images in this process (fallback for images the stream did not deliver).
+
+        Args:
+            camera_indices: Dataset indices.
+            step: Decode at this step's render downscale (``configure_training``'s
+                ``downscale_at``); None: at full training resolution.
 
         Returns:
             One image per index. `[H, W, 3 or 4]`, uint8, CPU.
         """
         loader = self._require_train_loader()
-        return [loader.load(int(i))[0] for i in camera_indices]
+        downscale = 1
+        if step is not None and self._reader is not None:
+            downscale = self._reader.stream.downscale(step)
+        return [loader.load(int(i), downscale=downscale)[0] for i in camera_indices]
 
     def get_image_and_mask(self, camera_index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decode one training image and its mask in this process (`[H, W, C]` uint8, `[H, W, 1]` bool or None)."""
