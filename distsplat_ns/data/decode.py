@@ -127,8 +127,8 @@ def box_downscale(image: np.ndarray, factor: int, size_hw: tuple[int, int]) -> n
     if image.shape[0] < height * factor or image.shape[1] < width * factor:
         raise ValueError(f"box_downscale: {image.shape[:2]} px cannot give {size_hw} px at factor {factor}")
     cropped = image[: height * factor, : width * factor]
-    if factor == 1:
-        return cropped
+    if factor == 1 or height == 0 or width == 0:  # an image smaller than the factor renders empty
+        return cropped[:height, :width]
     import cv2
 
     # INTER_AREA at an integer factor is the block mean (OpenCV's resizeAreaFast), rounded.
