@@ -156,7 +156,7 @@ def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer:
     JPEG goes through ``decoder``; any other format (PNG for Blender-style data, also when named
     ``.jpg``) through PIL. ``scale`` applies to JPEGs decoded by simplejpeg or PIL (libjpeg-turbo's
     scaled IDCT gives ``ceil(H / scale) x ceil(W / scale)`` pixels); torchvision and other formats
-    decode at full size. ``decoded_scale`` tells the caller which happened.
+    decode at full size; ``decode_at_scale`` tells the caller which happened.
 
     Args:
         data: The encoded file.
