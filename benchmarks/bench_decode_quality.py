@@ -5,6 +5,9 @@ Both runs: one process, CPU, same seed and flags, ``ns-train distsplat`` on a re
 only difference is whether the datamanager gets the model's resolution schedule
 (``configure_training(downscale_at=...)``). The schedule is shortened
 (``--resolution-schedule``) so that a short run passes through 1/4, 1/2 and full resolution.
+Undistorted cameras are needed for the DCT-scaled decode to be used (distorted images are undistorted
+at full size, then box-averaged): ``--drop-distortion`` copies the scene with its SIMPLE_RADIAL
+cameras rewritten as SIMPLE_PINHOLE (lund_door's radial term is -0.034; both runs see the same data).
 Prints one JSON object: each run's eval PSNR history (``distsplat_stats.json``) and the difference.
 
 Usage: ``python benchmarks/bench_decode_quality.py [--scene scenes/lund_door] [--steps 300]``
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,11 +70,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--resolution-schedule", type=int, default=100, help="images per resolution doubling")
     parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--drop-distortion", action="store_true", help="rewrite SIMPLE_RADIAL cameras as SIMPLE_PINHOLE (in a copy)")
     args = parser.parse_args()
-    report: dict = {"scene": str(args.scene), "steps": args.steps, "resolution_schedule_images": args.resolution_schedule}
+    report: dict = {"scene": str(args.scene), "steps": args.steps, "resolution_schedule_images": args.resolution_schedule,
+                    "drop_distortion": args.drop_distortion}
     with tempfile.TemporaryDirectory() as tmp:
+        scene = args.scene
+        if args.drop_distortion:
+            scene = Path(tmp) / "scene"
+            shutil.copytree(args.scene, scene)
+            cameras = scene / "sparse" / "0" / "cameras.txt"
+            lines = [
+                " ".join([*line.split()[:1], "SIMPLE_PINHOLE", *line.split()[2:7]]) if " SIMPLE_RADIAL " in line else line
+                for line in cameras.read_text().splitlines()
+            ]
+            cameras.write_text("\n".join(lines) + "\n")
         for variant in ("decode_at_scale", "model_resize"):
-            report[variant] = run(variant, args.scene, Path(tmp), args.steps, args.resolution_schedule, args.eval_every)
+            report[variant] = run(variant, scene, Path(tmp), args.steps, args.resolution_schedule, args.eval_every)
     final = {v: report[v]["eval_psnr_history"][-1][1] for v in ("decode_at_scale", "model_resize")}
     report["final_eval_psnr"] = final
     report["difference_db"] = final["decode_at_scale"] - final["model_resize"]

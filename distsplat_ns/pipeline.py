@@ -41,7 +41,7 @@ from distsplat_ns.distributed.collectives import (
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig, backward_bands
 from distsplat_ns.model.strategy import batch_info
-from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.cameras import ResolutionSchedule, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.viewer_start import StartAtTrainingView
 
@@ -210,7 +210,9 @@ class DistSplatPipeline(VanillaPipeline):
             start_step=start_step,
             assigner=ExpectedImagesAssigner(self.config.partition),
             # Images are decoded at the size the step renders (docs/data.md, decode at the training scale).
-            downscale_at=self.model.downscale_factor_at,
+            downscale_at=ResolutionSchedule(
+                self.model.config.num_downscales, self.model.config.resolution_schedule, self.model.batch_size
+            ),
         )
         self._training_configured = True
 

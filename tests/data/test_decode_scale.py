@@ -185,3 +185,17 @@ def test_model_gt_image_skips_its_resize_for_images_at_the_rendered_size() -> No
         gt_full = model.gt_image(torch.from_numpy(full), bg, d, small.shape[:2])
         assert gt_small.shape == gt_full.shape
         assert (gt_small - gt_full).abs().max() <= 0.5 / 255 + 1e-6  # uint8 rounding of the box mean
+
+
+@pytest.mark.parametrize("batch_size,num_downscales,schedule", [(1, 2, 100), (4, 2, 3000), (3, 3, 250), (2, 0, 10)])
+def test_resolution_schedule_is_the_models_and_pickles_small(batch_size: int, num_downscales: int, schedule: int) -> None:
+    import pickle
+
+    from distsplat_ns.utils.cameras import ResolutionSchedule
+    from tests.helpers.model_factory import make_model
+
+    model = make_model(batch_size=batch_size, num_downscales=num_downscales, resolution_schedule=schedule)
+    rule = ResolutionSchedule(num_downscales, schedule, batch_size)
+    steps = list(range(0, 4 * schedule // batch_size + 3))
+    assert [rule(t) for t in steps] == [model.downscale_factor_at(t) for t in steps]
+    assert len(pickle.dumps(rule)) < 1024  # what forkserver/spawn workers receive
