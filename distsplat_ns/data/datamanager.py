@@ -422,12 +422,15 @@ class ParallelFullImageDatamanager(DataManager):
 
         Raises:
             ValueError: Bad batch size, rank, world size or start step.
+            TypeError: ``downscale_at`` is not callable.
         """
         for name, value, minimum in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("start_step", start_step, 0)):
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        if downscale_at is not None and not callable(downscale_at):
+            raise TypeError(f"downscale_at must be a callable step -> int or None, got {type(downscale_at).__name__}")
         self._close_reader()
         stream = ImageBatchStream(
             self._require_train_loader(),
