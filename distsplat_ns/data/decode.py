@@ -283,7 +283,8 @@ class ImageSpec:
 
     @property
     def base_size_hw(self) -> tuple[int, int]:
-        """``(height, width)`` the file is brought to before ``scale_factor``."""
+        """``(height, width)`` the file is brought to before ``scale_factor`` (``parsed_size_hw``;
+        without it, ``(height, width)``, which is that size when ``scale_factor`` is 1)."""
         return self.parsed_size_hw if self.parsed_size_hw is not None else (self.height, self.width)
 
     @property
@@ -298,6 +299,16 @@ class ImageSpec:
         """Whether the training-scale downscale can be folded into the decode (no per-pixel step
         before it that does not commute with a box average: resize, alpha, mask colour, undistortion)."""
         return self.scale_factor == 1.0 and self.undistort is None and self.mask_color is None and self.alpha_color is None
+
+
+def file_size_matches(spec: ImageSpec, file_hw: tuple[int, int]) -> bool:
+    """Whether a file of ``file_hw`` = ``(height, width)`` pixels is the one ``spec``'s camera describes
+    before ``scale_factor``: its size, or any rounding (floor, round, ceil: the dataparsers' options)
+    of its size / ``spec.source_downscale`` when decoded at that scale."""
+    if spec.parsed_size_hw is None:  # the file is the camera's size, then resized by scale_factor
+        return all(int(side * spec.scale_factor) == want for side, want in zip(file_hw, (spec.height, spec.width)))
+    n = spec.source_downscale
+    return all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, spec.parsed_size_hw))
 
 
 class _MapCache:
@@ -483,9 +494,7 @@ class ImageLoader:
             ) from exc
         base_h, base_w = spec.base_size_hw
         n = spec.source_downscale
-        # Any rounding of file / n (floor, round or ceil, as the dataparsers offer) is accepted.
-        fits = all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, (base_h, base_w)))
-        if not fits:
+        if not file_size_matches(spec, file_hw):
             raise ValueError(
                 f"image {self.images.path(index)} (dataset index {index}) is {file_hw[1]}x{file_hw[0]} (WxH), "
                 f"but its camera says {base_w}x{base_h}" + (f" at 1/{n} of the file's size" if n > 1 else "")

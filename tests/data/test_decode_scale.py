@@ -199,3 +199,20 @@ def test_resolution_schedule_is_the_models_and_pickles_small(batch_size: int, nu
     steps = list(range(0, 4 * schedule // batch_size + 3))
     assert [rule(t) for t in steps] == [model.downscale_factor_at(t) for t in steps]
     assert len(pickle.dumps(rule)) < 1024  # what forkserver/spawn workers receive
+
+
+@pytest.mark.parametrize(
+    "spec,file_hw,matches",
+    [
+        (ImageSpec(height=60, width=40), (60, 40), True),
+        (ImageSpec(height=60, width=40), (61, 40), False),
+        (ImageSpec(height=30, width=20, scale_factor=0.5), (60, 40), True),
+        (ImageSpec(height=60, width=40, source_downscale=4, parsed_size_hw=(60, 40)), (242, 162), True),  # floor
+        (ImageSpec(height=61, width=41, source_downscale=4, parsed_size_hw=(61, 41)), (242, 162), True),  # ceil
+        (ImageSpec(height=60, width=40, source_downscale=4, parsed_size_hw=(60, 40)), (250, 162), False),
+    ],
+)
+def test_file_size_matches_the_camera(spec: ImageSpec, file_hw: tuple[int, int], matches: bool) -> None:
+    from distsplat_ns.data.decode import file_size_matches
+
+    assert file_size_matches(spec, file_hw) is matches
