@@ -9,14 +9,22 @@ One run prints one JSON object on stdout with:
   ratio to the one-core rates), data wait as a share of step time with a simulated training step,
   peak memory of the process tree, and marginal memory per image vs the mean file size;
 - nerfstudio 1.1.5's FullImageDatamanager (uint8 cache, device cpu) on the same data, each size in
-  a subprocess under a timeout and a memory guard.
+  a subprocess under a timeout and a memory guard;
+- decode at the training scale (``--only decode-scale``): one-core rates of the fox JPEGs for a full
+  decode, a full decode + box resize to 1/2 and 1/4 (what the model's resize did), and
+  libjpeg-turbo's DCT-scaled decode at 1/2 and 1/4 (+ the box to the exact rendered size), per
+  decoder; and the datamanager's worker throughput with the resolution schedule at 1/1 vs 1/4;
+- the nerfstudio-interface path (``--only next-train``): ``next_train`` images/s and the training
+  process's CPU per image, handing uint8 (now) vs converting to float32 / 255 on the host first
+  (the previous ``_to_float_data``), interleaved runs in one invocation.
 
 Memory: ``tree_pss`` sums the proportional set size over the process and its workers (a shared
 page counts once in total); ``tree_rss`` sums RSS (a shared page counts once per process that
 touched it, so the shared buffer is counted up to 1 + num_workers times); ``main_rss`` is the
 training process alone.
 
-Usage: ``python benchmarks/bench_data.py [--quick]`` (needs ../shared/data/fox).
+Usage: ``python benchmarks/bench_data.py [--quick] [--only all|decode-scale|next-train]`` (needs
+../shared/data/fox).
 """
 
 from __future__ import annotations
@@ -151,8 +159,87 @@ def decode_rates(seconds: float) -> dict:
     return out
 
 
+def decode_scale_rates(seconds: float) -> dict:
+    """One-core images/s (wall and per CPU second) of the fox JPEGs decoded at the training scale."""
+    import cv2
+    import torch
+
+    from distsplat_ns.data.decode import box_downscale, decode_bytes, fit_to_size
+
+    torch.set_num_threads(1)
+    cv2.setNumThreads(1)
+    blobs = [f.read_bytes() for f in sorted((FOX / "images").glob("*.jpg"))]
+    height, width = decode_bytes(blobs[0], "simplejpeg").shape[:2]
+
+    def full_then_box(decoder: str, d: int):
+        return lambda b: box_downscale(decode_bytes(b, decoder), d, (height // d, width // d))
+
+    def dct(decoder: str, d: int):
+        return lambda b: fit_to_size(decode_bytes(b, decoder, scale=d), 1, (height // d, width // d))
+
+    cases = {"full_decode": lambda b: decode_bytes(b, "simplejpeg")}
+    for d in (2, 4):
+        cases[f"full_decode+box_1/{d}"] = full_then_box("simplejpeg", d)
+        cases[f"dct_1/{d}"] = dct("simplejpeg", d)
+        cases[f"pil_draft_1/{d}"] = dct("pil", d)
+    cases["pil_full_decode"] = lambda b: decode_bytes(b, "pil")
+    wall, cpu = {}, {}
+    for name, fn in cases.items():
+        fn(blobs[0])
+        count, start, cpu_start = 0, time.perf_counter(), time.process_time()
+        while time.perf_counter() - start < seconds:
+            fn(blobs[count % len(blobs)])
+            count += 1
+        wall[name] = count / (time.perf_counter() - start)
+        cpu[name] = count / (time.process_time() - cpu_start)
+    return {
+        "image_hw": [height, width],
+        "images_per_s": wall,
+        "images_per_cpu_s": cpu,
+        "dct_1/4_vs_full_decode+box_1/4_cpu": cpu["dct_1/4"] / cpu["full_decode+box_1/4"],
+        "dct_1/2_vs_full_decode+box_1/2_cpu": cpu["dct_1/2"] / cpu["full_decode+box_1/2"],
+    }
+
+
+def _constant_downscale(step: int, value: int) -> int:
+    del step
+    return value
+
+
+def child_next_train(scene: Path, num_workers: int, drain_s: float, host_float: bool, out: Path) -> None:
+    """nerfstudio's interface: one image per ``next_train`` call, optionally converted on the host."""
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+
+    manager = ParallelFullImageDatamanagerConfig(
+        dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"),
+        num_workers=num_workers,
+        prefetch_batches=4,
+    ).setup(device="cpu")
+    for step in range(8):
+        manager.next_train(step)
+    images, start, cpu_start = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < drain_s:
+        _, data = manager.next_train(8 + images)
+        if host_float:  # what _to_float_data did before images were handed over as uint8
+            data["image"] = data["image"].float() / 255.0
+        images += 1
+    elapsed = time.perf_counter() - start
+    manager.close()
+    out.write_text(json.dumps({
+        "host_float": host_float,
+        "images_per_s": images / elapsed,
+        "main_process_cpu_ms_per_image": 1000 * (time.process_time() - cpu_start) / images,
+        "load_average_1min": os.getloadavg()[0],
+    }))
+
+
 # ---------------------------------------------------------------------------------- child runs
-def child_ours(scene: Path, num_workers: int, batch_size: int, drain_s: float, consume_rate_fraction: float, out: Path) -> None:
+def child_ours(scene: Path, num_workers: int, batch_size: int, drain_s: float, consume_rate_fraction: float, out: Path,
+               train_downscale: int = 1) -> None:
+    import functools
+
     from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
     from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
@@ -166,7 +253,8 @@ def child_ours(scene: Path, num_workers: int, batch_size: int, drain_s: float, c
             prefetch_batches=4,
         ).setup(device="cpu")
         result["setup_s"] = time.perf_counter() - start
-        manager.configure_training(batch_size, 0, 1)
+        schedule = functools.partial(_constant_downscale, value=train_downscale) if train_downscale > 1 else None
+        manager.configure_training(batch_size, 0, 1, downscale_at=schedule)
         manager.next_train_batch(0)
         result["time_to_first_batch_s"] = time.perf_counter() - start
         # Warm-up: fill the prefetch queue, then drain as fast as possible (data-bound loop).
@@ -309,13 +397,46 @@ def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int) -> dic
 
 
 # ---------------------------------------------------------------------------------- main
+def run_part(args: argparse.Namespace, limit: int) -> dict:
+    """``--only decode-scale`` or ``--only next-train``: interleaved comparisons in one run."""
+    report: dict = {"machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": os.getloadavg()[0]}, "part": args.only}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only == "decode-scale":
+            report["one_core"] = [decode_scale_rates(args.decode_s) for _ in range(args.repeats)]
+            # Distortion removed: the worker decodes only, so the decode scale is what is measured.
+            scene = fox_scene(Path(tmp) / "fox", args.small_frames, undistorted=True)
+            runs: dict[str, list[dict]] = {"1": [], "4": []}
+            for _ in range(args.repeats):
+                for d in runs:
+                    child_args = ["--child", "ours", "--scene", str(scene), "--num-workers", str(args.num_workers),
+                                  "--batch-size", str(args.batch_size), "--drain-s", str(args.drain_s),
+                                  "--consume-fraction", str(args.consume_fraction), "--train-downscale", d]
+                    runs[d].append(run_child(child_args, args.timeout_s, limit))
+            report["datamanager_train_downscale"] = runs
+        else:
+            scene = fox_scene(Path(tmp) / "fox", args.small_frames, undistorted=True)
+            runs = {"uint8": [], "host_float": []}
+            for _ in range(args.repeats):
+                for mode in runs:
+                    child_args = ["--child", "next-train", "--scene", str(scene), "--num-workers", str(args.num_workers),
+                                  "--drain-s", str(args.drain_s)] + (["--host-float"] if mode == "host_float" else [])
+                    runs[mode].append(run_child(child_args, args.timeout_s, limit))
+            report["next_train"] = runs
+    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    return report
+
+
 def marginal(large: dict, small: dict, key: str) -> float:
     return (large[key] - small[key]) / (large["num_train_images"] - small["num_train_images"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", choices=["ours", "first", "nerfstudio"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["ours", "first", "nerfstudio", "next-train"], help=argparse.SUPPRESS)
+    parser.add_argument("--train-downscale", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--host-float", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["all", "decode-scale", "next-train"], default="all", help="run one part of the benchmark")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the decode-scale and next-train comparisons")
     parser.add_argument("--scene", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--small-frames", type=int, default=67)
@@ -335,7 +456,10 @@ def main() -> None:
         args.first_batch_repeats = 1
 
     if args.child == "ours":
-        child_ours(args.scene, args.num_workers, args.batch_size, args.drain_s, args.consume_fraction, args.out)
+        child_ours(args.scene, args.num_workers, args.batch_size, args.drain_s, args.consume_fraction, args.out, args.train_downscale)
+        return
+    if args.child == "next-train":
+        child_next_train(args.scene, args.num_workers, args.drain_s, args.host_float, args.out)
         return
     if args.child == "first":
         child_first_batch(args.scene, args.num_workers, args.batch_size, args.out)
@@ -349,6 +473,9 @@ def main() -> None:
         args.drain_s, args.decode_s, args.large_frames, args.mid_frames = 3.0, 1.0, 200, 100
 
     limit = int(args.memory_limit_gib * (1 << 30))
+    if args.only != "all":
+        sys.stdout.write(json.dumps(run_part(args, limit), indent=1) + "\n")
+        return
     common = ["--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size), "--drain-s", str(args.drain_s), "--consume-fraction", str(args.consume_fraction)]
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": os.getloadavg()[0], "note": "every figure below is from this one run"},

@@ -36,7 +36,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
 from distsplat_ns.model.strategy import batch_info
-from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.cameras import ResolutionSchedule, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.steps import steps_to_cover
@@ -207,7 +207,10 @@ class DistSplatPipeline(VanillaPipeline):
             world_size=self.ctx.world_size,
             start_step=start_step,
             assigner=ExpectedImagesAssigner(self.config.partition),
-            downscale_at=self.model.downscale_factor_at,
+            # Images are decoded at the size the step renders (docs/data.md, decode at the training scale).
+            downscale_at=ResolutionSchedule(
+                self.model.config.num_downscales, self.model.config.resolution_schedule, self.model.batch_size
+            ),
         )
         self._training_configured = True
 
@@ -347,7 +350,7 @@ class DistSplatPipeline(VanillaPipeline):
         missing = [p for p in needed if p not in images]
         if missing:
             self.images_fetched_on_demand += len(missing)
-            images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing])))
+            images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step)))
         wait_s = train_batch.wait_s + (time.perf_counter() - t0 if missing else 0.0)
         return needed, [images[p] for p in needed], [masks.get(p) for p in needed], wait_s
 

@@ -8,7 +8,7 @@ buffer (``store.py``) and lets DataLoader workers decode each rank's share of ev
 - ``train_dataset`` / ``eval_dataset`` are nerfstudio ``InputDataset``s (viewer, ns-export), whose
   ``cameras`` are rewritten at construction to the *undistorted* intrinsics and sizes, computed
   from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does.
-- The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner)`` once and
+- The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner, downscale_at)`` once and
   then ``next_train_batch(step)`` for increasing steps.
 - nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
   ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
@@ -37,6 +37,7 @@ from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataPars
 from nerfstudio.data.datasets.base_dataset import InputDataset
 
 from distsplat_ns.data import order
+from distsplat_ns.data.dataparse import DownscaledParse, parsed_size_hw
 from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, UndistortSpec, default_decoder
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
 from distsplat_ns.data.stream import (
@@ -225,9 +226,17 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> tuple[UndistortSpe
     )
 
 
-def image_specs(dataset: InputDataset, undistort: list[Optional[UndistortSpec]], heights: list[int], widths: list[int]) -> list[ImageSpec]:
-    """Per-image decode instructions for ``dataset`` (sizes before undistortion)."""
+def image_specs(
+    dataset: InputDataset,
+    undistort: list[Optional[UndistortSpec]],
+    heights: list[int],
+    widths: list[int],
+    source_downscale: int = 1,
+) -> list[ImageSpec]:
+    """Per-image decode instructions for ``dataset`` (sizes before undistortion); files are
+    decoded at ``1 / source_downscale`` (a dataparser downscale without its images_N folder)."""
     outputs: DataparserOutputs = dataset._dataparser_outputs
+    parsed = parsed_size_hw(outputs) if source_downscale > 1 else [None] * len(dataset)
     alpha = outputs.alpha_color
     alpha_color = tuple(float(v) for v in alpha.reshape(-1).tolist()) if alpha is not None else None
     mask_color = tuple(float(v) for v in dataset.mask_color) if dataset.mask_color else None
@@ -239,6 +248,8 @@ def image_specs(dataset: InputDataset, undistort: list[Optional[UndistortSpec]],
             alpha_color=alpha_color,  # type: ignore[arg-type]
             mask_color=mask_color,  # type: ignore[arg-type]
             undistort=undistort[i],
+            source_downscale=source_downscale,
+            parsed_size_hw=parsed[i],
         )
         for i in range(len(dataset))
     ]
@@ -286,16 +297,25 @@ class ParallelFullImageDatamanager(DataManager):
             self.config.dataparser.data = Path(self.config.data)
         else:
             self.config.data = self.config.dataparser.data
-        self.dataparser = self.dataparser_config.setup()
+        # Never prompts: a downscale factor without its images_N folder is decoded at 1/N (dataparse.py).
+        self._parse = DownscaledParse(self.dataparser_config)
+        self.dataparser = self._parse.dataparser
+        if self._parse.source_downscale > 1:
+            log_rank0(
+                _LOGGER,
+                "%s not found: decoding the images at 1/%d of their files' size on the fly (no folder is written)",
+                self._parse.missing_folder,
+                self._parse.source_downscale,
+            )
         if test_mode == "inference":
             self.dataparser.downscale_factor = 1  # Avoid opening images (as nerfstudio).
         self.includes_time = self.dataparser.includes_time
         self.decoder = default_decoder() if config.decoder == "auto" else config.decoder
 
-        self.train_dataparser_outputs: DataparserOutputs = self.dataparser.get_dataparser_outputs(split="train")
+        self.train_dataparser_outputs: DataparserOutputs = self._parse.get_dataparser_outputs(split="train")
         self.train_dataset = InputDataset(self.train_dataparser_outputs, scale_factor=config.camera_res_scale_factor)
         self.eval_dataset = InputDataset(
-            self.dataparser.get_dataparser_outputs(split=self.test_split), scale_factor=config.camera_res_scale_factor
+            self._parse.get_dataparser_outputs(split=self.test_split), scale_factor=config.camera_res_scale_factor
         )
         self._train_specs = self._prepare_cameras(self.train_dataset)
         self._eval_specs = self._prepare_cameras(self.eval_dataset)
@@ -305,7 +325,7 @@ class ParallelFullImageDatamanager(DataManager):
         self._train_loader: Optional[ImageLoader] = None
         self._eval_loader: Optional[ImageLoader] = None
         self._reader: Optional[TrainBatchReader] = None
-        self._training: Optional[tuple[int, int, int, Optional[Assigner]]] = None
+        self._training: Optional[tuple[int, int, int, Optional[Assigner], Optional[Callable[[int], int]]]] = None
         self._compat_mode = False
         self._eval_rng = random.Random(config.seed)
         self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
@@ -314,12 +334,11 @@ class ParallelFullImageDatamanager(DataManager):
         super().__init__()
 
     # ------------------------------------------------------------------ setup
-    @staticmethod
-    def _prepare_cameras(dataset: InputDataset) -> list[ImageSpec]:
+    def _prepare_cameras(self, dataset: InputDataset) -> list[ImageSpec]:
         heights = [int(h) for h in dataset.cameras.height[:, 0].tolist()]
         widths = [int(w) for w in dataset.cameras.width[:, 0].tolist()]
         undistort = undistort_cameras(dataset.cameras)
-        return image_specs(dataset, undistort, heights, widths)
+        return image_specs(dataset, undistort, heights, widths, self._parse.source_downscale)
 
     def _ram_budget_bytes(self) -> int:
         if self.config.ram_budget_bytes > 0:
@@ -397,17 +416,22 @@ class ParallelFullImageDatamanager(DataManager):
             start_step: The first step ``next_train_batch`` will be asked for (resume point).
             assigner: Split of each batch across ranks (``positions_for_rank``, picklable);
                 ``order.ContiguousAssigner()`` if None.
-            downscale_at: The model's resolution divisor at a step (decoding at the training scale
-                is not done here yet; images are delivered at full size).
+            downscale_at: The render downscale of a step (the model's resolution schedule, e.g.
+                ``model.downscale_factor_at``): step ``t``'s images are decoded at
+                ``1 / downscale_at(t)``, i.e. ``utils.cameras.downscaled_px`` of the cameras'
+                sizes. Called in the workers (pickled for spawn/forkserver). None: always 1.
 
         Raises:
             ValueError: Bad batch size, rank, world size or start step.
+            TypeError: ``downscale_at`` is not callable.
         """
         for name, value, minimum in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("start_step", start_step, 0)):
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        if downscale_at is not None and not callable(downscale_at):
+            raise TypeError(f"downscale_at must be a callable step -> int or None, got {type(downscale_at).__name__}")
         self._close_reader()
         stream = ImageBatchStream(
             self._require_train_loader(),
@@ -418,11 +442,12 @@ class ParallelFullImageDatamanager(DataManager):
             start_step=start_step,
             assigner=assigner,
             skip_corrupt_images=self.config.skip_corrupt_images,
+            downscale_at=downscale_at,
         )
         self._reader = TrainBatchReader(
             stream, self.config.num_workers, self.config.prefetch_batches, self.config.multiprocessing_context
         )
-        self._training = (batch_size, rank, world_size, assigner)
+        self._training = (batch_size, rank, world_size, assigner, downscale_at)
         self._compat_mode = False
 
     def batch_camera_ids(self, step: int) -> list[int]:
@@ -452,19 +477,27 @@ class ParallelFullImageDatamanager(DataManager):
             _LOGGER.warning(
                 "next_train_batch(%d) but the stream is at step %d: restarting the stream at %d", step, self._reader.next_step, step
             )
-            batch_size, rank, world_size, assigner = self._training
-            self.configure_training(batch_size, rank, world_size, start_step=step, assigner=assigner)
+            batch_size, rank, world_size, assigner, downscale_at = self._training
+            self.configure_training(batch_size, rank, world_size, start_step=step, assigner=assigner, downscale_at=downscale_at)
             assert self._reader is not None
         return self._reader.next_batch(step)
 
-    def get_images(self, camera_indices: List[int]) -> List[torch.Tensor]:
+    def get_images(self, camera_indices: List[int], step: Optional[int] = None) -> List[torch.Tensor]:
         """Decode training images in this process (fallback for images the stream did not deliver).
+
+        Args:
+            camera_indices: Dataset indices.
+            step: Decode at this step's render downscale (``configure_training``'s
+                ``downscale_at``); None: at full training resolution.
 
         Returns:
             One image per index. `[H, W, 3 or 4]`, uint8, CPU.
         """
         loader = self._require_train_loader()
-        return [loader.load(int(i))[0] for i in camera_indices]
+        downscale = 1
+        if step is not None and self._reader is not None:
+            downscale = self._reader.stream.downscale(step)
+        return [loader.load(int(i), downscale=downscale)[0] for i in camera_indices]
 
     def get_image_and_mask(self, camera_index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decode one training image and its mask in this process (`[H, W, C]` uint8, `[H, W, 1]` bool or None)."""
@@ -516,8 +549,10 @@ class ParallelFullImageDatamanager(DataManager):
         }
 
     # ------------------------------------------------------------------ nerfstudio interface
-    def _to_float_data(self, index: int, image: torch.Tensor, mask: Optional[torch.Tensor]) -> Dict:
-        data: Dict = {"image_idx": index, "image": image.to(self.device).float() / 255.0}
+    def _to_device_data(self, index: int, image: torch.Tensor, mask: Optional[torch.Tensor]) -> Dict:
+        # uint8 to the device: the model converts there (gt_image, splatfacto's get_gt_img), so the
+        # host never runs a 1080p float conversion per image (it was 70% of the training process's CPU).
+        data: Dict = {"image_idx": index, "image": image.to(self.device)}
         if mask is not None:
             data["mask"] = mask.to(self.device)
         return data
@@ -527,7 +562,7 @@ class ParallelFullImageDatamanager(DataManager):
 
         Returns:
             ``(camera, data)``: one camera on ``device`` (``metadata["cam_idx"]``), and
-            ``{"image": [H, W, C] float32 in [0, 1] on device, "image_idx": int, ("mask")}``.
+            ``{"image": [H, W, C] uint8 on device, "image_idx": int, ("mask")}``.
         """
         if not self._compat_mode or self._reader is None:
             self.configure_training(1, 0, 1, start_step=step)
@@ -543,7 +578,7 @@ class ParallelFullImageDatamanager(DataManager):
         if camera.metadata is None:
             camera.metadata = {}
         camera.metadata["cam_idx"] = index
-        return camera, self._to_float_data(index, batch.images[0], batch.masks[0])
+        return camera, self._to_device_data(index, batch.images[0], batch.masks[0])
 
     def next_eval(self, step: int) -> Tuple[Cameras, Dict]:
         """A random eval image (see ``next_eval_image``)."""
@@ -553,8 +588,8 @@ class ParallelFullImageDatamanager(DataManager):
         """A random eval image, each once before any repeats (seeded), decoded in this process.
 
         Returns:
-            ``(camera, data)``: one camera on device, ``{"image": [H, W, C] float32 in [0, 1] on
-            device, "image_idx": int, ("mask")}``.
+            ``(camera, data)``: one camera on device, ``{"image": [H, W, C] uint8 on device,
+            "image_idx": int, ("mask")}``.
         """
         del step
         index = self.eval_unseen_cameras.pop(self._eval_rng.randint(0, len(self.eval_unseen_cameras) - 1))
@@ -562,7 +597,7 @@ class ParallelFullImageDatamanager(DataManager):
             self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
         image, mask = self._require_eval_loader().load(index)
         camera = self.eval_dataset.cameras[index : index + 1].to(self.device)
-        return camera, self._to_float_data(index, image, mask)
+        return camera, self._to_device_data(index, image, mask)
 
     @property
     def fixed_indices_eval_dataloader(self) -> "EvalImages":
@@ -607,4 +642,4 @@ class EvalImages:
         loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
         cameras = manager.eval_dataset.cameras
         for index, image, mask in loader:
-            yield cameras[index : index + 1].to(manager.device), manager._to_float_data(index, image, mask)
+            yield cameras[index : index + 1].to(manager.device), manager._to_device_data(index, image, mask)

@@ -13,6 +13,16 @@ Undistortion uses maps computed once per distinct camera and kept in a small per
 ``cv2.undistort`` rebuilds the same maps on every call (it is ``initUndistortRectifyMap`` +
 ``remap`` in row stripes), so caching gives identical pixels for less work.
 
+Decode at the training scale (docs/data.md): an image wanted at ``1 / f`` of its file's size is
+decoded by libjpeg-turbo at the largest DCT-domain scale ``1 / s`` (``s`` in 1, 2, 4, 8) dividing
+``f`` (simplejpeg's ``min_height``/``min_width``, PIL's ``draft``), then box-averaged by ``f / s``.
+The box average is the *exact* rule of splatfacto's ``resize_image`` (and OpenCV's INTER_AREA at an
+integer factor): the top-left ``(H // f) * f`` x ``(W // f) * f`` pixels, each output pixel the
+mean of its ``f x f`` block, rounded to uint8 (within 0.5 of the float mean). So the rendered size
+is ``utils.cameras.downscaled_px(side, f)`` and the pixel grid is the one the model's own resize
+gives. Every decoder returns RGB, or RGBA when the file has alpha, whatever the file's colour space
+(grey, CMYK, palette).
+
 Shape legend: ``H``, ``W``: pixels.
 """
 
@@ -27,6 +37,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from distsplat_ns.data.resize import box_downscale, dct_scale, fit_to_size
 from distsplat_ns.data.store import EncodedImageStore
 
 DecoderName = Literal["pil", "simplejpeg", "torchvision"]
@@ -55,45 +66,115 @@ def default_decoder() -> str:
     return "torchvision"
 
 
+def _has_alpha(pil_image: Image.Image) -> bool:
+    return pil_image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (
+        pil_image.mode == "P" and "transparency" in pil_image.info
+    )
+
+
 def _pil_to_array(pil_image: Image.Image) -> np.ndarray:
-    # Same conversion as nerfstudio's InputDataset.get_numpy_image.
+    """RGB (or RGBA when the image has alpha) uint8 pixels of any PIL image.
+
+    Grey becomes RGB by repeating the channel (as nerfstudio's ``InputDataset.get_numpy_image``);
+    CMYK, YCbCr, palette and other modes go through PIL's ``convert``: a CMYK JPEG must never reach
+    training as 4-channel data.
+    """
+    if pil_image.mode not in ("RGB", "RGBA", "L"):
+        pil_image = pil_image.convert("RGBA" if _has_alpha(pil_image) else "RGB")
     image = np.array(pil_image, dtype="uint8")
     if image.ndim == 2:
         image = image[:, :, None].repeat(3, axis=2)
     return image
 
 
-def decode_bytes(data: memoryview | bytes, decoder: str) -> np.ndarray:
-    """Decode one encoded image to uint8 pixels.
+def read_size_hw(data: memoryview | bytes) -> tuple[int, int]:
+    """``(height, width)`` of an encoded image from its header, without decoding the pixels."""
+    if bytes(data[:3]) == _JPEG_MAGIC:
+        try:
+            import simplejpeg
+        except ImportError:
+            pass
+        else:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            return int(height), int(width)
+    with Image.open(io.BytesIO(data)) as pil_image:
+        return pil_image.size[1], pil_image.size[0]
 
-    JPEG goes through ``decoder``; any other format (PNG for Blender-style data) through PIL.
+
+def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer: Optional[np.ndarray] = None) -> np.ndarray:
+    """Decode one encoded image to RGB (or RGBA) uint8 pixels, for JPEGs at ``1 / scale`` in the DCT domain.
+
+    JPEG goes through ``decoder``; any other format (PNG for Blender-style data, also when named
+    ``.jpg``) through PIL. ``scale`` applies to JPEGs decoded by simplejpeg or PIL (libjpeg-turbo's
+    scaled IDCT gives ``ceil(H / scale) x ceil(W / scale)`` pixels); torchvision and other formats
+    decode at full size; ``decode_at_scale`` tells the caller which happened.
 
     Args:
         data: The encoded file.
         decoder: One of ``DECODERS``.
+        scale: DCT-domain scale denominator, 1, 2, 4 or 8.
+        buffer: Flat uint8 array to decode into (simplejpeg only) when it is large enough, or None.
 
     Returns:
-        Pixels. `[H, W, C]`, uint8, with ``C`` in {1, 2, 3, 4} as stored (grey JPEGs become RGB).
+        Pixels. `[H', W', 3]`, or `[H', W', 4]` when the file has alpha (PNG), uint8, RGB(A) whatever
+        the file's colour space (grey and CMYK JPEGs become RGB).
 
     Raises:
         ValueError, OSError, RuntimeError: The bytes are corrupt or truncated (decoder's own error).
     """
-    if bytes(data[:3]) != _JPEG_MAGIC or decoder == "pil":
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    if scale not in (1, 2, 4, 8):
+        raise ValueError(f"scale must be 1, 2, 4 or 8, got {scale}")
+    is_jpeg = bytes(data[:3]) == _JPEG_MAGIC
+    if not is_jpeg or decoder == "pil":
         with Image.open(io.BytesIO(data)) as pil_image:
+            if is_jpeg and scale > 1:
+                width, height = pil_image.size
+                # draft picks the largest scale s <= min(W // w, H // h): floor sizes give exactly ``scale``.
+                if width >= scale and height >= scale:
+                    pil_image.draft(pil_image.mode, (width // scale, height // scale))
             pil_image.load()
             return _pil_to_array(pil_image)
     if decoder == "simplejpeg":
         import simplejpeg
 
+        kwargs: dict = {}
+        if scale > 1:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+            # simplejpeg picks the smallest libjpeg-turbo scale giving at least these sizes.
+            kwargs = {"min_height": -(-height // scale), "min_width": -(-width // scale)}
+        if buffer is not None:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data, **kwargs)
+            if height * width * 3 <= buffer.size:
+                kwargs["buffer"] = buffer[: height * width * 3]
         # strict=True (the default) turns libjpeg warnings such as "Premature end of JPEG file"
-        # into errors: a truncated file must never become a grey-padded training image.
-        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
-    if decoder == "torchvision":
-        from torchvision.io import ImageReadMode, decode_jpeg
+        # into errors: a truncated file must never become a grey-padded training image. libjpeg-turbo
+        # converts grey, YCbCr and CMYK/YCCK JPEGs to RGB itself.
+        return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, **kwargs)
+    from torchvision.io import ImageReadMode, decode_jpeg
 
-        encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        return decode_jpeg(encoded, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous().numpy()
-    raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    # ImageReadMode.RGB converts grey and CMYK JPEGs (torchvision >= 0.19).
+    return decode_jpeg(encoded, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous().numpy()
+
+
+def decode_at_scale(data: memoryview | bytes, decoder: str, scale: int, buffer: Optional[np.ndarray] = None) -> tuple[np.ndarray, int]:
+    """``decode_bytes`` at DCT scale ``1 / scale`` where the decoder can, and the scale it really used.
+
+    Returns:
+        ``(pixels, used)``: pixels as ``decode_bytes`` returns them, and ``used`` = ``scale`` when
+        the JPEG was decoded in the DCT domain, else 1 (torchvision, PNG, or a JPEG PIL cannot draft).
+    """
+    image = decode_bytes(data, decoder, scale, buffer)
+    if scale == 1:
+        return image, 1
+    full_h, full_w = read_size_hw(data)
+    if image.shape[:2] == (full_h, full_w):
+        return image, 1
+    if image.shape[:2] == (-(-full_h // scale), -(-full_w // scale)):
+        return image, scale
+    raise RuntimeError(f"decoding {full_w}x{full_h} px at 1/{scale} gave {image.shape[1]}x{image.shape[0]} px")
 
 
 @dataclass(frozen=True)
@@ -129,6 +210,11 @@ class ImageSpec:
         alpha_color: RGB in [0, 1] to composite RGBA images over, or None to keep RGBA.
         mask_color: RGB in [0, 1] written where the mask is 0, or None.
         undistort: Undistortion, or None for an undistorted camera.
+        source_downscale: The file is this many times larger than the camera before
+            ``scale_factor`` (a dataparser downscale factor without a pre-made ``images_N``
+            folder): it is decoded at ``1 / source_downscale`` (DCT scale + box average).
+        parsed_size_hw: The camera's ``(height, width)`` before ``scale_factor``, i.e. the size the
+            file is brought to; required when ``source_downscale > 1``.
     """
 
     height: int
@@ -137,6 +223,43 @@ class ImageSpec:
     alpha_color: Optional[tuple[float, float, float]] = None
     mask_color: Optional[tuple[float, float, float]] = None
     undistort: Optional[UndistortSpec] = None
+    source_downscale: int = 1
+    parsed_size_hw: Optional[tuple[int, int]] = None
+
+    def __post_init__(self) -> None:
+        if self.source_downscale < 1:
+            raise ValueError(f"source_downscale must be >= 1, got {self.source_downscale}")
+        if self.source_downscale > 1 and self.parsed_size_hw is None:
+            raise ValueError("parsed_size_hw is required when source_downscale > 1")
+
+    @property
+    def base_size_hw(self) -> tuple[int, int]:
+        """``(height, width)`` the file is brought to before ``scale_factor`` (``parsed_size_hw``;
+        without it, ``(height, width)``, which is that size when ``scale_factor`` is 1)."""
+        return self.parsed_size_hw if self.parsed_size_hw is not None else (self.height, self.width)
+
+    @property
+    def output_size_hw(self) -> tuple[int, int]:
+        """``(height, width)`` of the delivered image at full training resolution (after undistortion)."""
+        if self.undistort is not None:
+            return self.undistort.roi_xywh[3], self.undistort.roi_xywh[2]
+        return self.height, self.width
+
+    @property
+    def decodes_at_scale(self) -> bool:
+        """Whether the training-scale downscale can be folded into the decode (no per-pixel step
+        before it that does not commute with a box average: resize, alpha, mask colour, undistortion)."""
+        return self.scale_factor == 1.0 and self.undistort is None and self.mask_color is None and self.alpha_color is None
+
+
+def file_size_matches(spec: ImageSpec, file_hw: tuple[int, int]) -> bool:
+    """Whether a file of ``file_hw`` = ``(height, width)`` pixels is the one ``spec``'s camera describes
+    before ``scale_factor``: its size, or any rounding (floor, round, ceil: the dataparsers' options)
+    of its size / ``spec.source_downscale`` when decoded at that scale."""
+    if spec.parsed_size_hw is None:  # the file is the camera's size, then resized by scale_factor
+        return all(int(side * spec.scale_factor) == want for side, want in zip(file_hw, (spec.height, spec.width)))
+    n = spec.source_downscale
+    return all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, spec.parsed_size_hw))
 
 
 class _MapCache:
@@ -229,9 +352,13 @@ def _composite_alpha(image: torch.Tensor, alpha_color: tuple[float, float, float
     return torch.clamp(out, min=0, max=255).to(torch.uint8)
 
 
-def _load_mask(data: memoryview | bytes, scale_factor: float) -> np.ndarray:
-    # Same as nerfstudio's get_image_mask_tensor_from_path.
+def _load_mask(data: memoryview | bytes, scale_factor: float, base_size_hw: Optional[tuple[int, int]] = None) -> np.ndarray:
+    # Same as nerfstudio's get_image_mask_tensor_from_path; a mask file larger than its camera
+    # (dataparser downscale without masks_N) is first resized with nearest neighbour, as nerfstudio
+    # makes masks_N.
     with Image.open(io.BytesIO(data)) as pil_mask:
+        if base_size_hw is not None and pil_mask.size != (base_size_hw[1], base_size_hw[0]):
+            pil_mask = pil_mask.resize((base_size_hw[1], base_size_hw[0]), resample=Image.Resampling.NEAREST)
         if scale_factor != 1.0:
             width, height = pil_mask.size
             newsize = (int(width * scale_factor), int(height * scale_factor))
@@ -297,32 +424,66 @@ class ImageLoader:
             largest = max(largest, height * width * channels)
         return largest
 
-    def load(self, index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def load(self, index: int, downscale: int = 1) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Decode and prepare image ``index`` (see ``load_array``) as tensors.
 
         Returns:
             ``(image, mask)``: image `[H, W, 3]` (or `[H, W, 4]` for RGBA without ``alpha_color``),
             uint8, CPU; mask `[H, W, 1]` bool or None.
         """
-        image, mask = self.load_array(index)
+        image, mask = self.load_array(index, downscale=downscale)
         return torch.from_numpy(image), (torch.from_numpy(mask) if mask is not None else None)
 
-    def _decode(self, index: int, out: Optional[np.ndarray]) -> np.ndarray:
-        data = self.images.view(index)
-        if out is not None and self.decoder == "simplejpeg" and bytes(data[:3]) == _JPEG_MAGIC:
-            import simplejpeg
+    def _check_file_size(self, index: int, data: memoryview | bytes) -> tuple[int, int]:
+        """The file's ``(height, width)`` from its header, checked against the camera where it decides the geometry."""
+        spec = self.specs[index]
+        try:
+            file_hw = read_size_hw(data)
+        except Exception as exc:  # noqa: BLE001 - every header error means a bad file here
+            raise ValueError(
+                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
+            ) from exc
+        base_h, base_w = spec.base_size_hw
+        n = spec.source_downscale
+        if not file_size_matches(spec, file_hw):
+            raise ValueError(
+                f"image {self.images.path(index)} (dataset index {index}) is {file_hw[1]}x{file_hw[0]} (WxH), "
+                f"but its camera says {base_w}x{base_h}" + (f" at 1/{n} of the file's size" if n > 1 else "")
+            )
+        return file_hw
 
-            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-            if height * width * 3 <= out.size:
-                return simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True, buffer=out[: height * width * 3])
-        return decode_bytes(data, self.decoder)
+    def _decode_to(self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int],
+                   out: Optional[np.ndarray]) -> np.ndarray:
+        """The file decoded and brought to ``size_hw`` = its size / ``factor`` (DCT scale, then box)."""
+        scale = dct_scale(factor)
+        file_hw = self._check_file_size(index, data) if factor > 1 or out is not None else None
+        # Straight into ``out`` only when nothing follows the decode.
+        direct = out is not None and file_hw is not None and (-(-file_hw[0] // scale), -(-file_hw[1] // scale)) == size_hw and scale == factor
+        try:
+            image, used = decode_at_scale(data, self.decoder, scale, out if direct else None)
+        except Exception as exc:  # noqa: BLE001 - every decoder error means a bad file here
+            raise ValueError(
+                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
+            ) from exc
+        if factor == 1 or (used == factor and image.shape[:2] == size_hw):
+            return image
+        return fit_to_size(image, factor // used, size_hw)
 
-    def load_array(self, index: int, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
-        """Decode and prepare image ``index``, writing the pixels into ``out`` where they fit.
+    def load_array(
+        self, index: int, out: Optional[np.ndarray] = None, downscale: int = 1
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
+
+        ``downscale`` is the step's render downscale (splatfacto's resolution schedule): the image
+        comes out at ``downscaled_px`` of ``spec.output_size_hw``, the size the model renders.
+        Where no per-pixel step comes before it (``ImageSpec.decodes_at_scale``), the downscale is
+        folded into the decode (DCT scale + box average); otherwise the full-size result is
+        box-averaged at the end. Masks stay at full training resolution (the model resizes them).
 
         Args:
             index: Dataset index.
             out: Flat uint8 buffer (e.g. a shared decode slot), or None to allocate.
+            downscale: Integer render downscale of the step (1: full resolution).
 
         Returns:
             ``(image, mask)``: image `[H, W, 3]` (or `[H, W, 4]` for RGBA without ``alpha_color``),
@@ -332,24 +493,33 @@ class ImageLoader:
             ValueError: The image (or its mask) is corrupt, truncated, or not the expected size;
                 the message names the file and keeps the decoder's own message.
         """
+        if not isinstance(downscale, int) or downscale < 1:
+            raise ValueError(f"downscale must be an int >= 1, got {downscale!r}")
         spec = self.specs[index]
         path = self.images.path(index)
-        # Decode straight into ``out`` only when decoding is the last step.
-        direct = spec.scale_factor == 1.0 and spec.undistort is None and spec.mask_color is None
-        try:
-            image = self._decode(index, out if direct else None)
-        except Exception as exc:  # noqa: BLE001 - every decoder error means a bad file here
-            raise ValueError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
+        data = self.images.view(index)
+        out_h, out_w = spec.output_size_hw
+        target_hw = (out_h // downscale, out_w // downscale)  # utils.cameras.downscaled_px
+        if spec.decodes_at_scale:
+            base_h, base_w = spec.base_size_hw
+            image = self._decode_to(
+                index, data, spec.source_downscale * downscale, (base_h // downscale, base_w // downscale), out
+            )
+            late_downscale = 1
+        else:
+            image = self._decode_to(index, data, spec.source_downscale, spec.base_size_hw, None)
+            late_downscale = downscale
         if spec.scale_factor != 1.0:
             pil_image = Image.fromarray(image[:, :, 0] if image.shape[2] == 1 else image)
             newsize = (int(image.shape[1] * spec.scale_factor), int(image.shape[0] * spec.scale_factor))
             image = _pil_to_array(pil_image.resize(newsize, resample=Image.Resampling.BILINEAR))
         if image.shape[2] not in (3, 4):
             raise ValueError(f"image {path} (dataset index {index}) has {image.shape[2]} channels, expected 3 or 4")
-        if image.shape[:2] != (spec.height, spec.width):
+        expected_hw = (spec.height // downscale, spec.width // downscale) if spec.decodes_at_scale else (spec.height, spec.width)
+        if image.shape[:2] != expected_hw:
             raise ValueError(
                 f"image {path} (dataset index {index}) is {image.shape[1]}x{image.shape[0]} (WxH) after scaling, "
-                f"but its camera says {spec.width}x{spec.height}"
+                f"but its camera says {expected_hw[1]}x{expected_hw[0]}"
             )
         if spec.alpha_color is not None and image.shape[-1] == 4:
             image = _composite_alpha(torch.from_numpy(image), spec.alpha_color).numpy()
@@ -357,13 +527,15 @@ class ImageLoader:
         if self.masks is not None:
             mask_path = self.masks.path(index)
             try:
-                mask = _load_mask(self.masks.view(index), spec.scale_factor)
+                mask = _load_mask(
+                    self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None
+                )
             except Exception as exc:  # noqa: BLE001
                 raise ValueError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
-            if mask.shape[:2] != image.shape[:2]:
+            if mask.shape[:2] != (spec.height, spec.width):
                 raise ValueError(
                     f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {path} is "
-                    f"{image.shape[1]}x{image.shape[0]} (WxH)"
+                    f"{spec.width}x{spec.height} (WxH)"
                 )
             if spec.mask_color is not None:
                 # nerfstudio writes mask_color (in [0, 1]) into a float image; in uint8 that is x255.
@@ -371,9 +543,11 @@ class ImageLoader:
                 image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
         if spec.undistort is not None:
             x, y, w, h = spec.undistort.roi_xywh
-            target = _view_of(out, (h, w, image.shape[2]))
+            target = _view_of(out, (h, w, image.shape[2])) if late_downscale == 1 else None
             image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
-        elif out is not None and not np.shares_memory(image, out):
+        if late_downscale > 1:
+            image = box_downscale(image, late_downscale, target_hw)
+        if out is not None and not np.shares_memory(image, out):
             target = _view_of(out, image.shape)
             if target is not None:
                 np.copyto(target, image)

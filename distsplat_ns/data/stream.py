@@ -34,7 +34,7 @@ import multiprocessing
 import mmap
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol
 
 import numpy as np
 import torch
@@ -168,6 +168,10 @@ class ImageBatchStream(IterableDataset):
         assigner: Split of each batch across ranks; ``ContiguousAssigner()`` if None.
         skip_corrupt_images: Log and drop undecodable images instead of raising.
         num_steps: Stop after this many steps (None: never).
+        downscale_at: Render downscale of a step (splatfacto's resolution schedule): step ``t``'s
+            images are decoded at ``1 / downscale_at(t)`` of their training resolution. A pure
+            function of the step, called in the workers (pickled for spawn/forkserver workers).
+            None: always 1.
 
     Invariants:
         For fixed arguments and worker count the sequence is deterministic; starting at step
@@ -185,6 +189,7 @@ class ImageBatchStream(IterableDataset):
         assigner: Optional[Assigner] = None,
         skip_corrupt_images: bool = False,
         num_steps: Optional[int] = None,
+        downscale_at: Optional[Callable[[int], int]] = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -202,7 +207,17 @@ class ImageBatchStream(IterableDataset):
         self.assigner: Assigner = assigner if assigner is not None else ContiguousAssigner()
         self.skip_corrupt_images = skip_corrupt_images
         self.num_steps = num_steps
+        self.downscale_at = downscale_at
         self.slots: Optional[DecodeSlots] = None
+
+    def downscale(self, step: int) -> int:
+        """The render downscale of ``step`` (1 without a schedule)."""
+        if self.downscale_at is None:
+            return 1
+        value = self.downscale_at(step)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"downscale_at({step}) must return an int >= 1, got {value!r}")
+        return int(value)
 
     def max_images_per_part(self, num_workers: int) -> int:
         """Most images one worker decodes for one step (its rotating share of a whole batch)."""
@@ -225,6 +240,7 @@ class ImageBatchStream(IterableDataset):
         slots = self.slots if num_workers > 0 and get_worker_info() is not None else None
         for part_number, step in enumerate(steps):
             batch, positions = self.rank_positions(step)
+            downscale = self.downscale(step)
             mine = worker_positions(positions, step, worker_id, num_workers)
             part = StepPart(step, worker_id, [], [], [], [], [], 0.0)
             start = time.perf_counter()
@@ -235,7 +251,7 @@ class ImageBatchStream(IterableDataset):
                 index = batch[p]
                 out = slots.buffer(worker_id, part.slot_index, j) if slots is not None and j < slots.images_per_part else None
                 try:
-                    array, mask_array = self.loader.load_array(index, out=out)
+                    array, mask_array = self.loader.load_array(index, out=out, downscale=downscale)
                 except ValueError as exc:
                     if not self.skip_corrupt_images:
                         raise

@@ -38,3 +38,31 @@ def downscaled_px(px: int, downscale: int) -> int:
     """An image side (px) rendered at ``1 / downscale`` resolution: truncated, as nerfstudio's
     ``Cameras.rescale_output_resolution`` and splatfacto's resolution schedule do."""
     return int(px / downscale)
+
+
+class ResolutionSchedule:
+    """Splatfacto's resolution schedule counted in images: step ``t`` renders at
+    ``1 / 2 ** max(num_downscales - t * batch_size // resolution_schedule, 0)``.
+
+    The same rule as ``DistSplatModel.downscale_factor_at``, as a small picklable callable: the
+    datamanager's workers (started from a forkserver or spawned) receive it by pickling, which a
+    bound method of the model would turn into a copy of the whole model.
+
+    Args:
+        num_downscales: Halvings at the start (splatfacto's ``num_downscales``).
+        resolution_schedule: Images per halving undone (splatfacto's ``resolution_schedule``).
+        batch_size: Images per step.
+    """
+
+    def __init__(self, num_downscales: int, resolution_schedule: int, batch_size: int) -> None:
+        if resolution_schedule < 1 or batch_size < 1 or num_downscales < 0:
+            raise ValueError(
+                f"ResolutionSchedule needs num_downscales >= 0, resolution_schedule >= 1 and batch_size >= 1, got "
+                f"{num_downscales}, {resolution_schedule}, {batch_size}"
+            )
+        self.num_downscales = num_downscales
+        self.resolution_schedule = resolution_schedule
+        self.batch_size = batch_size
+
+    def __call__(self, step: int) -> int:
+        return 2 ** max(self.num_downscales - step * self.batch_size // self.resolution_schedule, 0)

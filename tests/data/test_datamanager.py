@@ -94,17 +94,18 @@ def test_ram_budget_below_file_size_switches_to_disk_mode() -> None:
 
 
 # ---------------------------------------------------------------------------------- nerfstudio API
-def test_next_train_returns_one_float_image_and_its_camera(lund_door: ParallelFullImageDatamanager) -> None:
+def test_next_train_returns_one_uint8_image_and_its_camera(lund_door: ParallelFullImageDatamanager) -> None:
+    # uint8: the model converts on its device (no host float conversion).
     for step in range(2):
         camera, data = lund_door.next_train(step)
         assert camera.shape == (1,) and camera.metadata["cam_idx"] == data["image_idx"]
-        assert data["image"].dtype == torch.float32 and 0.0 <= data["image"].min() and data["image"].max() <= 1.0
+        assert data["image"].dtype == torch.uint8
         assert tuple(data["image"].shape[:2]) == (int(camera.height), int(camera.width))
 
 
-def test_next_eval_image_returns_a_float_eval_image(lund_door: ParallelFullImageDatamanager) -> None:
+def test_next_eval_image_returns_a_uint8_eval_image(lund_door: ParallelFullImageDatamanager) -> None:
     camera, data = lund_door.next_eval_image(0)
-    assert data["image"].dtype == torch.float32
+    assert data["image"].dtype == torch.uint8
     assert tuple(data["image"].shape[:2]) == (int(camera.height), int(camera.width))
 
 
@@ -114,6 +115,7 @@ def test_fixed_indices_eval_dataloader_with_workers(lund_door: ParallelFullImage
     assert len(loader) == len(items) == len(lund_door.eval_dataset)
     assert [data["image_idx"] for _, data in items] == list(range(len(items)))
     for camera, data in items:
+        assert data["image"].dtype == torch.uint8
         assert tuple(data["image"].shape[:2]) == (int(camera.height), int(camera.width))
 
 
