@@ -4,7 +4,7 @@
 - ``rasterize_rows`` renders any band of rows of each camera's image from that projection; bands
   rendered separately (even on different processes) reproduce the whole image's pixels and, summed,
   its gradients and absgrad.
-- ``rasterization`` is gsplat's ``rasterization`` (``packed=False``) built from the two.
+- ``rasterization`` (``gsplat_compat.py``) is gsplat's ``rasterization`` built from the two.
 
 Backends: ``"gsplat"`` (CUDA tensors: gsplat's fused kernels), ``"reference"`` (pure PyTorch, any
 device), ``"auto"`` (gsplat for CUDA tensors, otherwise the reference).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ from distsplat_ns.rendering import projection as _ref_projection
 from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
 
-__all__ = ["BACKENDS", "Projection", "RowRender", "resolve_backend", "project", "rasterize_rows", "rasterization"]
+__all__ = ["BACKENDS", "Projection", "RowRender", "resolve_backend", "project", "rasterize_rows"]
 
 BACKENDS = ("auto", "gsplat", "reference")
 _RENDER_MODES = ("RGB", "RGB+ED")
@@ -73,16 +73,6 @@ class Projection:
     num_cameras: int
     num_gaussians: int
     compensations: Optional[Tensor] = None
-
-    @property
-    def C(self) -> int:  # noqa: N802 - the shape letter, as in the brief
-        """Number of cameras (alias of ``num_cameras``)."""
-        return self.num_cameras
-
-    @property
-    def N(self) -> int:  # noqa: N802
-        """Number of Gaussians (alias of ``num_gaussians``)."""
-        return self.num_gaussians
 
 
 @dataclass
@@ -416,89 +406,3 @@ def rasterize_rows(
         tile_size=tile_size,
         tile_row_starts=tile_row_starts,
     )
-
-
-def rasterization(
-    means: Tensor,
-    quats: Tensor,
-    scales: Tensor,
-    opacities: Tensor,
-    colors: Tensor,
-    viewmats: Tensor,
-    Ks: Tensor,
-    width: int,
-    height: int,
-    near_plane: float = 0.01,
-    far_plane: float = 1e10,
-    radius_clip: float = 0.0,
-    eps2d: float = 0.3,
-    sh_degree: Optional[int] = None,
-    packed: bool = True,
-    tile_size: int = 16,
-    backgrounds: Optional[Tensor] = None,
-    render_mode: str = "RGB",
-    sparse_grad: bool = False,
-    absgrad: bool = False,
-    rasterize_mode: str = "classic",
-    channel_chunk: int = 32,
-    distributed: bool = False,
-    camera_model: str = "pinhole",
-    covars: Optional[Tensor] = None,
-    *,
-    backend: str = "auto",
-) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
-    """gsplat 1.4.0's ``rasterization`` (the subset splatfacto uses), on either backend.
-
-    Same positional signature and defaults as gsplat (so ``packed`` must be passed as False).
-    Arguments are those of ``project`` and ``rasterize_rows``; the gsplat-only ones must keep
-    their neutral values.
-
-    Returns:
-        ``(render_colors [C, H, W, D], render_alphas [C, H, W, 1], meta)``; ``meta`` holds
-        ``means2d`` (``.grad`` after backward, ``.absgrad`` when asked), ``radii``, ``depths``,
-        ``conics``, ``opacities``, ``tile_width``, ``tile_height``, ``tile_size``, ``width``,
-        ``height``, ``n_cameras``, ``gaussian_ids`` (None), ``camera_ids`` (None),
-        ``tile_counts`` `[C, tile_height, tile_width]` int32, ``backend`` and ``projection``.
-
-    Raises:
-        ValueError: ``packed=True``, ``sparse_grad=True``, ``distributed=True``, a camera model
-            other than pinhole, ``covars``, or anything ``project``/``rasterize_rows`` reject.
-    """
-    if packed:
-        raise ValueError("packed=True is not supported by distsplat_ns.rendering; pass packed=False")
-    if sparse_grad:
-        raise ValueError("sparse_grad=True is not supported; pass sparse_grad=False")
-    if distributed:
-        raise ValueError("distributed=True is not supported; distsplat_ns splits images, not Gaussians")
-    if camera_model != "pinhole":
-        raise ValueError(f"camera_model must be 'pinhole', got {camera_model!r}")
-    if covars is not None:
-        raise ValueError("covars is not supported; pass quats and scales")
-    del channel_chunk  # gsplat's channel chunking is a speed knob, not a semantic one
-    proj = project(
-        means, quats, scales, opacities, colors, viewmats, Ks, width, height,
-        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d,
-        sh_degree=sh_degree, rasterize_mode=rasterize_mode, render_mode=render_mode, backend=backend,
-    )  # fmt: skip
-    out = rasterize_rows(
-        proj, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad
-    )
-    meta: Dict[str, Any] = {
-        "camera_ids": None,
-        "gaussian_ids": None,
-        "radii": proj.radii,
-        "means2d": proj.means2d,
-        "depths": proj.depths,
-        "conics": proj.conics,
-        "opacities": proj.opacities,
-        "tile_width": int(out.tile_counts.shape[2]),
-        "tile_height": int(out.tile_counts.shape[1]),
-        "tile_size": tile_size,
-        "tile_counts": out.tile_counts,
-        "width": width,
-        "height": height,
-        "n_cameras": proj.num_cameras,
-        "backend": proj.backend,
-        "projection": proj,
-    }
-    return out.colors, out.alphas, meta

@@ -6,21 +6,25 @@ and importing ``distsplat_ns.rendering`` must stay light (STYLE: layers).
 Bands: gsplat has no pixel-origin argument, so a band is rendered by shifting ``means2d`` up by
 the band's (tile-aligned) first row and rasterizing an image of the band's height.
 
-Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``K`` SH bases.
+Packed: ``rasterize_packed`` is gsplat's ``rasterization(packed=True)`` pipeline (projection,
+colours, tile intersection and rasterization on ``[nnz, ...]`` tensors of the visible pairs).
+
+Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``K`` SH bases, ``nnz`` visible
+(camera, Gaussian) pairs.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from distsplat_ns.rendering.projection import ProjectedGaussians
 
-__all__ = ["project_gaussians", "evaluate_sh", "rasterize_band"]
+__all__ = ["project_gaussians", "evaluate_sh", "rasterize_band", "rasterize_packed"]
 
 
 def project_gaussians(
@@ -118,7 +122,7 @@ def rasterize_band(
 
     **Differentiable:** as gsplat's ``rasterize_to_pixels``.
     """
-    from gsplat import isect_offset_encode, isect_tiles, rasterize_to_pixels
+    from gsplat import isect_tiles, rasterize_to_pixels
 
     num_cameras = means2d.shape[0]
     shift_px = torch.tensor(tile_row_starts, device=means2d.device, dtype=means2d.dtype) * tile_size
@@ -130,11 +134,7 @@ def rasterize_band(
     _, isect_ids, flatten_ids = isect_tiles(
         band_means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=False, n_cameras=num_cameras
     )
-    if flatten_ids.numel() == 0:
-        # gsplat leaves the offsets uninitialised when nothing intersects (torch::empty).
-        isect_offsets = torch.zeros(num_cameras, num_tile_rows, num_tile_cols, dtype=torch.int32, device=means2d.device)
-    else:
-        isect_offsets = isect_offset_encode(isect_ids, num_cameras, num_tile_cols, num_tile_rows)
+    isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
     render_colors, render_alphas = rasterize_to_pixels(
         band_means2d,
         conics,
@@ -154,8 +154,108 @@ def rasterize_band(
             raise ValueError("rasterize_band needs a keepalive list when absgrad_sink is given")
         keepalive.append(band_means2d)
         band_means2d.register_hook(_absgrad_forwarder(weakref.ref(band_means2d), absgrad_sink))
-    offsets = torch.cat(
-        [isect_offsets.reshape(-1).to(torch.int64), isect_offsets.new_full((1,), flatten_ids.numel()).to(torch.int64)]
-    )
-    tile_counts = (offsets[1:] - offsets[:-1]).reshape(num_cameras, num_tile_rows, num_tile_cols).to(torch.int32)
-    return render_colors, render_alphas, tile_counts
+    return render_colors, render_alphas, _tile_counts(isect_offsets, flatten_ids.numel())
+
+
+def _encode_offsets(isect_ids: Tensor, flatten_ids: Tensor, num_cameras: int, num_tile_cols: int, num_tile_rows: int) -> Tensor:
+    from gsplat import isect_offset_encode
+
+    if flatten_ids.numel() == 0:
+        # gsplat leaves the offsets uninitialised when nothing intersects (torch::empty).
+        return torch.zeros(num_cameras, num_tile_rows, num_tile_cols, dtype=torch.int32, device=isect_ids.device)
+    return isect_offset_encode(isect_ids, num_cameras, num_tile_cols, num_tile_rows)
+
+
+def _tile_counts(isect_offsets: Tensor, num_isects: int) -> Tensor:
+    flat = isect_offsets.reshape(-1).to(torch.int64)
+    offsets = torch.cat([flat, flat.new_full((1,), num_isects)])
+    return (offsets[1:] - offsets[:-1]).reshape(isect_offsets.shape).to(torch.int32)
+
+
+def rasterize_packed(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    opacities: Tensor,
+    colors: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    *,
+    near_plane: float,
+    far_plane: float,
+    radius_clip: float,
+    eps2d: float,
+    sh_degree: Optional[int],
+    tile_size: int,
+    backgrounds: Optional[Tensor],
+    render_mode: str,
+    absgrad: bool,
+    rasterize_mode: str,
+) -> Tuple[Tensor, Tensor, Dict[str, object]]:
+    """gsplat 1.4.0's ``rasterization`` with ``packed=True`` (pinhole, not distributed).
+
+    Args: as ``distsplat_ns.rendering.rasterization`` (validated there).
+
+    Returns:
+        ``(colors [C, H, W, D], alphas [C, H, W, 1], meta)``; ``meta`` holds the packed
+        ``camera_ids``, ``gaussian_ids`` `[nnz]` int64, ``radii`` `[nnz]`, ``means2d``
+        `[nnz, 2]` (``.grad``/``.absgrad`` after backward), ``depths``, ``conics``, ``opacities``
+        and ``tile_counts`` `[C, th, tw]` int32. ``RGB+ED``'s last channel is the expected depth.
+
+    **Differentiable:** as gsplat's packed ``rasterization``.
+
+    **Host sync:** gsplat's packed projection sizes ``nnz`` on the host.
+    """
+    from gsplat import fully_fused_projection, isect_tiles, rasterize_to_pixels, spherical_harmonics
+
+    num_cameras = viewmats.shape[0]
+    camera_ids, gaussian_ids, radii, means2d, depths, conics, compensations = fully_fused_projection(
+        means, None, quats, scales, viewmats, Ks, width, height, eps2d=eps2d, packed=True,
+        near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip,
+        calc_compensations=rasterize_mode == "antialiased",
+    )  # fmt: skip
+    if means2d.requires_grad:
+        means2d.retain_grad()  # meta's means2d.grad, as with packed=False
+    pair_opacities = opacities[gaussian_ids]
+    if compensations is not None:
+        pair_opacities = pair_opacities * compensations
+    if sh_degree is None:
+        pair_colors = colors[gaussian_ids] if colors.dim() == 2 else colors[camera_ids, gaussian_ids]
+    else:
+        cam_centres = torch.linalg.inv(viewmats)[:, :3, 3]  # as gsplat: inverse of w2c
+        dirs = means[gaussian_ids] - cam_centres[camera_ids]  # [nnz, 3]
+        coeffs = colors[gaussian_ids] if colors.dim() == 3 else colors[camera_ids, gaussian_ids]
+        sh_colors = spherical_harmonics(sh_degree, dirs, coeffs, masks=radii > 0)
+        pair_colors = torch.clamp_min(sh_colors + 0.5, 0.0)  # gsplat: as Inria's CUDA backend
+    if render_mode == "RGB+ED":
+        pair_colors = torch.cat([pair_colors, depths[..., None]], dim=-1)
+        if backgrounds is not None:
+            backgrounds = torch.cat([backgrounds, backgrounds.new_zeros(num_cameras, 1)], dim=-1)
+
+    num_tile_rows = math.ceil(height / tile_size)
+    num_tile_cols = math.ceil(width / tile_size)
+    _, isect_ids, flatten_ids = isect_tiles(
+        means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=True,
+        n_cameras=num_cameras, camera_ids=camera_ids, gaussian_ids=gaussian_ids,
+    )  # fmt: skip
+    isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
+    render_colors, render_alphas = rasterize_to_pixels(
+        means2d, conics, pair_colors, pair_opacities, width, height, tile_size, isect_offsets, flatten_ids,
+        backgrounds=backgrounds, packed=True, absgrad=absgrad,
+    )  # fmt: skip
+    if render_mode == "RGB+ED":
+        depth = render_colors[..., -1:] / render_alphas.clamp(min=1e-10)  # as gsplat
+        render_colors = torch.cat([render_colors[..., :-1], depth], dim=-1)
+    meta: Dict[str, object] = {
+        "camera_ids": camera_ids,
+        "gaussian_ids": gaussian_ids,
+        "radii": radii,
+        "means2d": means2d,
+        "depths": depths,
+        "conics": conics,
+        "opacities": pair_opacities,
+        "tile_counts": _tile_counts(isect_offsets, flatten_ids.numel()),
+    }
+    return render_colors, render_alphas, meta

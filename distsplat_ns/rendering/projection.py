@@ -69,6 +69,24 @@ def quats_to_rotmats(quats: Tensor) -> Tensor:
     return torch.stack(rows, dim=-1).reshape(*quats.shape[:-1], 3, 3)
 
 
+def _covariances(quats: Tensor, scales: Tensor) -> Tensor:
+    """``R diag(s^2) R^T``, computed as ``c I + R diag(s^2 - c) R^T`` with ``c = min(s^2)`` (no grad).
+
+    Equal for any rotation ``R`` (``R R^T = I``), and so is the gradient along rotations. The
+    reason: a Gaussian with equal scales (splatfacto's initial Gaussians all are) looks the same
+    under every rotation, so its quaternion gradient is exactly 0 -- and here it is computed as 0,
+    where ``R diag(s^2) R^T`` leaves rounding noise (~1e-15 against O(10) for the other gradients)
+    that depends on the summation order. Adam's eps of 1e-15 turns that noise into steps of about
+    the learning rate, different for 1 and 2 processes (docs/float64_exactness.md).
+    """
+    rotmats = quats_to_rotmats(quats)  # [N, 3, 3]
+    variances = scales * scales
+    floor = variances.detach().amin(dim=-1, keepdim=True)  # [N, 1]
+    m = rotmats * (variances - floor)[:, None, :]  # R @ diag(s^2 - c)
+    eye = torch.eye(3, dtype=scales.dtype, device=scales.device)
+    return floor[..., None] * eye + m @ rotmats.transpose(-1, -2)
+
+
 def project_gaussians(
     means: Tensor,
     quats: Tensor,
@@ -113,9 +131,7 @@ def project_gaussians(
     t_w2c = viewmats[:, :3, 3]  # [C, 3]
     means_c = torch.einsum("cij,nj->cni", rot_w2c, means) + t_w2c[:, None, :]  # [C, N, 3]
 
-    rotmats = quats_to_rotmats(quats)  # [N, 3, 3]
-    m = rotmats * scales[:, None, :]  # R @ diag(s)
-    covars = m @ m.transpose(-1, -2)  # [N, 3, 3]
+    covars = _covariances(quats, scales)  # [N, 3, 3]
     covars_c = rot_w2c[:, None] @ covars[None] @ rot_w2c.transpose(-1, -2)[:, None]  # [C, N, 3, 3]
 
     x, y, z = means_c.unbind(-1)

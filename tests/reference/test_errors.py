@@ -36,16 +36,6 @@ def test_auto_backend_on_cpu_is_reference():
     assert project(**_scene().kwargs()).backend == "reference"
 
 
-def test_packed_true_is_rejected():
-    with pytest.raises(ValueError, match="packed=True"):
-        rasterization(**_scene().kwargs(), packed=True)
-
-
-def test_packed_defaults_to_gsplats_true_and_is_rejected():
-    with pytest.raises(ValueError, match="packed"):
-        rasterization(**_scene().kwargs())
-
-
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
@@ -89,6 +79,10 @@ def test_rendering_on_cpu_imports_neither_gsplat_nor_nerfstudio():
         out = rasterization(means, torch.tensor([[1.0, 0, 0, 0]]), torch.full((1, 3), 0.1), torch.ones(1),
                             torch.ones(1, 3), torch.eye(4)[None], torch.tensor([[[20.0, 0, 8], [0, 20.0, 8], [0, 0, 1]]]),
                             16, 16, packed=False)
+        packed = rasterization(means, torch.tensor([[1.0, 0, 0, 0]]), torch.full((1, 3), 0.1), torch.ones(1),
+                               torch.ones(1, 3), torch.eye(4)[None], torch.tensor([[[20.0, 0, 8], [0, 20.0, 8], [0, 0, 1]]]),
+                               16, 16, packed=True)
+        assert torch.equal(packed[0], out[0])
         bad = [m for m in sys.modules if m.split(".")[0] in ("gsplat", "nerfstudio")]
         assert not bad, bad
         """

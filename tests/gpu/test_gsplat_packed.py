@@ -1,0 +1,132 @@
+"""``rasterization(packed=True)`` on CUDA (gsplat's packed kernels) against the reference backend.
+
+Tolerances:
+
+- against the reference: those of ``test_gsplat_parity.py`` (1e-4 absolute on pixels, 1e-3 of each
+  gradient's scale), for the same reasons (fast-math, other float32 association orders, atomics);
+- packed against unpacked gsplat: pixels and gradients within 1e-5 of each tensor's scale. Both
+  run the same float32 device math per pair; only the order of the atomic additions into the
+  per-pair and per-Gaussian gradients differs (the 1e-5 budget test_gsplat_parity.py gives reordered sums). The
+  visible pairs (``camera_ids``, ``gaussian_ids``) come from the same projection code: exact.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distsplat_ns.rendering import rasterization
+
+
+def _load_scene_helpers():
+    """tests/helpers/scenes.py, however pytest was started (see test_gsplat_parity.py)."""
+    try:
+        from tests.helpers import scenes
+
+        return scenes
+    except ModuleNotFoundError:
+        path = Path(__file__).resolve().parents[1] / "helpers" / "scenes.py"
+        spec = importlib.util.spec_from_file_location("_distsplat_test_scenes", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+_scenes = _load_scene_helpers()
+assert_grads_close, random_scene = _scenes.assert_grads_close, _scenes.random_scene
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+_COLOR_ATOL = 1e-4  # as test_gsplat_parity.py
+_GRAD_REL = 1e-3  # as test_gsplat_parity.py
+_REORDER_REL = 1e-5  # packed vs unpacked gsplat: reordered float32 atomics only
+
+_PARAMS = ("means", "quats", "scales", "opacities", "colors")
+
+
+def _scene(sh_degree=None, seed=0):
+    # extent 2 around cameras 4 units away: part of the Gaussians leave the view, so packing drops pairs.
+    return random_scene(num_gaussians=3000, num_cameras=2, width=96, height=77, seed=seed, extent=2.0,
+                        sh_degree=sh_degree, scale_range=(0.01, 0.1), device="cuda")  # fmt: skip
+
+
+def _render(scene, backend, packed, **kwargs):
+    leaves = {name: getattr(scene, name).detach().clone().requires_grad_() for name in _PARAMS}
+    backgrounds = torch.tensor([[0.2, 0.5, 0.9]] * scene.num_cameras, device="cuda").requires_grad_()
+    colors, alphas, meta = rasterization(
+        **leaves, viewmats=scene.viewmats, Ks=scene.Ks, width=scene.width, height=scene.height,
+        sh_degree=scene.sh_degree, packed=packed, backgrounds=backgrounds, backend=backend, absgrad=True, **kwargs,
+    )  # fmt: skip
+    gen = torch.Generator(device="cuda").manual_seed(123)
+    cot_c = torch.randn(colors.shape, generator=gen, device="cuda")
+    cot_a = torch.randn(alphas.shape, generator=gen, device="cuda")
+    ((colors * cot_c).sum() + (alphas * cot_a).sum()).backward()
+    grads = {name: leaf.grad for name, leaf in leaves.items()}
+    grads["backgrounds"] = backgrounds.grad
+    return colors.detach(), alphas.detach(), grads, meta
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(render_mode="RGB+ED"), dict(rasterize_mode="antialiased"), dict(sh_degree=3)],
+    ids=["rgb", "rgb_ed", "antialiased", "sh3"],
+)
+def test_gsplat_packed_matches_reference(kwargs):
+    kwargs = dict(kwargs)
+    scene = _scene(sh_degree=kwargs.pop("sh_degree", None))
+    c_gs, a_gs, g_gs, meta = _render(scene, "gsplat", packed=True, **kwargs)
+    c_ref, a_ref, g_ref, _ = _render(scene, "reference", packed=True, **kwargs)
+    assert meta["backend"] == "gsplat"
+    assert 0 < meta["camera_ids"].numel() < scene.num_cameras * scene.num_gaussians
+    torch.testing.assert_close(c_gs, c_ref, atol=_COLOR_ATOL, rtol=0)
+    torch.testing.assert_close(a_gs, a_ref, atol=_COLOR_ATOL, rtol=0)
+    for name in g_ref:
+        assert_grads_close(g_gs[name], g_ref[name], _GRAD_REL, name)
+
+
+def test_gsplat_packed_matches_gsplat_unpacked():
+    scene = _scene(sh_degree=2, seed=1)
+    c_p, a_p, g_p, meta_p = _render(scene, "gsplat", packed=True)
+    c_u, a_u, g_u, meta_u = _render(scene, "gsplat", packed=False)
+    cam, gid = meta_p["camera_ids"], meta_p["gaussian_ids"]
+    visible = meta_u["radii"] > 0
+    assert torch.equal(cam * scene.num_gaussians + gid, torch.nonzero(visible.reshape(-1)).squeeze(1))
+    assert torch.equal(meta_p["radii"], meta_u["radii"][cam, gid])
+    assert torch.equal(meta_p["tile_counts"], meta_u["tile_counts"])
+    assert_grads_close(c_p, c_u, _REORDER_REL, "colors")
+    assert_grads_close(a_p, a_u, _REORDER_REL, "alphas")
+    for name in g_u:
+        assert_grads_close(g_p[name], g_u[name], _REORDER_REL, name)
+    assert_grads_close(meta_p["means2d"].grad, meta_u["means2d"].grad[cam, gid], _REORDER_REL, "means2d.grad")
+    assert float(meta_p["means2d"].absgrad.sum()) > 0
+    assert_grads_close(meta_p["means2d"].absgrad, meta_u["means2d"].absgrad[cam, gid], _REORDER_REL, "absgrad")
+
+
+def test_gsplat_packed_equals_gsplat_rasterization():
+    # Our packed pipeline must add nothing to gsplat's own: same kernels, same inputs, same pixels.
+    import gsplat
+
+    scene = _scene(sh_degree=2)
+    ours, ours_a, meta = rasterization(**scene.kwargs(), packed=True, render_mode="RGB+ED", backend="gsplat")
+    theirs, theirs_a, their_meta = gsplat.rasterization(**scene.kwargs(), packed=True, render_mode="RGB+ED")
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
+    torch.testing.assert_close(ours_a, theirs_a, atol=0, rtol=0)
+    assert torch.equal(meta["gaussian_ids"], their_meta["gaussian_ids"])
+
+
+def test_gsplat_packed_with_nothing_visible_renders_the_background():
+    scene = _scene()
+    scene.means[:, 2] = -100.0  # the cameras sit near z = -4 looking along +z: all behind them
+    bg = torch.tensor([[0.2, 0.5, 0.9]] * scene.num_cameras, device="cuda")
+    colors, alphas, meta = rasterization(**scene.kwargs(), packed=True, backgrounds=bg, backend="gsplat")
+    assert meta["camera_ids"].numel() == 0
+    assert not alphas.any()
+    torch.testing.assert_close(colors, bg[:, None, None, :].expand_as(colors), atol=0, rtol=0)
