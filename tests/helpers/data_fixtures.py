@@ -79,7 +79,6 @@ def make_loader(
     ram_budget_bytes: int = 1 << 30,
     decoder: str = "simplejpeg",
     masks: Optional[Sequence[Path]] = None,
-    multiprocessing_context: str = "fork",
 ):
     """An ``ImageLoader`` over ``paths`` with sizes read from the files (no undistortion)."""
     from distsplat_ns.data.decode import ImageLoader, ImageSpec
@@ -89,12 +88,8 @@ def make_loader(
     for path in paths:
         with Image.open(path) as im:
             specs.append(ImageSpec(height=im.height, width=im.width))
-    store = EncodedImageStore(paths, ram_budget_bytes, name="test images", multiprocessing_context=multiprocessing_context)
-    mask_store = (
-        EncodedImageStore(masks, ram_budget_bytes, name="test masks", multiprocessing_context=multiprocessing_context)
-        if masks is not None
-        else None
-    )
+    store = EncodedImageStore(paths, ram_budget_bytes, name="test images")
+    mask_store = EncodedImageStore(masks, ram_budget_bytes, name="test masks") if masks is not None else None
     return ImageLoader(store, specs, mask_store, decoder=decoder)
 
 
