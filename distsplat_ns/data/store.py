@@ -130,10 +130,11 @@ class SharedBuffer:
         return _attach_shared_buffer, (reduction.DupFd(self._fd), self.num_bytes)
 
 
-def _attach_shared_buffer(dup_fd, num_bytes: int) -> SharedBuffer:  # noqa: ANN001 - multiprocessing's DupFd
+def _attach_shared_buffer(dup_fd: object, num_bytes: int) -> SharedBuffer:
+    # ``dup_fd`` is multiprocessing's DupFd: ``detach()`` gives this process's copy of the fd.
     buffer = SharedBuffer.__new__(SharedBuffer)
     buffer.num_bytes = num_bytes
-    buffer._attach(dup_fd.detach())
+    buffer._attach(dup_fd.detach())  # type: ignore[attr-defined]
     return buffer
 
 

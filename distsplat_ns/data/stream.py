@@ -111,7 +111,7 @@ class StepPart:
     skipped_indices: list[int]
     decode_s: float
     slot_index: int = -1
-    failure: Optional["WorkerFailure"] = None
+    failure: Optional[WorkerFailure] = None
 
 
 @dataclass(frozen=True)
@@ -541,7 +541,7 @@ class IndexedImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> "tuple[int, torch.Tensor, Optional[torch.Tensor]] | WorkerFailure":
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, Optional[torch.Tensor]] | WorkerFailure:
         index = self.indices[i]
         try:
             image, mask = self.loader.load(index)
