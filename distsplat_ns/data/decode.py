@@ -29,7 +29,6 @@ from PIL import Image
 
 from distsplat_ns.data.store import EncodedImageStore
 
-DecoderName = Literal["pil", "simplejpeg", "torchvision"]
 DECODERS: tuple[str, ...] = ("pil", "simplejpeg", "torchvision")
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
