@@ -6,7 +6,8 @@ times, on the shipped lund_door images with 2 workers and B=4:
   (for forkserver this includes starting the fork server, which preloads ``__main__`` and
   ``distsplat_ns.data.stream``);
 - ``restart_s``: the same for a second reader in the same process (a restart after eval or resume);
-- ``batches_per_s``: steps per second over the next 20 steps (the steady state).
+- ``batches_per_s``: steps per second over the next 20 steps (the steady state);
+- ``server_uss_mib``: private memory of the fork server (forkserver only).
 Ratios to fork are taken within one run (same machine load). Run:
 ``python benchmarks/bench_worker_start.py [--repeats 3] [--out results.json]``.
 """
@@ -52,9 +53,21 @@ def child(method: str) -> dict:
             for step in range(1, 21):
                 reader.next_batch(step)
             result["batches_per_s"] = 20 / (time.perf_counter() - start)
+        if key == "restart_s":
+            result["server_uss_mib"] = _fork_server_uss_mib()
         reader.close()
     stop.set()
     return result
+
+
+def _fork_server_uss_mib() -> float:
+    """Private memory of this process's fork server (0 without one): the start method's memory cost."""
+    import psutil
+
+    for proc in psutil.Process().children():
+        if "forkserver" in " ".join(proc.cmdline()):
+            return proc.memory_full_info().uss / (1 << 20)
+    return 0.0
 
 
 def main() -> None:
