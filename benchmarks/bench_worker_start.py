@@ -7,7 +7,10 @@ times, on the shipped lund_door images with 2 workers and B=4:
   ``distsplat_ns.data.stream``);
 - ``restart_s``: the same for a second reader in the same process (a restart after eval or resume);
 - ``batches_per_s``: steps per second over the next 20 steps (the steady state);
-- ``server_uss_mib``: private memory of the fork server (forkserver only).
+- ``server_uss_mib``: private memory of the fork server (forkserver only);
+- ``first_batch_prestarted_s``: ``first_batch_s`` when the fork server was started 3 s earlier
+  (``stream.start_worker_server``, as the datamanager does at construction, before the model is
+  built), in a separate fresh interpreter.
 Ratios to fork are taken within one run (same machine load). Run:
 ``python benchmarks/bench_worker_start.py [--repeats 3] [--out results.json]``.
 """
@@ -29,11 +32,15 @@ if str(REPO) not in sys.path:
 METHODS = ("fork", "forkserver", "spawn")
 
 
-def child(method: str) -> dict:
+def child(method: str, prestart: bool = False) -> dict:
     import threading
 
-    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader, start_worker_server
     from tests.helpers.data_fixtures import make_loader
+
+    if prestart:
+        start_worker_server(method)
+        time.sleep(3.0)  # the model's construction, in training
 
     stop = threading.Event()
     threads = [threading.Thread(target=stop.wait, daemon=True) for _ in range(4)]  # as gloo/tensorboard
@@ -73,20 +80,27 @@ def _fork_server_uss_mib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=METHODS)
+    parser.add_argument("--prestart", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.prestart)))
         return
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     for _ in range(args.repeats):
         for method in METHODS:  # interleaved: the machine's load hits every method alike
             out = subprocess.run([sys.executable, __file__, "--child", method], capture_output=True, text=True, check=True, cwd=REPO)
             runs[method].append(json.loads(out.stdout.strip().splitlines()[-1]))
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", "forkserver", "--prestart"], capture_output=True, text=True, check=True, cwd=REPO
+        )
+        runs["forkserver"][-1]["first_batch_prestarted_s"] = json.loads(out.stdout.strip().splitlines()[-1])["first_batch_s"]
     summary = {}
     for method in METHODS:
         summary[method] = {k: statistics.median(r[k] for r in runs[method]) for k in ("first_batch_s", "restart_s", "batches_per_s")}
+    for key in ("first_batch_prestarted_s", "server_uss_mib"):
+        summary["forkserver"][key] = statistics.median(r[key] for r in runs["forkserver"])
     for method in METHODS:
         for key in ("first_batch_s", "restart_s", "batches_per_s"):
             summary[method][f"{key}_vs_fork"] = summary[method][key] / summary["fork"][key]

@@ -57,6 +57,7 @@ from distsplat_ns.data.stream import (
     TrainBatchReader,
     WorkerFailure,
     identity_collate,
+    start_worker_server,
     worker_kwargs,
 )
 from distsplat_ns.utils.logging import get_logger, log_rank0
@@ -366,6 +367,8 @@ class ParallelFullImageDatamanager(DataManager):
         """
         if self._train_loader is not None:
             return
+        if self.config.num_workers > 0:
+            start_worker_server()
         self._train_loader = self._build_loader(self.train_dataset, self._train_specs, self._ram_budget_bytes(), "train images")
         store = self._train_loader.images
         log_rank0(
