@@ -31,23 +31,18 @@ from typing import Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
+from torch.nn import Parameter
+from torch.utils.data import DataLoader
+
 from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.configs.dataparser_configs import AnnotatedDataParserUnion
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
-from torch.nn import Parameter
-from torch.utils.data import DataLoader
 
 from distsplat_ns.data import order, preflight
-from distsplat_ns.data.decode import (
-    DECODERS,
-    ImageLoader,
-    ImageSpec,
-    UndistortSpec,
-    default_decoder,
-)
+from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, UndistortSpec, default_decoder
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
 from distsplat_ns.data.stream import (
     Assigner,

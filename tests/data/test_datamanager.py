@@ -8,19 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from nerfstudio.data.datamanagers.full_images_datamanager import (
-    FullImageDatamanagerConfig,
-    _undistort_image,
-)
+
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig, _undistort_image
 from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
 
-from distsplat_ns.data.datamanager import (
-    ParallelFullImageDatamanager,
-    ParallelFullImageDatamanagerConfig,
-)
+from distsplat_ns.data.datamanager import ParallelFullImageDatamanager, ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.order import batch_camera_ids, contiguous_split
 from tests.helpers.data_fixtures import shared_scene, write_nerfstudio_scene
 

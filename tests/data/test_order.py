@@ -7,12 +7,7 @@ import collections
 import pytest
 
 from distsplat_ns.data import order
-from distsplat_ns.data.order import (
-    ContiguousAssigner,
-    batch_camera_ids,
-    contiguous_split,
-    epoch_permutation,
-)
+from distsplat_ns.data.order import ContiguousAssigner, batch_camera_ids, contiguous_split, epoch_permutation
 
 
 @pytest.mark.parametrize("num_images, batch_size", [(10, 1), (10, 3), (10, 10), (7, 4), (5, 12)])

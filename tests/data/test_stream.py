@@ -11,12 +11,7 @@ import torch
 
 from distsplat_ns.data.order import batch_camera_ids
 from distsplat_ns.data.store import EncodedImageStore
-from distsplat_ns.data.stream import (
-    ImageBatchStream,
-    StepPart,
-    TrainBatchReader,
-    make_stream_loader,
-)
+from distsplat_ns.data.stream import ImageBatchStream, StepPart, TrainBatchReader, make_stream_loader
 from tests.helpers.data_fixtures import make_loader
 
 SEED = 3
