@@ -33,7 +33,9 @@ Worker processes (docs/data.md, "Workers and errors"):
   server is a fresh single-threaded interpreter; it preloads ``__main__`` and this module, so a
   worker starts in milliseconds once the server is up.
 - Each worker exits within a fraction of a second when the process that owns the loader dies,
-  even by SIGKILL (``exit_with_owner``).
+  even by SIGKILL: the fork server and its children die with their parent (``worker_server.py``,
+  which also covers a worker still starting), and each worker watches its owner
+  (``exit_with_owner``, which also covers the fork and spawn start methods).
 - A decode error (``ValueError`` from ``ImageLoader.load_array``: file, dataset index, decoder's
   reason) travels to the consumer as data (``WorkerFailure``) and is raised there with the worker's
   message unchanged; torch's own re-raise would put ``Caught ValueError in DataLoader worker
@@ -318,8 +320,9 @@ class ImageBatchStream(IterableDataset):
 def worker_context(start_method: str = WORKER_START_METHOD) -> multiprocessing.context.BaseContext:
     """The multiprocessing context DataLoader workers start from.
 
-    For ``forkserver`` the server (started once per process, on first use) preloads ``__main__``
-    and this module, so that workers fork from an interpreter that already imported torch and the
+    For ``forkserver`` the server (started once per process, on first use, from the main thread)
+    preloads ``__main__`` and ``worker_server`` (this module, and death with the training
+    process), so that workers fork from an interpreter that already imported torch and the
     decoders; without ``__main__`` each worker would re-run the main script's imports.
 
     Args:
@@ -327,7 +330,7 @@ def worker_context(start_method: str = WORKER_START_METHOD) -> multiprocessing.c
     """
     context = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        context.set_forkserver_preload(["__main__", __name__])  # type: ignore[attr-defined]
+        context.set_forkserver_preload(["__main__", "distsplat_ns.data.worker_server"])  # type: ignore[attr-defined]
     return context
 
 

@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     "__init__.py": 1, "utils/": 1, "types.py": 1, "config.py": 1,
     "distributed/": 2,
     "balance/": 3, "rendering/": 3, "data/__init__.py": 3, "data/order.py": 3, "data/stream.py": 3,
-    "data/store.py": 3, "data/decode.py": 3, "data/preflight.py": 3,
+    "data/store.py": 3, "data/decode.py": 3, "data/preflight.py": 3, "data/worker_server.py": 3,
     "model/": 4, "data/datamanager.py": 4, "pipeline.py": 4, "trainer.py": 4, "checkpoint.py": 4,
     "viewer_start.py": 4,
     "registry.py": 5,
