@@ -76,7 +76,7 @@ def test_workers_exit_within_2s_when_their_process_is_killed(jpeg_paths: list[Pa
         while not all(_gone(pid) for pid in workers) and time.monotonic() - killed_at < 10:
             time.sleep(0.02)
         elapsed = time.monotonic() - killed_at
-        # The requirement: a killed rank's workers are gone within 2 s (measured: 0.2-0.3 s on a loaded machine).
+        # The requirement: a killed rank's workers are gone within 2 s (measured: 0.26-0.43 s on a loaded machine).
         assert all(_gone(pid) for pid in workers) and elapsed < 2.0, f"workers alive {elapsed:.2f} s after SIGKILL"
     finally:
         proc.kill()
