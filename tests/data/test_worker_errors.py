@@ -153,7 +153,7 @@ def test_bad_image_header_fails_at_startup_naming_the_file(tmp_path: Path, probl
 
 def test_bad_mask_size_fails_at_startup_naming_the_mask(tmp_path: Path) -> None:
     scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=6, with_masks=True)
-    mask = sorted((scene / "masks").glob("*.png"))[0]
+    mask = min((scene / "masks").glob("*.png"))
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(mask)
     with pytest.raises(ValueError, match=f"mask {mask} .* 10x10"):
         ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0).setup(
