@@ -12,12 +12,17 @@ buffer (``store.py``) and lets DataLoader workers decode each rank's share of ev
   then ``next_train_batch(step)`` for increasing steps.
 - nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
   ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
+- Bad data fails at construction, on every rank alike, with one line naming the path or file
+  (``preflight.py``): a missing data path, missing files, unreadable headers, sizes that do not
+  match the cameras. Config errors name their command-line flag.
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import random
 from dataclasses import dataclass, field
@@ -36,7 +41,7 @@ from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
 
-from distsplat_ns.data import order
+from distsplat_ns.data import order, preflight
 from distsplat_ns.data.dataparse import DownscaledParse, parsed_size_hw
 from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, UndistortSpec, default_decoder
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
@@ -46,14 +51,25 @@ from distsplat_ns.data.stream import (
     IndexedImageDataset,
     TrainBatch,
     TrainBatchReader,
+    WorkerFailure,
     identity_collate,
+    start_worker_server,
+    worker_kwargs,
 )
 from distsplat_ns.utils.logging import get_logger, log_rank0
-from distsplat_ns.utils.signals import ignore_stop_signals
 
 _LOGGER = get_logger(__name__)
 
-_START_METHODS = ("fork", "spawn", "forkserver")
+_FLAG_PREFIX = "--pipeline.datamanager."
+
+_AUTO_RAM_FRACTION = 0.25
+"""Share of the memory available at start-up that the encoded training files may take when
+``ram_budget_bytes`` is 0: it leaves room for the model, the optimizer and the images in flight."""
+
+
+def flag(field_name: str) -> str:
+    """The ``ns-train`` flag of a ``ParallelFullImageDatamanagerConfig`` field."""
+    return _FLAG_PREFIX + field_name.replace("_", "-")
 
 
 @dataclass
@@ -73,51 +89,30 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """Steps decoded ahead of the training loop. A few steps absorb decode-time jitter; each
     costs B/world_size decoded images of RAM (6 MB per 1080p image)."""
     ram_budget_bytes: int = 0
-    """Most bytes of encoded training files kept in RAM. 0: ram_budget_fraction of the memory
-    available at start-up. Above the budget, workers read the files from disk (logged once)."""
-    ram_budget_fraction: float = 0.25
-    """Share of the memory available at start-up that the encoded files may take when
-    ram_budget_bytes is 0, split between the ranks of this host ($LOCAL_WORLD_SIZE, set by torchrun).
-    A quarter leaves room for the model, the optimizer and the decoded images in flight."""
+    """Most bytes of encoded training files kept in RAM. 0: a quarter of the memory available at
+    start-up, split between the ranks of this host ($LOCAL_WORLD_SIZE, set by torchrun). Above the
+    budget, workers read the files from disk (logged once)."""
     decoder: Literal["auto", "pil", "simplejpeg", "torchvision"] = "auto"
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
-    seed: int = 42
-    """Seed of the per-epoch shuffles of the training images."""
     skip_corrupt_images: bool = False
     """Log and drop undecodable training images instead of failing. Off by default: a corrupt
     file is a data problem the user should see."""
-    multiprocessing_context: Literal["fork", "spawn", "forkserver"] = "fork"
-    """DataLoader start method. fork shares the encoded buffer by inheritance (nothing pickled);
-    spawn/forkserver send it as a shared-memory handle."""
     eval_num_workers: int = 2
     """DataLoader workers decoding eval images for fixed_indices_eval_dataloader (0: in process)."""
-    eval_num_images_to_sample_from: int = -1
-    """Number of images to sample during eval iteration (as nerfstudio; unused here)."""
-    eval_num_times_to_repeat_images: int = -1
-    """When not evaluating on all images, iterations before picking new images (as nerfstudio; unused)."""
-    eval_image_indices: Optional[Tuple[int, ...]] = (0,)
-    """Image indices used during eval (as nerfstudio; unused: all eval images are used)."""
 
     def __post_init__(self) -> None:
-        if self.camera_res_scale_factor <= 0:
-            raise ValueError(f"camera_res_scale_factor must be > 0, got {self.camera_res_scale_factor}")
-        if self.num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
-        if self.eval_num_workers < 0:
-            raise ValueError(f"eval_num_workers must be >= 0, got {self.eval_num_workers}")
-        if self.prefetch_batches < 1:
-            raise ValueError(f"prefetch_batches must be >= 1, got {self.prefetch_batches}")
-        if self.ram_budget_bytes < 0:
-            raise ValueError(f"ram_budget_bytes must be >= 0 (0: use ram_budget_fraction), got {self.ram_budget_bytes}")
-        if not 0.0 < self.ram_budget_fraction <= 1.0:
-            raise ValueError(f"ram_budget_fraction must be in (0, 1], got {self.ram_budget_fraction}")
-        if self.decoder not in ("auto", *DECODERS):
-            raise ValueError(f"decoder must be one of {('auto', *DECODERS)}, got {self.decoder!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.multiprocessing_context not in _START_METHODS:
-            raise ValueError(f"multiprocessing_context must be one of {_START_METHODS}, got {self.multiprocessing_context!r}")
+        checks = (
+            ("camera_res_scale_factor", self.camera_res_scale_factor > 0, "> 0"),
+            ("num_workers", self.num_workers >= 0, ">= 0"),
+            ("eval_num_workers", self.eval_num_workers >= 0, ">= 0"),
+            ("prefetch_batches", self.prefetch_batches >= 1, ">= 1"),
+            ("ram_budget_bytes", self.ram_budget_bytes >= 0, ">= 0 (0: a quarter of the available memory)"),
+            ("decoder", self.decoder in ("auto", *DECODERS), f"one of {('auto', *DECODERS)}"),
+        )
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
 
 
 def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
@@ -282,21 +277,31 @@ class ParallelFullImageDatamanager(DataManager):
         test_mode: Literal["test", "val", "inference"] = "val",
         world_size: int = 1,
         local_rank: int = 0,
+        seed: int = 42,
         **kwargs,
     ) -> None:
         del kwargs
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         self.config = config
         self.device = device
         self.world_size = world_size
         self.local_rank = local_rank
+        self.seed = seed
         self.sampler = None
         self.test_mode = test_mode
         self.test_split = "test" if test_mode in ["test", "inference"] else "val"
-        self.dataparser_config = self.config.dataparser
-        if self.config.data is not None:
-            self.config.dataparser.data = Path(self.config.data)
+        # --data (the datamanager's) overrides the dataparser's own path. The configs stay as
+        # built: the dataparser is set up from a copy holding the effective path.
+        if config.data is not None:
+            self.data_path = Path(config.data)
+            self.dataparser_config = dataclasses.replace(config.dataparser, data=self.data_path)
+            data_flag = "--data"
         else:
-            self.config.data = self.config.dataparser.data
+            self.data_path = Path(config.dataparser.data)
+            self.dataparser_config = config.dataparser
+            data_flag = "the dataparser's --data"
+        preflight.check_data_path(self.data_path, data_flag)
         # Never prompts: a downscale factor without its images_N folder is decoded at 1/N (dataparse.py).
         self._parse = DownscaledParse(self.dataparser_config)
         self.dataparser = self._parse.dataparser
@@ -327,7 +332,8 @@ class ParallelFullImageDatamanager(DataManager):
         self._reader: Optional[TrainBatchReader] = None
         self._training: Optional[tuple[int, int, int, Optional[Assigner], Optional[Callable[[int], int]]]] = None
         self._compat_mode = False
-        self._eval_rng = random.Random(config.seed)
+        self._logged_large_batch = False
+        self._eval_rng = random.Random(seed)
         self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
         self._totals = {"num_images_delivered": 0, "decode_s": 0.0, "wait_s": 0.0, "num_batches": 0}
         self._skipped: list[int] = []
@@ -346,27 +352,37 @@ class ParallelFullImageDatamanager(DataManager):
         import psutil
 
         # Every rank on a host builds its own store at about the same time, each seeing the same
-        # available memory: split the fraction between them (torchrun sets LOCAL_WORLD_SIZE).
+        # available memory: split the share between them (torchrun sets LOCAL_WORLD_SIZE).
         try:
             local_world_size = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
         except ValueError:
             local_world_size = 1
-        return int(self.config.ram_budget_fraction * psutil.virtual_memory().available / local_world_size)
+        return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available / local_world_size)
 
     def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
+        """Check the files (all present, headers readable, sizes matching the cameras), then load them."""
         outputs: DataparserOutputs = dataset._dataparser_outputs
-        context = self.config.multiprocessing_context
-        images = EncodedImageStore(outputs.image_filenames, budget, name=name, multiprocessing_context=context)
+        images = EncodedImageStore(outputs.image_filenames, budget, name=name)
         masks = None
         if outputs.mask_filenames is not None:
             remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
-            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks", multiprocessing_context=context)
+            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+        preflight.check_image_headers(
+            images.paths, specs, masks.paths if masks is not None else None, what=name.removesuffix("s")
+        )
         return ImageLoader(images, specs, masks, decoder=self.decoder)
 
     def setup_train(self) -> None:
-        """Read the training files into the shared buffer (or check them, in disk mode)."""
+        """Check the training files and read them into the shared buffer (or only check them, in disk mode).
+
+        Raises:
+            FileNotFoundError: Training files are missing (listed on one line).
+            ValueError: A file's header is unreadable or its size does not match its camera (named).
+        """
         if self._train_loader is not None:
             return
+        if self.config.num_workers > 0:
+            start_worker_server()
         self._train_loader = self._build_loader(self.train_dataset, self._train_specs, self._ram_budget_bytes(), "train images")
         store = self._train_loader.images
         log_rank0(
@@ -374,13 +390,13 @@ class ParallelFullImageDatamanager(DataManager):
             "%d train images: %s encoded, %s (decoder %s, %d workers)",
             len(store),
             format_bytes(store.num_bytes),
-            "read from disk" if store.disk_mode else ("in shared memory" if store.shared else "in a private buffer"),
+            "read from disk" if store.disk_mode else "in shared memory",
             self.decoder,
             self.config.num_workers,
         )
 
     def setup_eval(self) -> None:
-        """Check the eval files exist; they are read from disk when used (once per evaluation)."""
+        """Check the eval files as the training files; they are read from disk when used (once per evaluation)."""
         if self._eval_loader is None and len(self.eval_dataset) > 0:
             self._eval_loader = self._build_loader(self.eval_dataset, self._eval_specs, 0, "eval images")
 
@@ -432,11 +448,22 @@ class ParallelFullImageDatamanager(DataManager):
             raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
         if downscale_at is not None and not callable(downscale_at):
             raise TypeError(f"downscale_at must be a callable step -> int or None, got {type(downscale_at).__name__}")
+        num_images = len(self.train_dataset)
+        if batch_size > num_images and not self._logged_large_batch:
+            self._logged_large_batch = True
+            log_rank0(
+                _LOGGER,
+                "batch size %d is larger than the %d training images: a step uses some images twice "
+                "(from consecutive epochs; every image still once per epoch)",
+                batch_size,
+                num_images,
+                level=logging.WARNING,
+            )
         self._close_reader()
         stream = ImageBatchStream(
             self._require_train_loader(),
             batch_size=batch_size,
-            seed=self.config.seed,
+            seed=self.seed,
             rank=rank,
             world_size=world_size,
             start_step=start_step,
@@ -444,9 +471,7 @@ class ParallelFullImageDatamanager(DataManager):
             skip_corrupt_images=self.config.skip_corrupt_images,
             downscale_at=downscale_at,
         )
-        self._reader = TrainBatchReader(
-            stream, self.config.num_workers, self.config.prefetch_batches, self.config.multiprocessing_context
-        )
+        self._reader = TrainBatchReader(stream, self.config.num_workers, self.config.prefetch_batches)
         self._training = (batch_size, rank, world_size, assigner, downscale_at)
         self._compat_mode = False
 
@@ -458,7 +483,7 @@ class ParallelFullImageDatamanager(DataManager):
         """
         if self._training is None:
             raise RuntimeError("call configure_training(batch_size, rank, world_size) before batch_camera_ids")
-        return order.batch_camera_ids(self.config.seed, len(self.train_dataset), self._training[0], step)
+        return order.batch_camera_ids(self.seed, len(self.train_dataset), self._training[0], step)
 
     def next_train_batch(self, step: int) -> TrainBatch:
         """This rank's decoded images of ``step``.
@@ -499,10 +524,6 @@ class ParallelFullImageDatamanager(DataManager):
             downscale = self._reader.stream.downscale(step)
         return [loader.load(int(i), downscale=downscale)[0] for i in camera_indices]
 
-    def get_image_and_mask(self, camera_index: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Decode one training image and its mask in this process (`[H, W, C]` uint8, `[H, W, 1]` bool or None)."""
-        return self._require_train_loader().load(int(camera_index))
-
     def _close_reader(self) -> None:
         if self._reader is None:
             return
@@ -540,7 +561,6 @@ class ParallelFullImageDatamanager(DataManager):
             "num_train_images": len(self.train_dataset),
             "store_bytes": store.num_bytes if store is not None else 0,
             "disk_mode": store.disk_mode if store is not None else None,
-            "shared_buffer": store.shared if store is not None else None,
             "store_num_filled": store.num_filled() if store is not None else 0,
             "decoder": self.decoder,
             "num_workers": self.config.num_workers,
@@ -614,15 +634,16 @@ class ParallelFullImageDatamanager(DataManager):
         return int(cameras.height[0, 0]) * int(cameras.width[0, 0])
 
     def get_datapath(self) -> Path:
-        """The scene's data path."""
-        return self.config.dataparser.data
+        """The scene's data path (``--data`` when given, else the dataparser's)."""
+        return self.data_path
 
 
 class EvalImages:
     """Sized iterable of ``(camera, data)`` over all eval images (nerfstudio's fixed-indices loader).
 
-    Each iteration starts a DataLoader with the manager's ``eval_num_workers``; only the small
-    picklable ``ImageLoader`` reaches the workers, never the datamanager.
+    Each iteration starts a DataLoader with the manager's ``eval_num_workers`` (started as the
+    training workers, ``stream.worker_kwargs``); only the small picklable ``ImageLoader`` reaches
+    the workers, never the datamanager. A decode error is raised with the worker's message.
     """
 
     def __init__(self, manager: ParallelFullImageDatamanager) -> None:
@@ -635,11 +656,10 @@ class EvalImages:
         manager = self.manager
         dataset = IndexedImageDataset(manager._require_eval_loader(), list(range(len(self))))
         num_workers = min(manager.config.eval_num_workers, len(dataset))
-        kwargs: dict = {}
-        if num_workers > 0:
-            kwargs["multiprocessing_context"] = manager.config.multiprocessing_context
-            kwargs["worker_init_fn"] = ignore_stop_signals  # the rank, not its workers, handles a stop
-        loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
+        loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers))
         cameras = manager.eval_dataset.cameras
-        for index, image, mask in loader:
+        for item in loader:
+            if isinstance(item, WorkerFailure):
+                item.reraise()
+            index, image, mask = item
             yield cameras[index : index + 1].to(manager.device), manager._to_device_data(index, image, mask)

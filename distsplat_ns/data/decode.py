@@ -40,7 +40,6 @@ from PIL import Image
 from distsplat_ns.data.resize import box_downscale, dct_scale, fit_to_size
 from distsplat_ns.data.store import EncodedImageStore
 
-DecoderName = Literal["pil", "simplejpeg", "torchvision"]
 DECODERS: tuple[str, ...] = ("pil", "simplejpeg", "torchvision")
 
 _JPEG_MAGIC = b"\xff\xd8\xff"

@@ -1,20 +1,20 @@
 """The encoded image files of a dataset, read once into one shared, read-only byte buffer.
 
-Pure: torch and numpy only.
+Pure: numpy and the standard library only.
 
 Why (issue #3): decoded 1080p images take 6 MB each in uint8 (25 MB in float32), their JPEG files
 about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
 DataLoader workers decode on demand.
 
 How the workers avoid copies:
-- The bytes live in one shared mapping; its pages are shared between processes, never
-  copy-on-write, and nobody writes them after the fill.
-- ``fork`` start method (Linux default, used by the datamanager): an anonymous ``MAP_SHARED``
-  mapping, which every worker inherits at fork. Nothing is pickled, and the store refuses to be.
-- ``spawn``/``forkserver``: a ``torch.UntypedStorage`` in POSIX shared memory (``/dev/shm``, the
-  mechanism the DataLoader uses to return tensors); the DataLoader pickles the dataset with
-  ``ForkingPickler``, for which torch sends the storage's file descriptor, not its bytes. When
-  ``/dev/shm`` cannot hold it, the store falls back to disk mode (logged).
+- The bytes live in one ``SharedBuffer``: a ``memfd`` (an anonymous shared-memory file) mapped
+  ``MAP_SHARED``; its pages are shared between processes, never copy-on-write, and nobody writes
+  them after the fill.
+- Whatever the start method, workers map the *same* file: forked ones inherit the mapping, and
+  forkserver/spawn ones (the datamanager's choice: ``stream.py``) receive the file descriptor while
+  being started (``multiprocessing.reduction.DupFd``), never the bytes. Unlike ``/dev/shm``, a
+  memfd is not bounded by the size of a tmpfs mount. Outside process start-up the store refuses
+  to be pickled.
 - Readers get zero-copy, read-only ``memoryview``s of one file's bytes.
 
 Start-up time: the buffer is filled by a background thread, in dataset order, while training
@@ -34,22 +34,17 @@ import mmap
 import multiprocessing
 import os
 import threading
+import weakref
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from distsplat_ns.utils.logging import get_logger
 
 _LOGGER = get_logger(__name__)
 
-
-class _NoSharedMemory(Exception):
-    """/dev/shm cannot hold the buffer for spawned workers."""
-
-
-_SHM_DIR = "/dev/shm"
 _MAX_LISTED_MISSING = 10
 
 
@@ -63,15 +58,6 @@ def format_bytes(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def shm_free_bytes() -> int:
-    """Free bytes in ``/dev/shm`` (0 where it does not exist)."""
-    try:
-        stats = os.statvfs(_SHM_DIR)
-    except OSError:
-        return 0
-    return stats.f_bavail * stats.f_frsize
-
-
 def stat_files(paths: Sequence[Path]) -> np.ndarray:
     """Sizes of ``paths``; every missing or unreadable file is reported at once.
 
@@ -82,7 +68,7 @@ def stat_files(paths: Sequence[Path]) -> np.ndarray:
         File sizes. `[F]`, int64, bytes.
 
     Raises:
-        FileNotFoundError: Naming the missing files (the first few and their count).
+        FileNotFoundError: One line naming the missing files (the first few) and their count.
     """
     sizes = np.zeros(len(paths), dtype=np.int64)
     missing: list[str] = []
@@ -95,10 +81,61 @@ def stat_files(paths: Sequence[Path]) -> np.ndarray:
         if not os.path.isfile(path):
             missing.append(f"{path} (not a regular file)")
     if missing:
-        listed = "\n  ".join(missing[:_MAX_LISTED_MISSING])
-        more = f"\n  ... and {len(missing) - _MAX_LISTED_MISSING} more" if len(missing) > _MAX_LISTED_MISSING else ""
-        raise FileNotFoundError(f"{len(missing)} of {len(paths)} image files are missing:\n  {listed}{more}")
+        # One line: error reports that keep only the first line still list the files.
+        listed = ", ".join(missing[:_MAX_LISTED_MISSING])
+        more = f" and {len(missing) - _MAX_LISTED_MISSING} more" if len(missing) > _MAX_LISTED_MISSING else ""
+        raise FileNotFoundError(f"{len(missing)} of {len(paths)} image files are missing: {listed}{more}")
     return sizes
+
+
+class SharedBuffer:
+    """Bytes shared between a process and the workers it starts, by any start method.
+
+    A ``memfd`` mapped ``MAP_SHARED``. Forked children inherit the mapping; forkserver and spawn
+    children receive the file descriptor while being started and map the same pages. Pickling at
+    any other time raises (the buffer is never copied by value).
+
+    Args:
+        num_bytes: Size of the buffer.
+        name: Name of the memfd (shows in ``/proc/<pid>/fd``).
+
+    Attributes:
+        array: The whole buffer. `[num_bytes]`, uint8, writable.
+    """
+
+    def __init__(self, num_bytes: int, name: str) -> None:
+        self.num_bytes = int(num_bytes)
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, max(self.num_bytes, 1))
+            self._attach(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _attach(self, fd: int) -> None:
+        # The fd stays open: it is what a child process is sent. The mapping is allocated in O(1);
+        # pages appear as they are written.
+        self._fd = fd
+        self._finalizer = weakref.finalize(self, os.close, fd)
+        self._mmap = mmap.mmap(fd, max(self.num_bytes, 1), flags=mmap.MAP_SHARED)
+        self.array = np.frombuffer(self._mmap, dtype=np.uint8, count=self.num_bytes)
+
+    def __reduce__(self) -> tuple:
+        if multiprocessing.context.get_spawning_popen() is None:
+            raise RuntimeError(
+                "a SharedBuffer is sent to a process only while that process is being started "
+                "(e.g. a DataLoader worker); it is never pickled by value"
+            )
+        return _attach_shared_buffer, (reduction.DupFd(self._fd), self.num_bytes)
+
+
+def _attach_shared_buffer(dup_fd: object, num_bytes: int) -> SharedBuffer:
+    # ``dup_fd`` is multiprocessing's DupFd: ``detach()`` gives this process's copy of the fd.
+    buffer = SharedBuffer.__new__(SharedBuffer)
+    buffer.num_bytes = num_bytes
+    buffer._attach(dup_fd.detach())  # type: ignore[attr-defined]
+    return buffer
 
 
 class EncodedImageStore:
@@ -110,8 +147,6 @@ class EncodedImageStore:
             disk mode. ``0`` forces disk mode without the warning (e.g. eval images, read once).
         name: What the files are, for log messages (``"train images"``).
         background_fill: Fill the buffer in a background thread (True) or before returning.
-        multiprocessing_context: Start method of the processes that will read the store
-            (``"fork"``, ``"spawn"``, ``"forkserver"``): its shared fill counter must be of that kind.
 
     Raises:
         FileNotFoundError: A file is missing (all of them are listed), checked at construction.
@@ -120,7 +155,8 @@ class EncodedImageStore:
     Invariants:
         ``view(i)`` returns exactly the bytes of file ``i``: from the buffer once filled (as they
         were when read), from the file before that and in disk mode. Only the filling thread
-        writes the buffer, each byte once.
+        writes the buffer, each byte once. Worker processes started by fork, forkserver or spawn
+        share the one buffer (``SharedBuffer``).
     """
 
     def __init__(
@@ -129,7 +165,6 @@ class EncodedImageStore:
         ram_budget_bytes: int,
         name: str = "images",
         background_fill: bool = True,
-        multiprocessing_context: str = "fork",
     ) -> None:
         if len(paths) == 0:
             raise ValueError(f"paths must hold at least one file for the {name} store, got none")
@@ -143,9 +178,7 @@ class EncodedImageStore:
         self.num_bytes = int(self.offsets[-1])
         self.shared = False
         self.fill_error: str | None = None
-        self._buffer: torch.Tensor | None = None
-        self._mmap: mmap.mmap | None = None
-        self._array: np.ndarray | None = None
+        self._buffer: SharedBuffer | None = None
         self._readable: np.ndarray | None = None
         self._num_filled = None
         self._all_filled = False
@@ -155,7 +188,7 @@ class EncodedImageStore:
         if self.num_bytes > ram_budget_bytes:
             _LOGGER.warning(
                 "DISK MODE for %s: the %d encoded files take %s, more than the RAM budget of %s "
-                "(ram_budget_bytes / ram_budget_fraction). DataLoader workers will read every file "
+                "(--pipeline.datamanager.ram-budget-bytes). DataLoader workers will read every file "
                 "from disk on each access instead of from a shared in-RAM buffer.",
                 name,
                 len(self.paths),
@@ -163,14 +196,12 @@ class EncodedImageStore:
                 format_bytes(ram_budget_bytes),
             )
             return
-        try:
-            self._allocate(multiprocessing_context)
-        except _NoSharedMemory as exc:
-            _LOGGER.warning("DISK MODE for %s: %s. DataLoader workers will read every file from disk.", name, exc)
-            return
-        # A process-shared counter: forked workers inherit it, spawned ones get it while spawning
-        # (a fork-context semaphore is unlinked at once and cannot reach a spawned process).
-        self._num_filled = multiprocessing.get_context(multiprocessing_context).Value("q", 0)
+        self._buffer = SharedBuffer(self.num_bytes, f"distsplat {name}")
+        self._readable = self._read_only_view()
+        self.shared = True
+        # A process-shared counter that reaches workers of any start method: a spawn-context lock
+        # is a named semaphore (a fork-context one is unlinked at once and cannot be sent).
+        self._num_filled = multiprocessing.get_context("spawn").Value("q", 0)
         if background_fill:
             self._fill_thread = threading.Thread(target=self._fill, name=f"fill {name}", daemon=True)
             self._fill_thread.start()
@@ -178,40 +209,20 @@ class EncodedImageStore:
             self._fill()
 
     # ------------------------------------------------------------------ construction
-    def _allocate(self, multiprocessing_context: str) -> None:
-        size = max(self.num_bytes, 1)
-        if multiprocessing_context == "fork":
-            # An anonymous MAP_SHARED mapping: allocated in O(1) (pages appear as the fill touches
-            # them), inherited by forked workers, not bounded by the size of /dev/shm.
-            self._mmap = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-            self._array = np.frombuffer(self._mmap, dtype=np.uint8, count=self.num_bytes)
-            self.shared = True
-        elif shm_free_bytes() >= 2 * self.num_bytes + (256 << 20):
-            # Leave headroom in /dev/shm for the DataLoader's own shared tensors (decoded images).
-            storage = torch.UntypedStorage._new_shared(size)
-            self._buffer = torch.empty(0, dtype=torch.uint8).set_(storage)[: self.num_bytes]
-            self._array = self._buffer.numpy()
-            self.shared = True
-        else:
-            raise _NoSharedMemory(
-                f"/dev/shm has {format_bytes(shm_free_bytes())} free, too little for the "
-                f"{format_bytes(self.num_bytes)} {self.name} buffer of '{multiprocessing_context}' workers"
-            )
-        self._readable = self._read_only_view()
-
     def _read_only_view(self) -> np.ndarray:
-        assert self._array is not None
-        readable = self._array.view()
+        assert self._buffer is not None
+        readable = self._buffer.array.view()
         readable.flags.writeable = False
         return readable
 
     def _fill(self) -> None:
-        assert self._array is not None and self._num_filled is not None
+        assert self._buffer is not None and self._num_filled is not None
+        array = self._buffer.array
         for i, path in enumerate(self.paths):
             start, end = int(self.offsets[i]), int(self.offsets[i + 1])
             try:
                 with open(path, "rb", buffering=0) as f:
-                    target = memoryview(self._array[start:end])
+                    target = memoryview(array[start:end])
                     num_read = 0
                     while num_read < end - start:
                         n = f.readinto(target[num_read:])
@@ -249,7 +260,7 @@ class EncodedImageStore:
     @property
     def disk_mode(self) -> bool:
         """Whether readers open the files instead of reading the shared buffer."""
-        return self._array is None and self._buffer is None
+        return self._buffer is None
 
     def path(self, index: int) -> str:
         """File of entry ``index``."""
@@ -265,15 +276,9 @@ class EncodedImageStore:
 
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
-        if self._mmap is not None:
-            raise RuntimeError(
-                f"the {self.name} store was built for fork-started workers (an inherited mapping) and cannot be "
-                "pickled: build it with multiprocessing_context='spawn' or 'forkserver' for such workers"
-            )
+        # The buffer pickles as its file descriptor (only while a worker is being started); the
+        # read-only view is rebuilt from it, and the filling thread stays in the owning process.
         state = self.__dict__.copy()
-        # The numpy views are rebuilt from the tensor, whose storage torch pickles as a shm
-        # handle; the filling thread stays in the process that owns it.
-        state["_array"] = None
         state["_readable"] = None
         state["_fill_thread"] = None
         return state
@@ -281,5 +286,4 @@ class EncodedImageStore:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self._buffer is not None:
-            self._array = self._buffer.numpy()
             self._readable = self._read_only_view()

@@ -17,21 +17,39 @@ is its own tensor (images may differ in size).
 
 Shape legend: ``H``, ``W``: pixels. ``B``: images per step over all ranks.
 
-Decode slots (fork workers): handing a fresh 6 MB tensor from a worker to the trainer costs a new
-shared-memory segment per image, whose page faults cost about as much as the JPEG decode itself
-(measured: 186 -> 101 images/s per core on fox). Instead, ``TrainBatchReader`` maps one
-``DecodeSlots`` ring before the workers fork; a worker decodes (or undistorts) straight into its
-slot and sends only ``(offset, shape)``; the reader copies the pixels out into an ordinary tensor
-when it hands the batch over, so the caller owns its images. A slot is reused ``num_parts`` parts
-later, by when the DataLoader's bounded prefetch guarantees the reader has copied it; a stamp per
-slot turns any violation into an error instead of wrong pixels.
+Decode slots: handing a fresh 6 MB tensor from a worker to the trainer costs a new shared-memory
+segment per image, whose page faults cost about as much as the JPEG decode itself (measured:
+186 -> 101 images/s per core on fox). Instead, ``TrainBatchReader`` maps one ``DecodeSlots`` ring
+(a ``store.SharedBuffer``, sent to the workers by handle); a worker decodes (or undistorts)
+straight into its slot and sends only ``(offset, shape)``; the reader copies the pixels out into
+an ordinary tensor when it hands the batch over, so the caller owns its images. A slot is reused
+``num_parts`` parts later, by when the DataLoader's bounded prefetch guarantees the reader has
+copied it; a stamp per slot turns any violation into an error instead of wrong pixels.
+
+Worker processes (docs/data.md, "Workers and errors"):
+- Started by ``forkserver``, never forked from the training process: by the time the loader starts,
+  gloo and tensorboard threads exist there, and a child forked from a multi-threaded process can
+  inherit a lock held by another thread (a worker once hung in ``PyOS_AfterFork_Child``). The fork
+  server is a fresh single-threaded interpreter; it preloads ``__main__`` and this module, so a
+  worker starts in milliseconds once the server is up.
+- Each worker exits within a fraction of a second when the process that owns the loader dies,
+  even by SIGKILL: the fork server and its children die with their parent (``worker_server.py``,
+  which also covers a worker still starting), and each worker watches its owner
+  (``exit_with_owner``, which also covers the fork and spawn start methods).
+- A decode error (``ValueError`` from ``ImageLoader.load_array``: file, dataset index, decoder's
+  reason) travels to the consumer as data (``WorkerFailure``) and is raised there with the worker's
+  message unchanged; torch's own re-raise would put ``Caught ValueError in DataLoader worker
+  process 0.`` first. Any other exception keeps torch's re-raise with the worker's traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
-import mmap
+import os
+import select
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Protocol
@@ -42,10 +60,16 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 from distsplat_ns.data.decode import ImageLoader
 from distsplat_ns.data.order import ContiguousAssigner, batch_camera_ids
+from distsplat_ns.data.store import SharedBuffer
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import ignore_stop_signals
 
 _LOGGER = get_logger(__name__)
+
+WORKER_START_METHOD = "forkserver"
+"""How DataLoader workers are started (see the module docstring)."""
+
+_OWNER_POLL_S = 0.2
 
 
 class Assigner(Protocol):
@@ -90,6 +114,22 @@ class StepPart:
     skipped_indices: list[int]
     decode_s: float
     slot_index: int = -1
+    failure: Optional[WorkerFailure] = None
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A decode error raised in a DataLoader worker, sent to the consumer as data.
+
+    Attributes:
+        message: The worker's ``ValueError`` message (file, dataset index, decoder's reason).
+    """
+
+    message: str
+
+    def reraise(self) -> None:
+        """Raise the worker's error in this process, with the worker's message unchanged."""
+        raise ValueError(self.message)
 
 
 @dataclass(frozen=True)
@@ -103,8 +143,8 @@ class SlotRef:
 class DecodeSlots:
     """A ring of shared decode slots: per worker, ``num_parts`` parts of ``images_per_part`` images.
 
-    An anonymous ``MAP_SHARED`` mapping made by the reader before the workers fork (so fork only;
-    it refuses to be pickled). A stamp per (worker, part slot) holds the step whose pixels it holds.
+    One ``SharedBuffer`` made by the reader before the workers start and sent to them by handle. A
+    stamp per (worker, part slot) holds the step whose pixels it holds.
 
     Args:
         num_workers: DataLoader workers.
@@ -120,12 +160,16 @@ class DecodeSlots:
         self.num_parts = num_parts
         self.images_per_part = images_per_part
         self.image_bytes = -(-image_bytes // self._ALIGN) * self._ALIGN
-        header = -(-(8 * num_workers * num_parts) // self._ALIGN) * self._ALIGN
-        self.num_bytes = header + num_workers * num_parts * images_per_part * self.image_bytes
-        self._mmap = mmap.mmap(-1, self.num_bytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-        self.stamps = np.frombuffer(self._mmap, dtype=np.int64, count=num_workers * num_parts).reshape(num_workers, num_parts)
+        self._header = -(-(8 * num_workers * num_parts) // self._ALIGN) * self._ALIGN
+        self.num_bytes = self._header + num_workers * num_parts * images_per_part * self.image_bytes
+        self._buffer = SharedBuffer(self.num_bytes, "distsplat decode slots")
+        self._make_views()
         self.stamps[:] = -1
-        self.data = np.frombuffer(self._mmap, dtype=np.uint8, offset=header)
+
+    def _make_views(self) -> None:
+        raw = self._buffer.array
+        self.stamps = raw[: 8 * self.num_workers * self.num_parts].view(np.int64).reshape(self.num_workers, self.num_parts)
+        self.data = raw[self._header :]
 
     def offset(self, worker_id: int, slot_index: int, image_index: int) -> int:
         """Byte offset in ``data`` of one image slot."""
@@ -142,7 +186,14 @@ class DecodeSlots:
         return torch.from_numpy(self.data[ref.offset : ref.offset + size].reshape(ref.shape).copy())
 
     def __getstate__(self) -> dict:
-        raise RuntimeError("decode slots are shared with fork-started workers only and cannot be pickled")
+        # The buffer travels as its file descriptor (SharedBuffer refuses any other pickling).
+        state = self.__dict__.copy()
+        del state["stamps"], state["data"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._make_views()
 
 
 def identity_collate(item: object) -> object:
@@ -254,7 +305,11 @@ class ImageBatchStream(IterableDataset):
                     array, mask_array = self.loader.load_array(index, out=out, downscale=downscale)
                 except ValueError as exc:
                     if not self.skip_corrupt_images:
-                        raise
+                        if get_worker_info() is None:
+                            raise
+                        part.failure = WorkerFailure(str(exc))
+                        yield part
+                        return
                     _LOGGER.warning("skipping image (skip_corrupt_images=True): %s", exc)
                     part.skipped_indices.append(index)
                     continue
@@ -279,8 +334,73 @@ class ImageBatchStream(IterableDataset):
         return self.parts(info.id, info.num_workers)
 
 
+def worker_context(start_method: str = WORKER_START_METHOD) -> multiprocessing.context.BaseContext:
+    """The multiprocessing context DataLoader workers start from.
+
+    For ``forkserver`` the server (started once per process, on first use, from the main thread)
+    preloads ``__main__`` and ``worker_server`` (this module, and death with the training
+    process), so that workers fork from an interpreter that already imported torch and the
+    decoders; without ``__main__`` each worker would re-run the main script's imports.
+
+    Args:
+        start_method: ``"forkserver"`` (the default), ``"spawn"`` or ``"fork"``.
+    """
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(["__main__", "distsplat_ns.data.worker_server"])  # type: ignore[attr-defined]
+    return context
+
+
+def start_worker_server(start_method: str = WORKER_START_METHOD) -> None:
+    """Start the fork server now (no-op for other start methods), so that its imports overlap the
+    rest of start-up instead of delaying the first batch. Safe with threads: it is fork + exec."""
+    worker_context(start_method)
+    if start_method == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def exit_with_owner(owner_pid: int, worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: ignore SIGINT/SIGTERM, and end this worker as soon as process
+    ``owner_pid`` has exited.
+
+    A daemon thread waits on a pidfd of the owner (polls every 0.2 s where pidfds are missing) and
+    then ends the worker with ``os._exit``. torch's own check polls the *parent* every 5 s, and with
+    forkserver the parent is the fork server, not the owner.
+
+    Args:
+        owner_pid: The process that created the DataLoader (the training process).
+        worker_id: The DataLoader's worker index (unused; ``worker_init_fn`` signature).
+    """
+    del worker_id
+    ignore_stop_signals()  # the rank, not its workers, handles a stop (utils/signals.py)
+    try:
+        pidfd: Optional[int] = os.pidfd_open(owner_pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def wait_then_exit() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the owner has exited
+        else:
+            while True:
+                try:
+                    os.kill(owner_pid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(_OWNER_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=wait_then_exit, name="exit with owner", daemon=True).start()
+
+
 def make_stream_loader(
-    stream: ImageBatchStream, num_workers: int, prefetch_batches: int, multiprocessing_context: Optional[str] = None
+    stream: ImageBatchStream, num_workers: int, prefetch_batches: int, start_method: str = WORKER_START_METHOD
 ) -> DataLoader:
     """The DataLoader that runs ``stream`` in ``num_workers`` processes.
 
@@ -288,7 +408,7 @@ def make_stream_loader(
         stream: The rank's stream.
         num_workers: Worker processes (0: decode in the calling process).
         prefetch_batches: Steps decoded ahead of the consumer (each worker holds this many parts).
-        multiprocessing_context: ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (torch default).
+        start_method: How workers start (``worker_context``); tests compare the three.
 
     Returns:
         A DataLoader yielding ``StepPart``s, ``num_workers`` (or 1) per step, in step order.
@@ -297,12 +417,20 @@ def make_stream_loader(
         raise ValueError(f"num_workers must be >= 0, got {num_workers}")
     if prefetch_batches < 1:
         raise ValueError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
-    kwargs: dict = {}
-    if num_workers > 0:
+    return DataLoader(stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers, start_method, prefetch_batches))
+
+
+def worker_kwargs(num_workers: int, start_method: str = WORKER_START_METHOD, prefetch_batches: Optional[int] = None) -> dict:
+    """DataLoader keyword arguments for ``num_workers`` workers: start method, owner watch, prefetch."""
+    if num_workers == 0:
+        return {}
+    kwargs: dict = {
+        "multiprocessing_context": worker_context(start_method),
+        "worker_init_fn": functools.partial(exit_with_owner, os.getpid()),
+    }
+    if prefetch_batches is not None:
         kwargs["prefetch_factor"] = prefetch_batches
-        kwargs["multiprocessing_context"] = multiprocessing_context
-        kwargs["worker_init_fn"] = ignore_stop_signals  # the rank, not its workers, handles a stop
-    return DataLoader(stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
+    return kwargs
 
 
 def _copy_out_slots(part: StepPart, slots: Optional[DecodeSlots]) -> None:
@@ -330,8 +458,13 @@ def merge_parts(step: int, parts: list[StepPart], slots: Optional[DecodeSlots] =
     """Join the workers' parts of one step into a ``TrainBatch`` ordered by batch position.
 
     Pixels left in decode slots are copied out into tensors the caller owns.
+
+    Raises:
+        ValueError: A worker's decode error (``WorkerFailure``), with the worker's message.
     """
     for part in parts:
+        if part.failure is not None:
+            part.failure.reraise()
         if part.step != step:
             raise RuntimeError(f"data stream out of order: expected step {step}, a worker delivered step {part.step}")
         _copy_out_slots(part, slots)
@@ -361,7 +494,7 @@ class TrainBatchReader:
         stream: The rank's stream (its ``start_step`` is the first step to request).
         num_workers: DataLoader workers.
         prefetch_batches: Steps decoded ahead.
-        multiprocessing_context: DataLoader start method.
+        start_method: How workers start (``worker_context``).
     """
 
     def __init__(
@@ -369,7 +502,7 @@ class TrainBatchReader:
         stream: ImageBatchStream,
         num_workers: int,
         prefetch_batches: int,
-        multiprocessing_context: Optional[str] = None,
+        start_method: str = WORKER_START_METHOD,
     ) -> None:
         self.stream = stream
         self.num_parts = max(num_workers, 1)
@@ -379,14 +512,14 @@ class TrainBatchReader:
         self.wait_s = 0.0
         self.skipped_indices: list[int] = []
         self.slots: Optional[DecodeSlots] = None
-        if num_workers > 0 and (multiprocessing_context or multiprocessing.get_start_method()) == "fork":
+        if num_workers > 0:
             # More parts than the DataLoader can have in flight per worker (prefetch_batches),
             # plus the one being consumed and one of margin.
             self.slots = DecodeSlots(
                 num_workers, prefetch_batches + 2, stream.max_images_per_part(num_workers), stream.loader.max_output_bytes()
             )
         stream.slots = self.slots
-        self._dataloader = make_stream_loader(stream, num_workers, prefetch_batches, multiprocessing_context)
+        self._dataloader = make_stream_loader(stream, num_workers, prefetch_batches, start_method)
         self._iterator: Optional[Iterator[StepPart]] = iter(self._dataloader)
 
     def next_batch(self, step: int) -> TrainBatch:
@@ -395,7 +528,9 @@ class TrainBatchReader:
         Raises:
             ValueError: ``step`` is not the next step of this reader.
             RuntimeError: The reader was closed or a worker failed earlier.
-            Exception: A worker's exception, re-raised by the DataLoader with its original message.
+            ValueError: A worker could not decode an image: the worker's message (file, dataset
+                index, decoder's reason), unchanged.
+            Exception: Any other worker exception, re-raised by the DataLoader with its traceback.
         """
         if step != self.next_step:
             raise ValueError(f"step {step} requested, but this stream's next step is {self.next_step}")
@@ -404,11 +539,11 @@ class TrainBatchReader:
         start = time.perf_counter()
         try:
             parts = [next(self._iterator) for _ in range(self.num_parts)]
+            wait_s = time.perf_counter() - start
+            batch = merge_parts(step, parts, self.slots)
         except BaseException:
             self.close()
             raise
-        wait_s = time.perf_counter() - start
-        batch = merge_parts(step, parts, self.slots)
         batch.wait_s = wait_s
         self.next_step += 1
         self.wait_s += wait_s
@@ -427,7 +562,8 @@ class TrainBatchReader:
 class IndexedImageDataset(Dataset):
     """Map-style dataset over chosen dataset indices, for eval loaders with workers.
 
-    Items are ``(index, image, mask)`` as ``ImageLoader.load`` returns them. Picklable.
+    Items are ``(index, image, mask)`` as ``ImageLoader.load`` returns them, or, in a worker, a
+    ``WorkerFailure`` for an image that cannot be decoded (raise it with ``reraise``). Picklable.
     """
 
     def __init__(self, loader: ImageLoader, indices: list[int]) -> None:
@@ -437,7 +573,12 @@ class IndexedImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, Optional[torch.Tensor]]:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, Optional[torch.Tensor]] | WorkerFailure:
         index = self.indices[i]
-        image, mask = self.loader.load(index)
+        try:
+            image, mask = self.loader.load(index)
+        except ValueError as exc:
+            if get_worker_info() is None:
+                raise
+            return WorkerFailure(str(exc))
         return index, image, mask

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[2] / "distsplat_ns" / "data"
-PURE = ["order.py", "stream.py", "store.py", "decode.py", "resize.py"]
+PURE = ["order.py", "stream.py", "store.py", "decode.py", "resize.py", "preflight.py", "worker_server.py"]
 
 
 def _imports(path: Path) -> set[str]:

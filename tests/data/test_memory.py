@@ -60,7 +60,8 @@ def test_tree_memory_grows_by_at_most_the_encoded_bytes(memory: dict[str, dict])
 def test_workers_hold_no_private_copy_of_the_bytes(memory: dict[str, dict]) -> None:
     extra_bytes = memory["large"]["store_bytes"] - memory["small"]["store_bytes"]
     extra_worker_uss = memory["large"]["worker_uss"] - memory["small"]["worker_uss"]
-    assert memory["large"]["num_processes"] == 3
+    # The trainer, its 2 workers, the fork server they start from and multiprocessing's resource tracker.
+    assert memory["large"]["num_processes"] == 5
     assert extra_worker_uss <= 0.1 * extra_bytes, (extra_worker_uss, extra_bytes)
 
 

@@ -190,11 +190,12 @@ def test_fork_workers_never_pickle_the_store(jpeg_paths: list[Path], monkeypatch
     reader.close()
 
 
-def test_spawn_workers_get_the_shared_buffer(jpeg_paths: list[Path]) -> None:
-    loader = make_loader(jpeg_paths, multiprocessing_context="spawn")
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_started_workers_get_the_shared_buffer(jpeg_paths: list[Path], start_method: str) -> None:
+    loader = make_loader(jpeg_paths)
     assert loader.images.wait_filled()
     expected = _batches(loader, 4, 0, 1, 0, 2)
-    reader = TrainBatchReader(ImageBatchStream(loader, 4, SEED), 1, 1, "spawn")
+    reader = TrainBatchReader(ImageBatchStream(loader, 4, SEED), 1, 1, start_method)
     try:
         got = [reader.next_batch(s) for s in range(2)]
     finally:
@@ -202,16 +203,17 @@ def test_spawn_workers_get_the_shared_buffer(jpeg_paths: list[Path]) -> None:
     assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a.images, b.images))
 
 
-def test_fork_store_refuses_to_be_pickled(jpeg_paths: list[Path]) -> None:
+def test_store_is_never_pickled_by_value(jpeg_paths: list[Path]) -> None:
     import pickle
 
-    with pytest.raises(RuntimeError, match="fork-started workers"):
+    with pytest.raises(RuntimeError, match="only while that process is being started"):
         pickle.dumps(EncodedImageStore(jpeg_paths, 1 << 30))
 
 
-def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths: list[Path]) -> None:
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths: list[Path], start_method: str) -> None:
     loader = make_loader(jpeg_paths)
-    reader = TrainBatchReader(ImageBatchStream(loader, 5, SEED), 2, 2, "fork")
+    reader = TrainBatchReader(ImageBatchStream(loader, 5, SEED), 2, 2, start_method)
     assert reader.slots is not None
     try:
         via_slots = [reader.next_batch(s) for s in range(4)]

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from PIL import Image
+
+from distsplat_ns.data.decode import ImageLoader
 
 SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
@@ -23,6 +27,10 @@ __all__ = [
     "make_loader",
     "make_repeated_fox",
     "process_tree_memory",
+    "START_LOCK",
+    "lock_checking_loader",
+    "hold_stream_workers",
+    "stress_rank",
 ]
 
 
@@ -79,7 +87,6 @@ def make_loader(
     ram_budget_bytes: int = 1 << 30,
     decoder: str = "simplejpeg",
     masks: Optional[Sequence[Path]] = None,
-    multiprocessing_context: str = "fork",
 ):
     """An ``ImageLoader`` over ``paths`` with sizes read from the files (no undistortion)."""
     from distsplat_ns.data.decode import ImageLoader, ImageSpec
@@ -89,12 +96,8 @@ def make_loader(
     for path in paths:
         with Image.open(path) as im:
             specs.append(ImageSpec(height=im.height, width=im.width))
-    store = EncodedImageStore(paths, ram_budget_bytes, name="test images", multiprocessing_context=multiprocessing_context)
-    mask_store = (
-        EncodedImageStore(masks, ram_budget_bytes, name="test masks", multiprocessing_context=multiprocessing_context)
-        if masks is not None
-        else None
-    )
+    store = EncodedImageStore(paths, ram_budget_bytes, name="test images")
+    mask_store = EncodedImageStore(masks, ram_budget_bytes, name="test masks") if masks is not None else None
     return ImageLoader(store, specs, mask_store, decoder=decoder)
 
 
@@ -240,3 +243,71 @@ def measure_stream_memory(
     peaks["store_bytes"] = loader.images.num_bytes
     peaks["disk_mode"] = int(loader.images.disk_mode)
     out_json.write_text(json.dumps(peaks))
+
+
+# ---------------------------------------------------------------------------------- worker start-up
+START_LOCK = threading.Lock()
+"""A lock a test holds in another thread while DataLoader workers start (``lock_checking_loader``)."""
+
+
+class LockCheckingLoader(ImageLoader):
+    """An ``ImageLoader`` that takes ``START_LOCK`` before each decode: a worker forked while another
+    thread of its parent held the lock inherits it held, and fails here instead of decoding."""
+
+    def load_array(self, index: int, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        if not START_LOCK.acquire(timeout=2.0):
+            raise RuntimeError("this worker inherited START_LOCK held: it was forked while another thread held it")
+        START_LOCK.release()
+        return super().load_array(index, out)
+
+
+def lock_checking_loader(paths: Sequence[Path]):
+    """``make_loader(paths)`` whose decodes first take ``START_LOCK`` (picklable: a module-level class)."""
+    loader = make_loader(paths)
+    return LockCheckingLoader(loader.images, loader.specs, loader.masks, decoder=loader.decoder)
+
+
+def hold_stream_workers(paths: Sequence[Path], num_workers: int) -> None:
+    """Start a stream with ``num_workers`` workers, print their pids as one JSON line, then sleep.
+
+    Meant for a child interpreter (``python -c``) that a test then kills.
+    """
+    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+
+    reader = TrainBatchReader(ImageBatchStream(make_loader(paths), 4, seed=0), num_workers, prefetch_batches=2)
+    reader.next_batch(0)
+    print(json.dumps([worker.pid for worker in reader._iterator._workers]), flush=True)  # type: ignore[union-attr]
+    time.sleep(600)
+
+
+def stress_rank(ctx: Any, scene: str, num_steps: int) -> list[list[list[int]]]:
+    """One rank of the worker start-up stress test: threads first, then the datamanager's workers.
+
+    As in training, gloo's threads (the process group, set up by the caller) and a tensorboard
+    writer's thread exist when the DataLoader workers start.
+
+    Returns:
+        Every rank's camera indices per step (``all_gather_object``).
+    """
+    import tempfile
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+    from distsplat_ns.distributed.collectives import all_gather_object
+
+    with tempfile.TemporaryDirectory() as log_dir:
+        writer = SummaryWriter(log_dir)
+        writer.add_scalar("start", 1.0, 0)
+        config = ParallelFullImageDatamanagerConfig(
+            dataparser=NerfstudioDataParserConfig(data=Path(scene), downscale_factor=1), num_workers=2, eval_num_workers=0
+        )
+        manager = config.setup(device="cpu")
+        manager.configure_training(4, ctx.rank, ctx.world_size)
+        ids = [manager.next_train_batch(step).camera_indices for step in range(num_steps)]
+        gathered = all_gather_object(ctx, ids)
+        manager.close()
+        writer.close()
+    return gathered
