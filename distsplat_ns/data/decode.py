@@ -496,7 +496,10 @@ class ImageLoader:
             raise ValueError(f"downscale must be an int >= 1, got {downscale!r}")
         spec = self.specs[index]
         path = self.images.path(index)
-        data = self.images.view(index)
+        try:
+            data = self.images.view(index)
+        except OSError as exc:  # a file read from disk (disk mode) that went away or cannot be read
+            raise ValueError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         out_h, out_w = spec.output_size_hw
         target_hw = (out_h // downscale, out_w // downscale)  # utils.cameras.downscaled_px
         if spec.decodes_at_scale:

@@ -254,11 +254,13 @@ class LockCheckingLoader(ImageLoader):
     """An ``ImageLoader`` that takes ``START_LOCK`` before each decode: a worker forked while another
     thread of its parent held the lock inherits it held, and fails here instead of decoding."""
 
-    def load_array(self, index: int, out: Optional[np.ndarray] = None) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    def load_array(
+        self, index: int, out: Optional[np.ndarray] = None, downscale: int = 1
+    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
         if not START_LOCK.acquire(timeout=2.0):
             raise RuntimeError("this worker inherited START_LOCK held: it was forked while another thread held it")
         START_LOCK.release()
-        return super().load_array(index, out)
+        return super().load_array(index, out, downscale)
 
 
 def lock_checking_loader(paths: Sequence[Path]):
