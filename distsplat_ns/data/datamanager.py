@@ -48,7 +48,6 @@ from distsplat_ns.data.stream import (
     identity_collate,
 )
 from distsplat_ns.utils.logging import get_logger, log_rank0
-from distsplat_ns.utils.signals import ignore_stop_signals
 
 _LOGGER = get_logger(__name__)
 
@@ -600,7 +599,6 @@ class EvalImages:
         kwargs: dict = {}
         if num_workers > 0:
             kwargs["multiprocessing_context"] = manager.config.multiprocessing_context
-            kwargs["worker_init_fn"] = ignore_stop_signals  # the rank, not its workers, handles a stop
         loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
         cameras = manager.eval_dataset.cameras
         for index, image, mask in loader:

@@ -43,7 +43,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from distsplat_ns.data.decode import ImageLoader
 from distsplat_ns.data.order import ContiguousAssigner, batch_camera_ids
 from distsplat_ns.utils.logging import get_logger
-from distsplat_ns.utils.signals import ignore_stop_signals
 
 _LOGGER = get_logger(__name__)
 
@@ -285,7 +284,6 @@ def make_stream_loader(
     if num_workers > 0:
         kwargs["prefetch_factor"] = prefetch_batches
         kwargs["multiprocessing_context"] = multiprocessing_context
-        kwargs["worker_init_fn"] = ignore_stop_signals  # the rank, not its workers, handles a stop
     return DataLoader(stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **kwargs)
 
 
