@@ -61,13 +61,3 @@ class StopSignals:
             signal.signal(sig, previous)
         self._previous.clear()
 
-
-def ignore_stop_signals(worker_id: int = 0) -> None:  # noqa: ARG001 -- DataLoader's worker_init_fn signature
-    """``worker_init_fn`` for DataLoader workers: ignore SIGINT/SIGTERM.
-
-    torchrun forwards a stop signal to each rank's whole process group, workers included; a worker
-    killed by it makes its rank raise in the middle of the step it should finish. Workers still
-    end with their rank (the DataLoader shuts them down, and they watch their parent).
-    """
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
