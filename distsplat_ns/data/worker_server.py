@@ -20,6 +20,7 @@ import signal
 import sys
 
 from distsplat_ns.data import stream  # noqa: F401 - preloaded so that workers start without importing it
+from distsplat_ns.utils.signals import ignore_stop_signals
 
 _PR_SET_PDEATHSIG = 1
 
@@ -38,6 +39,9 @@ def in_fork_server() -> bool:
 
 if in_fork_server():  # imported anywhere else, the module changes nothing
     die_with_parent()
+    # A stop signal sent to the rank's process group must not kill the server (its workers would
+    # die with it, mid-step): the rank handles the stop, the server dies with the rank.
+    ignore_stop_signals()
     if os.getppid() == 1:  # the training process died before the request took effect
         os._exit(1)
     os.register_at_fork(after_in_child=die_with_parent)

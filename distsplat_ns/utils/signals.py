@@ -62,12 +62,15 @@ class StopSignals:
         self._previous.clear()
 
 
-def ignore_stop_signals(worker_id: int = 0) -> None:  # noqa: ARG001 -- DataLoader's worker_init_fn signature
-    """``worker_init_fn`` for DataLoader workers: ignore SIGINT/SIGTERM.
 
-    torchrun forwards a stop signal to each rank's whole process group, workers included; a worker
-    killed by it makes its rank raise in the middle of the step it should finish. Workers still
-    end with their rank (the DataLoader shuts them down, and they watch their parent).
+def ignore_stop_signals() -> None:
+    """Ignore SIGINT/SIGTERM in this process: for DataLoader workers and their fork server.
+
+    torchrun forwards a stop signal to each rank's whole process group and a terminal's Ctrl-C
+    reaches the foreground group, fork server and workers included; one killed by it makes its
+    rank fail in the middle of the step it should finish. They still end with their rank
+    (``data/worker_server.py``: the kernel's parent-death SIGKILL; ``data/stream.py``:
+    ``exit_with_owner``).
     """
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

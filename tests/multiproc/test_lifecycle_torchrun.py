@@ -32,6 +32,8 @@ def test_resume_with_nothing_left_to_train_exits_0_and_leaves_the_checkpoints(tm
     assert _snapshot(models) == before
 
 
+# torchrun signals each rank's whole process group, fork server and DataLoader workers included:
+# they ignore it (data/worker_server.py, data/stream.py) and end with their rank.
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_torchrun_stops_both_ranks_after_the_same_step(tmp_path: Path, sig: signal.Signals) -> None:
     # torchrun forwards the signal to each rank's process group (Ctrl-C reaches only torchrun:
