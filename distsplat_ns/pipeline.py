@@ -36,7 +36,8 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
 from distsplat_ns.model.strategy import batch_info
-from distsplat_ns.utils.cameras import ResolutionSchedule, downscaled_px
+from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.steps import steps_to_cover
@@ -67,13 +68,13 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
+            raise UserError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         if self.partition not in ("balanced", "whole-images", "equal-rows"):
-            raise ValueError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
+            raise UserError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
         if self.replica_check_every < 0:
-            raise ValueError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
+            raise UserError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
         if self.check_finite_every < 0:
-            raise ValueError(f"--pipeline.check-finite-every must be >= 0, got {self.check_finite_every}")
+            raise UserError(f"--pipeline.check-finite-every must be >= 0, got {self.check_finite_every}")
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class DistSplatPipeline(VanillaPipeline):
         if outputs is not None and "points3D_xyz" in outputs.metadata:
             seed_pts = (outputs.metadata["points3D_xyz"], outputs.metadata["points3D_rgb"])
         if self.datamanager.train_dataset is None:
-            raise ValueError("the datamanager produced no training dataset; check --data")
+            raise UserError("the datamanager produced no training dataset; check --data")
         self._model = config.model.setup(
             scene_box=self.datamanager.train_dataset.scene_box,
             num_train_data=len(self.datamanager.train_dataset),
@@ -208,9 +209,7 @@ class DistSplatPipeline(VanillaPipeline):
             start_step=start_step,
             assigner=ExpectedImagesAssigner(self.config.partition),
             # Images are decoded at the size the step renders (docs/data.md, decode at the training scale).
-            downscale_at=ResolutionSchedule(
-                self.model.config.num_downscales, self.model.config.resolution_schedule, self.model.batch_size
-            ),
+            downscale_at=self.model.resolution_schedule,
         )
         self._training_configured = True
 

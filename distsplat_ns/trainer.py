@@ -154,7 +154,7 @@ class DistSplatTrainer(Trainer):
             local_rank=self.ctx.local_rank,
             grad_scaler=self.grad_scaler,
             dist_ctx=self.ctx,
-            seed=self.config.machine.seed,
+            seed=self.seed,
         )
         finish_phase(self.ctx, "pipeline setup")
         with startup_phase(self.ctx, "checkpoint load"):

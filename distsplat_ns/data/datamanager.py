@@ -56,6 +56,7 @@ from distsplat_ns.data.stream import (
     start_worker_server,
     worker_kwargs,
 )
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
 
 _LOGGER = get_logger(__name__)
@@ -112,7 +113,7 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
         )
         for name, ok, expected in checks:
             if not ok:
-                raise ValueError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
+                raise UserError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
 
 
 def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
@@ -178,7 +179,7 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> tuple[UndistortSpe
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
     if camera_type == CameraType.PERSPECTIVE.value:
         if params[3] != 0:
-            raise ValueError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
+            raise UserError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
         dist = np.array([params[0], params[1], params[4], params[5], params[2], params[3], 0, 0])
         K[0, 2] = K[0, 2] - 0.5
         K[1, 2] = K[1, 2] - 0.5

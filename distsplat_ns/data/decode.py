@@ -39,6 +39,7 @@ from PIL import Image
 
 from distsplat_ns.data.resize import box_downscale, dct_scale, fit_to_size
 from distsplat_ns.data.store import EncodedImageStore
+from distsplat_ns.utils.errors import UserError
 
 DECODERS: tuple[str, ...] = ("pil", "simplejpeg", "torchvision")
 
@@ -439,13 +440,13 @@ class ImageLoader:
         try:
             file_hw = read_size_hw(data)
         except Exception as exc:  # noqa: BLE001 - every header error means a bad file here
-            raise ValueError(
+            raise UserError(
                 f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
             ) from exc
         base_h, base_w = spec.base_size_hw
         n = spec.source_downscale
         if not file_size_matches(spec, file_hw):
-            raise ValueError(
+            raise UserError(
                 f"image {self.images.path(index)} (dataset index {index}) is {file_hw[1]}x{file_hw[0]} (WxH), "
                 f"but its camera says {base_w}x{base_h}" + (f" at 1/{n} of the file's size" if n > 1 else "")
             )
@@ -461,7 +462,7 @@ class ImageLoader:
         try:
             image, used = decode_at_scale(data, self.decoder, scale, out if direct else None)
         except Exception as exc:  # noqa: BLE001 - every decoder error means a bad file here
-            raise ValueError(
+            raise UserError(
                 f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
             ) from exc
         if factor == 1 or (used == factor and image.shape[:2] == size_hw):
@@ -499,7 +500,7 @@ class ImageLoader:
         try:
             data = self.images.view(index)
         except OSError as exc:  # a file read from disk (disk mode) that went away or cannot be read
-            raise ValueError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
+            raise UserError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         out_h, out_w = spec.output_size_hw
         target_hw = (out_h // downscale, out_w // downscale)  # utils.cameras.downscaled_px
         if spec.decodes_at_scale:
@@ -516,10 +517,10 @@ class ImageLoader:
             newsize = (int(image.shape[1] * spec.scale_factor), int(image.shape[0] * spec.scale_factor))
             image = _pil_to_array(pil_image.resize(newsize, resample=Image.Resampling.BILINEAR))
         if image.shape[2] not in (3, 4):
-            raise ValueError(f"image {path} (dataset index {index}) has {image.shape[2]} channels, expected 3 or 4")
+            raise UserError(f"image {path} (dataset index {index}) has {image.shape[2]} channels, expected 3 or 4")
         expected_hw = (spec.height // downscale, spec.width // downscale) if spec.decodes_at_scale else (spec.height, spec.width)
         if image.shape[:2] != expected_hw:
-            raise ValueError(
+            raise UserError(
                 f"image {path} (dataset index {index}) is {image.shape[1]}x{image.shape[0]} (WxH) after scaling, "
                 f"but its camera says {expected_hw[1]}x{expected_hw[0]}"
             )
@@ -533,9 +534,9 @@ class ImageLoader:
                     self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None
                 )
             except Exception as exc:  # noqa: BLE001
-                raise ValueError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
+                raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
             if mask.shape[:2] != (spec.height, spec.width):
-                raise ValueError(
+                raise UserError(
                     f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {path} is "
                     f"{spec.width}x{spec.height} (WxH)"
                 )

@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 from PIL import Image, UnidentifiedImageError
 
 from distsplat_ns.data.decode import ImageSpec, file_size_matches
+from distsplat_ns.utils.errors import UserError
 
 
 def check_data_path(path: Path, flag: str) -> None:
@@ -36,7 +37,7 @@ def check_data_path(path: Path, flag: str) -> None:
         ValueError: ``path`` does not exist.
     """
     if not Path(path).exists():
-        raise ValueError(f"data path {path} does not exist (set by {flag})")
+        raise UserError(f"data path {path} does not exist (set by {flag})")
 
 
 def header_size_wh(path: str | Path) -> tuple[int, int]:
@@ -49,7 +50,7 @@ def header_size_wh(path: str | Path) -> tuple[int, int]:
         with Image.open(path) as image:
             return image.size
     except (OSError, UnidentifiedImageError, SyntaxError) as exc:
-        raise ValueError(f"image {path} has no readable image header: {type(exc).__name__}: {exc}") from exc
+        raise UserError(f"image {path} has no readable image header: {type(exc).__name__}: {exc}") from exc
 
 
 def check_image_headers(
@@ -80,14 +81,14 @@ def check_image_headers(
                 expected = f"{spec.parsed_size_hw[1]}x{spec.parsed_size_hw[0]} at 1/{spec.source_downscale} of the file"
             elif spec.scale_factor != 1.0:
                 expected += f" after scaling the file by {spec.scale_factor}"
-            raise ValueError(
+            raise UserError(
                 f"{what} {path} (dataset index {index}) is {size_wh[0]}x{size_wh[1]} (WxH), "
                 f"but its camera says {expected}"
             )
         if mask_paths is not None:
             mask_wh = header_size_wh(mask_paths[index])
             if mask_wh != size_wh:
-                raise ValueError(
+                raise UserError(
                     f"mask {mask_paths[index]} (dataset index {index}) is {mask_wh[0]}x{mask_wh[1]} (WxH), "
                     f"its image {path} is {size_wh[0]}x{size_wh[1]}"
                 )

@@ -61,6 +61,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from distsplat_ns.data.decode import ImageLoader
 from distsplat_ns.data.order import ContiguousAssigner, batch_camera_ids
 from distsplat_ns.data.store import SharedBuffer
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import ignore_stop_signals
 
@@ -129,7 +130,7 @@ class WorkerFailure:
 
     def reraise(self) -> None:
         """Raise the worker's error in this process, with the worker's message unchanged."""
-        raise ValueError(self.message)
+        raise UserError(self.message)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from distsplat_ns.model.gaussians import initial_gaussians
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
-from distsplat_ns.utils.cameras import c2w_to_viewmat, downscaled_px
+from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -103,6 +103,7 @@ class DistSplatModel(SplatfactoModel):
         if self.batch_size < 1:
             raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         self.is_main_rank: bool = bool(self.kwargs.get("is_main_rank", True))
+        self.resolution_schedule = ResolutionSchedule(self.config.num_downscales, self.config.resolution_schedule, self.batch_size)
         # Seed of the training backgrounds and densification samples: the trainer passes
         # --machine.seed (agreed by every rank); 42 (nerfstudio's default) where no trainer runs.
         self.seed: int = int(self.kwargs.get("seed", 42))
@@ -181,8 +182,8 @@ class DistSplatModel(SplatfactoModel):
         return step * self.batch_size
 
     def downscale_factor_at(self, step: int) -> int:
-        """Splatfacto's resolution schedule, counted in images."""
-        return 2 ** max(self.config.num_downscales - self.images_seen(step) // self.config.resolution_schedule, 0)
+        """Splatfacto's resolution schedule, counted in images (``resolution_schedule``)."""
+        return self.resolution_schedule(step)
 
     def _get_downscale_factor(self) -> int:
         return self.downscale_factor_at(self.step) if self.training else 1

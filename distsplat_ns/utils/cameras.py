@@ -44,9 +44,9 @@ class ResolutionSchedule:
     """Splatfacto's resolution schedule counted in images: step ``t`` renders at
     ``1 / 2 ** max(num_downscales - t * batch_size // resolution_schedule, 0)``.
 
-    The same rule as ``DistSplatModel.downscale_factor_at``, as a small picklable callable: the
-    datamanager's workers (started from a forkserver or spawned) receive it by pickling, which a
-    bound method of the model would turn into a copy of the whole model.
+    The one copy of the rule: ``DistSplatModel.downscale_factor_at`` calls it, and the pipeline
+    hands it to the datamanager, whose workers (started from a fork server) receive it by pickling
+    -- a small callable, where a bound method of the model would pickle the whole model.
 
     Args:
         num_downscales: Halvings at the start (splatfacto's ``num_downscales``).
