@@ -1,4 +1,4 @@
-"""Load-balance benchmark (issue #5): how evenly each way of splitting a batch spreads the work.
+"""Load-balance benchmark (docs/balance_results.md): how evenly each way of splitting a batch spreads the work.
 
 For every scene (``--scene``; defaults: fox, lund_door, bird) the script
 

@@ -1,4 +1,4 @@
-"""Benchmark of ParallelFullImageDatamanager on the fox scene repeated to ~1900 frames (issue #3).
+"""Benchmark of ParallelFullImageDatamanager on the fox scene repeated to ~1900 frames (docs/data.md).
 
 One run prints one JSON object on stdout with:
 - the raw one-core decode rate of the fox JPEG bytes for PIL, simplejpeg and torchvision (and

@@ -1,6 +1,6 @@
 """distsplat's per-step cost around the renderer against splatfacto's, on CPU, same renderer.
 
-Issue #6's first speed target (distsplat B=1 step time <= 1.05 x splatfacto's) can only be
+The first GPU speed target (docs/gpu.md) (distsplat B=1 step time <= 1.05 x splatfacto's) can only be
 *verdicted* on a GPU. This benchmark is its CPU proxy, run wherever a GPU is not: both methods train
 the same scene for the same images through ``scripts/gpu_launch.py`` (the GPU check's own launcher,
 step timer and ns-train arguments), and splatfacto renders with distsplat's reference rasterizer
@@ -159,7 +159,7 @@ def main() -> None:
 
     out = {
         "benchmark": "bench_step_overhead",
-        "what": "CPU proxy of issue #6's B=1 target: both methods on distsplat's reference rasterizer; not a GPU figure",
+        "what": "CPU proxy of docs/gpu.md's B=1 target: both methods on distsplat's reference rasterizer; not a GPU figure",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg()},

@@ -196,7 +196,7 @@ class AdamWithBetasConfig(AdamOptimizerConfig):
 def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int) -> Dict[str, Dict[str, Any]]:
     """Optimizer and scheduler configurations for ``batch_size`` images per step.
 
-    Grendel-GS's "sqrt" rule (ANCHORS.md): lr x sqrt(B), Adam eps / sqrt(B), betas -> beta^B,
+    Grendel-GS's "sqrt" rule (docs/distributed.md, batch size): lr x sqrt(B), Adam eps / sqrt(B), betas -> beta^B,
     with the batch's gradients averaged (the loss is a mean over the batch). Scheduler lengths are
     counted in images, so ``max_steps`` and ``warmup_steps`` are divided by B. At B = 1 the
     configurations are returned unchanged (copied).

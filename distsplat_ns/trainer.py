@@ -1,6 +1,6 @@
 """DistSplatTrainer: nerfstudio's trainer with a process lifecycle of its own.
 
-What it changes against nerfstudio's ``Trainer`` (ANCHORS.md lists why each matters):
+What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 
 * it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
   process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;

@@ -1,4 +1,4 @@
-"""Helpers of scripts/gpu_check.sh (issue #6): wheel checks, environment, test and benchmark JSON.
+"""Helpers of scripts/gpu_check.sh (docs/gpu.md): wheel checks, environment, test and benchmark JSON.
 
 Standard library only at import time: it runs on the bare CUDA machine before anything is installed,
 and on CPU for the dry run. Subcommands (``python scripts/gpu_bench.py SUBCOMMAND --help``):
@@ -7,10 +7,10 @@ and on CPU for the dry run. Subcommands (``python scripts/gpu_bench.py SUBCOMMAN
   folder, and nothing else is there; prints and optionally writes the result as JSON.
 * ``step``: add or replace one step's record (status, seconds, detail) in the summary JSON.
 * ``env``: the machine, Python, torch, CUDA, GPU and package versions as JSON.
-* ``junit``: pytest's JUnit XML as JSON, with the tests grouped by what issue #6 asks them to cover.
+* ``junit``: pytest's JUnit XML as JSON, with the tests grouped by what docs/gpu.md asks them to cover.
 * ``bench``: the training runs (distsplat B=1 and B=4, splatfacto, 2 processes on one GPU), each
   through scripts/gpu_launch.py, and their measurements as JSON.
-* ``summary``: the targets of issue #6 checked against the measured numbers, written into the summary.
+* ``summary``: the targets of docs/gpu.md checked against the measured numbers, written into the summary.
 
 Every JSON file written here carries ``"dry_run"``; numbers from a dry run (CPU, reference
 rasterizer, a handful of images) say nothing about speed.
@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "scripts" / "gpu_launch.py"
 
-#: Issue #6's targets, checked by ``summary``.
+#: The GPU targets (docs/gpu.md), checked by ``summary``.
 TARGET_B1_STEP_TIME_RATIO_MAX = 1.05
 TARGET_B4_IMAGES_PER_S_RATIO_MIN = 1.5
 #: Steps dropped from the front of each run before averaging step times: CUDA context creation,
@@ -250,7 +250,7 @@ def collect_env(dry_run: bool) -> Dict[str, Any]:
 
 
 # -------------------------------------------------------------------------------------------- junit
-#: What issue #6 asks the CUDA tests to cover, and the words that identify such a test in its id.
+#: What the CUDA tests must cover (docs/gpu.md), and the words that identify such a test in its id.
 COVERAGE_KEYWORDS: Dict[str, Tuple[str, ...]] = {
     "rasterization_parity": ("parity", "gsplat"),
     "training_step": ("train_step", "training_step", "train_iteration", "training"),
@@ -491,7 +491,7 @@ def execute_run(run: RunSpec, cfg: BenchConfig) -> Dict[str, Any]:
 
 
 def compare(runs: Dict[str, Dict[str, Any]], dry_run: bool) -> Dict[str, Any]:
-    """Issue #6's speed targets from the runs: ratio, target and verdict (or why none)."""
+    """The GPU speed targets (docs/gpu.md) from the runs: ratio, target and verdict (or why none)."""
 
     def measured(name: str, key: str) -> Optional[float]:
         run = runs.get(name) or {}

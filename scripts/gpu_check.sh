@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA check of issue #6, in one go, on the bare CUDA machine (run from the repository root):
+# The CUDA check (docs/gpu.md), in one go, on the bare CUDA machine (run from the repository root):
 #   1. install the carried wheels (.whl/, made by scripts/prepare_gpu_wheels.sh) and this project
 #      into .gpu_cache/site; compile gsplat 1.4.0's CUDA extension (or load a carried build);
 #   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
@@ -133,7 +133,7 @@ export TORCH_EXTENSIONS_DIR="$CACHE/torch_extensions"
 if ((DRY)); then
   step gsplat_build skipped 0 "dry run: no CUDA device (gsplat 1.4.0 compiles its extension with nvcc on first use)"
 else
-  # CUDA_HOME must be the toolkit folder that holds include/cuda_runtime.h (ANCHORS.md, gsplat).
+  # CUDA_HOME must be the toolkit folder that holds include/cuda_runtime.h (gsplat builds its kernels against it).
   if [[ -z "${CUDA_HOME:-}" || ! -f "${CUDA_HOME}/include/cuda_runtime.h" ]]; then
     CUDA_HOME=""
     NVCC="$(command -v nvcc || true)"

@@ -1,4 +1,4 @@
-"""`ns-train` with benchmark instrumentation, for scripts/gpu_bench.py (issue #6).
+"""`ns-train` with benchmark instrumentation, for scripts/gpu_bench.py (docs/gpu.md).
 
 Runs nerfstudio's own `ns-train` entry point (`nerfstudio.scripts.train.entrypoint`) unchanged,
 after applying a few clearly labelled run-time patches that make `splatfacto` and `distsplat` runs
@@ -20,7 +20,7 @@ Patches (each one recorded under "patches" in the report):
   to *enqueue* its kernels, and the two methods sync at different places.
 * ``lpips_offline_stub`` (only when AlexNet's weights are not in the torch hub cache): splatfacto
   builds torchmetrics' LPIPS in `populate_modules`, which downloads AlexNet's weights and fails with
-  no network (ANCHORS.md, nerfstudio section). The class is replaced by a stub that returns NaN;
+  no network (docs/gpu.md). The class is replaced by a stub that returns NaN;
   PSNR and SSIM are unaffected and LPIPS is reported as not computed.
 * ``final_eval`` (with ``--final-eval``): after nerfstudio's `Trainer.train` returns, the average
   metrics over all eval images are computed with the pipeline's own

@@ -1,4 +1,4 @@
-"""ParallelFullImageDatamanager: nerfstudio glue around the shared-byte image stream (issue #3).
+"""ParallelFullImageDatamanager: nerfstudio glue around the shared-byte image stream (docs/data.md).
 
 nerfstudio 1.1.5's FullImageDatamanager decodes every image up front (RAM ~ decoded size, start-up
 linear in the number of images). This datamanager keeps only the encoded files in one shared

@@ -3,7 +3,7 @@
 Pure: numpy only. Every function here is a deterministic function of its arguments, so every rank
 (and every DataLoader worker) computes the same global batch for a step without communicating.
 
-Sampling (issue #3): the training images are visited in epochs; epoch ``e`` is the permutation of
+Sampling (docs/data.md): the training images are visited in epochs; epoch ``e`` is the permutation of
 ``range(num_images)`` drawn from a generator seeded by ``(seed, e)``. The epochs are concatenated
 into one infinite sequence of camera ids, and step ``t`` with batch size ``B`` takes positions
 ``[t * B, (t + 1) * B)`` of it. So every image is used once per epoch, a batch may straddle two

@@ -2,7 +2,7 @@
 
 Pure: numpy and the standard library only.
 
-Why (issue #3): decoded 1080p images take 6 MB each in uint8 (25 MB in float32), their JPEG files
+Why (docs/data.md): decoded 1080p images take 6 MB each in uint8 (25 MB in float32), their JPEG files
 about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
 DataLoader workers decode on demand.
 
@@ -20,7 +20,7 @@ How the workers avoid copies:
 Start-up time: the buffer is filled by a background thread, in dataset order, while training
 starts; an entry not yet filled is read from its file (same bytes). The number of filled entries
 lives in a shared ``multiprocessing.Value`` whose lock orders the writer's bytes before the
-readers' loads. So time to first batch does not grow with the size of the dataset (issue #3).
+readers' loads. So time to first batch does not grow with the size of the dataset (docs/data.md).
 
 Disk mode: when the files exceed the RAM budget the store keeps only paths and sizes, and readers
 open the file on each access; the store logs this once, at construction.

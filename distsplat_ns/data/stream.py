@@ -2,7 +2,7 @@
 
 Pure: torch only (plus the sibling pure modules).
 
-Who decodes what (issue #3):
+Who decodes what (docs/data.md):
 - Step ``t``'s global batch is ``batch_camera_ids(seed, num_images, B, t)``, the same on every rank.
 - The assigner says which positions of it this rank needs (contiguous split by default).
 - Worker ``w`` of ``K`` takes the ``j``-th of those positions when ``(j + t) % K == w``: each image

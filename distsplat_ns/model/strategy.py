@@ -1,6 +1,6 @@
 """Densification: gsplat's DefaultStrategy driven by statistics reduced over the whole batch.
 
-gsplat is imported lazily here (STYLE.md layer rule). Schedules are counted in images and converted
+gsplat is imported lazily here (the layer rule of tests/unit/test_layers.py). Schedules are counted in images and converted
 to optimizer steps once, so a batch of B images per step keeps what an epoch means (Grendel-GS
 counts iterations in images; docs/README.md).
 """

@@ -1,4 +1,4 @@
-"""The pure data modules import neither nerfstudio nor torch.distributed (STYLE.md layers)."""
+"""The pure data modules import neither nerfstudio nor torch.distributed (tests/unit/test_layers.py)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 def test_tree_memory_grows_by_at_most_the_encoded_bytes(memory: dict[str, dict]) -> None:
     extra_bytes = memory["large"]["store_bytes"] - memory["small"]["store_bytes"]
     extra_pss = memory["large"]["pss"] - memory["small"]["pss"]
-    # PSS counts each shared page once across the tree; 1.3x is issue #3's target, plus 8 MiB of
+    # PSS counts each shared page once across the tree; 1.3x is docs/data.md's target, plus 8 MiB of
     # interpreter noise between two fresh processes.
     assert extra_pss <= 1.3 * extra_bytes + (8 << 20), (extra_pss, extra_bytes)
 

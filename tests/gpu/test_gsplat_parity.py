@@ -61,7 +61,7 @@ _COLOR_ATOL = 1e-4
 _GRAD_REL = 1e-3
 # gsplat bands: means2d is shifted by a tile-aligned number of rows (only Gaussians above the band
 # round, by <= ulp(shift)/2 ~ 2e-6 px); per pixel that is <= ~2e-6, and gradients are reordered
-# sums (atomics). The 1e-5 relative budget is DESIGN.md's for distributed vs single-process.
+# sums (atomics). The 1e-5 relative budget is docs/distributed.md's for distributed vs single-process.
 _BAND_PIXEL_ATOL = 1e-5
 _BAND_GRAD_REL = 1e-5
 

@@ -1,4 +1,4 @@
-"""Headless Chromium screenshots of the nerfstudio viewer (flags from ../shared/docs/TESTING.md)."""
+"""Headless Chromium screenshots of the nerfstudio viewer (flags that work headless and offline on these machines)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CPU-checkable parts of the CUDA check (issue #6): scripts/gpu_check.sh, prepare_gpu_wheels.sh,
+"""The CPU-checkable parts of the CUDA check (docs/gpu.md): scripts/gpu_check.sh, prepare_gpu_wheels.sh,
 gpu_bench.py and gpu_launch.py. The GPU run itself cannot happen here; docs/gpu.md says how to do
 the dry run (`bash scripts/gpu_check.sh OUT --dry-run`, a few minutes on 2 cores)."""
 

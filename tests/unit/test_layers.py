@@ -1,4 +1,4 @@
-"""STYLE.md's import layers, and a light registry import."""
+"""The import layers (imports only go down, no cycles), and a light registry import."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _modules(sub: str) -> list[Path]:
     return sorted((PKG / sub).rglob("*.py")) if (PKG / sub).is_dir() else [PKG / sub]
 
 
-#: STYLE.md's layers, lowest first. A module may import package modules of its own layer or below
+#: The package's layers, lowest first (docs/architecture.md). A module may import package modules of its own layer or below
 #: (never up); the graph within a layer must be acyclic. A new module must be placed here.
 LAYERS: dict[str, int] = {
     "__init__.py": 1, "utils/": 1, "types.py": 1, "config.py": 1,
