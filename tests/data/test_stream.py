@@ -12,23 +12,14 @@ import torch
 from distsplat_ns.data.order import batch_camera_ids
 from distsplat_ns.data.store import EncodedImageStore
 from distsplat_ns.data.stream import ImageBatchStream, StepPart, TrainBatchReader, make_stream_loader
-from tests.helpers.data_fixtures import make_loader
+from tests.helpers.data_fixtures import LogRecords, make_loader
 
 SEED = 3
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture()
 def records():
-    handler = _Records()
+    handler = LogRecords()
     logger = logging.getLogger("distsplat_ns")
     logger.addHandler(handler)
     yield handler
@@ -136,7 +127,7 @@ def test_truncated_jpeg_error_names_the_file(corrupt_copy: tuple[list[Path], int
         make_loader(paths, decoder=decoder).load(bad)
 
 
-def test_skip_corrupt_images_logs_and_drops_them(corrupt_copy: tuple[list[Path], int], records: _Records) -> None:
+def test_skip_corrupt_images_logs_and_drops_them(corrupt_copy: tuple[list[Path], int], records: LogRecords) -> None:
     paths, bad = corrupt_copy
     stream = ImageBatchStream(make_loader(paths), len(paths), SEED, skip_corrupt_images=True)
     reader = TrainBatchReader(stream, 0, 1)
@@ -152,7 +143,7 @@ def test_missing_files_reported_at_construction(tmp_path: Path, jpeg_paths: list
         EncodedImageStore(paths, 1 << 30)
 
 
-def test_disk_mode_when_files_exceed_budget(jpeg_paths: list[Path], records: _Records) -> None:
+def test_disk_mode_when_files_exceed_budget(jpeg_paths: list[Path], records: LogRecords) -> None:
     total = sum(p.stat().st_size for p in jpeg_paths)
     disk = make_loader(jpeg_paths, ram_budget_bytes=total - 1)
     ram = make_loader(jpeg_paths, ram_budget_bytes=total)

@@ -16,7 +16,7 @@ from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataPars
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.store import EncodedImageStore
 from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
-from tests.helpers.data_fixtures import make_loader, write_nerfstudio_scene
+from tests.helpers.data_fixtures import LogRecords, make_loader, write_nerfstudio_scene
 
 SHIPPED_LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
 BAD = 5
@@ -162,18 +162,9 @@ def test_bad_mask_size_fails_at_startup_naming_the_mask(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- batch size
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def test_batch_larger_than_training_set_is_allowed_and_logged_once() -> None:
     manager = _colmap_manager(SHIPPED_LUND_DOOR)
-    handler = _Records()
+    handler = LogRecords()
     logger = logging.getLogger("distsplat_ns")
     logger.addHandler(handler)
     try:

@@ -7,6 +7,7 @@ them skip with a clear reason when that folder is absent.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -313,3 +314,14 @@ def stress_rank(ctx: Any, scene: str, num_steps: int) -> list[list[list[int]]]:
         manager.close()
         writer.close()
     return gathered
+
+
+class LogRecords(logging.Handler):
+    """A logging handler that keeps every message, for tests that check what was logged."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
