@@ -61,6 +61,8 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
     partition: Literal["balanced", "whole-images", "equal-rows"] = "balanced"
     """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (Gaussian-tile intersections); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
+    parallel: Literal["replicated", "sharded"] = "replicated"
+    """How the Gaussians are held: "replicated" (every rank holds all of them and gradients are all-reduced: best while the model fits one device and the batch is small) or "sharded" (each rank owns 1/W of them with their optimizer state; screen-space terms go to the ranks rendering each band: for scenes that outgrow one device, or many ranks). See docs/sharded.md."""
     replica_check_every: int = 100
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
     check_finite_every: int = 1
@@ -71,6 +73,8 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
             raise UserError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         if self.partition not in ("balanced", "whole-images", "equal-rows"):
             raise UserError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
+        if self.parallel not in ("replicated", "sharded"):
+            raise UserError(f"--pipeline.parallel must be replicated or sharded, got {self.parallel!r}")
         if self.replica_check_every < 0:
             raise UserError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
         if self.check_finite_every < 0:

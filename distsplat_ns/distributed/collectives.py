@@ -255,3 +255,102 @@ def check_replicas(ctx: DistContext, tensors: Sequence[torch.Tensor], step: int)
             f"replica drift at step {step}: ranks {drifted} hold parameters that differ from rank 0's"
         )
     return digest
+
+
+# ---------------------------------------------------------------------- variable-length rows
+# Rows of per-Gaussian tensors differ in number between ranks (shards, selections); each helper
+# below exchanges the sizes first, then the payload in one call.
+
+
+def _staged(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on the device the backend communicates from (gloo: host memory)."""
+    return tensor if ctx.backend == "nccl" or tensor.device.type == "cpu" else tensor.cpu()
+
+
+def all_gather_counts(ctx: DistContext, count: int) -> list[int]:
+    """Every rank's ``count``, indexed by rank. **Collective:** world group (one int each)."""
+    if not ctx.is_distributed:
+        return [int(count)]
+    mine = torch.tensor([int(count)], dtype=torch.int64, device=_collective_device(ctx))
+    out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(out, mine)
+    return [int(t.item()) for t in out]
+
+
+def all_gather_rows(ctx: DistContext, tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (any number of rows, same trailing shape and dtype), by rank.
+
+    **Collective:** world group: the row counts, then one all-gather padded to the longest.
+    **Host sync:** the row counts.
+    """
+    if not ctx.is_distributed:
+        return [tensor]
+    counts = all_gather_counts(ctx, tensor.shape[0])
+    staged = _staged(ctx, tensor.contiguous())
+    padded = staged.new_zeros((max(counts), *staged.shape[1:]))
+    padded[: staged.shape[0]] = staged
+    out = [torch.empty_like(padded) for _ in range(ctx.world_size)]
+    dist.all_gather(out, padded)
+    return [o[:c].to(tensor.device) for o, c in zip(out, counts)]
+
+
+def all_to_all_counts(ctx: DistContext, counts: Sequence[int]) -> list[int]:
+    """``received[s]`` = what rank ``s`` put at this rank's index in its ``counts``.
+
+    **Collective:** world group (``world_size`` ints each way).
+    """
+    if not ctx.is_distributed:
+        return [int(c) for c in counts]
+    send = torch.tensor([int(c) for c in counts], dtype=torch.int64, device=_collective_device(ctx))
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    return [int(c) for c in recv.tolist()]
+
+
+def all_to_all_rows(
+    ctx: DistContext, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int] | None = None
+) -> tuple[torch.Tensor, list[int]]:
+    """Rows ``send[offset_d : offset_d + send_counts[d]]`` go to rank ``d``; returns the rows
+    received, in source-rank order, and how many came from each rank.
+
+    Args:
+        ctx: The process context.
+        send: Rows for every rank, grouped by destination rank in rank order. `[sum(send_counts), ...]`.
+        send_counts: Rows for each destination rank. Length ``world_size``.
+        recv_counts: Rows coming from each rank when already known (the reverse of an earlier
+            exchange); exchanged first when None.
+
+    **Collective:** world group: the counts (unless given), then one ``all_to_all_single``.
+    At ``world_size == 1`` it returns ``send`` unchanged. Not differentiable (callers route the
+    gradients back with a second call in the reverse direction).
+    """
+    if len(send_counts) != ctx.world_size or sum(send_counts) != send.shape[0]:
+        raise ValueError(f"all_to_all_rows: counts {list(send_counts)} do not split {send.shape[0]} rows over {ctx.world_size} ranks")
+    if not ctx.is_distributed:
+        return send, [int(send.shape[0])]
+    if recv_counts is None:
+        recv_counts = all_to_all_counts(ctx, send_counts)
+    staged = _staged(ctx, send.detach().contiguous())
+    recv = staged.new_empty((sum(recv_counts), *staged.shape[1:]))
+    dist.all_to_all_single(recv, staged, [int(c) for c in recv_counts], [int(c) for c in send_counts])
+    return recv.to(send.device), [int(c) for c in recv_counts]
+
+
+def gather_rows(ctx: DistContext, tensor: torch.Tensor, dst: int = 0) -> list[torch.Tensor] | None:
+    """Every rank's ``tensor`` on rank ``dst`` (by rank; None elsewhere), for state gathered in
+    chunks: call it once per tensor so that only one tensor's rows are in flight.
+
+    **Collective:** world group: the row counts (all ranks), then one ``gather`` padded to the
+    longest. **Host sync:** the row counts.
+    """
+    if not ctx.is_distributed:
+        return [tensor]
+    counts = all_gather_counts(ctx, tensor.shape[0])
+    staged = _staged(ctx, tensor.detach().contiguous())
+    padded = staged.new_zeros((max(counts), *staged.shape[1:]))
+    padded[: staged.shape[0]] = staged
+    out = [torch.empty_like(padded) for _ in range(ctx.world_size)] if ctx.rank == dst else None
+    dist.gather(padded, out, dst=dst)
+    if out is None:
+        return None
+    return [o[:c].to(tensor.device) for o, c in zip(out, counts)]

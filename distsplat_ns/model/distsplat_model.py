@@ -147,8 +147,22 @@ class DistSplatModel(SplatfactoModel):
             verbose=self.is_main_rank,
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        # A global identity per Gaussian for its whole life (the same whatever the number of
+        # processes): kept in the strategy state so gsplat's duplicate/split/remove carry it along.
+        num_initial = int(self.gauss_params["means"].shape[0])
+        self.strategy_state["gauss_ids"] = torch.arange(num_initial, dtype=torch.int64)
+        self.next_gauss_id: int = num_initial
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
+
+    @property
+    def gauss_ids(self) -> torch.Tensor:
+        """Global identity of each Gaussian held here, in parameter order. `[N]`, int64, on the
+        model's device (new Gaussians get ids from ``next_gauss_id`` on; docs/sharded.md)."""
+        ids = self.strategy_state["gauss_ids"]
+        if ids.device != self.device:
+            ids = self.strategy_state["gauss_ids"] = ids.to(self.device)
+        return ids
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -163,13 +177,19 @@ class DistSplatModel(SplatfactoModel):
             value = self.strategy_state.get(key)
             if isinstance(value, torch.Tensor):
                 state[key] = value.detach().cpu()
-        return {"strategy_state": state, "step": int(self.step)}
+        state["gauss_ids"] = self.gauss_ids.detach().cpu()
+        return {"strategy_state": state, "step": int(self.step), "next_gauss_id": int(self.next_gauss_id)}
 
     def set_extra_state(self, state: Any) -> None:
         if not isinstance(state, dict):
             return
         for key, value in state.get("strategy_state", {}).items():
             self.strategy_state[key] = value.to(self.device)
+        num = int(self.gauss_params["means"].shape[0])
+        if "gauss_ids" not in state.get("strategy_state", {}):
+            # A checkpoint from before global ids (or splatfacto's): number them in order.
+            self.strategy_state["gauss_ids"] = torch.arange(num, dtype=torch.int64, device=self.device)
+        self.next_gauss_id = int(state.get("next_gauss_id", int(self.strategy_state["gauss_ids"].max()) + 1 if num else 0))
 
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
