@@ -24,6 +24,7 @@ from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import (
+    all_gather_counts,
     all_gather_object,
     all_reduce_max_,
     all_reduce_sum_,
@@ -35,6 +36,7 @@ from distsplat_ns.distributed.collectives import (
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
+from distsplat_ns.model.exchange import exchange_grad_bytes, exchange_row_bytes, return_gradients, send_screen_terms
 from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
@@ -250,7 +252,10 @@ class DistSplatPipeline(VanillaPipeline):
         if not self._training_configured:
             self.configure_training(start_step=step)
         optimizers.zero_grad_all()
+        sharded = self.config.parallel == "sharded"
         batch = self.datamanager.batch_camera_ids(step)
+        # Sharded mode: every shard's size (the scale term's mean, the logged count).
+        num_gaussians = sum(all_gather_counts(self.ctx, self.model.num_points)) if sharded else self.model.num_points
         # 1. plan: every rank's bands, computed identically on every rank.
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
@@ -258,46 +263,78 @@ class DistSplatPipeline(VanillaPipeline):
         positions, images, masks, data_wait_s = self._fetch_images(step, batch, bands)
         # 3. forward: render the bands, this rank's exact share of the batch loss.
         t0 = time.perf_counter()
+        exchange_s = 0.0
+        sent = received = None
+        if sharded:
+            # Sharded: project this rank's Gaussians into every camera of the batch and send each
+            # band's rank the screen-space terms it needs (model/exchange.py).
+            projections = self.model.project_shard(self._host_cameras(batch), step)
+            t1 = time.perf_counter()
+            sent, received = send_screen_terms(self.ctx, projections, self.model.gauss_ids, plan.bands, len(batch))
+            exchange_s += time.perf_counter() - t1
         # Host-side cameras: the model reads their sizes without a device sync, then moves them.
-        cameras = self.datamanager.train_dataset.cameras[torch.tensor([batch[p] for p in positions], dtype=torch.long)]
-        result = self.model.forward_bands(cameras, positions, images, masks, bands, step, add_regularizers=self.ctx.is_main)
-        num_gaussians = self.model.num_points
-        forward_s = time.perf_counter() - t0
-        # 4. backward, with the halo rows' pixel gradients exchanged between the two phases.
+        cameras = self._host_cameras([batch[p] for p in positions])
+        result = self.model.forward_bands(
+            cameras, positions, images, masks, bands, step, add_regularizers=self.ctx.is_main, received=received,
+            num_gaussians_total=num_gaussians if sharded else None,
+        )
+        forward_s = time.perf_counter() - t0 - exchange_s
+        # 4. backward, with the halo rows' pixel gradients exchanged between the two phases;
+        # sharded: then the received rows' gradients back to their owners, through their projection.
         backward_s, halo_wait_s = self._backward(result)
-        # 5. reduce: gradients summed over ranks, densification statistics of the whole batch.
+        if sent is not None and received is not None:
+            t1 = time.perf_counter()
+            absgrads = {p: proj.means2d.absgrad[0] for p, proj in result.received_projections.items()
+                        if getattr(proj.means2d, "absgrad", None) is not None}
+            return_gradients(self.ctx, sent, received, absgrads)
+            exchange_s += time.perf_counter() - t1
+        # 5. reduce: gradients summed over ranks (sharded: only the parameters every rank holds,
+        # e.g. camera adjustments), densification statistics of the whole batch.
         t0 = time.perf_counter()
         named = self._named_trainable_parameters()
         if before_gradient_sum_hook is not None:
             before_gradient_sum_hook(step, self.ctx.rank, self.model)
-        bytes_communicated = sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
+        replicated = [(n, p) for n, p in named if not (sharded and n in self.model.gauss_params)]
+        bytes_communicated = sum_gradients_(self.ctx, [p for _, p in replicated]).bytes_reduced
+        if sent is not None and self.ctx.is_distributed:
+            item, rank = sent.rows.element_size(), self.ctx.rank
+            # terms + int64 id out, gradients + absgrad back: the rows that leave this rank.
+            rows_out = sent.num_rows - sent.send_counts[rank]
+            grads_out = sum(sent.recv_counts) - sent.recv_counts[rank]
+            bytes_communicated += rows_out * (exchange_row_bytes(item) + 8) + grads_out * exchange_grad_bytes(item)
         info = None
         if step < self.model.schedule.refine_stop_iter:
-            info = self._reduce_statistics(step, batch, result)
-            if self.ctx.is_distributed:
-                # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
-                bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
-        # 6. finite check: every rank sees the same summed gradient, so all stop together.
+            if sent is not None:
+                # Complete at each owner: its projections received every band's gradients.
+                info = self._batch_statistics(step, batch, [(p, proj.means2d, proj.radii) for p, proj in sent.calls], reduce=False)
+            else:
+                info = self._batch_statistics(step, batch, result.projections, reduce=True)
+                if self.ctx.is_distributed:
+                    # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
+                    bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
+        # 6. finite check: replicated, every rank sees the same summed gradient, so all stop
+        # together; sharded, the ranks agree on the verdict.
         every = self.config.check_finite_every
         if every and step % every == 0:
-            check_finite_gradients(self.ctx, named, step)
-        all_reduce_s = halo_wait_s + time.perf_counter() - t0
-        # 7. the identical optimizer step and learning-rate schedules on every rank.
+            check_finite_gradients(self.ctx, named, step, agree=sharded)
+        all_reduce_s = halo_wait_s + exchange_s + time.perf_counter() - t0
+        # 7. the optimizer step and learning-rate schedules (replicated: identical on every rank).
         t0 = time.perf_counter()
         optimizers.optimizer_step_all()
         optimizers.scheduler_step_all(step)
         optimizer_s = time.perf_counter() - t0
-        # 8. refine: densification on the reduced statistics (identical inputs everywhere).
+        # 8. refine: densification on the batch's statistics (replicated: identical inputs
+        # everywhere; sharded: each rank its own Gaussians, then shards rebalanced).
         t0 = time.perf_counter()
         if info is not None:
             self.model.refine(step, optimizers.optimizers, info)
         densify_s = time.perf_counter() - t0
         # 9. observe costs: every rank's measured tile costs into the planner's history.
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, result, forward_s + backward_s)
-        # 10. replica check: every K steps, prove the ranks' parameters bitwise identical.
+        # 10. replica check: every K steps, prove the replicated parameters bitwise identical.
         every = self.config.replica_check_every
-        if self.ctx.is_distributed and every and step % every == 0:
-            check_replicas(self.ctx, [p.data for p in self.trainable_parameters()], step)
+        if self.ctx.is_distributed and every and step % every == 0 and replicated:
+            check_replicas(self.ctx, [p.data for _, p in replicated], step)
         timings = StepTimings(
             data_wait=data_wait_s, forward=forward_s, backward=backward_s, all_reduce=all_reduce_s,
             optimizer=optimizer_s, densify=densify_s,
@@ -332,10 +369,12 @@ class DistSplatPipeline(VanillaPipeline):
             **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.model.sh_degree_at(step),
             rasterize_mode=self.model.config.rasterize_mode, backend=self.model.config.rendering_backend,
         )
-        return [
-            footprint_row_costs(proj.means2d[i].detach(), proj.radii[i], height, width).cpu()
-            for i in range(len(camera_indices))
-        ]
+        costs = [footprint_row_costs(proj.means2d[i].detach(), proj.radii[i], height, width) for i in range(len(camera_indices))]
+        if self.config.parallel == "sharded":
+            # Each rank projected its own Gaussians: the footprints of all of them are the sum.
+            flat = all_reduce_sum_(self.ctx, torch.cat(costs))
+            costs = list(torch.split(flat, [len(c) for c in costs]))
+        return [c.cpu() for c in costs]
 
     def _fetch_images(
         self, step: int, batch: Sequence[int], bands: Sequence[Band]
@@ -379,20 +418,28 @@ class DistSplatPipeline(VanillaPipeline):
         backward_bands(result.loss, result.pixel_links, exchange)
         return time.perf_counter() - t0 - waited[0], waited[0]
 
-    def _reduce_statistics(self, step: int, batch: Sequence[int], result: BandRenderResult) -> Dict[str, Any]:
-        """DefaultStrategy's ``info`` for the whole batch: screen-space gradients and absgrads
-        summed, radii maximised over ranks.
+    def _host_cameras(self, camera_ids: Sequence[int]) -> Any:
+        return self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
 
-        **Collective:** three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`, `[B, N]`.
+    def _batch_statistics(
+        self, step: int, batch: Sequence[int], projections: Sequence[Tuple[List[int], torch.Tensor, torch.Tensor]], reduce: bool
+    ) -> Dict[str, Any]:
+        """DefaultStrategy's ``info`` for the whole batch from ``(positions, means2d, radii)``
+        per projection call: screen-space gradients and absgrads summed, radii maximised over
+        ranks when ``reduce`` (replicated mode); as they are otherwise (sharded mode: complete at
+        each owner).
+
+        **Collective:** with ``reduce``, three all-reduces (sum, sum, max) of `[B, N, 2]`,
+        `[B, N, 2]`, `[B, N]`.
         """
         num = self.config.batch_size
         n = self.model.num_points
         device = self.model.means.device
         dtype = self.model.compute_dtype
-        if len(result.projections) == 1 and result.projections[0][0] == list(range(num)):
+        if len(projections) == 1 and projections[0][0] == list(range(num)):
             # This rank projected the whole batch in one call (one process, or a band of every
-            # image): its statistics are already batch-shaped, no gather into zeros needed.
-            _, means2d, proj_radii = result.projections[0]
+            # image, or sharded mode): its statistics are already batch-shaped.
+            _, means2d, proj_radii = projections[0]
             grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(num, n, 2, device=device, dtype=dtype)
             absgrad = getattr(means2d, "absgrad", None)
             absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
@@ -401,7 +448,7 @@ class DistSplatPipeline(VanillaPipeline):
             grads = torch.zeros(num, n, 2, device=device, dtype=dtype)
             absgrads = torch.zeros(num, n, 2, device=device, dtype=dtype)
             radii = torch.zeros(num, n, dtype=torch.int32, device=device)
-            for positions, means2d, proj_radii in result.projections:
+            for positions, means2d, proj_radii in projections:
                 idx = torch.tensor(positions, device=device)
                 if means2d.grad is not None:
                     grads[idx] += means2d.grad.detach()
@@ -409,9 +456,10 @@ class DistSplatPipeline(VanillaPipeline):
                 if absgrad is not None:
                     absgrads[idx] += absgrad.detach()
                 radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
-        all_reduce_sum_(self.ctx, grads)
-        all_reduce_sum_(self.ctx, absgrads)
-        all_reduce_max_(self.ctx, radii)
+        if reduce:
+            all_reduce_sum_(self.ctx, grads)
+            all_reduce_sum_(self.ctx, absgrads)
+            all_reduce_max_(self.ctx, radii)
         # The model renders a batch's cameras in one call only when their sizes agree.
         width, height = self._image_sizes[batch[0]]
         downscale = self.model.downscale_factor_at(step)

@@ -196,12 +196,15 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=float("inf")))
 
 
-def check_finite_gradients(ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], step: int) -> None:
+def check_finite_gradients(
+    ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], step: int, agree: bool = False
+) -> None:
     """Stop the run when the summed gradient holds NaN or Inf.
 
     Called after :func:`sum_gradients_`: a non-finite value on any rank has then reached every
     rank's summed gradient, so every rank reaches the same verdict in the same step without
-    another collective (``ctx`` is taken for that contract; nothing is communicated).
+    another collective. Where each rank holds different gradients (sharded mode: each its own
+    Gaussians'), ``agree=True`` max-reduces the verdict so every rank stops in the same step.
 
     Args:
         ctx: The process context.
@@ -211,12 +214,21 @@ def check_finite_gradients(ctx: DistContext, named_params: Sequence[tuple[str, t
 
     Raises:
         NonFiniteGradientError: on every rank, naming the step and the parameters holding NaN/Inf.
+
+    **Collective:** with ``agree`` (and more than one rank), one max-reduce of an int.
     """
-    ok = gradients_finite(p for _, p in named_params)
-    if not bool(ok):  # host sync: the verdict decides whether this step's update is applied
+    ok = bool(gradients_finite(p for _, p in named_params))  # host sync: the verdict decides the update
+    bad_here = not ok
+    if agree and ctx.is_distributed:
+        flag = torch.tensor([int(bad_here)], dtype=torch.int32, device=_collective_device(ctx))
+        bad_anywhere = bool(all_reduce_max_(ctx, flag).item())
+    else:
+        bad_anywhere = bad_here
+    if bad_anywhere:
         bad = [n for n, p in named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+        where = f"parameters {', '.join(bad)}" if bad else "on another rank"
         raise NonFiniteGradientError(
-            f"non-finite gradient at step {step} (parameters {', '.join(bad)}); stopping before the optimizer step "
+            f"non-finite gradient at step {step} ({where}); stopping before the optimizer step "
             "so the last checkpoint stays good"
         )
 

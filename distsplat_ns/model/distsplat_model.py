@@ -18,7 +18,7 @@ H/W pixels, K SH bases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -28,10 +28,11 @@ from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
+from distsplat_ns.model.exchange import Received
 from distsplat_ns.model.gaussians import initial_gaussians
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
-from distsplat_ns.rendering import project, rasterization, rasterize_rows
+from distsplat_ns.rendering import Projection, project, rasterization, rasterize_rows
 from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, downscaled_px
 from distsplat_ns.utils.logging import get_logger
 
@@ -82,6 +83,8 @@ class BandRenderResult:
             `[tile_rows, tile_cols]`, int.
         pixel_links: Per band, its rendered pixels and their detached copy, for
             ``model/band_backward.py``'s ``backward_bands``.
+        received_projections: Sharded mode: per batch position, the projection of the received
+            Gaussians it was rendered from (their ``means2d.absgrad`` after backward).
     """
 
     loss: torch.Tensor
@@ -90,6 +93,7 @@ class BandRenderResult:
     projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
     band_tile_counts: List[Tuple[Band, torch.Tensor]] = field(default_factory=list)
     pixel_links: List[PixelLink] = field(default_factory=list)
+    received_projections: Dict[int, Projection] = field(default_factory=dict)
 
 
 class DistSplatModel(SplatfactoModel):
@@ -297,6 +301,8 @@ class DistSplatModel(SplatfactoModel):
         bands: Sequence[Band],
         step: int,
         add_regularizers: bool,
+        received: Optional[Received] = None,
+        num_gaussians_total: Optional[int] = None,
     ) -> BandRenderResult:
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
@@ -309,7 +315,11 @@ class DistSplatModel(SplatfactoModel):
                 ``position`` is one of ``positions``. May be empty: the rank renders nothing.
             step: The training step.
             add_regularizers: Whether this rank adds the batch-independent loss terms (scale
-                regularisation, camera-optimizer penalty): exactly one rank does.
+                regularisation, camera-optimizer penalty): exactly one rank does. In sharded mode
+                it adds the camera penalty, and every rank its shard's part of the scale term.
+            received: Sharded mode: the Gaussians other ranks sent for this rank's bands
+                (``model/exchange.py``), rendered instead of projecting this rank's own.
+            num_gaussians_total: Sharded mode: Gaussians over all shards (the scale term's mean).
 
         Returns:
             The rank's loss share and what the pipeline reduces after backward.
@@ -319,11 +329,10 @@ class DistSplatModel(SplatfactoModel):
         if len(cameras) != len(positions) or len(images) != len(positions):
             raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
         zero = self.means.new_zeros(())
+        regularizers = self._regularizers(step, add_regularizers, num_gaussians_total)
         if not bands:
-            return BandRenderResult(loss=self._regularizers(step) if add_regularizers else zero, l1=zero, dssim=zero)
+            return BandRenderResult(loss=regularizers, l1=zero, dssim=zero)
         downscale = self.downscale_factor_at(step)
-        sh_degree = self.sh_degree_at(step)
-        params = self._activated()
         viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
         gts = [self.gt_image(img, bg, downscale, (height, width)) for img, bg in zip(images, backgrounds)]
@@ -337,12 +346,11 @@ class DistSplatModel(SplatfactoModel):
 
         result = BandRenderResult(loss=zero, l1=zero, dssim=zero)
         l1_total, dssim_total = zero, zero
-        for first, stop, raster_calls in _render_calls(bands, list(positions), height):
-            proj = project(
-                **params, viewmats=viewmats[first:stop], Ks=Ks[first:stop], width=width, height=height,
-                sh_degree=sh_degree, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
-            )
-            result.projections.append((list(positions[first:stop]), proj.means2d, proj.radii))
+        for first, proj, raster_calls in self._band_projections(bands, positions, viewmats, Ks, width, height, step, received):
+            if received is None:
+                result.projections.append((list(positions[first : first + proj.num_cameras]), proj.means2d, proj.radii))
+            else:
+                result.received_projections[positions[first]] = proj
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
                 out = rasterize_rows(
@@ -358,12 +366,64 @@ class DistSplatModel(SplatfactoModel):
                     result.band_tile_counts.append((band, out.tile_counts[k][:num_tile_rows_owned]))
 
         lam = self.config.ssim_lambda
-        result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size
-        if add_regularizers:
-            result.loss = result.loss + self._regularizers(step)
+        result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size + regularizers
         result.l1 = (l1_total / self.batch_size).detach()
         result.dssim = (dssim_total / self.batch_size).detach()
         return result
+
+    def _band_projections(
+        self,
+        bands: Sequence[Band],
+        positions: Sequence[int],
+        viewmats: torch.Tensor,
+        Ks: torch.Tensor,
+        width: int,
+        height: int,
+        step: int,
+        received: Optional[Received],
+    ) -> Iterator[Tuple[int, Projection, List[List[Band]]]]:
+        """``(first, projection, raster_calls)``: the projection covers the cameras
+        ``positions[first : first + projection.num_cameras]``; each raster call holds one band per
+        camera (``_render_calls``). Replicated mode projects this rank's Gaussians; sharded mode
+        renders each position from the Gaussians received for it, one band per raster call."""
+        if received is not None:
+            for i, position in enumerate(positions):
+                own = [[band] for band in bands if band.position == position]
+                if own:
+                    yield i, received.projection(position), own
+            return
+        params = self._activated()
+        for first, stop, raster_calls in _render_calls(bands, list(positions), height):
+            proj = project(
+                **params, viewmats=viewmats[first:stop], Ks=Ks[first:stop], width=width, height=height,
+                sh_degree=self.sh_degree_at(step), rasterize_mode=self.config.rasterize_mode,
+                backend=self.config.rendering_backend,
+            )
+            yield first, proj, raster_calls
+
+    def project_shard(self, cameras: Cameras, step: int) -> List[Tuple[List[int], Projection]]:
+        """Sharded mode: this rank's Gaussians projected into every camera of the batch, as
+        ``(batch positions, projection)`` calls: one call when the cameras share a rendered size,
+        otherwise one per camera. ``means2d`` retains its gradient.
+
+        **Differentiable:** with respect to the shard's parameters (and camera adjustments).
+        """
+        downscale = self.downscale_factor_at(step)
+        sizes = {
+            (downscaled_px(w, downscale), downscaled_px(h, downscale))
+            for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
+        }
+        groups = [list(range(len(cameras)))] if len(sizes) == 1 else [[i] for i in range(len(cameras))]
+        params = self._activated()
+        calls = []
+        for group in groups:
+            viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras[torch.tensor(group)], downscale)
+            proj = project(
+                **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.sh_degree_at(step),
+                rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+            )
+            calls.append((group, proj))
+        return calls
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)
@@ -396,13 +456,18 @@ class DistSplatModel(SplatfactoModel):
             shown, target = shown * m, target * m
         return band_loss(shown, target, first, end, height)
 
-    def _regularizers(self, step: int) -> torch.Tensor:
+    def _regularizers(self, step: int, add: bool, num_gaussians_total: Optional[int]) -> torch.Tensor:
+        """The batch-independent loss terms this rank adds: all of them when ``add`` (one rank) in
+        replicated mode; in sharded mode (``num_gaussians_total`` given) every rank adds its
+        shard's part of the scale term's mean, and the ``add`` rank the camera penalty."""
         total = self.means.new_zeros(())
-        if self.config.use_scale_regularization and step % 10 == 0:
+        sharded = num_gaussians_total is not None
+        if self.config.use_scale_regularization and step % 10 == 0 and (add or sharded):
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
-            total = total + 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
-        if self.training:
+            excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
+            total = total + 0.1 * (excess.sum() / max(num_gaussians_total, 1) if sharded else excess.mean())
+        if add and self.training:
             extra: Dict[str, torch.Tensor] = {}
             self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():

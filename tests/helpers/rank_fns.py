@@ -45,9 +45,14 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
     return "identical"
 
 
-def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
+def band_gradients_dtype(ctx, splits: list, batch_size: int, step: int, dtype: str) -> list:
+    return band_gradients(ctx, splits, batch_size, step, dtype)
+
+
+def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "float32") -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
-    model; returns, per split, the gradients summed over ranks (missing gradients as zeros)."""
+    model; returns, per split, the gradients summed over ranks (missing gradients as zeros) and
+    the batch loss (the ranks' shares summed)."""
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
@@ -55,7 +60,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(batch_size)
+        model = make_model(batch_size, param_dtype=dtype)
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)
         # The splits are in pixel rows: bands of 1-px rows cut an image at any row.
@@ -77,7 +82,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
         sum_gradients_(ctx, [p for _, p in named])
         grads = {n: p.grad.clone() for n, p in named}
         # Densification statistics: per-camera screen-space gradients and absgrads of the batch.
-        stats = torch.zeros(2, batch_size, model.num_points, 2)
+        stats = torch.zeros(2, batch_size, model.num_points, 2, dtype=model.compute_dtype)
         for pos, means2d, _ in (result.projections if positions else []):
             idx = torch.tensor(pos)
             if means2d.grad is not None:
@@ -86,6 +91,8 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int) -> list:
                 stats[1, idx] += means2d.absgrad
         all_reduce_sum_(ctx, stats)
         grads["means2d.grad"], grads["means2d.absgrad"] = stats[0], stats[1]
+        loss = (result.loss if positions else model.means.new_zeros(())).detach().clone()
+        grads["loss"] = all_reduce_sum_(ctx, loss.reshape(1)).reshape(())
         out.append(grads)
     return out
 
@@ -97,3 +104,47 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
         p.grad = torch.full_like(p, float(ctx.rank + 1) * (i + 1))
     sum_gradients_(ctx, params)
     return [p.grad.cpu() for p in params]
+
+
+def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str) -> list:
+    """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
+    (interleaved: ownership has no spatial order) and renders its bands through the sharded
+    exchange (model/exchange.py). Returns, per split, this rank's loss share and, keyed by global
+    id, its Gaussians' gradients and screen-space statistics."""
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.distributed.collectives import all_gather_object
+    from distsplat_ns.model.band_backward import backward_bands
+    from distsplat_ns.model.exchange import return_gradients, send_screen_terms
+    from tests.helpers.model_factory import make_cameras, make_images, make_model
+
+    out = []
+    for bands_per_rank in splits:
+        model = make_model(batch_size, param_dtype=dtype)
+        keep = torch.nonzero(model.gauss_ids % ctx.world_size == ctx.rank).reshape(-1)
+        for name in list(model.gauss_params.keys()):
+            model.gauss_params[name] = torch.nn.Parameter(model.gauss_params[name].detach()[keep])
+        model.strategy_state["gauss_ids"] = model.gauss_ids[keep]
+        cameras = make_cameras(batch_size)
+        images = make_images(batch_size)
+        plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]
+        bands = plan[ctx.rank]
+        positions = sorted({b.position for b in bands})
+        model.step = step
+        sent, received = send_screen_terms(ctx, model.project_shard(cameras, step), model.gauss_ids, plan, batch_size)
+        result = model.forward_bands(
+            cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+            [None] * len(positions), bands, step, add_regularizers=ctx.rank == 0, received=received,
+            num_gaussians_total=400,
+        )
+        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
+        absgrads = {p: proj.means2d.absgrad[0] for p, proj in result.received_projections.items()}
+        return_gradients(ctx, sent, received, absgrads)
+        grads = {f"gauss_params.{n}": p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                 for n, p in model.gauss_params.items()}
+        (_, proj), = sent.calls
+        grads["means2d.grad"] = proj.means2d.grad.detach().clone()
+        grads["means2d.absgrad"] = proj.means2d.absgrad.detach().clone()
+        out.append({"loss": result.loss.detach().clone(), "ids": model.gauss_ids.clone(), "grads": grads,
+                    "sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
+                    "shard": int(model.num_points), "received": int(received.leaf.shape[0])})
+    return out
