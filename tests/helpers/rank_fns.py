@@ -106,7 +106,7 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
     return [p.grad.cpu() for p in params]
 
 
-def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str) -> list:
+def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference") -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
     exchange (model/exchange.py). Returns, per split, this rank's loss share and, keyed by global
@@ -119,7 +119,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(batch_size, param_dtype=dtype)
+        model = make_model(batch_size, param_dtype=dtype, rendering_backend=backend).to(ctx.device)
         keep = torch.nonzero(model.gauss_ids % ctx.world_size == ctx.rank).reshape(-1)
         for name in list(model.gauss_params.keys()):
             model.gauss_params[name] = torch.nn.Parameter(model.gauss_params[name].detach()[keep])
@@ -139,12 +139,12 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
         absgrads = {p: proj.means2d.absgrad[0] for p, proj in result.received_projections.items()}
         return_gradients(ctx, sent, received, absgrads)
-        grads = {f"gauss_params.{n}": p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+        grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
                  for n, p in model.gauss_params.items()}
         (_, proj), = sent.calls
-        grads["means2d.grad"] = proj.means2d.grad.detach().clone()
-        grads["means2d.absgrad"] = proj.means2d.absgrad.detach().clone()
-        out.append({"loss": result.loss.detach().clone(), "ids": model.gauss_ids.clone(), "grads": grads,
+        grads["means2d.grad"] = proj.means2d.grad.detach().cpu()
+        grads["means2d.absgrad"] = proj.means2d.absgrad.detach().cpu()
+        out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads,
                     "sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
                     "shard": int(model.num_points), "received": int(received.leaf.shape[0])})
     return out
