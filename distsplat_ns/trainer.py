@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,8 @@ class DistSplatTrainer(Trainer):
         self.step_times: List[float] = []
         self.timing_totals: Dict[str, float] = {}
         self.bytes_per_step: int = 0
+        self.bytes_total: int = 0
+        self.gaussian_count: Optional[int] = None
         self.images_trained = 0
         self.steps_trained = 0
         self.last_eval_psnr: Optional[float] = None
@@ -373,6 +376,8 @@ class DistSplatTrainer(Trainer):
         for key, value in report.timings.as_dict().items():
             self.timing_totals[key] = self.timing_totals.get(key, 0.0) + value
         self.bytes_per_step = report.bytes_communicated
+        self.bytes_total += report.bytes_communicated
+        self.gaussian_count = report.num_gaussians
 
     @check_eval_enabled
     def eval_iteration(self, step: int) -> None:
@@ -479,28 +484,52 @@ class DistSplatTrainer(Trainer):
             "wall_time_s": self._train_wall_s,
             "images_per_s": self.images_trained / max(self._train_wall_s, 1e-9),
             "data_wait_fraction": data_wait / step_total,
-            "final_gaussian_count": int(self.pipeline.model.num_points),
+            "parallel": self.pipeline.config.parallel,
+            # Every shard's Gaussians in sharded mode (as of the last step's start).
+            "final_gaussian_count": int(self.gaussian_count if self.gaussian_count is not None else self.pipeline.model.num_points),
             "final_eval_psnr": self.last_eval_psnr,
             "eval_psnr_history": self.eval_psnr_history,
             "backend": resolve_backend(self.pipeline.model.config.rendering_backend, self.ctx.device),
             "device": str(self.ctx.device),
             "time_breakdown_s": timings,
             "bytes_communicated_per_step": self.bytes_per_step,
+            "bytes_communicated_mean_per_step": self.bytes_total / max(self.steps_trained, 1),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
+            "optimizer_state_bytes": _optimizer_state_bytes(getattr(self, "optimizers", None)),
+            "local_gaussian_count": int(self.pipeline.model.num_points),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
             "datamanager": dm_stats,
             "balance": self.pipeline.balance_summary(),
         }
 
     def _write_stats(self) -> None:
         stats = self.collect_stats()
-        gathered = all_gather_object(self.ctx, {"rank": self.ctx.rank, "time_breakdown_s": stats["time_breakdown_s"]})
-        stats["per_rank_time_breakdown_s"] = gathered
+        per_rank_keys = ("bytes_communicated_mean_per_step", "parameter_bytes", "optimizer_state_bytes",
+                         "local_gaussian_count", "peak_rss_bytes")
+        gathered = all_gather_object(
+            self.ctx, {"rank": self.ctx.rank, "time_breakdown_s": stats["time_breakdown_s"], **{k: stats[k] for k in per_rank_keys}}
+        )
+        stats["per_rank_time_breakdown_s"] = [{k: g[k] for k in ("rank", "time_breakdown_s")} for g in gathered]
+        stats["per_rank"] = [{k: g[k] for k in ("rank", *per_rank_keys)} for g in gathered]
         if self.ctx.is_main:
             path = self.base_dir / STATS_FILENAME
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(stats, indent=2, default=_json_default))
             os.replace(tmp, path)
+
+
+def _optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
+    """Bytes of every tensor in the optimizers' state (Adam's two moments per parameter)."""
+    if optimizers is None:
+        return 0
+    return sum(
+        v.numel() * v.element_size()
+        for opt in optimizers.optimizers.values()
+        for state in opt.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
 
 
 def _json_default(value: Any) -> Any:

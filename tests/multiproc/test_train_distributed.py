@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
 from tests.helpers.multiproc import free_port
+from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
 from tests.helpers.nsrun import (
     REPO,
     cpu_env,
@@ -28,61 +28,6 @@ from tests.helpers.nsrun import (
 
 pytestmark = pytest.mark.slow
 
-# 100 images at B = 2: 50 steps. Refines (counted in images) at images 40, 60, 80 -> steps 20, 30,
-# 40, after the 10 + 20 = 30-image pause that follows an opacity reset in splatfacto's schedule.
-# float64 (reference backend): float32 summation-order differences between 1 and 2 processes
-# (1e-7 relative) flip a couple of densification thresholds among ~14k Gaussians (measured: 14523
-# vs 14521 after 3 refines). In float64 the parameters still differ (max 0.035 after 50 steps, see
-# _assert_same_model), but at this horizon no refinement decision flips; over longer runs one does
-# (docs/float64_exactness.md: bird, B=4, first refinement at step 150).
-EQUIV_EXTRA = [
-    "--pipeline.model.param-dtype", "float64",
-    "--pipeline.batch-size", "2",
-    "--pipeline.model.warmup-length", "20",
-    "--pipeline.model.refine-every", "20",
-    "--pipeline.replica-check-every", "1",
-    "--steps-per-eval-all-images", "1000",
-    "--steps-per-save", "1000",
-]
-
-
-@pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("one")
-    run_ns_train(out, "one", 100, extra=EQUIV_EXTRA)
-    return out
-
-
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("two")
-    run_torchrun(out, "two", 100, 2, extra=EQUIV_EXTRA)
-    return out
-
-
-def _assert_same_model(a: dict, b: dict) -> None:
-    """Two runs' Gaussians agree within the stated tolerance, parameter by parameter.
-
-    Summation order differs in the last float64 bits between 1 and 2 processes (and between
-    partitions). The rasterizer's discontinuities (alpha < 1/255 skipped, transmittance stop at
-    1e-4) and Adam's eps of 1e-15 (a gradient ~0 in one run and ~1e-20 in the other) turn that into
-    updates differing by up to a learning rate for a few entries, and the difference grows with the
-    steps (docs/float64_exactness.md). Measured after 50 steps, before images were decoded at the
-    training scale: median 1e-8..2e-7, 99th percentile <= 1.1e-4, max <= 0.035; since (ground truth
-    box-averaged in uint8, another trajectory): median <= 3.7e-7, 99th percentile 1.7e-3, max 0.29
-    (opacity logits, lr 0.05), with the same Gaussian count. Stated tolerance: median <= 1e-6 (the
-    sharp check: a wrong reduction moves most entries), 99th percentile <= 1e-2, max <= 1.0.
-    """
-    for name in a:
-        diff = (a[name] - b[name]).abs().flatten()
-        if diff.numel() == 0 or a[name].abs().max() == 0:
-            continue
-        sample = diff[:1_000_000]
-        assert sample.median() <= 1e-6, name
-        assert torch.quantile(sample, 0.99) <= 1e-2, name
-        assert diff.max() <= 1.0, name
-
-
 def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path, two_process_run: Path) -> None:
     one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
     two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
@@ -95,7 +40,7 @@ def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path,
 def test_two_processes_match_one_process_parameters(one_process_run: Path, two_process_run: Path) -> None:
     one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
     two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
-    _assert_same_model(one, two)
+    assert_same_model(one, two)
 
 
 def test_two_process_run_kept_replicas_bitwise_identical(two_process_run: Path) -> None:
@@ -198,4 +143,4 @@ def test_balanced_and_whole_image_partitions_train_the_same_model(tmp_path: Path
     whole = load_gauss_params(latest_checkpoint(tmp_path, "whole"))
     assert read_stats(two_process_run, "two")["balance"]["partition"] == "balanced"
     assert balanced["means"].shape == whole["means"].shape
-    _assert_same_model(balanced, whole)
+    assert_same_model(balanced, whole)
