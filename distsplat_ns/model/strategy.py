@@ -202,7 +202,7 @@ def allocate_child_ids(
     **Collective:** one call of ``gather_ids`` (rows ``(id, 0)`` for duplicated and ``(id, 1)``
     for split parents); every rank calls it once per grow event, also with no parents. Rank 0
     duplicating id 7 and rank 1 duplicating id 3, at ``next_id`` 100: id 3's copy is 100, id 7's 101.
-    At one rank (``lambda t: [t]``) no communication.
+    With ``gather_local`` (one process, or replicated mode) no communication.
     **Host sync:** the global counts (refine steps only).
     """
     kinds = torch.cat([torch.zeros_like(dup_parent_ids), torch.ones_like(split_parent_ids)])
