@@ -9,6 +9,7 @@ checkpoints (trainer.py); the eval and viewer paths of the model never enter a c
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
@@ -26,6 +27,7 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import (
     all_gather_counts,
     all_gather_object,
+    all_gather_rows,
     all_reduce_max_,
     all_reduce_sum_,
     broadcast_tensors_,
@@ -326,7 +328,10 @@ class DistSplatPipeline(VanillaPipeline):
         # 8. refine: densification on the batch's statistics (replicated: identical inputs
         # everywhere; sharded: each rank its own Gaussians, then shards rebalanced).
         t0 = time.perf_counter()
-        if info is not None:
+        if info is not None and sharded:
+            # New Gaussians are numbered over every rank's parents (one gather per grow event).
+            self.model.refine(step, optimizers.optimizers, info, gather_ids=functools.partial(all_gather_rows, self.ctx))
+        elif info is not None:
             self.model.refine(step, optimizers.optimizers, info)
         densify_s = time.perf_counter() - t0
         # 9. observe costs: every rank's measured tile costs into the planner's history.

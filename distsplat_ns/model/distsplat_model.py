@@ -31,7 +31,7 @@ from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.exchange import Received
 from distsplat_ns.model.gaussians import initial_gaussians
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.strategy import build_default_strategy, refine_seed, schedule_in_steps
+from distsplat_ns.model.strategy import ChildIds, IdGather, allocate_child_ids, build_default_strategy, gather_local, schedule_in_steps
 from distsplat_ns.rendering import Projection, project, rasterization, rasterize_rows
 from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, downscaled_px
 from distsplat_ns.utils.logging import get_logger
@@ -475,25 +475,41 @@ class DistSplatModel(SplatfactoModel):
         return total
 
     # ------------------------------------------------------------------ densification
-    def refine(self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Dict[str, Any]) -> None:
-        """Run gsplat's DefaultStrategy on statistics of the whole batch (see ``batch_info``).
+    def refine(
+        self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Dict[str, Any], gather_ids: IdGather = gather_local
+    ) -> None:
+        """Run the densification strategy (``model/strategy.py``) on statistics of the whole batch.
 
-        Every rank calls it with identical ``info`` and parameters, and the strategy's random
-        samples come from a generator reseeded from (seed, step), so every rank makes the same
-        decisions and stays bitwise identical.
+        The result does not depend on how many processes hold the Gaussians: decisions are per
+        Gaussian, split offsets are keyed by (seed, step, parent id) and new ids come from
+        ``allocate_gauss_ids``. No global generator is used.
+
+        Args:
+            step: Optimizer step.
+            optimizers: One optimizer per Gaussian parameter.
+            info: ``batch_info`` of the Gaussians held here.
+            gather_ids: ``gather_local`` where this process holds every Gaussian (one process or
+                replicated mode), ``functools.partial(all_gather_rows, ctx)`` in sharded mode.
+
+        **Collective:** on refine events, one ``gather_ids`` call on every rank.
         """
-        devices = [self.device] if self.device.type == "cuda" else []
         previous_dtype = torch.get_default_dtype()
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(refine_seed(self.seed, step))
-            # gsplat draws split samples with the default dtype: match the Gaussians' precision.
-            torch.set_default_dtype(self.compute_dtype)
-            try:
-                self.strategy.step_post_backward(
-                    params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
-                )
-            finally:
-                torch.set_default_dtype(previous_dtype)
+        # gsplat's duplicate and opacity reset build tensors in the default dtype: match the Gaussians'.
+        torch.set_default_dtype(self.compute_dtype)
+        try:
+            self.strategy.step_post_backward(
+                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False,
+                seed=self.seed, allocate=lambda dup, split: self.allocate_gauss_ids(dup, split, gather_ids),
+            )
+        finally:
+            torch.set_default_dtype(previous_dtype)
+
+    def allocate_gauss_ids(self, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
+        """Global ids for one grow event's new Gaussians (``strategy.allocate_child_ids``), and
+        ``next_gauss_id`` advanced past them. **Collective:** one ``gather_ids`` call."""
+        new = allocate_child_ids(self.next_gauss_id, dup_parent_ids, split_parent_ids, gather_ids)
+        self.next_gauss_id += new.num_dup_total + 2 * new.num_split_total
+        return new
 
     # ------------------------------------------------------------------ eval / viewer
     def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:

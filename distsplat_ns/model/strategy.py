@@ -3,17 +3,32 @@
 gsplat is imported lazily here (the layer rule of tests/unit/test_layers.py). Schedules are counted in images and converted
 to optimizer steps once, so a batch of B images per step keeps what an epoch means (Grendel-GS
 counts iterations in images; docs/README.md).
+
+Densification gives the same result whatever the number of processes holding the Gaussians
+(docs/sharded.md): every decision is per Gaussian, a split's offsets are keyed by (seed, step,
+parent id) (utils/keyed_random.py), and new global ids are numbered from the parent ids of all
+ranks, sorted (``allocate_child_ids``).
+
+Shape letters: ``N`` Gaussians held here, ``R`` ranks.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, List, NamedTuple
 
 import torch
 
+from distsplat_ns.utils.keyed_random import keyed_normal
+from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
+
+logger = get_logger(__name__)
+
+IdGather = Callable[[torch.Tensor], List[torch.Tensor]]
+"""Every rank's rows of a tensor, by rank: ``lambda t: [t]`` where one process (or every replica)
+holds all Gaussians, ``functools.partial(all_gather_rows, ctx)`` where each rank holds a shard."""
 
 
 @dataclass(frozen=True)
@@ -64,19 +79,34 @@ def build_default_strategy(
 ) -> Any:
     """gsplat's DefaultStrategy with splatfacto's thresholds and a step-counted schedule.
 
-    One method is replaced: gsplat 1.4.0's statistics update writes the per-Gaussian maximum
-    screen radius with ``state["radii"][ids] = ...``, which keeps an arbitrary one of the values
-    when a Gaussian is seen by several cameras of the batch (its own comment: "should be ideally
-    using scatter max"); the parallel CPU/GPU writes make that choice vary from run to run, and so
-    do the pruning decisions. Here the maximum is taken over cameras, deterministically.
+    Replaced, with gsplat 1.4.0's decisions kept:
+    * the statistics update: gsplat writes the per-Gaussian maximum screen radius with
+      ``state["radii"][ids] = ...``, which keeps an arbitrary one of the values when a Gaussian is
+      seen by several cameras of the batch (its own comment: "should be ideally using scatter
+      max"); the parallel CPU/GPU writes make that choice vary from run to run, and so do the
+      pruning decisions. Here the maximum is taken over cameras, deterministically;
+    * ``step_post_backward`` takes the run seed and an id allocator (keyword-only) and grows with
+      ``grow_keyed``: split offsets keyed by global id, new Gaussians numbered independently of
+      the number of processes; pruning with ``prune_mask``.
     """
     from gsplat.strategy import DefaultStrategy
+    from gsplat.strategy.ops import reset_opa
 
     class BatchDefaultStrategy(DefaultStrategy):
         def _update_state(self, params, state, info, packed=False):  # noqa: ANN001, ANN202
             if packed:
                 raise ValueError("distsplat renders with packed=False only")
             update_batch_statistics(self, params, state, info)
+
+        def step_post_backward(self, params, optimizers, state, step, info, packed=False, *, seed, allocate):  # noqa: ANN001, ANN202
+            # gsplat 1.4.0's schedule, with the grow/prune of this module.
+            if step >= self.refine_stop_iter:
+                return
+            self._update_state(params, state, info, packed=packed)
+            if step > self.refine_start_iter and step % self.refine_every == 0 and step % self.reset_every >= self.pause_refine_after_reset:
+                refine_keyed(self, params, optimizers, state, step, seed, allocate)
+            if step % self.reset_every == 0:
+                reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
 
     return BatchDefaultStrategy(
         prune_opa=prune_opa,
@@ -132,6 +162,201 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         state["radii"] = torch.maximum(state["radii"], radii.amax(dim=0))
 
 
+class ChildIds(NamedTuple):
+    """Global ids of the Gaussians this rank's grow event creates, and the event's global size."""
+
+    dup: torch.Tensor
+    """Ids of the copies of this rank's duplicated parents, in the parents' order. `[n_dup]`, int64."""
+    split: torch.Tensor
+    """Ids of the first (row 0) and second (row 1) child of each split parent. `[2, n_split]`, int64."""
+    num_dup_total: int
+    """Duplicated parents on all ranks."""
+    num_split_total: int
+    """Split parents on all ranks."""
+    num_ranks: int
+    """How many tensors the gather returned (1 where this process holds every Gaussian)."""
+
+
+def allocate_child_ids(
+    next_id: int, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather
+) -> ChildIds:
+    """Number the Gaussians one grow event creates, the same whatever the number of ranks.
+
+    The parent ids of all ranks are sorted: the copy of the k-th duplicated parent gets
+    ``next_id + k``, the children of the k-th split parent ``next_id + n_dup_total + 2k`` and
+    ``+ 2k + 1``; the caller advances ``next_id`` by ``n_dup_total + 2 n_split_total``. A
+    duplicated original keeps its id; a split parent's id is retired.
+
+    Args:
+        next_id: First unused global id (the same on every rank).
+        dup_parent_ids: This rank's duplicated parents. `[n_dup]`, int64.
+        split_parent_ids: This rank's split parents. `[n_split]`, int64.
+        gather_ids: Every rank's rows of an int64 `[n, 2]` tensor (see ``IdGather``).
+
+    Returns:
+        The new ids (``ChildIds``), on the parents' device.
+
+    Raises:
+        RuntimeError: Two ranks hold the same parent id (broken sharding).
+
+    **Collective:** one call of ``gather_ids`` (rows ``(id, 0)`` for duplicated and ``(id, 1)``
+    for split parents); every rank calls it once per grow event, also with no parents. Rank 0
+    duplicating id 7 and rank 1 duplicating id 3, at ``next_id`` 100: id 3's copy is 100, id 7's 101.
+    With ``gather_local`` (one process, or replicated mode) no communication.
+    **Host sync:** the global counts (refine steps only).
+    """
+    kinds = torch.cat([torch.zeros_like(dup_parent_ids), torch.ones_like(split_parent_ids)])
+    rows = torch.stack([torch.cat([dup_parent_ids, split_parent_ids]), kinds], dim=1)  # [n_dup + n_split, 2]
+    gathered = gather_ids(rows)
+    everything = torch.cat([g.to(rows.device) for g in gathered])
+    all_dup = torch.sort(everything[everything[:, 1] == 0, 0]).values
+    all_split = torch.sort(everything[everything[:, 1] == 1, 0]).values
+    for name, ids in (("duplicated", all_dup), ("split", all_split)):
+        if bool((ids[1:] == ids[:-1]).any()):  # host sync: refine step
+            raise RuntimeError(f"two {name} parents share a global id: the shards overlap")
+    num_dup, num_split = int(all_dup.numel()), int(all_split.numel())
+    dup = next_id + torch.searchsorted(all_dup, dup_parent_ids)
+    first = next_id + num_dup + 2 * torch.searchsorted(all_split, split_parent_ids)
+    return ChildIds(dup, torch.stack([first, first + 1]), num_dup, num_split, len(gathered))
+
+
+def grow_masks(strategy: Any, params: Any, state: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which Gaussians to duplicate and to split: gsplat 1.4.0's ``DefaultStrategy._grow_gs`` rule.
+
+    Returns:
+        ``(is_dupli, is_split)``. `[N]` bool each; both can hold for one Gaussian (large on
+        screen while small in 3D): the original is split and its copy is not.
+    """
+    grads = state["grad2d"] / state["count"].clamp_min(1)
+    is_grad_high = grads > strategy.grow_grad2d
+    is_small = torch.exp(params["scales"]).max(dim=-1).values <= strategy.grow_scale3d * state["scene_scale"]
+    is_split = is_grad_high & ~is_small
+    if step < strategy.refine_scale2d_stop_iter:
+        is_split |= state["radii"] > strategy.grow_scale2d
+    return is_grad_high & is_small, is_split
+
+
+def prune_mask(strategy: Any, params: Any, state: dict, step: int) -> torch.Tensor:
+    """Which Gaussians to remove: gsplat 1.4.0's ``DefaultStrategy._prune_gs`` rule. `[N]` bool.
+
+    The opacity is ``1 / (1 + exp(-x))`` in three element-wise ops rather than ``torch.sigmoid``:
+    on CPU, torch.sigmoid's vectorised body and scalar tail differ in the last bit, so the same
+    Gaussian's opacity would depend on its position in the shard (tests/unit/test_keyed_strategy.py).
+    """
+    opacities = 1.0 / (1.0 + torch.exp(-params["opacities"].flatten()))
+    is_prune = opacities < strategy.prune_opa
+    if step > strategy.reset_every:
+        is_too_big = torch.exp(params["scales"]).max(dim=-1).values > strategy.prune_scale3d * state["scene_scale"]
+        if step < strategy.refine_scale2d_stop_iter:
+            is_too_big |= state["radii"] > strategy.prune_scale2d
+        is_prune = is_prune | is_too_big
+    return is_prune
+
+
+@torch.no_grad()
+def split_keyed(
+    params: Any, optimizers: dict, state: dict, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool
+) -> None:
+    """gsplat 1.4.0's ``split`` with given unit-normal offsets and child ids, in place.
+
+    Each selected Gaussian becomes two, at ``mean + R(q) diag(s) z`` with scales ``s / 1.6``;
+    layout ``[rest, first children, second children]``; the children's optimizer state is zero.
+    The rotation is written element-wise (no einsum/matmul), so a child's bits do not depend on
+    how many Gaussians are split with it.
+
+    Args:
+        params: Gaussian parameters (``means``, ``scales`` as logs, ``quats``, ``opacities``, ...).
+        optimizers: One optimizer per parameter, as gsplat's ops expect.
+        state: Strategy state; its tensors are carried along, ``gauss_ids`` set to ``child_ids``.
+        mask: Gaussians to split. `[N]` bool.
+        unit_offsets: Standard normal offsets of the two children. `[2, n_split, 3]`.
+        child_ids: Global ids of the two children. `[2, n_split]`, int64.
+        revised_opacity: gsplat's arXiv:2404.06109 opacity option.
+    """
+    from gsplat.strategy.ops import _update_param_with_optimizer  # gsplat 1.4.0's (pinned) helper
+    from gsplat.utils import normalized_quat_to_rotmat
+
+    sel = torch.where(mask)[0]
+    rest = torch.where(~mask)[0]
+    scales = torch.exp(params["scales"][sel])  # [n, 3]
+    q = params["quats"][sel]
+    norm = torch.sqrt(q[:, 0] * q[:, 0] + q[:, 1] * q[:, 1] + q[:, 2] * q[:, 2] + q[:, 3] * q[:, 3])
+    rotmats = normalized_quat_to_rotmat(q / norm.clamp_min(1e-12)[:, None])  # [n, 3, 3]
+    local = unit_offsets.to(scales.dtype) * scales  # [2, n, 3]
+    offsets = rotmats[None, :, :, 0] * local[..., 0:1] + rotmats[None, :, :, 1] * local[..., 1:2] + rotmats[None, :, :, 2] * local[..., 2:3]
+
+    def param_fn(name: str, p: torch.Tensor) -> torch.Tensor:
+        repeats = [2] + [1] * (p.dim() - 1)
+        if name == "means":
+            children = (p[sel] + offsets).reshape(-1, 3)  # [2n, 3]
+        elif name == "scales":
+            children = torch.log(scales / 1.6).repeat(2, 1)
+        elif name == "opacities" and revised_opacity:
+            children = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))).repeat(repeats)
+        else:
+            children = p[sel].repeat(repeats)
+        return torch.nn.Parameter(torch.cat([p[rest], children]))
+
+    def optimizer_fn(key: str, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([v[rest], v.new_zeros((2 * len(sel), *v.shape[1:]))])
+
+    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            children = child_ids.reshape(-1) if key == "gauss_ids" else value[sel].repeat([2] + [1] * (value.dim() - 1))
+            state[key] = torch.cat((value[rest], children.to(value.device)))
+
+
+@torch.no_grad()
+def refine_keyed(
+    strategy: Any, params: Any, optimizers: dict, state: dict, step: int, seed: int, allocate: Callable[[torch.Tensor, torch.Tensor], ChildIds]
+) -> tuple[int, int, int]:
+    """One refine event: duplicate, split (keyed offsets), prune, then zero the running statistics.
+
+    Args:
+        strategy: The DefaultStrategy (thresholds, ``verbose``).
+        params, optimizers, state: As gsplat's strategy takes them; ``state["gauss_ids"]`` `[N]`.
+        step: Optimizer step (keys the offsets).
+        seed: Run seed (keys the offsets).
+        allocate: ``(dup_parent_ids, split_parent_ids) -> ChildIds`` (``allocate_child_ids``
+            bound to the model's ``next_gauss_id`` and a gather).
+
+    Returns:
+        Duplicated and split parents on all ranks, Gaussians pruned here.
+
+    **Collective:** ``allocate``'s gather, once, on every rank (also with nothing to grow).
+    **Host sync:** counts (refine steps only).
+    """
+    from gsplat.strategy.ops import duplicate, remove
+
+    is_dupli, is_split = grow_masks(strategy, params, state, step)
+    ids = state["gauss_ids"]
+    new = allocate(ids[is_dupli], ids[is_split])
+    num_held = len(params["means"])
+    if new.dup.numel() > 0:
+        duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
+        state["gauss_ids"][num_held:] = new.dup  # gsplat appended copies of the parents' ids
+    if new.split.numel() > 0:
+        unit = keyed_normal(seed, step, ids[is_split], 6).reshape(-1, 2, 3).transpose(0, 1)  # [2, n_split, 3]
+        is_split = torch.cat([is_split, is_split.new_zeros(len(params["means"]) - num_held)])  # copies are not split
+        split_keyed(params, optimizers, state, is_split, unit, new.split, strategy.revised_opacity)
+    is_prune = prune_mask(strategy, params, state, step)
+    num_pruned = int(is_prune.sum())  # host sync: refine step
+    if num_pruned > 0:
+        remove(params=params, optimizers=optimizers, state=state, mask=is_prune)
+    if strategy.verbose:
+        where = "" if new.num_ranks == 1 else f" (duplicated, split: all {new.num_ranks} ranks; pruned, count: this rank)"
+        logger.info(
+            "Step %d: %d GSs duplicated, %d GSs split, %d GSs pruned. Now having %d GSs%s.",
+            step, new.num_dup_total, new.num_split_total, num_pruned, len(params["means"]), where,
+        )
+    state["grad2d"].zero_()
+    state["count"].zero_()
+    if strategy.refine_scale2d_stop_iter > 0:
+        state["radii"].zero_()
+    return new.num_dup_total, new.num_split_total, num_pruned
+
+
 def batch_info(
     grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
 ) -> dict[str, Any]:
@@ -162,14 +387,9 @@ def batch_info(
     }
 
 
-def refine_seed(seed: int, step: int) -> int:
-    """The global-RNG seed used for densification at ``step``: identical on every rank.
-
-    gsplat's split samples new positions with the global generator; reseeding it from (seed, step)
-    right before the strategy runs makes every rank draw the same samples whatever else used the
-    generator since (data workers, viewer).
-    """
-    return (seed * 1_000_003 + step * 7919 + 17) % (2**63 - 1)
+def gather_local(rows: torch.Tensor) -> list[torch.Tensor]:
+    """The ``IdGather`` where this process holds every Gaussian (one process, or a replica)."""
+    return [rows]
 
 
 def sqrt_batch_scaling(lr: float, eps: float, betas: tuple[float, float], batch_size: int) -> tuple[float, float, tuple[float, float]]:

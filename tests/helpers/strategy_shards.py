@@ -1,0 +1,126 @@
+"""Gaussians with Adam moments and statistics keyed by global id, cut into shards: the inputs of the
+W-independence tests of densification (tests/unit/test_keyed_strategy.py, tests/multiproc/test_sharded_refine.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from distsplat_ns.model.strategy import ChildIds, StrategySchedule, allocate_child_ids, build_default_strategy, refine_keyed
+from distsplat_ns.utils.keyed_random import keyed_normal
+
+N = 400
+SEED = 42
+STEPS = (3300, 3400)  # two refine events, both after the first opacity reset (size pruning on)
+SCHEDULE = StrategySchedule(
+    refine_start_iter=500, refine_stop_iter=15000, reset_every=3000, refine_every=100,
+    pause_refine_after_reset=108, refine_scale2d_stop_iter=4000,
+)
+THRESHOLDS = dict(prune_opa=0.005, grow_grad2d=0.0002, grow_scale3d=0.01, grow_scale2d=0.12, prune_scale3d=0.1, prune_scale2d=0.15)
+PARTITIONS = {
+    "blocks2": lambda n: [torch.arange(0, n // 2), torch.arange(n // 2, n)],
+    "blocks3": lambda n: [torch.arange(0, 101), torch.arange(101, 250), torch.arange(250, n)],
+    "interleaved3": lambda n: [torch.arange(r, n, 3) for r in range(3)],
+}
+
+
+def make_strategy():  # noqa: ANN202
+    return build_default_strategy(SCHEDULE, **THRESHOLDS, absgrad=True, verbose=False)
+
+
+def make_gaussians(dtype: torch.dtype) -> tuple[dict, dict, dict]:
+    """N Gaussians with Adam moments, sparse shuffled global ids, sizes around every threshold."""
+    gen = torch.Generator().manual_seed(0)
+    size = 10.0 ** (-2.7 + 1.8 * torch.rand(N, 1, generator=gen))  # 0.002..0.13: crosses 0.01 and 0.1
+    scales = torch.log(size * (0.3 + 0.7 * torch.rand(N, 3, generator=gen)))  # anisotropic
+    values = {
+        "means": torch.randn(N, 3, generator=gen),
+        "scales": scales,
+        "quats": torch.randn(N, 4, generator=gen),
+        "features_dc": torch.randn(N, 3, generator=gen),
+        "features_rest": torch.randn(N, 3, 3, generator=gen),
+        "opacities": 3.0 * torch.randn(N, 1, generator=gen) - 1.0,  # a few below logit(0.005)
+    }
+    params = {k: torch.nn.Parameter(v.to(dtype)) for k, v in values.items()}
+    optimizers = {}
+    for k, p in params.items():
+        optimizers[k] = torch.optim.Adam([p], lr=1e-3)
+        p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+        optimizers[k].step()
+        p.grad = None
+    state = {"grad2d": None, "count": None, "radii": None, "scene_scale": 1.0}
+    state["gauss_ids"] = torch.randperm(3 * N, generator=gen)[:N]  # not in position order
+    return params, optimizers, state
+
+
+def set_statistics(state: dict, step: int, dtype: torch.dtype) -> None:
+    """Running statistics as a function of each Gaussian's global id (so shards agree)."""
+    z = keyed_normal(7, step, state["gauss_ids"], 3)
+    count = torch.floor(6.0 * torch.special.ndtr(z[:, 0]))  # 0..5 views
+    state["grad2d"] = (count * 0.0004 * torch.special.ndtr(z[:, 1])).to(dtype)  # mean grad in [0, 4e-4]
+    state["count"] = count.float()
+    state["radii"] = (0.16 * torch.special.ndtr(z[:, 2])).to(dtype)  # crosses 0.12 (split) and 0.15 (prune)
+
+
+def take_shard(params: dict, optimizers: dict, state: dict, idx: torch.Tensor) -> tuple[dict, dict, dict]:
+    """The Gaussians at positions ``idx`` with their optimizer moments and statistics."""
+    sub_params, sub_opts = {}, {}
+    for k, p in params.items():
+        q = torch.nn.Parameter(p.detach()[idx].clone())
+        old = optimizers[k].state[p]
+        sub_opts[k] = torch.optim.Adam([q], lr=1e-3)
+        sub_opts[k].state[q] = {"step": old["step"].clone(), "exp_avg": old["exp_avg"][idx].clone(), "exp_avg_sq": old["exp_avg_sq"][idx].clone()}
+        sub_params[k] = q
+    sub_state = {k: (v[idx].clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+    return sub_params, sub_opts, sub_state
+
+
+class IdCounter:
+    """``next_gauss_id`` and the allocator bound to a gather, as DistSplatModel.allocate_gauss_ids."""
+
+    def __init__(self, next_id: int, gather) -> None:  # noqa: ANN001
+        self.next_id, self.gather, self.calls = next_id, gather, 0
+
+    def allocate(self, dup: torch.Tensor, split: torch.Tensor) -> ChildIds:
+        self.calls += 1
+        new = allocate_child_ids(self.next_id, dup, split, self.gather)
+        self.next_id += new.num_dup_total + 2 * new.num_split_total
+        return new
+
+
+def refine_event(gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dtype, ids: IdCounter) -> tuple[int, int, int]:
+    """Statistics for ``step`` (keyed by id), then one refine event; returns refine_keyed's counts."""
+    params, optimizers, state = gaussians
+    set_statistics(state, step, dtype)
+    return refine_keyed(make_strategy(), params, optimizers, state, step, SEED, ids.allocate)
+
+
+def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
+    """Every parameter, Adam moment and state tensor of the union of ``parts``, ordered by global id."""
+    ids = torch.cat([s["gauss_ids"] for _, _, s in parts])
+    order = torch.argsort(ids)
+    out = {"gauss_ids": ids[order]}
+    for k in parts[0][0]:
+        out[k] = torch.cat([p[k].detach() for p, _, _ in parts])[order]
+        for m in ("exp_avg", "exp_avg_sq"):
+            out[f"{k}.{m}"] = torch.cat([o[k].state[p[k]][m] for p, o, _ in parts])[order]
+        steps = {float(o[k].state[p[k]]["step"]) for p, o, _ in parts}
+        assert len(steps) == 1, k
+    for key in ("grad2d", "count", "radii"):
+        out[key] = torch.cat([s[key] for _, _, s in parts])[order]
+    return out
+
+
+def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:  # noqa: ANN001
+    """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
+    gather (``all_gather_rows``); returns its tensors by global id and its ``next_gauss_id``."""
+    from distsplat_ns.distributed.collectives import all_gather_rows
+
+    dtype = getattr(torch, dtype_name)
+    shard = take_shard(*make_gaussians(dtype), PARTITIONS[partition](N)[ctx.rank])
+    ids = IdCounter(3 * N, functools.partial(all_gather_rows, ctx))
+    for step in STEPS:
+        refine_event(shard, step, dtype, ids)
+    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls}
+

@@ -1,0 +1,28 @@
+"""Densification on W gloo ranks, each holding a shard, with the real id gather (all_gather_rows):
+the union of the shards equals one process holding every Gaussian, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distsplat_ns.model.strategy import gather_local
+from tests.helpers.multiproc import run_ranks
+from tests.helpers.strategy_shards import N, PARTITIONS, STEPS, IdCounter, by_id, make_gaussians, refine_event, refine_rank_shard
+
+
+@pytest.mark.parametrize(("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "interleaved3", "float32")])
+def test_sharded_ranks_refine_as_one_process(world_size: int, partition: str, dtype_name: str) -> None:
+    dtype = getattr(torch, dtype_name)
+    full = make_gaussians(dtype)
+    one = IdCounter(3 * N, gather_local)
+    for step in STEPS:
+        refine_event(full, step, dtype, one)
+    expected = by_id([full])
+    ranks = run_ranks(refine_rank_shard, world_size, dtype_name, partition)
+    assert [r["next_id"] for r in ranks] == [one.next_id] * world_size
+    assert [r["gathers"] for r in ranks] == [len(STEPS)] * world_size
+    order = torch.argsort(torch.cat([r["tensors"]["gauss_ids"] for r in ranks]))
+    for key, value in expected.items():
+        got = torch.cat([r["tensors"][key] for r in ranks])[order]
+        assert got.dtype == value.dtype and torch.equal(got, value), key
