@@ -4,7 +4,7 @@ tests (tests/unit/test_shard_state.py, tests/multiproc/test_shard_state.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -61,10 +61,12 @@ def make_state_model(num_points: int = NUM_POINTS, with_optimizers: bool = True)
 
 def single_process_state(model: Any, optimizers: Dict[str, torch.optim.Adam]) -> Dict[str, Any]:
     """What one process holding the whole model saves: the Gaussians' pipeline entries, the
-    model's extra state and every optimizer's state dict."""
+    model's extra state and every optimizer's state dict (copies: state dicts hold references)."""
+    import copy
+
     pipeline = {f"{MODEL_PREFIX}{k}": v for k, v in model.state_dict().items() if k.startswith("gauss_params.")}
     pipeline[MODEL_EXTRA_KEY] = model.get_extra_state()
-    return {"pipeline": pipeline, "optimizers": {k: o.state_dict() for k, o in optimizers.items()}}
+    return copy.deepcopy({"pipeline": pipeline, "optimizers": {k: o.state_dict() for k, o in optimizers.items()}})
 
 
 def _shard_unevenly_(ctx: Any, model: Any, optimizers: Any) -> None:
@@ -102,28 +104,31 @@ def gather_rebalance_and_save(ctx: Any, checkpoint_dir: Optional[str]) -> Dict[s
     return out
 
 
-def resume_and_gather(ctx: Any, checkpoint: str, sharded: bool) -> Dict[str, Any]:
-    """Load a whole-model checkpoint the way the trainer does (sharded: mmap, slice to the owned
-    block, then nerfstudio's loads), then gather it back."""
+def resume_and_gather(ctx: Any, checkpoint: str, modes: List[str]) -> Dict[str, Any]:
+    """For each mode ("sharded" or "replicated"), load a whole-model checkpoint the way the trainer
+    does (sharded: mmap, slice to the owned block, then nerfstudio's loads), then gather it back
+    (sharded) or take the state as it is (replicated)."""
     from distsplat_ns.checkpoint import load_checkpoint_file
 
-    model, _ = make_state_model(with_optimizers=False)
-    if sharded:
-        take_initial_shard_(model, ctx.rank, ctx.world_size)
-    loaded = load_checkpoint_file(Path(checkpoint), mmap=sharded)
-    if sharded:
-        shard_loaded_checkpoint_(loaded, ctx.rank, ctx.world_size)
-    model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in loaded["pipeline"].items()})
-    optimizers = make_optimizers(model)
-    for name, state in loaded["optimizers"].items():
-        optimizers[name].load_state_dict(state)
-    ids = model.gauss_ids.tolist()
-    gathered = gather_full_state(ctx, model, optimizers) if sharded else None
-    return {
-        "ids": ids,
-        "block": owned_block(NUM_POINTS, ctx.rank, ctx.world_size),
-        "state": _comparable(gathered) if sharded else single_process_state(model, optimizers),
-    }
+    out = {}
+    for mode in modes:
+        sharded = mode == "sharded"
+        model, _ = make_state_model(with_optimizers=False)
+        if sharded:
+            take_initial_shard_(model, ctx.rank, ctx.world_size)
+        loaded = load_checkpoint_file(Path(checkpoint), mmap=sharded)
+        if sharded:
+            shard_loaded_checkpoint_(loaded, ctx.rank, ctx.world_size)
+        model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in loaded["pipeline"].items()})
+        # splatfacto's load_state_dict sets step 30000; training sets the step (step_cb) before rendering.
+        model.step = loaded["pipeline"][MODEL_EXTRA_KEY]["step"]
+        optimizers = make_optimizers(model)
+        for name, state in loaded["optimizers"].items():
+            optimizers[name].load_state_dict(state)
+        ids = model.gauss_ids.tolist()
+        state = _comparable(gather_full_state(ctx, model, optimizers)) if sharded else single_process_state(model, optimizers)
+        out[mode] = {"ids": ids, "state": state}
+    return out
 
 
 def _optimizers_hold_params(model: Any, optimizers: Dict[str, torch.optim.Adam]) -> bool:
