@@ -35,6 +35,7 @@ from distsplat_ns.distributed.collectives import (
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
+from distsplat_ns.model.shard_state import gather_full_params, take_initial_shard_
 from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
@@ -178,6 +179,10 @@ class DistSplatPipeline(VanillaPipeline):
         # Every rank builds the same initial Gaussians from the same seed; broadcasting rank 0's
         # copy makes that a guarantee rather than an assumption.
         broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
+        if config.parallel == "sharded":
+            # Each rank keeps its block of those (identical) initial Gaussians (model/shard_state.py).
+            take_initial_shard_(self.model, self.ctx.rank, self.ctx.world_size)
+        self._full_view_step: Optional[int] = None
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
@@ -202,6 +207,23 @@ class DistSplatPipeline(VanillaPipeline):
     @property
     def model(self) -> DistSplatModel:
         return self._model  # type: ignore[return-value]
+
+    def refresh_full_view(self, step: int) -> None:
+        """Sharded mode: gather the whole model's parameters (no optimizer state) to rank 0, where
+        eval and the viewer render from them (``DistSplatModel.set_full_view``); rank 0 then holds
+        one extra copy of the parameters. A second call at the same step gathers nothing.
+
+        **Collective:** world group, in sharded mode on every rank at the same steps (the trainer
+        calls it at the steps rank 0 evaluates, and every few steps with the viewer): one
+        ``gather_rows`` of the ids, then one per parameter. Nothing in replicated mode or at
+        ``world_size == 1`` (the model is whole). Rank 0 holding ids ``[0, 2]`` and rank 1 ``[1]``:
+        rank 0 renders rows ``[0, 1, 2]``; rank 1 keeps nothing.
+        **Host sync:** the parameters pass through rank 0's host memory.
+        """
+        if self.config.parallel != "sharded" or not self.ctx.is_distributed or self._full_view_step == step:
+            return
+        self.model.set_full_view(gather_full_params(self.ctx, self.model))
+        self._full_view_step = step
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:

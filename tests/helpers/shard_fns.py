@@ -8,12 +8,12 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from distsplat_ns.distributed.collectives import all_gather_counts
 from distsplat_ns.model.shard_state import (
     MODEL_EXTRA_KEY,
     MODEL_PREFIX,
     gather_full_state,
     keep_rows_,
-    owned_block,
     rebalance_shards_,
     shard_loaded_checkpoint_,
     take_initial_shard_,
@@ -160,3 +160,51 @@ def assert_same(got: Any, want: Any, path: str = "") -> None:
             assert_same(g, w, f"{path}[{i}]")
     else:
         assert got == want, f"{path}: {got!r} vs {want!r}"
+
+
+# ---------------------------------------------------------------------- through the trainer
+LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
+
+
+def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], step: int) -> Dict[str, Any]:
+    """Set up a DistSplatTrainer on the shipped scene (from ``load_dir`` when given), take one Adam
+    step with gradients drawn by global id when starting fresh, and save checkpoint ``step``
+    through ``DistSplatTrainer.save_checkpoint``. Returns this rank's ids."""
+    from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
+
+    from distsplat_ns.registry import distsplat_trainer_config
+    from distsplat_ns.trainer import DistSplatTrainer
+
+    config = distsplat_trainer_config()
+    config.output_dir = Path(out)
+    config.experiment_name, config.timestamp, config.vis = "shard", "run", "tensorboard"
+    config.machine.device_type = "cpu"
+    config.load_dir = None if load_dir is None else Path(load_dir)
+    config.pipeline.parallel = parallel
+    config.pipeline.model.rendering_backend = "reference"
+    manager = config.pipeline.datamanager
+    manager.dataparser = ColmapDataParserConfig(data=LUND_DOOR, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1)
+    manager.num_workers, manager.eval_num_workers = 0, 0
+    trainer = DistSplatTrainer(config)
+    trainer.setup()
+    model = trainer.pipeline.model
+    if load_dir is None:
+        num_total = sum(all_gather_counts(ctx, int(model.gauss_params["means"].shape[0])))
+        adam_step(model, trainer.optimizers.optimizers, num_total, 0)
+    trainer.save_checkpoint(step)
+    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir)}
+
+
+def saved_model_state(path: Path) -> Dict[str, Any]:
+    """The per-Gaussian content of a checkpoint: Gaussian parameters, strategy state and ids,
+    ``next_gauss_id``, and the Gaussian parameters' optimizer states."""
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    pipeline = loaded["pipeline"]
+    extra = pipeline[MODEL_EXTRA_KEY]
+    names = [k[len(MODEL_PREFIX + "gauss_params."):] for k in pipeline if k.startswith(MODEL_PREFIX + "gauss_params.")]
+    return {
+        "params": {n: pipeline[MODEL_PREFIX + "gauss_params." + n] for n in names},
+        "strategy_state": extra["strategy_state"],
+        "next_gauss_id": extra["next_gauss_id"],
+        "optimizers": {n: loaded["optimizers"][n] for n in names},
+    }
