@@ -168,8 +168,9 @@ LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
 
 def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], step: int) -> Dict[str, Any]:
     """Set up a DistSplatTrainer on the shipped scene (from ``load_dir`` when given), take one Adam
-    step with gradients drawn by global id when starting fresh, and save checkpoint ``step``
-    through ``DistSplatTrainer.save_checkpoint``. Returns this rank's ids."""
+    step with gradients drawn by global id when starting fresh, save checkpoint ``step`` through
+    ``DistSplatTrainer.save_checkpoint``, then refresh the full view. Returns this rank's ids, the
+    checkpoint folder and the full view (rank 0 of a sharded run; None elsewhere)."""
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     from distsplat_ns.registry import distsplat_trainer_config
@@ -192,7 +193,9 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], ste
         num_total = sum(all_gather_counts(ctx, int(model.gauss_params["means"].shape[0])))
         adam_step(model, trainer.optimizers.optimizers, num_total, 0)
     trainer.save_checkpoint(step)
-    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir)}
+    trainer.pipeline.refresh_full_view(step)
+    view = None if model.full_view is None else {k: v.cpu() for k, v in model.full_view.items()}
+    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "full_view": view}
 
 
 def saved_model_state(path: Path) -> Dict[str, Any]:

@@ -54,3 +54,8 @@ def test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes(
         assert r["ids"] == list(range(lo, hi))
     # Saved again straight after the resume: nothing trained, so the state is the one loaded.
     assert_same(saved_model_state(_checkpoint(result, 6)), single_process)
+
+
+def test_full_view_gives_rank0_the_whole_model_and_the_other_ranks_nothing(two_shards: list, single_process: dict) -> None:
+    assert two_shards[1]["full_view"] is None
+    assert_same(two_shards[0]["full_view"], single_process["params"])
