@@ -324,7 +324,9 @@ class DistSplatTrainer(Trainer):
 
         A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
         ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
-        rank leaves after the same step.
+        rank leaves after the same step. In sharded mode every rank also joins the gather of the
+        full view (``DistSplatPipeline.refresh_full_view``) after the steps :meth:`_needs_full_view`
+        names, before rank 0 updates the viewer and evaluates.
         """
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):

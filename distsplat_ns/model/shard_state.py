@@ -347,7 +347,8 @@ def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, boun
         keep_rows_(model, optimizers, slice(0, num - num_send))
     if num_recv:
         append_rows_(model, optimizers, received, layout.step_tensors())
-    LOGGER.info("shard balance: sizes %s, moves %s", sizes, moves)
+    if ctx.is_main:
+        LOGGER.info("shard balance: sizes %s, moves (src, dst, rows) %s", sizes, moves)
     return num_send + num_recv
 
 
