@@ -225,6 +225,12 @@ class DistSplatPipeline(VanillaPipeline):
         self.model.set_full_view(gather_full_params(self.ctx, self.model))
         self._full_view_step = step
 
+    def drop_full_view(self) -> None:
+        """Free the full view (rank 0's copy of the whole model) until the next refresh; eval and
+        the viewer then render this rank's own Gaussians. Local: no collective."""
+        self.model.set_full_view(None)
+        self._full_view_step = None
+
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:
         """Start this rank's data stream at ``start_step`` (after a resume, at the next step)."""

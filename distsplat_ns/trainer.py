@@ -361,6 +361,8 @@ class DistSplatTrainer(Trainer):
             if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
                 with self.train_lock:
                     self.eval_iteration(step)
+            if self._sharded and not self.config.is_viewer_enabled():
+                self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
             if step_check(step, self.config.steps_per_save):
                 self.save_checkpoint(step)
             writer.write_out_storage()
