@@ -249,6 +249,15 @@ def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> List[Tuple[int, int
     return moves
 
 
+def rebalance_due(schedule: Any, step: int) -> bool:
+    """Whether densification can have changed shard sizes at ``step``: gsplat 1.4.0
+    DefaultStrategy's condition for growing and pruning (``step_post_backward``), from the model's
+    ``StrategySchedule`` (``model/strategy.py``). A pure function of the step: every rank agrees."""
+    if not schedule.refine_start_iter < step < schedule.refine_stop_iter or step % schedule.refine_every:
+        return False
+    return schedule.reset_every == 0 or step % schedule.reset_every >= schedule.pause_refine_after_reset
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """What every rank holds, agreed by all: the row keys any rank has, each with its dtype and

@@ -242,3 +242,20 @@ def test_a_shard_with_the_full_view_renders_what_the_whole_model_renders() -> No
     shard.set_full_view(None)
     with torch.no_grad():
         assert not torch.equal(shard.get_outputs(camera)["rgb"], want["rgb"])  # the shard alone renders less
+
+
+# ---------------------------------------------------------------------- when to rebalance
+def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
+    from distsplat_ns.model.shard_state import rebalance_due
+
+    model, _ = make_state_model(with_optimizers=False)
+    strategy, schedule = model.strategy, model.schedule
+    for step in range(0, schedule.refine_stop_iter + 2 * schedule.refine_every):
+        grows = (
+            step < strategy.refine_stop_iter
+            and step > strategy.refine_start_iter
+            and step % strategy.refine_every == 0
+            and step % strategy.reset_every >= strategy.pause_refine_after_reset
+        )  # gsplat 1.4.0 DefaultStrategy.step_post_backward
+        assert rebalance_due(schedule, step) == grows, step
+    assert any(rebalance_due(schedule, s) for s in range(schedule.refine_stop_iter))
