@@ -1,5 +1,5 @@
 """Models with optimizer and densification state, and the per-rank functions of the shard-state
-tests (tests/unit/test_shard_state.py, tests/multiproc/test_shard_state.py)."""
+tests (tests/unit/test_shard_state.py, tests/multiproc/test_shard_moves.py)."""
 
 from __future__ import annotations
 
