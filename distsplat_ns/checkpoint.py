@@ -9,8 +9,9 @@
   ``torch.load(..., weights_only=True)`` -- torch >= 2.6's default, used by nerfstudio's
   ``ns-export``/``ns-eval`` -- loads them. Older nerfstudio checkpoints holding numpy scalars load
   through the safe globals registered in :func:`register_numpy_safe_globals`.
-* Nothing in a checkpoint depends on the number of processes (every rank holds the whole model),
-  so a run saved on R ranks resumes on R' ranks.
+* Nothing in a checkpoint depends on the number of processes (every rank holds the whole model,
+  or, in the sharded mode, rank 0 writes the whole model gathered in id order), so a run saved on R
+  ranks resumes on R' ranks, in either mode.
 
 Also here: the batch-size scaling of the optimizer configuration (Grendel-GS's "sqrt" rule).
 """
@@ -56,12 +57,17 @@ def save_checkpoint_atomic(
     checkpoint_dir: Path,
     step: int,
     pipeline_state: Dict[str, Any],
-    optimizers: Optimizers,
+    optimizers: Optional[Optimizers],
     scalers: Dict[str, Any],
     extra: Dict[str, Any],
     keep_only_latest: bool,
+    optimizer_states: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Write ``step-{step:09d}.ckpt`` atomically and durably; optionally delete older checkpoints.
+
+    ``optimizer_states``, when given, replaces the optimizers' own state dicts (the sharded mode
+    saves the whole model's, gathered by ``model/shard_state.py``); the schedulers' are still
+    ``optimizers``' (None: no schedulers saved).
 
     Only checkpoints of a lower step are deleted, and only once the new file and its directory
     entry are on disk (``fsync``), so at every instant -- power loss included -- the newest
@@ -81,8 +87,9 @@ def save_checkpoint_atomic(
         {
             "step": int(step),
             "pipeline": pipeline_state,
-            "optimizers": {k: v.state_dict() for k, v in optimizers.optimizers.items()},
-            "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()},
+            "optimizers": optimizer_states if optimizer_states is not None
+            else {k: v.state_dict() for k, v in optimizers.optimizers.items()} if optimizers is not None else {},
+            "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()} if optimizers is not None else {},
             "scalers": scalers,
             "distsplat": extra,
         }
@@ -165,8 +172,11 @@ def register_numpy_safe_globals() -> None:
     add([scalar, np.dtype, *dtypes])
 
 
-def load_checkpoint_file(path: Path) -> Dict[str, Any]:
+def load_checkpoint_file(path: Path, mmap: bool = False) -> Dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
+
+    With ``mmap`` the tensors stay in the file (memory-mapped, copy-on-write) until read: a rank of
+    the sharded mode then copies only the rows it owns into memory (``model/shard_state.py``).
 
     Raises:
         UserError: naming the file when it is missing, truncated or not a checkpoint.
@@ -176,7 +186,7 @@ def load_checkpoint_file(path: Path) -> Dict[str, Any]:
         raise UserError(f"checkpoint {path} does not exist")
     register_numpy_safe_globals()
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
         raise UserError(f"checkpoint {path} could not be read ({type(err).__name__}: {err})") from err
     for key in ("step", "pipeline", "optimizers"):

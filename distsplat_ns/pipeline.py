@@ -39,6 +39,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
 from distsplat_ns.model.exchange import exchange_grad_bytes, exchange_row_bytes, return_gradients, send_screen_terms
+from distsplat_ns.model.shard_state import gather_full_params, rebalance_due, rebalance_shards_, take_initial_shard_
 from distsplat_ns.model.strategy import batch_info
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
@@ -182,6 +183,10 @@ class DistSplatPipeline(VanillaPipeline):
         # Every rank builds the same initial Gaussians from the same seed; broadcasting rank 0's
         # copy makes that a guarantee rather than an assumption.
         broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
+        if config.parallel == "sharded":
+            # Each rank keeps its block of those (identical) initial Gaussians (model/shard_state.py).
+            take_initial_shard_(self.model, self.ctx.rank, self.ctx.world_size)
+        self._full_view_step: Optional[int] = None
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
@@ -206,6 +211,29 @@ class DistSplatPipeline(VanillaPipeline):
     @property
     def model(self) -> DistSplatModel:
         return self._model  # type: ignore[return-value]
+
+    def refresh_full_view(self, step: int) -> None:
+        """Sharded mode: gather the whole model's parameters (no optimizer state) to rank 0, where
+        eval and the viewer render from them (``DistSplatModel.set_full_view``); rank 0 then holds
+        one extra copy of the parameters. A second call at the same step gathers nothing.
+
+        **Collective:** world group, in sharded mode on every rank at the same steps (the trainer
+        calls it at the steps rank 0 evaluates, and every few steps with the viewer): one
+        ``gather_rows`` of the ids, then one per parameter. Nothing in replicated mode or at
+        ``world_size == 1`` (the model is whole). Rank 0 holding ids ``[0, 2]`` and rank 1 ``[1]``:
+        rank 0 renders rows ``[0, 1, 2]``; rank 1 keeps nothing.
+        **Host sync:** the parameters pass through rank 0's host memory.
+        """
+        if self.config.parallel != "sharded" or not self.ctx.is_distributed or self._full_view_step == step:
+            return
+        self.model.set_full_view(gather_full_params(self.ctx, self.model))
+        self._full_view_step = step
+
+    def drop_full_view(self) -> None:
+        """Free the full view (rank 0's copy of the whole model) until the next refresh; eval and
+        the viewer then render this rank's own Gaussians. Local: no collective."""
+        self.model.set_full_view(None)
+        self._full_view_step = None
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:
@@ -331,6 +359,10 @@ class DistSplatPipeline(VanillaPipeline):
         if info is not None and sharded:
             # New Gaussians are numbered over every rank's parents (one gather per grow event).
             self.model.refine(step, optimizers.optimizers, info, gather_ids=functools.partial(all_gather_rows, self.ctx))
+            if rebalance_due(self.model.schedule, step):
+                # Growth and pruning make shards drift: move rows (with their Adam and strategy
+                # state) when the largest exceeds 1.10 x the mean.
+                rebalance_shards_(self.ctx, self.model, optimizers.optimizers)
         elif info is not None:
             self.model.refine(step, optimizers.optimizers, info)
         densify_s = time.perf_counter() - t0

@@ -57,6 +57,7 @@ from distsplat_ns.distributed.lifecycle import (
     startup_phase,
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
+from distsplat_ns.model.shard_state import gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.pipeline import DistSplatPipeline, StepReport
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.utils.errors import UserError
@@ -91,7 +92,14 @@ class DistSplatTrainer(Trainer):
     pipeline: DistSplatPipeline
 
     @report_user_errors
-    def __init__(self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1, viewer_refresh_every: int = 100
+    ) -> None:
+        """``viewer_refresh_every``: in sharded mode with the viewer on, the steps between two
+        gathers of the whole model to rank 0 for the viewer (``DistSplatPipeline.refresh_full_view``).
+        100 keeps the gather (the whole parameter set, once) under about 1% of the per-step traffic
+        of replicated training, which moves a dense gradient of that size every step, while the
+        view is at most a few seconds old at 30-50 ms per step."""
         if config.mixed_precision:
             raise UserError("distsplat does not support --mixed-precision True")
         self.ctx: DistContext = init_distributed(
@@ -118,6 +126,9 @@ class DistSplatTrainer(Trainer):
         self.last_eval_psnr: Optional[float] = None
         self.eval_psnr_history: List[tuple] = []
         self._train_wall_s = 0.0
+        if viewer_refresh_every < 1:
+            raise ValueError(f"viewer_refresh_every must be >= 1, got {viewer_refresh_every}")
+        self.viewer_refresh_every = viewer_refresh_every
 
     # ------------------------------------------------------------------ lifecycle
     def _agree_run_identity(self, config: DistSplatTrainerConfig) -> tuple:
@@ -233,7 +244,12 @@ class DistSplatTrainer(Trainer):
             if self.ctx.is_main:
                 CONSOLE.print("No checkpoint to load, so training from scratch.")
             return None
-        loaded = load_checkpoint_file(path)
+        if self._sharded:
+            # Memory-mapped: this rank reads only the rows it owns into memory (model/shard_state.py).
+            loaded = load_checkpoint_file(path, mmap=True)
+            shard_loaded_checkpoint_(loaded, self.ctx.rank, self.ctx.world_size)
+        else:
+            loaded = load_checkpoint_file(path)
         self._start_step = int(loaded["step"]) + 1
         self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
         rng = loaded.get("distsplat", {}).get("torch_rng_state")
@@ -242,6 +258,10 @@ class DistSplatTrainer(Trainer):
         if self.ctx.is_main:
             CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
         return loaded
+
+    @property
+    def _sharded(self) -> bool:
+        return self.pipeline.config.parallel == "sharded"
 
     def _checkpoint_to_load(self) -> Optional[Path]:
         if self.config.load_dir is not None:
@@ -307,7 +327,9 @@ class DistSplatTrainer(Trainer):
 
         A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
         ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
-        rank leaves after the same step.
+        rank leaves after the same step. In sharded mode every rank also joins the gather of the
+        full view (``DistSplatPipeline.refresh_full_view``) after the steps :meth:`_needs_full_view`
+        names, before rank 0 updates the viewer and evaluates.
         """
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):
@@ -332,6 +354,8 @@ class DistSplatTrainer(Trainer):
                     step=step,
                     avg_over_steps=True,
                 )
+            if self._sharded and self._needs_full_view(step):
+                self.pipeline.refresh_full_view(step)
             self._update_viewer_state(step)
             if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
                 writer.put_scalar(name="Train Loss", scalar=loss, step=step)
@@ -340,12 +364,30 @@ class DistSplatTrainer(Trainer):
             if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
                 with self.train_lock:
                     self.eval_iteration(step)
+            if self._sharded and not self.config.is_viewer_enabled():
+                self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
             if step_check(step, self.config.steps_per_save):
                 self.save_checkpoint(step)
             writer.write_out_storage()
             if any_rank_true(self.ctx, signals.requested or self.stop_training):
                 break
         return last_step
+
+    def _evaluates_at(self, step: int) -> bool:
+        """Whether rank 0 renders eval images after ``step`` (:meth:`eval_iteration`'s conditions:
+        config and step only, so every rank computes the same answer)."""
+        config = self.config
+        if not (config.is_wandb_enabled() or config.is_tensorboard_enabled() or config.is_comet_enabled()):
+            return False  # eval_iteration's @check_eval_enabled
+        if not self.pipeline.datamanager.eval_dataset:
+            return False
+        return step_check(step, config.steps_per_eval_image) or step_check(step, config.steps_per_eval_all_images, run_at_zero=True)
+
+    def _needs_full_view(self, step: int) -> bool:
+        """Sharded mode: whether rank 0 needs the whole model after ``step`` (eval, or the viewer's
+        refresh every ``viewer_refresh_every`` steps and at the first step)."""
+        viewer = self.config.is_viewer_enabled() and (step % self.viewer_refresh_every == 0 or step == self._start_step)
+        return viewer or self._evaluates_at(step)
 
     def train_iteration(self, step: int):  # type: ignore[override]
         """One step (``DistSplatPipeline.train_step``), then what nerfstudio's loop logs.
@@ -414,24 +456,37 @@ class DistSplatTrainer(Trainer):
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; every rank learns whether it worked.
 
+        In sharded mode the shards are first gathered to rank 0 in id order
+        (``model/shard_state.py:gather_full_state``) and the whole model is written, in nerfstudio's
+        format: a shard's own ``state_dict()`` is never written as it is.
+
         Raises:
             RunFailure: on every rank when rank 0 could not write (full or read-only disk); the
                 previous checkpoint is kept.
 
-        **Collective:** world group (the outcome broadcast replaces a barrier).
+        **Collective:** world group: in sharded mode the gather (one tensor at a time), then the
+        outcome broadcast (it replaces a barrier).
         """
-        agree_outcome(
-            self.ctx,
-            f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)",
-            lambda: save_checkpoint_atomic(
+        gathered = gather_full_state(self.ctx, self.pipeline.model, self.optimizers.optimizers) if self._sharded else None
+
+        def write() -> Path:
+            pipeline_state = self.pipeline.state_dict()
+            if gathered is not None:
+                pipeline_state = gathered.merged_into(pipeline_state)
+            return save_checkpoint_atomic(
                 checkpoint_dir=self.checkpoint_dir,
                 step=step,
-                pipeline_state=self.pipeline.state_dict(),
+                pipeline_state=pipeline_state,
                 optimizers=self.optimizers,
                 scalers=self.grad_scaler.state_dict(),
-                extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size},
+                extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
+                       "parallel": self.pipeline.config.parallel},
                 keep_only_latest=self.config.save_only_latest_checkpoint,
-            ),
+                optimizer_states=None if gathered is None else gathered.optimizers,
+            )
+
+        agree_outcome(
+            self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write
         )
         self._last_saved_step = step
 
@@ -456,6 +511,8 @@ class DistSplatTrainer(Trainer):
     def _after_train(self) -> None:
         self.training_state = "completed"
         self._save_unless_saved(self.step)
+        if self._sharded and (self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled()):
+            self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
         if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
             if not self.eval_psnr_history or self.eval_psnr_history[-1][0] != self.step:
                 self._eval_all(self.step)

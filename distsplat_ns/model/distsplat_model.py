@@ -156,6 +156,8 @@ class DistSplatModel(SplatfactoModel):
         num_initial = int(self.gauss_params["means"].shape[0])
         self.strategy_state["gauss_ids"] = torch.arange(num_initial, dtype=torch.int64)
         self.next_gauss_id: int = num_initial
+        # The whole model, on rank 0 of a sharded run, for eval and the viewer (set_full_view).
+        self.full_view: Optional[Dict[str, torch.Tensor]] = None
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
 
@@ -229,17 +231,25 @@ class DistSplatModel(SplatfactoModel):
         ]
 
     # ------------------------------------------------------------------ rendering helpers
-    def _activated(self) -> Dict[str, torch.Tensor]:
-        colors = torch.cat((self.features_dc[:, None, :], self.features_rest), dim=1)
+    def _activated(self, raw: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+        """Rendering inputs from ``raw`` parameters (``gauss_params`` names; this model's own when None)."""
+        raw = self.gauss_params if raw is None else raw
+        colors = torch.cat((raw["features_dc"][:, None, :], raw["features_rest"]), dim=1)
         if self.config.sh_degree == 0:
             colors = torch.sigmoid(colors).squeeze(1)
         return {
-            "means": self.means,
-            "quats": self.quats,
-            "scales": torch.exp(self.scales),
-            "opacities": torch.sigmoid(self.opacities).squeeze(-1),
+            "means": raw["means"],
+            "quats": raw["quats"],
+            "scales": torch.exp(raw["scales"]),
+            "opacities": torch.sigmoid(raw["opacities"]).squeeze(-1),
             "colors": colors,
         }
+
+    def set_full_view(self, params: Optional[Dict[str, torch.Tensor]]) -> None:
+        """Render eval and viewer images from ``params``, the whole model's raw parameters gathered
+        from every shard (``DistSplatPipeline.refresh_full_view``), instead of this rank's shard;
+        None goes back to the model's own Gaussians. Training never reads it."""
+        self.full_view = None if params is None else {k: v.to(self.device) for k, v in params.items()}
 
     def training_background(self, step: int, position: int) -> torch.Tensor:
         """Background colour of image ``position`` of the batch at ``step``: the same on every rank.
@@ -513,17 +523,20 @@ class DistSplatModel(SplatfactoModel):
 
     # ------------------------------------------------------------------ eval / viewer
     def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
-        """Render one whole camera for eval, export and the viewer. Never enters a collective."""
+        """Render one whole camera for eval, export and the viewer. Never enters a collective: in
+        sharded training it renders the full view the pipeline gathered (``set_full_view``)."""
         if not isinstance(camera, Cameras):
             raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
         if camera.shape[0] != 1:
             raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
+        # Sharded training: rank 0 renders the whole model gathered at the last refresh (set_full_view).
+        raw = self.full_view if self.full_view is not None else self.gauss_params
         crop_ids = None
         if self.crop_box is not None and not self.training:
-            crop_ids = self.crop_box.within(self.means).squeeze()
+            crop_ids = self.crop_box.within(raw["means"]).squeeze()
             if crop_ids.sum() == 0:
                 return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
-        params = self._activated()
+        params = self._activated(raw)
         if crop_ids is not None:
             params = {k: v[crop_ids] for k, v in params.items()}
         downscale = self._get_downscale_factor()
