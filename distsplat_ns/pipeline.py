@@ -325,6 +325,12 @@ class DistSplatPipeline(VanillaPipeline):
         if before_gradient_sum_hook is not None:
             before_gradient_sum_hook(step, self.ctx.rank, self.model)
         replicated = [(n, p) for n, p in named if not (sharded and n in self.model.gauss_params)]
+        if sharded:
+            # As in one process, a Gaussian no band saw has a zero gradient, not none (Adam would
+            # skip it, and this rank's Adam step count would drift from the others').
+            for _, p in named:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         bytes_communicated = sum_gradients_(self.ctx, [p for _, p in replicated]).bytes_reduced
         if sent is not None and self.ctx.is_distributed:
             item, rank = sent.rows.element_size(), self.ctx.rank
