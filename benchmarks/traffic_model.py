@@ -125,6 +125,32 @@ def load_colmap(scene_dir: Path, downscale: int) -> SceneCameras:
     )
 
 
+def street_of_copies(scene: SceneCameras, copies: int) -> SceneCameras:
+    """``copies`` side-by-side copies of the scene, points and cameras alike (a street of
+    facades): each camera then sees about ``1 / copies`` of the model, as in a large capture.
+
+    Copies are spaced along the points' widest axis by twice its 2-98 % extent; camera ``i`` of
+    copy ``k`` is camera ``i`` moved by the same offset as the points.
+    """
+    if copies == 1:
+        return scene
+    lo, hi = np.percentile(scene.points.numpy(), [2, 98], axis=0)
+    axis = int(np.argmax(hi - lo))
+    step = torch.zeros(3)
+    step[axis] = 2.0 * float(hi[axis] - lo[axis])
+    points, viewmats, names = [], [], []
+    for k in range(copies):
+        points.append(scene.points + k * step)
+        moved = scene.viewmats.clone()
+        # x_cam = R (x - k step) + t: the camera moved with its copy.
+        moved[:, :3, 3] -= moved[:, :3, :3] @ (k * step)
+        viewmats.append(moved)
+        names.extend(f"{name}@{k}" for name in scene.names)
+    return SceneCameras(
+        torch.cat(points), torch.cat(viewmats), scene.Ks.repeat(copies, 1, 1), scene.width, scene.height, names
+    )
+
+
 def splatfacto_init_scales(points: Tensor) -> Tensor:
     """Splatfacto's initial scale of each point: the mean distance to its 3 nearest neighbours. `[P]`."""
     from scipy.spatial import cKDTree
@@ -367,6 +393,7 @@ def _ints(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scene", default="lund_door", help="COLMAP scene folder under ../shared/data, or a path")
+    parser.add_argument("--copies", type=int, default=1, help="side-by-side copies of the scene (street_of_copies)")
     parser.add_argument("--downscale", type=int, default=1, help="image downscale factor (1: full resolution)")
     parser.add_argument("--cameras", type=int, default=12, help="cameras sampled (evenly over the sorted names)")
     parser.add_argument("--sizes", default="100000,1000000,3000000,10000000", help="Gaussian counts N")
@@ -386,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     scene_dir = Path(args.scene) if "/" in args.scene else SHARED / args.scene
-    scene = load_colmap(scene_dir, args.downscale)
+    scene = street_of_copies(load_colmap(scene_dir, args.downscale), args.copies)
     pick = np.unique(np.linspace(0, scene.viewmats.shape[0] - 1, min(args.cameras, scene.viewmats.shape[0])).round().astype(int))
     scene = SceneCameras(scene.points, scene.viewmats[pick], scene.Ks[pick], scene.width, scene.height, [scene.names[i] for i in pick])
     point_scales = splatfacto_init_scales(scene.points)
@@ -395,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict = {
         "benchmark": "traffic_model",
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "scene": str(scene_dir), "width": scene.width, "height": scene.height, "cameras": scene.names,
+        "scene": str(scene_dir), "copies": args.copies, "width": scene.width, "height": scene.height, "cameras": scene.names,
         "sparse_points": int(scene.points.shape[0]), "alphas": alphas, "jitter": args.jitter,
         "partition": args.partition, "batches_per_config": args.batches, "seed": args.seed,
         "bytes": {"param_floats": PARAM_FLOATS, "stats_per_image_gaussian": STATS_BYTES_PER_IMAGE,
