@@ -163,7 +163,8 @@ def splatfacto_init_scales(points: Tensor) -> Tensor:
 def upsampled_chunk(
     points: Tensor, point_scales: Tensor, start: int, stop: int, num_gaussians: int, alpha: float, jitter: float, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gaussians ``start .. stop`` of the N-Gaussian model (the same whatever the chunking).
+    """Gaussians ``start .. stop`` of the N-Gaussian model (draws seeded by ``seed`` and ``start``:
+    deterministic for a given chunk size).
 
     Gaussian ``i`` is a copy of point ``i mod P``, moved by an isotropic normal offset of
     ``jitter x`` the point's scale, with isotropic scale ``point_scale x (P / N) ** alpha``.

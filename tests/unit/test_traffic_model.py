@@ -97,3 +97,24 @@ def test_crossover_interpolates_between_grid_points():
     rows = [{"B": 1, "r": 0.25}, {"B": 2, "r": 0.5}, {"B": 4, "r": 1.5}]
     assert tm.crossover(rows, "r") == pytest.approx(3.0)  # 2 + (1 - 0.5) * 2 / 1.0
     assert tm.crossover(rows[:2], "r") is None
+
+
+def test_a_street_copy_sees_its_copy_as_the_original_camera_sees_the_original():
+    from benchmarks.traffic_model import SceneCameras, street_of_copies
+
+    gen = torch.Generator().manual_seed(0)
+    points = torch.randn(50, 3, generator=gen) * torch.tensor([4.0, 1.0, 1.0])
+    rot, _ = torch.linalg.qr(torch.randn(3, 3, generator=gen))
+    view = torch.eye(4)
+    view[:3, :3], view[:3, 3] = rot, torch.tensor([0.1, -0.2, 5.0])
+    scene = SceneCameras(points, view[None], torch.eye(3)[None], 10, 10, ["a"])
+    street = street_of_copies(scene, 3)
+    assert street.points.shape == (150, 3) and street.names == ["a@0", "a@1", "a@2"]
+
+    def camera_coords(viewmat, pts):
+        return pts @ viewmat[:3, :3].T + viewmat[:3, 3]
+
+    # float32 rounding of the offset (copies sit ~16 units apart): 1e-5 is ~100 ulps at that size.
+    for k in range(3):
+        copy_k = street.points[50 * k : 50 * (k + 1)]
+        torch.testing.assert_close(camera_coords(street.viewmats[k], copy_k), camera_coords(view, points), atol=1e-5, rtol=0)
