@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.nsrun import REPO, latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +107,17 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
     subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)],
                    check=True, capture_output=True, timeout=600)
     assert target.exists()
+
+
+def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
+    """Only rank 1 holds the NaN (no all-reduce spreads it in sharded mode): the ranks agree on the
+    verdict and stop at the same step; the last gathered checkpoint stays."""
+    proc = run_torchrun(
+        tmp_path, "nan", 40, 2, check=False, program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        extra=["--pipeline.parallel", "sharded", "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "non-finite gradient at step 12 (parameters means)" in text
+    assert "non-finite gradient at step 12 (on another rank)" in text
+    assert latest_checkpoint(tmp_path, "nan").name == "step-000000010.ckpt"
