@@ -47,10 +47,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 from benchmarks.traffic_counts import (
     BACKWARD_ROW_BYTES,
     COUNT_BYTES,
@@ -71,6 +67,7 @@ from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.partition import equal_rows_partition, partition_rows
 from distsplat_ns.balance.routing import footprint_tile_rows
 
+REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO / ".." / "shared" / "data").resolve()
 
 # --------------------------------------------------------------------------------------------
