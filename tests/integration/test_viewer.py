@@ -35,13 +35,20 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def test_live_viewer_shows_the_scene_while_training(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launch", ["one-process", "sharded-two-ranks"])
+def test_live_viewer_shows_the_scene_while_training(tmp_path: Path, launch: str) -> None:
+    """Sharded: rank 0 holds half the Gaussians; the viewer renders the full view gathered from
+    both ranks at step boundaries (docs/sharded.md), while the training collectives go on."""
     port = free_port()
     cmd = [ns_bin("ns-train"), "distsplat", "--output-dir", str(tmp_path), "--experiment-name", "it", "--timestamp", "live",
            "--machine.device-type", "cpu", "--max-num-iterations", "100000", "--vis", "viewer",
            "--viewer.websocket-port", str(port), "--viewer.max-num-display-images", "0",
            "--viewer.quit-on-train-completion", "True", *COLMAP_ARGS]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cpu_env())
+    env = cpu_env()
+    if launch == "sharded-two-ranks":
+        cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", *cmd[:2], "--pipeline.parallel", "sharded", *cmd[2:]]
+        env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         wait_for_http(f"http://localhost:{port}", 240, proc)
         pixels = screenshot_when(f"http://localhost:{port}", tmp_path / "live.png", _shows_scene)
