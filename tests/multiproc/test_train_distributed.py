@@ -106,11 +106,12 @@ def _worker_processes(root: psutil.Process) -> list[psutil.Process]:
     return workers
 
 
-def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["replicated", "sharded"])
+def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path, parallel: str) -> None:
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
-           *train_args(tmp_path, "kill", 100000, extra=["--collective-timeout-s", "30", "--steps-per-eval-all-images", "100000"])]
+    extra = ["--collective-timeout-s", "30", "--steps-per-eval-all-images", "100000", "--pipeline.parallel", parallel]
+    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"), *train_args(tmp_path, "kill", 100000, extra=extra)]
     root = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     proc = psutil.Process(root.pid)
     try:
