@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from distsplat_ns.balance.bands import TILE_SIZE, Band
-from distsplat_ns.model.losses import halo_end_row
+from distsplat_ns.balance.bands import Band
+from distsplat_ns.model.exchange import render_tile_rows
 
 PARAM_FLOATS = 59
 """Trainable floats per Gaussian: 3 means + 3 scales + 4 quats + 3 SH dc + 45 SH rest + 1 opacity."""
@@ -47,13 +47,6 @@ def replicated_payload_bytes(num_gaussians: int, batch_size: int, densifying: bo
     if densifying:
         payload += batch_size * num_gaussians * STATS_BYTES_PER_IMAGE
     return payload
-
-
-def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
-    """Tile rows ``[first, end)`` a band's rank renders: its own rows plus the SSIM halo below
-    (``model/losses.py:halo_end_row``), rounded out to whole tiles."""
-    halo_end_px = halo_end_row(band.end_row_px(height_px), height_px)
-    return band.first_row, -(-halo_end_px // TILE_SIZE)
 
 
 @dataclass

@@ -314,9 +314,7 @@ class DistSplatPipeline(VanillaPipeline):
         backward_s, halo_wait_s = self._backward(result)
         if sent is not None and received is not None:
             t1 = time.perf_counter()
-            absgrads = {p: proj.means2d.absgrad[0] for p, proj in result.received_projections.items()
-                        if getattr(proj.means2d, "absgrad", None) is not None}
-            return_gradients(self.ctx, sent, received, absgrads)
+            return_gradients(self.ctx, sent, received, result.received_projections)
             exchange_s += time.perf_counter() - t1
         # 5. reduce: gradients summed over ranks (sharded: only the parameters every rank holds,
         # e.g. camera adjustments), densification statistics of the whole batch.
@@ -404,7 +402,7 @@ class DistSplatPipeline(VanillaPipeline):
         tile row (projection only, no rasterization; identical on every rank)."""
         from distsplat_ns.rendering import project
 
-        cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_indices))]
+        cameras = self._host_cameras(camera_indices)
         downscale = self.model.downscale_factor_at(step)
         viewmats, Ks, width, height = self.model._cameras_to_render_inputs(cameras, downscale)
         params = self.model._activated()

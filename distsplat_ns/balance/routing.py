@@ -57,7 +57,12 @@ def footprint_tile_rows(
     return first, end
 
 
+def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int, band_end_row: int) -> Tensor:
+    """Which Gaussians' tile rows ``[first_row, end_row)`` meet the tile rows
+    ``[band_first_row, band_end_row)``. `[N]` bool."""
+    return (first_row < band_end_row) & (end_row > band_first_row) & (end_row > first_row)
+
+
 def touching_rows(first_row: Tensor, end_row: Tensor, band_first_row: int, band_end_row: int) -> Tensor:
-    """Indices of the Gaussians whose tile rows ``[first_row, end_row)`` meet the tile rows
-    ``[band_first_row, band_end_row)``, ascending. `[M]` int64."""
-    return torch.nonzero((first_row < band_end_row) & (end_row > band_first_row) & (end_row > first_row)).reshape(-1)
+    """Indices of the Gaussians :func:`touches_rows` selects, ascending. `[M]` int64."""
+    return torch.nonzero(touches_rows(first_row, end_row, band_first_row, band_end_row)).reshape(-1)

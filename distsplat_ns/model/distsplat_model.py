@@ -195,7 +195,10 @@ class DistSplatModel(SplatfactoModel):
         if "gauss_ids" not in state.get("strategy_state", {}):
             # A checkpoint from before global ids (or splatfacto's): number them in order.
             self.strategy_state["gauss_ids"] = torch.arange(num, dtype=torch.int64, device=self.device)
-        self.next_gauss_id = int(state.get("next_gauss_id", int(self.strategy_state["gauss_ids"].max()) + 1 if num else 0))
+        if "next_gauss_id" in state:
+            self.next_gauss_id = int(state["next_gauss_id"])
+        else:
+            self.next_gauss_id = int(self.strategy_state["gauss_ids"].max()) + 1 if num else 0
 
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
@@ -271,10 +274,7 @@ class DistSplatModel(SplatfactoModel):
         Pass host-side cameras where possible (training does): their sizes are then read without a
         device sync; the cameras are moved to the model's device here.
         """
-        sizes = {
-            (downscaled_px(w, downscale), downscaled_px(h, downscale))
-            for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
-        }  # a host sync only if the caller passed device-side cameras (eval, viewer)
+        sizes = set(_rendered_sizes_px(cameras, downscale))  # a host sync only for device-side cameras (eval, viewer)
         if len(sizes) != 1:
             raise ValueError("cameras rendered in one call must share width and height")
         ((width, height),) = sizes
@@ -419,10 +419,7 @@ class DistSplatModel(SplatfactoModel):
         **Differentiable:** with respect to the shard's parameters (and camera adjustments).
         """
         downscale = self.downscale_factor_at(step)
-        sizes = {
-            (downscaled_px(w, downscale), downscaled_px(h, downscale))
-            for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
-        }
+        sizes = set(_rendered_sizes_px(cameras, downscale))
         groups = [list(range(len(cameras)))] if len(sizes) == 1 else [[i] for i in range(len(cameras))]
         params = self._activated()
         calls = []
@@ -596,6 +593,14 @@ class DistSplatModel(SplatfactoModel):
         if lpips is not None:
             metrics["lpips"] = float(lpips(gt, pred))
         return metrics, {"img": combined_rgb}
+
+
+def _rendered_sizes_px(cameras: Cameras, downscale: int) -> List[Tuple[int, int]]:
+    """Each camera's rendered ``(width, height)`` at ``downscale`` (``utils/cameras.downscaled_px``)."""
+    return [
+        (downscaled_px(w, downscale), downscaled_px(h, downscale))
+        for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
+    ]
 
 
 def _render_calls(bands: Sequence[Band], positions: List[int], height: int) -> List[Tuple[int, int, List[List[Band]]]]:

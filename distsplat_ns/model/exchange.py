@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
-from distsplat_ns.balance.routing import footprint_tile_rows
+from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.losses import halo_end_row
@@ -95,16 +95,15 @@ class Received:
         leaf: Every received row, a leaf whose ``.grad`` collects the band backward. `[R, 11]`.
         ids: Global id of each row. `[R]`, int64.
         rows_of_position: Per batch position, indices into ``leaf`` in ascending global id.
-        width: Rendered width, px.
-        height: Rendered height, px.
+        sizes_px: Per batch position, the rendered ``(width, height)`` of its camera (cameras of
+            one batch may differ in size).
         backend: The rasterizer backend of the projections.
     """
 
     leaf: Tensor
     ids: Tensor
     rows_of_position: Dict[int, Tensor]
-    width: int
-    height: int
+    sizes_px: Dict[int, Tuple[int, int]]
     backend: str
 
     def projection(self, position: int) -> Projection:
@@ -123,8 +122,8 @@ class Received:
             radii=rows[:, _RADIUS].detach().round().to(torch.int32)[None],
             opacities=rows[:, _OPACITY].contiguous()[None],
             colors=rows[:, _COLORS].contiguous()[None],
-            width=self.width,
-            height=self.height,
+            width=self.sizes_px[position][0],
+            height=self.sizes_px[position][1],
             backend=self.backend,
             render_mode="RGB",
             num_cameras=1,
@@ -132,7 +131,7 @@ class Received:
         )
 
 
-def _band_tile_rows(band: Band, height_px: int) -> Tuple[int, int]:
+def render_tile_rows(band: Band, height_px: int) -> Tuple[int, int]:
     """The rasterizer's tile rows (``TILE_SIZE``, the whole image's grid) a band renders: its own
     rows and the SSIM halo below them."""
     end_px = halo_end_row(band.end_row_px(height_px), height_px)
@@ -164,30 +163,28 @@ def send_screen_terms(
     **Differentiable:** ``Sent.rows`` stays in the projection's graph; the received rows are a
     new leaf.
     """
+    if not calls:
+        raise ValueError("send_screen_terms: no projection call (the batch has at least one camera)")
     world = ctx.world_size
     device = ids.device
+    where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
+    footprints: Dict[int, Tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
     counts = torch.zeros(world, batch_size, dtype=torch.int64, device=device)
     pieces, terms, row_ids, call_idx, cam_idx, gauss_idx = [], [], [], [], [], []
-    width = height = 0
-    backend = "reference"
-    per_dest: List[List[Tuple[int, int, int, Tensor]]] = [[] for _ in range(world)]
-    for c, (positions, proj) in enumerate(calls):
-        width, height, backend = proj.width, proj.height, proj.backend
-        for k, position in enumerate(positions):
-            first, end = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
-            for dest in range(world):
-                mask = None
-                for band in bands_of_rank[dest]:
-                    if band.position != position:
-                        continue
-                    lo, hi = _band_tile_rows(band, proj.height)
-                    touches = (first < hi) & (end > lo) & (end > first)
-                    mask = touches if mask is None else mask | touches
-                if mask is not None:
-                    per_dest[dest].append((position, c, k, torch.nonzero(mask).reshape(-1)))
     for dest in range(world):
-        for position, c, k, idx in sorted(per_dest[dest], key=lambda item: item[0]):
+        # A Gaussian goes once per (position, destination): the union over that rank's bands.
+        masks: Dict[int, Tensor] = {}
+        for band in bands_of_rank[dest]:
+            c, k = where[band.position]
             proj = calls[c][1]
+            if band.position not in footprints:
+                footprints[band.position] = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+            touches = touches_rows(*footprints[band.position], *render_tile_rows(band, proj.height))
+            masks[band.position] = masks[band.position] | touches if band.position in masks else touches
+        for position in sorted(masks):
+            c, k = where[position]
+            proj = calls[c][1]
+            idx = torch.nonzero(masks[position]).reshape(-1)
             counts[dest, position] = idx.numel()
             pieces.append(
                 torch.cat(
@@ -200,7 +197,7 @@ def send_screen_terms(
             call_idx.append(torch.full_like(idx, c))
             cam_idx.append(torch.full_like(idx, k))
             gauss_idx.append(idx)
-    dtype = calls[0][1].means2d.dtype if calls else torch.float32
+    dtype = calls[0][1].means2d.dtype
     if pieces:
         rows = torch.cat(pieces)
         payload = torch.cat([rows.detach(), torch.cat(terms)], dim=-1)
@@ -229,9 +226,8 @@ def send_screen_terms(
         leaf=leaf,
         ids=recv_ids,
         rows_of_position=_rows_by_position(recv_matrix, recv_ids),
-        width=width,
-        height=height,
-        backend=backend,
+        sizes_px={position: (calls[c][1].width, calls[c][1].height) for position, (c, _) in where.items()},
+        backend=calls[0][1].backend,
     )
 
 
@@ -256,7 +252,7 @@ def _rows_by_position(recv_matrix: Tensor, recv_ids: Tensor) -> Dict[int, Tensor
     return out
 
 
-def return_gradients(ctx: DistContext, sent: Sent, received: Received, absgrads: Dict[int, Tensor]) -> None:
+def return_gradients(ctx: DistContext, sent: Sent, received: Received, rendered_from: Dict[int, Projection]) -> None:
     """Send the received rows' gradients back to their owners and backpropagate them there.
 
     Args:
@@ -264,8 +260,9 @@ def return_gradients(ctx: DistContext, sent: Sent, received: Received, absgrads:
         sent: This rank's :func:`send_screen_terms` record.
         received: What it received; ``leaf.grad`` holds the band backward's gradients (None when
             this rank rendered nothing).
-        absgrads: Per batch position this rank rendered, gsplat's absgrad of its rows, in
-            ``rows_of_position`` order. `[M, 2]`.
+        rendered_from: Per batch position this rank rendered, the projection it rendered from
+            (:meth:`Received.projection`); its ``means2d.absgrad`` (when absgrad was asked for)
+            holds gsplat's absgrad of the rows, in ``rows_of_position`` order.
 
     After the call every projection call's ``means2d.grad`` and ``means2d.absgrad`` hold the
     whole batch's values for this shard, and the parameters' ``.grad`` their gradients.
@@ -277,8 +274,10 @@ def return_gradients(ctx: DistContext, sent: Sent, received: Received, absgrads:
     grads = torch.zeros(leaf.shape[0], NUM_GRAD_COLUMNS, device=leaf.device, dtype=leaf.dtype)
     if leaf.grad is not None:
         grads[:, :NUM_DIFFERENTIABLE] = leaf.grad[:, :NUM_DIFFERENTIABLE]
-    for position, values in absgrads.items():
-        grads[received.rows_of_position[position], NUM_DIFFERENTIABLE:] += values.to(grads.dtype)
+    for position, proj in rendered_from.items():
+        absgrad = getattr(proj.means2d, "absgrad", None)
+        if absgrad is not None:
+            grads[received.rows_of_position[position], NUM_DIFFERENTIABLE:] += absgrad[0].to(grads.dtype)
     back, _ = all_to_all_rows(ctx, grads, sent.recv_counts, sent.send_counts)
     back = back.to(sent.rows.device, sent.rows.dtype)
     for c, (_, proj) in enumerate(sent.calls):

@@ -137,8 +137,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
             num_gaussians_total=400,
         )
         backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
-        absgrads = {p: proj.means2d.absgrad[0] for p, proj in result.received_projections.items()}
-        return_gradients(ctx, sent, received, absgrads)
+        return_gradients(ctx, sent, received, result.received_projections)
         grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
                  for n, p in model.gauss_params.items()}
         (_, proj), = sent.calls

@@ -10,6 +10,7 @@ import torch
 from benchmarks import traffic_counts as tm
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.routing import touching_rows
+from distsplat_ns.model.exchange import render_tile_rows
 
 
 def test_replicated_payload_is_the_trainers_measured_figure():
@@ -34,7 +35,7 @@ def test_ring_all_reduce_moves_two_times_r_minus_one_over_r():
     ],
 )
 def test_render_rows_add_the_ssim_halo(band, height, expected):
-    assert tm.render_tile_rows(band, height) == expected
+    assert render_tile_rows(band, height) == expected
 
 
 def _hand_layout():
