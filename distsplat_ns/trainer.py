@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import os
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Type
+from typing import Any, Dict, Literal, Optional, Type
 
 import numpy as np
 import torch
@@ -43,11 +40,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
-from distsplat_ns.distributed.collectives import (
-    all_gather_object,
-    all_reduce_sum_,
-    broadcast_object,
-)
+from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
@@ -58,16 +51,15 @@ from distsplat_ns.distributed.lifecycle import (
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.model.shard_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.pipeline import DistSplatPipeline, StepReport
+from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
+from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, write_run_summary
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
 from distsplat_ns.utils.steps import steps_to_cover
 
 LOGGER = get_logger(__name__)
-
-STATS_FILENAME = "distsplat_stats.json"
 
 
 @dataclass
@@ -116,16 +108,7 @@ class DistSplatTrainer(Trainer):
         self.device = str(self.ctx.device)
         self._nothing_to_train = False
         self._last_saved_step: Optional[int] = None
-        self.step_times: List[float] = []
-        self.timing_totals: Dict[str, float] = {}
-        self.bytes_per_step: int = 0
-        self.bytes_total: int = 0
-        self.gaussian_count: Optional[int] = None
-        self.images_trained = 0
-        self.steps_trained = 0
-        self.last_eval_psnr: Optional[float] = None
-        self.eval_psnr_history: List[tuple] = []
-        self._train_wall_s = 0.0
+        self.record = RunRecord()
         if viewer_refresh_every < 1:
             raise ValueError(f"viewer_refresh_every must be >= 1, got {viewer_refresh_every}")
         self.viewer_refresh_every = viewer_refresh_every
@@ -315,7 +298,7 @@ class DistSplatTrainer(Trainer):
             with StopSignals() as signals, TimeWriter(writer, EventName.TOTAL_TRAIN_TIME):
                 last_step = self._train_steps(signals)
         finally:
-            self._train_wall_s += time.perf_counter() - t_start
+            self.record.train_wall_s += time.perf_counter() - t_start
         if signals.requested or last_step < self.num_steps - 1:
             self._after_stop(last_step, signals.signum)
             return
@@ -345,7 +328,7 @@ class DistSplatTrainer(Trainer):
                     for callback in self.callbacks:
                         callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
             last_step = step
-            self.step_times.append(train_t.duration)
+            self.record.step_times.append(train_t.duration)
             if step > 1:
                 writer.put_time(
                     name=EventName.TRAIN_RAYS_PER_SEC,
@@ -397,7 +380,7 @@ class DistSplatTrainer(Trainer):
             (the ranks' shares summed: every rank logs on the same steps, so the all-reduce lines up).
         """
         report = self.pipeline.train_step(step, self.optimizers)
-        self._record_step(report)
+        self.record.add_step(report, self.pipeline.config.batch_size)
         loss_dict = {"main_loss": report.loss}
         metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
@@ -411,15 +394,6 @@ class DistSplatTrainer(Trainer):
             metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
             metrics_dict["balance_time_imbalance"] = report.time_imbalance
         return loss_dict["main_loss"], loss_dict, metrics_dict
-
-    def _record_step(self, report: StepReport) -> None:
-        self.steps_trained += 1
-        self.images_trained += self.pipeline.config.batch_size
-        for key, value in report.timings.as_dict().items():
-            self.timing_totals[key] = self.timing_totals.get(key, 0.0) + value
-        self.bytes_per_step = report.bytes_communicated
-        self.bytes_total += report.bytes_communicated
-        self.gaussian_count = report.num_gaussians
 
     @check_eval_enabled
     def eval_iteration(self, step: int) -> None:
@@ -448,8 +422,7 @@ class DistSplatTrainer(Trainer):
         writer.put_dict(name="Eval Images Metrics Dict (all images)", scalar_dict=metrics, step=step)
         psnr = float(metrics["psnr"]) if "psnr" in metrics else None
         if psnr is not None:
-            self.last_eval_psnr = psnr
-            self.eval_psnr_history.append((int(step), psnr))
+            self.record.add_eval(step, psnr)
         return psnr
 
     # ------------------------------------------------------------------ checkpoints and end
@@ -514,7 +487,7 @@ class DistSplatTrainer(Trainer):
         if self._sharded and (self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled()):
             self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
         if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
-            if not self.eval_psnr_history or self.eval_psnr_history[-1][0] != self.step:
+            if not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step:
                 self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
@@ -529,71 +502,21 @@ class DistSplatTrainer(Trainer):
 
     def collect_stats(self) -> Dict[str, Any]:
         """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
-        timings = dict(self.timing_totals)
-        step_total = sum(self.step_times) or 1e-9
-        data_wait = timings.get("data_wait", 0.0)
-        dm_stats = self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {}
+        record = self.record
         return {
-            "images_trained": self.images_trained,
-            "steps": self.steps_trained,
+            **record.summary(),
             "batch_size": self.pipeline.config.batch_size,
             "world_size": self.ctx.world_size,
-            "wall_time_s": self._train_wall_s,
-            "images_per_s": self.images_trained / max(self._train_wall_s, 1e-9),
-            "data_wait_fraction": data_wait / step_total,
             "parallel": self.pipeline.config.parallel,
-            # Every shard's Gaussians in sharded mode (as of the last step's start).
-            "final_gaussian_count": int(self.gaussian_count if self.gaussian_count is not None else self.pipeline.model.num_points),
-            "final_eval_psnr": self.last_eval_psnr,
-            "eval_psnr_history": self.eval_psnr_history,
+            "final_gaussian_count": int(record.gaussian_count if record.gaussian_count is not None else self.pipeline.model.num_points),
             "backend": resolve_backend(self.pipeline.model.config.rendering_backend, self.ctx.device),
             "device": str(self.ctx.device),
-            "time_breakdown_s": timings,
-            "bytes_communicated_per_step": self.bytes_per_step,
-            "bytes_communicated_mean_per_step": self.bytes_total / max(self.steps_trained, 1),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
-            "optimizer_state_bytes": _optimizer_state_bytes(getattr(self, "optimizers", None)),
+            "optimizer_state_bytes": optimizer_state_bytes(getattr(self, "optimizers", None)),
             "local_gaussian_count": int(self.pipeline.model.num_points),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
-            "datamanager": dm_stats,
+            "datamanager": self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {},
             "balance": self.pipeline.balance_summary(),
         }
 
     def _write_stats(self) -> None:
-        stats = self.collect_stats()
-        per_rank_keys = ("bytes_communicated_mean_per_step", "parameter_bytes", "optimizer_state_bytes",
-                         "local_gaussian_count", "peak_rss_bytes")
-        gathered = all_gather_object(
-            self.ctx, {"rank": self.ctx.rank, "time_breakdown_s": stats["time_breakdown_s"], **{k: stats[k] for k in per_rank_keys}}
-        )
-        stats["per_rank_time_breakdown_s"] = [{k: g[k] for k in ("rank", "time_breakdown_s")} for g in gathered]
-        stats["per_rank"] = [{k: g[k] for k in ("rank", *per_rank_keys)} for g in gathered]
-        if self.ctx.is_main:
-            path = self.base_dir / STATS_FILENAME
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(stats, indent=2, default=_json_default))
-            os.replace(tmp, path)
-
-
-def _optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
-    """Bytes of every tensor in the optimizers' state (Adam's two moments per parameter)."""
-    if optimizers is None:
-        return 0
-    return sum(
-        v.numel() * v.element_size()
-        for opt in optimizers.optimizers.values()
-        for state in opt.state.values()
-        for v in state.values()
-        if isinstance(v, torch.Tensor)
-    )
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, (np.generic,)):
-        return value.item()
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+        write_run_summary(self.ctx, self.collect_stats(), self.base_dir / STATS_FILENAME)

@@ -1,0 +1,113 @@
+"""The run summary, ``distsplat_stats.json``: what a rank counts while it trains, and the file.
+
+The trainer adds each step's report and each full evaluation to a :class:`RunRecord`; at the end
+:func:`write_run_summary` gathers the per-rank figures to rank 0, which writes the file atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from nerfstudio.engine.optimizers import Optimizers
+
+from distsplat_ns.distributed.collectives import all_gather_object
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.pipeline import StepReport
+
+STATS_FILENAME = "distsplat_stats.json"
+
+#: Figures that differ between ranks; the summary lists them per rank.
+PER_RANK_KEYS = ("bytes_communicated_mean_per_step", "parameter_bytes", "optimizer_state_bytes", "local_gaussian_count", "peak_rss_bytes")
+
+
+@dataclass
+class RunRecord:
+    """This rank's counters over the run (the steps it trained in this process, not a resumed run's)."""
+
+    step_times: List[float] = field(default_factory=list)
+    timing_totals: Dict[str, float] = field(default_factory=dict)
+    bytes_per_step: int = 0
+    bytes_total: int = 0
+    #: Every shard's Gaussians in sharded mode (as of the last step's start); None before a step.
+    gaussian_count: Optional[int] = None
+    images_trained: int = 0
+    steps_trained: int = 0
+    last_eval_psnr: Optional[float] = None
+    eval_psnr_history: List[Tuple[int, float]] = field(default_factory=list)
+    train_wall_s: float = 0.0
+
+    def add_step(self, report: StepReport, batch_size: int) -> None:
+        self.steps_trained += 1
+        self.images_trained += batch_size
+        for key, value in report.timings.as_dict().items():
+            self.timing_totals[key] = self.timing_totals.get(key, 0.0) + value
+        self.bytes_per_step = report.bytes_communicated
+        self.bytes_total += report.bytes_communicated
+        self.gaussian_count = report.num_gaussians
+
+    def add_eval(self, step: int, psnr: float) -> None:
+        self.last_eval_psnr = psnr
+        self.eval_psnr_history.append((int(step), psnr))
+
+    def summary(self) -> Dict[str, Any]:
+        """The record's part of the run summary (the trainer adds the model's and the data's)."""
+        step_total = sum(self.step_times) or 1e-9
+        return {
+            "images_trained": self.images_trained,
+            "steps": self.steps_trained,
+            "wall_time_s": self.train_wall_s,
+            "images_per_s": self.images_trained / max(self.train_wall_s, 1e-9),
+            "data_wait_fraction": self.timing_totals.get("data_wait", 0.0) / step_total,
+            "final_eval_psnr": self.last_eval_psnr,
+            "eval_psnr_history": self.eval_psnr_history,
+            "time_breakdown_s": dict(self.timing_totals),
+            "bytes_communicated_per_step": self.bytes_per_step,
+            "bytes_communicated_mean_per_step": self.bytes_total / max(self.steps_trained, 1),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        }
+
+
+def optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
+    """Bytes of every tensor in the optimizers' state (Adam's two moments per parameter)."""
+    if optimizers is None:
+        return 0
+    return sum(
+        v.numel() * v.element_size()
+        for opt in optimizers.optimizers.values()
+        for state in opt.state.values()
+        for v in state.values()
+        if isinstance(v, torch.Tensor)
+    )
+
+
+def write_run_summary(ctx: DistContext, stats: Dict[str, Any], path: Path) -> None:
+    """Add every rank's time breakdown and :data:`PER_RANK_KEYS` to ``stats``; rank 0 writes it to
+    ``path`` (temporary file, then rename).
+
+    **Collective:** one ``all_gather_object``; every rank calls it.
+    """
+    gathered = all_gather_object(ctx, {"rank": ctx.rank, "time_breakdown_s": stats["time_breakdown_s"], **{k: stats[k] for k in PER_RANK_KEYS}})
+    stats["per_rank_time_breakdown_s"] = [{k: g[k] for k in ("rank", "time_breakdown_s")} for g in gathered]
+    stats["per_rank"] = [{k: g[k] for k in ("rank", *PER_RANK_KEYS)} for g in gathered]
+    if ctx.is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(stats, indent=2, default=_json_default))
+        os.replace(tmp, path)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
