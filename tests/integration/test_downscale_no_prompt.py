@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.data_fixtures import shared_scene
 from tests.helpers.nsrun import SCENE, cpu_env, latest_checkpoint, ns_bin, train_args
 
 pytestmark = pytest.mark.slow
@@ -49,6 +50,28 @@ def test_torchrun_two_ranks_train_at_downscale_4_without_images_4(tmp_path: Path
     assert "Would you like to downscale" not in log
     assert "images_4 not found: decoding the images at 1/4" in log
     assert not (scene / "images_4").exists()
+    assert latest_checkpoint(out, "ds4").exists()
+
+
+def test_torchrun_full_size_capture_at_downscale_4_with_the_default_schedule(tmp_path: Path) -> None:
+    """The command as users run it: the full-size capture (../shared/data/lund_door, 1296x1936 px),
+    splatfacto's resolution schedule untouched (the first images render at 1/4 of 1/4: 81x121 px)."""
+    source = shared_scene("lund_door")
+    scene = tmp_path / "lund_door"
+    scene.mkdir()
+    for name in ("images", "sparse"):
+        (scene / name).symlink_to(source / name, target_is_directory=True)
+    out = tmp_path / "out"
+    env = cpu_env()
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
+           *train_args(out, "ds4", NUM_STEPS, extra=["--steps-per-save", str(NUM_STEPS)], data_args=_data_args(scene))]
+    proc = _run(cmd, env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{log[-6000:]}"
+    assert "Would you like to downscale" not in log
+    assert "images_4 not found: decoding the images at 1/4" in log
+    assert not (scene / "images_4").exists() and not (source / "images_4").exists()
     assert latest_checkpoint(out, "ds4").exists()
 
 
