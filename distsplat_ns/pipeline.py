@@ -111,7 +111,8 @@ class StepReport:
         dssim: This rank's share of the batch's mean ``1 - SSIM``, detached. 0-d.
         num_gaussians: Gaussians rendered this step (before densification).
         timings: Seconds per phase.
-        bytes_communicated: Payload bytes this rank reduced (gradients and statistics).
+        bytes_communicated: Payload bytes this rank sent or reduced: gradients and statistics;
+            sharded, the exchange's rows and gradients and the rows a shard rebalance moved.
         measured_imbalance: Max over mean of the ranks' measured tile costs.
         time_imbalance: Max over mean of the ranks' render times (forward + backward).
     """
@@ -366,7 +367,7 @@ class DistSplatPipeline(VanillaPipeline):
             if rebalance_due(self.model.schedule, step):
                 # Growth and pruning make shards drift: move rows (with their Adam and strategy
                 # state) when the largest exceeds 1.10 x the mean.
-                rebalance_shards_(self.ctx, self.model, optimizers.optimizers)
+                bytes_communicated += rebalance_shards_(self.ctx, self.model, optimizers.optimizers)
         elif info is not None:
             self.model.refine(step, optimizers.optimizers, info)
         densify_s = time.perf_counter() - t0

@@ -323,7 +323,7 @@ def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, boun
         bound: Largest tolerated max/mean shard size.
 
     Returns:
-        Rows this rank sent plus rows it received (0 when nothing moved).
+        Payload bytes this rank sent (every row key of every row it gave away; 0 when it sent none).
 
     **Collective:** world group, on every rank at the same step: the shard sizes
     (``all_gather_counts``) always; when rows move, the layout (:func:`agree_layout`) and then one
@@ -351,6 +351,7 @@ def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, boun
     received = {}
     for key in layout.keys:
         received[key], _ = all_to_all_rows(ctx, send[key], send_counts, recv_counts)
+    bytes_sent = sum(t.numel() * t.element_size() for t in send.values())
     del send
     if num_send:
         keep_rows_(model, optimizers, slice(0, num - num_send))
@@ -358,7 +359,7 @@ def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, boun
         append_rows_(model, optimizers, received, layout.step_tensors())
     if ctx.is_main:
         LOGGER.info("shard balance: sizes %s, moves (src, dst, rows) %s", sizes, moves)
-    return num_send + num_recv
+    return bytes_sent
 
 
 # ---------------------------------------------------------------------- gathering to rank 0
