@@ -37,20 +37,25 @@ def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900, env=env)
 
 
-def test_torchrun_two_ranks_train_at_downscale_4_without_images_4(tmp_path: Path) -> None:
-    scene = _scene_without_images_4(tmp_path)
-    out = tmp_path / "out"
+def _assert_torchrun_trains_at_downscale_4(scene: Path, out: Path, extra: list[str]) -> None:
+    """Two ranks under torchrun, stdin closed: trained and saved, never prompted, nothing written
+    into the scene."""
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
     cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
-           *train_args(out, "ds4", NUM_STEPS, extra=EXTRA, data_args=_data_args(scene))]
+           *train_args(out, "ds4", NUM_STEPS, extra=extra, data_args=_data_args(scene))]
     proc = _run(cmd, env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{log[-6000:]}"
     assert "Would you like to downscale" not in log
     assert "images_4 not found: decoding the images at 1/4" in log
-    assert not (scene / "images_4").exists()
+    # Neither beside the scene's images nor beside the folder they link to.
+    assert not (scene / "images_4").exists() and not ((scene / "images").resolve().parent / "images_4").exists()
     assert latest_checkpoint(out, "ds4").exists()
+
+
+def test_torchrun_two_ranks_train_at_downscale_4_without_images_4(tmp_path: Path) -> None:
+    _assert_torchrun_trains_at_downscale_4(_scene_without_images_4(tmp_path), tmp_path / "out", EXTRA)
 
 
 def test_torchrun_full_size_capture_at_downscale_4_with_the_default_schedule(tmp_path: Path) -> None:
@@ -61,18 +66,7 @@ def test_torchrun_full_size_capture_at_downscale_4_with_the_default_schedule(tmp
     scene.mkdir()
     for name in ("images", "sparse"):
         (scene / name).symlink_to(source / name, target_is_directory=True)
-    out = tmp_path / "out"
-    env = cpu_env()
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
-           *train_args(out, "ds4", NUM_STEPS, extra=["--steps-per-save", str(NUM_STEPS)], data_args=_data_args(scene))]
-    proc = _run(cmd, env)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{log[-6000:]}"
-    assert "Would you like to downscale" not in log
-    assert "images_4 not found: decoding the images at 1/4" in log
-    assert not (scene / "images_4").exists() and not (source / "images_4").exists()
-    assert latest_checkpoint(out, "ds4").exists()
+    _assert_torchrun_trains_at_downscale_4(scene, tmp_path / "out", ["--steps-per-save", str(NUM_STEPS)])
 
 
 def test_single_process_trains_at_downscale_4_without_images_4(tmp_path: Path) -> None:
