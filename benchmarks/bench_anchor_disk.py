@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_data import FOX, fox_scene, run_child  # noqa: E402
+from benchmarks.bench_data import FOX, fox_scene, run_child
 
 DEFAULT_ANCHOR_ROOT = (REPO / ".." / "anchor" / "nerfstudio_main").resolve()
 TARGET_RATIO = 1.2
