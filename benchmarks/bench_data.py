@@ -349,15 +349,21 @@ def child_nerfstudio(scene: Path, steps: int, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int) -> dict:
-    """Run this script as a child; kill its tree on timeout or when its RSS passes the limit."""
+def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int, script: Path | None = None,
+              pythonpath_first: Path | None = None) -> dict:
+    """Run ``script`` (default: this one) as a child; kill its tree on timeout or when its RSS passes the limit.
+
+    ``pythonpath_first`` goes before the repository on the child's ``PYTHONPATH`` (an alternative
+    ``nerfstudio`` package, see benchmarks/bench_anchor_disk.py).
+    """
     import psutil
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = Path(tmp.name)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    paths = ([str(pythonpath_first)] if pythonpath_first else []) + [str(REPO)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), *args, "--out", str(out)],
+        [sys.executable, str((script or Path(__file__)).resolve()), *args, "--out", str(out)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
