@@ -162,8 +162,8 @@ def ns_train_with_stall(stall: str, stall_rank: int) -> None:
 
 def _git_commit() -> str:
     """HEAD of the checkout the launches ran (with "+dirty" when files differ from it)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
