@@ -113,7 +113,9 @@ def launch_once(launch: int, args: argparse.Namespace, work: Path, keep: Path) -
     out = work / f"launch{launch:03d}"
     log_path = out / "log.txt"
     out.mkdir(parents=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # This checkout's distsplat_ns, not the one the virtual environment was installed from.
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath)
     start = time.perf_counter()
     with log_path.open("w") as log:
         proc = subprocess.Popen(train_command(out, launch, args), stdout=log, stderr=subprocess.STDOUT, env=env,
