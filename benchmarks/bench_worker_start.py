@@ -11,6 +11,12 @@ times, on the shipped lund_door images with 2 workers and B=4:
 - ``first_batch_prestarted_s``: ``first_batch_s`` when the fork server was started 3 s earlier
   (``stream.start_worker_server``, as the datamanager does at construction, before the model is
   built), in a separate fresh interpreter.
+- ``forkserver_ns_train_main``: forkserver again, but the child's main script first imports what
+  ``ns-train``'s console script imports (``nerfstudio.scripts.train``), as a training rank's does:
+  a worker that re-runs the main script at start-up pays those imports.
+Each first batch is split into ``start_workers_s`` (creating the reader: for forkserver, starting
+the server, its imports and the forks) and ``first_wait_s`` (the workers' own start-up and their
+first decode, of which ``first_decode_s`` is the workers' decode seconds, summed over the workers).
 Ratios to fork are taken within one run (same machine load). Run:
 ``python benchmarks/bench_worker_start.py [--repeats 3] [--out results.json]``.
 """
@@ -22,6 +28,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +37,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 METHODS = ("fork", "forkserver", "spawn")
+NS_MAIN = "forkserver_ns_train_main"
+
+# A main script like ns-train's console script (which imports nerfstudio's training CLI at its top),
+# running this benchmark's child.
+_NS_TRAIN_LIKE_MAIN = f"""import sys
+from nerfstudio.scripts.train import entrypoint  # noqa: F401 - as ns-train's script
+sys.path.insert(0, {str(REPO / "benchmarks")!r})
+if __name__ == "__main__":
+    import bench_worker_start
+    bench_worker_start.main()
+"""
 
 
 def child(method: str, prestart: bool = False) -> dict:
@@ -53,8 +71,13 @@ def child(method: str, prestart: bool = False) -> dict:
     for key in ("first_batch_s", "restart_s"):
         start = time.perf_counter()
         reader = TrainBatchReader(ImageBatchStream(loader, 4, seed=0), 2, 2, method)
+        started = time.perf_counter()
         reader.next_batch(0)
         result[key] = time.perf_counter() - start
+        if key == "first_batch_s":
+            result["start_workers_s"] = started - start
+            result["first_wait_s"] = result[key] - result["start_workers_s"]
+            result["first_decode_s"] = reader.decode_s
         if key == "restart_s":
             start = time.perf_counter()
             for step in range(1, 21):
@@ -77,9 +100,17 @@ def _fork_server_uss_mib() -> float:
     return 0.0
 
 
+def _git_commit() -> str:
+    """HEAD of this checkout (with "+dirty" when tracked files differ from it)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True, cwd=REPO)
+    return head + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", choices=METHODS)
+    parser.add_argument("--ns-train-main", action="store_true", help="(internal) the child runs under an ns-train-like main")
     parser.add_argument("--prestart", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
@@ -87,7 +118,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.prestart)))
         return
-    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    runs: dict[str, list[dict]] = {m: [] for m in (*METHODS, NS_MAIN)}
+    ns_main = Path(tempfile.mkdtemp(prefix="bench_worker_start_")) / "ns_train_like_main.py"
+    ns_main.write_text(_NS_TRAIN_LIKE_MAIN)
     for _ in range(args.repeats):
         for method in METHODS:  # interleaved: the machine's load hits every method alike
             out = subprocess.run([sys.executable, __file__, "--child", method], capture_output=True, text=True, check=True, cwd=REPO)
@@ -96,15 +129,20 @@ def main() -> None:
             [sys.executable, __file__, "--child", "forkserver", "--prestart"], capture_output=True, text=True, check=True, cwd=REPO
         )
         runs["forkserver"][-1]["first_batch_prestarted_s"] = json.loads(out.stdout.strip().splitlines()[-1])["first_batch_s"]
+        out = subprocess.run(
+            [sys.executable, str(ns_main), "--child", "forkserver", "--ns-train-main"], capture_output=True, text=True, check=True, cwd=REPO
+        )
+        runs[NS_MAIN].append(json.loads(out.stdout.strip().splitlines()[-1]))
     summary = {}
-    for method in METHODS:
-        summary[method] = {k: statistics.median(r[k] for r in runs[method]) for k in ("first_batch_s", "restart_s", "batches_per_s")}
+    keys = ("first_batch_s", "restart_s", "batches_per_s", "start_workers_s", "first_wait_s", "first_decode_s")
+    for method in (*METHODS, NS_MAIN):
+        summary[method] = {k: statistics.median(r[k] for r in runs[method]) for k in keys}
     for key in ("first_batch_prestarted_s", "server_uss_mib"):
         summary["forkserver"][key] = statistics.median(r[key] for r in runs["forkserver"])
-    for method in METHODS:
+    for method in (*METHODS, NS_MAIN):
         for key in ("first_batch_s", "restart_s", "batches_per_s"):
             summary[method][f"{key}_vs_fork"] = summary[method][key] / summary["fork"][key]
-    report = {"command": " ".join(sys.argv), "repeats": args.repeats, "median": summary, "runs": runs}
+    report = {"command": " ".join(sys.argv), "commit": _git_commit(), "repeats": args.repeats, "median": summary, "runs": runs}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -30,8 +30,9 @@ Worker processes (docs/data.md, "Workers and errors"):
 - Started by ``forkserver``, never forked from the training process: by the time the loader starts,
   gloo and tensorboard threads exist there, and a child forked from a multi-threaded process can
   inherit a lock held by another thread (a worker once hung in ``PyOS_AfterFork_Child``). The fork
-  server is a fresh single-threaded interpreter; it preloads ``__main__`` and this module, so a
-  worker starts in milliseconds once the server is up.
+  server is a fresh single-threaded interpreter; it preloads this module (through
+  ``worker_server.py``) and its workers skip re-running the training process's main script (under
+  ``ns-train``, nerfstudio's whole CLI), so a worker starts in milliseconds once the server is up.
 - Each worker exits within a fraction of a second when the process that owns the loader dies,
   even by SIGKILL: the fork server and its children die with their parent (``worker_server.py``,
   which also covers a worker still starting), and each worker watches its owner
@@ -338,17 +339,17 @@ class ImageBatchStream(IterableDataset):
 def worker_context(start_method: str = WORKER_START_METHOD) -> multiprocessing.context.BaseContext:
     """The multiprocessing context DataLoader workers start from.
 
-    For ``forkserver`` the server (started once per process, on first use, from the main thread)
-    preloads ``__main__`` and ``worker_server`` (this module, and death with the training
-    process), so that workers fork from an interpreter that already imported torch and the
-    decoders; without ``__main__`` each worker would re-run the main script's imports.
+    For ``forkserver`` the server (started once per process, by ``start_worker_server`` or on
+    first use) preloads ``worker_server`` (this module, death with the training process, no
+    re-run of the main script in workers), so that workers fork from an interpreter that already
+    imported torch and the decoders and import nothing more before their first decode.
 
     Args:
         start_method: ``"forkserver"`` (the default), ``"spawn"`` or ``"fork"``.
     """
     context = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        context.set_forkserver_preload(["__main__", "distsplat_ns.data.worker_server"])  # type: ignore[attr-defined]
+        context.set_forkserver_preload(["distsplat_ns.data.worker_server"])  # type: ignore[attr-defined]
     return context
 
 
