@@ -97,3 +97,30 @@ def test_two_rank_start_up_never_hangs(tmp_path: Path) -> None:
         assert ranks[0] == ranks[1], f"launch {launch}: the ranks disagree"
         rank0_ids, rank1_ids = ranks[0]
         assert [len(a) + len(b) for a, b in zip(rank0_ids, rank1_ids)] == [4, 4, 4]
+
+
+# A main script that records each process running its top level (as ns-train's script imports all
+# of nerfstudio there), then takes one batch from 2 forkserver workers.
+MAIN_SCRIPT = """import os, sys
+with open(sys.argv[1], "a") as marker:
+    marker.write(f"{os.getpid()}\\n")
+if __name__ == "__main__":
+    import json
+    from pathlib import Path
+    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+    from tests.helpers.data_fixtures import make_loader
+    reader = TrainBatchReader(ImageBatchStream(make_loader([Path(p) for p in json.loads(sys.argv[2])]), 4, seed=0), 2, 2)
+    assert len(reader.next_batch(0).images) == 4
+    reader.close()
+"""
+
+
+def test_forkserver_workers_do_not_rerun_the_main_script(tmp_path: Path, jpeg_paths: list[Path]) -> None:
+    # Under ns-train a re-run imported nerfstudio's whole CLI in every worker at every start (seconds each).
+    script, marker = tmp_path / "main.py", tmp_path / "ran.txt"
+    script.write_text(MAIN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(script), str(marker), json.dumps([str(p) for p in jpeg_paths])],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(marker.read_text().split()) == 1, f"the main script ran in processes {marker.read_text().split()} (only the parent should)"
