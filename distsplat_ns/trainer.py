@@ -291,7 +291,7 @@ class DistSplatTrainer(Trainer):
             dm.train_dataparser_outputs.save_dataparser_transform(self.base_dir / "dataparser_transforms.json")
         self._init_viewer_state()
         self.pipeline.configure_training(start_step=self._start_step)
-        enter_phase(self.ctx, "training")
+        enter_phase(self.ctx, "first step")  # watched like start-up: the first batch, the first collectives
         t_start = time.perf_counter()
         self.stop_training = False
         try:
@@ -328,6 +328,8 @@ class DistSplatTrainer(Trainer):
                     for callback in self.callbacks:
                         callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
             last_step = step
+            if step == self._start_step:
+                enter_phase(self.ctx, "training", watch=False)
             self.record.step_times.append(train_t.duration)
             if step > 1:
                 writer.put_time(

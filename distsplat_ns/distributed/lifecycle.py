@@ -18,7 +18,11 @@ The phase and error keys travel through the process group's key-value store (tor
 from __future__ import annotations
 
 import datetime
+import os
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -122,14 +126,20 @@ def _broadcast_text(ctx: DistContext, text: str) -> str:
     return str(holder[0])
 
 
-def enter_phase(ctx: DistContext, name: str) -> None:
+def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, watch: bool = True) -> None:
     """Record that this rank entered start-up phase ``name`` (read by error reports).
+
+    With ``watch``, a rank that stays in the phase for half of ``timeout_s`` (default: the
+    collective timeout) outside any collective names itself (:class:`_PhaseWatch`): one line and
+    its main thread's stack on stderr, and "outside any collective" in its store record, so the
+    rank that gives up waiting for it reports which rank it waited for.
 
     **Collective:** none (one store write); no-op at ``world_size == 1``.
     """
     store = _store() if ctx.is_distributed else None
     if store is not None:
         store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
+        _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2 if watch else None)
 
 
 def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -> None:
@@ -148,6 +158,7 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
     if store is None:
         return
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
+    _WATCH.enter(ctx, store, None, None)
     store.set(f"{_KEY_PREFIX}done/{name}/{ctx.rank}", "1")
     store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
     keys = [f"{_KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
@@ -172,7 +183,7 @@ def startup_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -
 
     **Collective:** as :func:`finish_phase`.
     """
-    enter_phase(ctx, name)
+    enter_phase(ctx, name, timeout_s)
     try:
         yield
     except RuntimeError as err:
@@ -181,6 +192,83 @@ def startup_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -
             raise
         raise RunFailure(f"start-up phase '{name}' on rank {ctx.rank}: {where}") from err
     finish_phase(ctx, name, timeout_s)
+
+
+class _PhaseWatch:
+    """One daemon thread per rank: while a watched start-up phase lasts longer than its threshold
+    and the main thread is outside any collective (no frame of ``torch.distributed`` or of
+    :func:`finish_phase` on its stack), this rank is the one the others wait for. It says so once
+    per phase: on stderr with its main thread's stack, and in its store record (the thread's store
+    write is serialised with the main thread's by the store client)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phase: tuple | None = None  # (ctx, store, name, threshold_s, entered_at)
+        self._thread: threading.Thread | None = None
+
+    def enter(self, ctx: DistContext, store: dist.Store, name: str | None, threshold_s: float | None) -> None:
+        with self._lock:
+            self._phase = None if name is None or threshold_s is None else (ctx, store, name, threshold_s, time.monotonic())
+            if self._phase is not None and self._thread is None:
+                self._thread = threading.Thread(target=self._run, args=(threading.main_thread().ident,), name="distsplat-phase-watch", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        """Watch nothing more (the run is ending: its stack no longer says where a phase is)."""
+        with self._lock:
+            self._phase = None
+
+    def _run(self, main_ident: int) -> None:
+        reported: tuple | None = None
+        while True:
+            time.sleep(0.2)
+            with self._lock:
+                phase = self._phase
+            if phase is None or phase is reported or time.monotonic() - phase[4] < phase[3]:
+                continue
+            stack = _main_stack_outside_collectives(main_ident)
+            if stack is None:
+                continue
+            reported = phase
+            ctx, store, name, _, entered_at = phase
+            where = stack[-1]
+            note = (f"in '{name}', outside any collective for {time.monotonic() - entered_at:.0f} s "
+                    f"(at {os.path.basename(where.filename)}:{where.lineno} {where.name})")
+            sys.stderr.write(f"distsplat: rank {ctx.rank} is {note}: the other ranks are waiting for it "
+                             f"(they give up after --collective-timeout-s {ctx.timeout_s:g}). Its main thread:\n"
+                             + "".join(traceback.format_list(stack[-12:])))
+            sys.stderr.flush()
+            try:
+                store.set(f"{_KEY_PREFIX}where/{ctx.rank}", note)
+            except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
+                pass
+
+
+_WATCH = _PhaseWatch()
+
+
+def stop_watching() -> None:
+    """End this rank's phase watch (:func:`enter_phase`): called when the run fails or ends."""
+    _WATCH.stop()
+
+
+def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:
+    """The main thread's stack when it is not waiting on other ranks (inside ``torch.distributed``
+    or in :func:`finish_phase`'s barrier), else None. Keeps no frame: a frame held here would keep
+    the main thread's locals (a DataLoader iterator, whose workers then outlive the process's exit)."""
+    frame = sys._current_frames().get(main_ident)
+    try:
+        probe = frame
+        while probe is not None:
+            code = probe.f_code
+            if f"{os.sep}torch{os.sep}distributed{os.sep}" in code.co_filename:
+                return None
+            if code.co_filename == __file__ and code.co_name == "finish_phase":
+                return None
+            probe = probe.f_back
+        return None if frame is None else traceback.extract_stack(frame)
+    finally:
+        del frame, probe
 
 
 def is_comm_failure(err: BaseException) -> bool:

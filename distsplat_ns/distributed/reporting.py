@@ -14,7 +14,7 @@ from typing import Optional
 
 from distsplat_ns.distributed.collectives import NonFiniteGradientError, ReplicaDriftError
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.lifecycle import explain_comm_failure, first_report
+from distsplat_ns.distributed.lifecycle import explain_comm_failure, first_report, stop_watching
 from distsplat_ns.utils.errors import RunFailure, UserError
 
 #: Errors reported as their message alone: bad input, and run failures whose message says why.
@@ -37,6 +37,7 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
         try:
             return method(self, *args, **kwargs)
         except BaseException as err:
+            stop_watching()
             ctx = getattr(self, "ctx", None) or DistContext()
             if ctx.is_main:
                 remove_unused_run_dir(getattr(self, "base_dir", None))

@@ -97,3 +97,31 @@ def trainer_identity(ctx, out: str) -> dict:
         "base_dir": trainer.base_dir.name,
         "checkpoint_dir": str(trainer.checkpoint_dir.relative_to(trainer.base_dir)),
     }
+
+
+def working_outside_collectives(ctx) -> str:
+    """Rank 1 stays busy (polling the store, never in a collective) inside a watched phase whose
+    threshold is 1 s (half of 2 s); rank 0 waits in an all_reduce until its 4 s gloo timeout."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from distsplat_ns.distributed.lifecycle import enter_phase
+
+    store = dist.distributed_c10d._get_default_store()
+    short = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=4))
+    enter_phase(ctx, "pipeline setup", timeout_s=2.0)
+    if ctx.rank == 1:
+        deadline = time.monotonic() + 60
+        while not store.check(["test/rank0-gave-up"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return "waited"
+    try:
+        dist.all_reduce(torch.zeros(1), group=short)
+    except RuntimeError:
+        where = store.get("distsplat/where/1").decode() + " | " + store.get("distsplat/where/0").decode()
+        store.set("test/rank0-gave-up", "1")
+        time.sleep(1.0)  # rank 0 hosts the store: let rank 1 see the key
+        return where
+    return "no error"

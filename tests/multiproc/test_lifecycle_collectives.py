@@ -51,3 +51,11 @@ def test_trainer_agrees_on_rank0_identity_without_rewriting_the_config(tmp_path:
         assert got["config_timestamp"] == f"t{rank}" and got["config_seed"] == 100 + rank, got
         assert got["seed"] == 100 and got["base_dir"] == "t0", got
         assert got["checkpoint_dir"] == "nerfstudio_models", got
+
+
+def test_a_rank_busy_outside_collectives_names_itself_in_its_record() -> None:
+    # Rank 1 is busy for longer than half the phase's timeout; rank 0 is inside a collective.
+    where1, where0 = run_ranks(fns.working_outside_collectives, 2)[0].split(" | ")
+    assert where1.startswith("in 'pipeline setup', outside any collective for "), where1
+    assert "lifecycle_rank_fns.py" in where1, where1  # where its main thread was
+    assert where0 == "in 'pipeline setup'", where0  # waiting in a collective: not flagged
