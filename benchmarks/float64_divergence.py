@@ -261,7 +261,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     trace = sub.add_parser("trace", help="run ns-train with a per-step trace")
     trace.add_argument("--trace-dir", required=True)
-    trace.add_argument("--dedup-seed-points", action="store_true", help="diagnostic: seed from unique COLMAP points")
+    trace.add_argument("--dedup-seed-points", action="store_true", help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: model/gaussians.py)")
     trace.add_argument("--save-grads", action="store_true", help="rank 0 also saves the summed gradients of every step")
     trace.add_argument("ns_train_args", nargs=argparse.REMAINDER, help="-- then ns-train's arguments")
     comp = sub.add_parser("compare", help="compare two traces")
