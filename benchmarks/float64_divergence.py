@@ -12,10 +12,9 @@ Usage::
 
 - ``DistSplatModel.gt_image``: a digest of every ground-truth image a rank composites, per
   (step, position) -- the data each run trains on;
-- ``DistSplatPipeline.after_backward``: after the gradient sum, a digest of the summed
-  gradients and of the reduced densification statistics (``state.info``);
-- ``DistSplatPipeline.after_optimizer_step``: the parameters after the optimizer step and the
-  refinement; rank 0 saves them whole (float64, ``params/step-XXXXXX.pt``), plus the strategy's
+- the pipeline's ``sum_gradients_`` and ``batch_info``: a digest of the summed gradients and of
+  the reduced densification statistics;
+- ``DistSplatPipeline.train_step``: the parameters after the optimizer step and the refinement; rank 0 saves them whole (float64, ``params/step-XXXXXX.pt``), plus the strategy's
   running statistics right before a refinement (``refine/step-XXXXXX.pt``);
 - ``DistSplatTrainer._eval_all`` becomes a no-op (evaluation does not touch training).
 
@@ -64,7 +63,7 @@ def _install_dedup_seed_points() -> None:
     ColmapDataParser._load_3D_points = load
 
 
-def _install_trace(trace_dir: Path) -> None:
+def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.pipeline import DistSplatPipeline
 
@@ -84,15 +83,22 @@ def _install_trace(trace_dir: Path) -> None:
         current.setdefault("gt", []).append(_digest([out]))
         return out
 
-    original_after_backward = DistSplatPipeline.after_backward
+    import distsplat_ns.pipeline as pipeline_module
 
-    def after_backward(self, state):  # noqa: ANN001, ANN202
-        original_after_backward(self, state)
-        params = self.trainable_parameters()
+    original_sum = pipeline_module.sum_gradients_
+
+    def sum_gradients_(ctx, params):  # noqa: ANN001, ANN202
+        out = original_sum(ctx, params)
         current["grad"] = _digest([p.grad if p.grad is not None else torch.zeros(0) for p in params])
-        info = state.info
-        if info is not None:
-            current["stats"] = _digest([info["means2d"].grad, info["means2d"].absgrad, info["radii"]])
+        if save_grads and rank == 0:
+            current["grad_tensors"] = [p.grad.detach().clone() if p.grad is not None else None for p in params]
+        return out
+
+    original_batch_info = pipeline_module.batch_info
+
+    def batch_info(grads2d, absgrads2d, radii, width, height):  # noqa: ANN001, ANN202
+        current["stats"] = _digest([grads2d, absgrads2d, radii])
+        return original_batch_info(grads2d, absgrads2d, radii, width, height)
 
     original_refine = DistSplatModel.refine
 
@@ -120,23 +126,28 @@ def _install_trace(trace_dir: Path) -> None:
                 )  # fmt: skip
         original_refine(self, step, optimizers, info)
 
-    original_after_opt = DistSplatPipeline.after_optimizer_step
+    original_train_step = DistSplatPipeline.train_step
 
-    def after_optimizer_step(self, state, optimizers):  # noqa: ANN001, ANN202
-        original_after_opt(self, state, optimizers)
+    def train_step(self, step, optimizers):  # noqa: ANN001, ANN202
+        report = original_train_step(self, step, optimizers)
         params = {n: p.detach() for n, p in self.model.gauss_params.items()}
         record = {
-            "step": state.step,
+            "step": step,
             "num_points": self.model.num_points,
             "params": _digest(list(params.values())),
             "gt": current.pop("gt", []),
             "grad": current.pop("grad", None),
             "stats": current.pop("stats", None),
-            "batch": list(state.batch),
+            "batch": list(self.datamanager.batch_camera_ids(step)),
         }
         log.write(json.dumps(record) + "\n")
         if rank == 0:
-            torch.save({n: p.clone() for n, p in params.items()}, trace_dir / "params" / f"step-{state.step:06d}.pt")
+            torch.save({n: p.clone() for n, p in params.items()}, trace_dir / "params" / f"step-{step:06d}.pt")
+        grads = current.pop("grad_tensors", None)
+        if grads is not None:
+            names = [n for n, _ in self._named_trainable_parameters()]
+            torch.save(dict(zip(names, grads)), trace_dir / "params" / f"grad-{step:06d}.pt")
+        return report
 
     from distsplat_ns.trainer import DistSplatTrainer
 
@@ -145,14 +156,15 @@ def _install_trace(trace_dir: Path) -> None:
     DistSplatTrainer._eval_all = lambda self, step: None
     DistSplatModel.gt_image = gt_image
     DistSplatModel.refine = refine
-    DistSplatPipeline.after_backward = after_backward
-    DistSplatPipeline.after_optimizer_step = after_optimizer_step
+    pipeline_module.sum_gradients_ = sum_gradients_
+    pipeline_module.batch_info = batch_info
+    DistSplatPipeline.train_step = train_step
 
 
 def _trace(args: argparse.Namespace) -> None:
     if args.dedup_seed_points:
         _install_dedup_seed_points()
-    _install_trace(Path(args.trace_dir))
+    _install_trace(Path(args.trace_dir), save_grads=args.save_grads)
     from nerfstudio.scripts.train import entrypoint
 
     sys.argv = ["ns-train", *args.ns_train_args]
@@ -249,7 +261,8 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     trace = sub.add_parser("trace", help="run ns-train with a per-step trace")
     trace.add_argument("--trace-dir", required=True)
-    trace.add_argument("--dedup-seed-points", action="store_true", help="diagnostic: seed from unique COLMAP points")
+    trace.add_argument("--dedup-seed-points", action="store_true", help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: model/gaussians.py)")
+    trace.add_argument("--save-grads", action="store_true", help="rank 0 also saves the summed gradients of every step")
     trace.add_argument("ns_train_args", nargs=argparse.REMAINDER, help="-- then ns-train's arguments")
     comp = sub.add_parser("compare", help="compare two traces")
     comp.add_argument("trace_a")

@@ -39,7 +39,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
+from distsplat_ns.checkpoint import float64_optimizer_configs, load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
 from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
@@ -218,7 +218,10 @@ class DistSplatTrainer(Trainer):
         return steps_to_cover(self.config.max_num_iterations, self.pipeline.config.batch_size)
 
     def setup_optimizers(self) -> Optimizers:
-        configs = scaled_optimizer_configs(self.config.optimizers, self.pipeline.config.batch_size)
+        configs = self.config.optimizers
+        if self.pipeline.config.model.param_dtype == "float64":
+            configs = float64_optimizer_configs(configs)
+        configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
         return Optimizers(configs, self.pipeline.get_param_groups())
 
     def _load_checkpoint_state(self) -> Optional[Dict[str, Any]]:

@@ -29,7 +29,7 @@ from nerfstudio.utils.colors import get_color
 from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.exchange import Received
-from distsplat_ns.model.gaussians import initial_gaussians
+from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.strategy import ChildIds, IdGather, allocate_child_ids, build_default_strategy, gather_local, schedule_in_steps
 from distsplat_ns.rendering import Projection, project, rasterization, rasterize_rows
@@ -55,7 +55,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     lpips: Literal["auto", "off"] = "auto"
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
-    """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: it makes float32 summation-order effects (which differ between 1 and W processes) too small to flip a densification threshold, so runs on different world sizes can be compared exactly."""
+    """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the quaternions an Adam eps of at least 1e-8."""
 
     def __post_init__(self) -> None:
         if self.use_bilateral_grid:
@@ -111,7 +111,11 @@ class DistSplatModel(SplatfactoModel):
         # Seed of the training backgrounds and densification samples: the trainer passes
         # --machine.seed (agreed by every rank); 42 (nerfstudio's default) where no trainer runs.
         self.seed: int = int(self.kwargs.get("seed", 42))
-        self.gauss_params = initial_gaussians(self.config, self.seed_points, self.k_nearest_sklearn)
+        seed_points = self.seed_points
+        if self.config.param_dtype == "float64" and seed_points is not None:
+            # Twins at one position swap depth order with rounding (model/gaussians.py).
+            seed_points = unique_seed_points(seed_points)
+        self.gauss_params = initial_gaussians(self.config, seed_points, self.k_nearest_sklearn)
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
 
         from pytorch_msssim import SSIM

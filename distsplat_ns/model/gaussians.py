@@ -12,6 +12,32 @@ import torch
 from nerfstudio.models.splatfacto import RGB2SH, SplatfactoModelConfig, num_sh_bases, random_quat_tensor
 
 
+def unique_seed_points(seed_points: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The point cloud with each repeated position kept once: its first occurrence, in order.
+
+    Two Gaussians seeded at one position have equal depths, so which one is in front depends on
+    the last bits of their positions after a step, and those bits on how the gradient sums were
+    split: runs on 1 and on 2 processes then composite the twins in different orders
+    (docs/float64_exactness.md). The float64 mode seeds from unique positions.
+
+    Args:
+        seed_points: Positions `[N, 3]` float and colours `[N, 3]` uint8 (or `[0, 3]`: none).
+
+    Returns:
+        The rows whose position (as float32, the Gaussians' initial means) does not occur in an
+        earlier row, in their original order. A pure function of the points: the same on every rank.
+    """
+    xyz = seed_points[0].float()
+    if xyz.shape[0] == 0:
+        return seed_points
+    _, inverse = torch.unique(xyz, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), xyz.shape[0], dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(xyz.shape[0]), reduce="amin")
+    keep = torch.sort(first).values
+    colours = seed_points[1][keep] if seed_points[1].shape[0] == xyz.shape[0] else seed_points[1]
+    return seed_points[0][keep], colours
+
+
 def initial_gaussians(
     config: SplatfactoModelConfig,
     seed_points: Optional[Tuple[torch.Tensor, torch.Tensor]],

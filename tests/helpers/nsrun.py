@@ -88,3 +88,11 @@ def load_gauss_params(ckpt: Path) -> dict:
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
     prefix = "_model.gauss_params."
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def load_gauss_ids(ckpt: Path):  # noqa: ANN201 - torch is imported lazily
+    """The Gaussians' global ids in parameter order (the model's extra state). `[N]` int64."""
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    return state["_model._extra_state"]["strategy_state"]["gauss_ids"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from tests.helpers.multiproc import free_port
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
@@ -17,6 +18,7 @@ from tests.helpers.nsrun import (
     REPO,
     cpu_env,
     latest_checkpoint,
+    load_gauss_ids,
     load_gauss_params,
     ns_bin,
     read_stats,
@@ -35,6 +37,9 @@ def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path,
     assert start["steps"] == 50 and read_stats(two_process_run, "two")["world_size"] == 2
     assert one["means"].shape == two["means"].shape
     assert one["means"].shape[0] != 11384, "no refine event changed the Gaussian count: the test lost its point"
+    # Same ids in the same order: every grow and prune decision of the 3 refine events was the
+    # same (an id names the parent and the event that made it), not only their number.
+    assert torch.equal(load_gauss_ids(latest_checkpoint(one_process_run, "one")), load_gauss_ids(latest_checkpoint(two_process_run, "two")))
 
 
 def test_two_processes_match_one_process_parameters(one_process_run: Path, two_process_run: Path) -> None:
