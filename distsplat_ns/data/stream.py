@@ -37,6 +37,11 @@ Worker processes (docs/data.md, "Workers and errors"):
   even by SIGKILL: the fork server and its children die with their parent (``worker_server.py``,
   which also covers a worker still starting), and each worker watches its owner
   (``exit_with_owner``, which also covers the fork and spawn start methods).
+- Workers ignore SIGINT/SIGTERM (a stop signal to the rank's process group must not kill them
+  mid-step), so multiprocessing's exit handler, which stops daemonic children with SIGTERM and then
+  waits for them, would wait for ever when a loader is still alive at interpreter exit (a failed
+  run: its exception keeps the iterator referenced). ``_kill_workers_at_exit`` runs first and
+  SIGKILLs them.
 - A decode error (``ValueError`` from ``ImageLoader.load_array``: file, dataset index, decoder's
   reason) travels to the consumer as data (``WorkerFailure``) and is raised there with the worker's
   message unchanged; torch's own re-raise would put ``Caught ValueError in DataLoader worker
@@ -45,9 +50,11 @@ Worker processes (docs/data.md, "Workers and errors"):
 
 from __future__ import annotations
 
+import atexit
 import functools
 import itertools
 import multiprocessing
+import multiprocessing.util
 import os
 import select
 import threading
@@ -72,6 +79,19 @@ WORKER_START_METHOD = "forkserver"
 """How DataLoader workers are started (see the module docstring)."""
 
 _OWNER_POLL_S = 0.2
+
+
+def _kill_workers_at_exit() -> None:
+    """At interpreter exit, SIGKILL this process's daemonic multiprocessing children (DataLoader
+    workers, which ignore the SIGTERM that multiprocessing's own exit handler sends before it waits
+    for them). Registered after ``multiprocessing.util`` and ``torch.utils.data`` are imported, so it
+    runs before their exit handlers (``atexit`` is last in, first out)."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+
+
+atexit.register(_kill_workers_at_exit)
 
 
 class Assigner(Protocol):

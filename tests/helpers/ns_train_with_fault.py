@@ -1,12 +1,14 @@
-"""ns-train with a NaN written into one rank's local gradient at one step (fault-injection runs).
+"""ns-train with a fault on one rank at one step (fault-injection runs): a NaN written into its
+local gradient, or with ``DISTSPLAT_TEST_FAULT=raise`` an internal error (a RuntimeError).
 
-Usage (under torchrun): ``ns_train_with_fault.py STEP RANK <ns-train arguments>``. It sets the
-pipeline's test hook (``distsplat_ns/pipeline.py``: ``before_gradient_sum_hook``) and then runs
+Usage (plain or under torchrun): ``ns_train_with_fault.py STEP RANK <ns-train arguments>``. It sets
+the pipeline's test hook (``distsplat_ns/pipeline.py``: ``before_gradient_sum_hook``) and then runs
 nerfstudio's ``ns-train`` entry point in this process.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +28,8 @@ def main() -> None:
     def write_nan(step: int, rank: int, model) -> None:  # noqa: ANN001
         if step != fault_step or rank != fault_rank:
             return
+        if os.environ.get("DISTSPLAT_TEST_FAULT") == "raise":
+            raise RuntimeError(f"injected internal error at step {step}")
         logger.warning("fault injection: NaN written into the local gradient at step %d", step)
         if model.means.grad is None:
             model.means.grad = torch.zeros_like(model.means)
