@@ -203,25 +203,32 @@ class AdamWithBetasConfig(AdamOptimizerConfig):
     betas: Tuple[float, float] = (0.9, 0.999)
 
 
-FLOAT64_QUATS_ADAM_EPS = 1e-8
-"""The float64 mode's least Adam eps for quaternions (docs/float64_exactness.md)."""
+FLOAT64_ADAM_EPS = 1e-8
+"""The float64 mode's least Adam eps for the Gaussians' parameters (docs/float64_exactness.md)."""
+
+GAUSSIAN_PARAM_GROUPS = ("means", "scales", "quats", "opacities", "features_dc", "features_rest")
+"""splatfacto's optimizer groups of the Gaussians' own parameters (one per ``gauss_params`` entry)."""
 
 
 def float64_optimizer_configs(configs: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """The optimizers of the float64 mode: the quaternions' Adam eps raised to at least 1e-8.
+    """The optimizers of the float64 mode: every Gaussian parameter group's Adam eps raised to at
+    least 1e-8.
 
-    A Gaussian whose scales are (almost) equal has a quaternion gradient that is mostly rounding,
-    different on 1 and on 2 processes; with splatfacto's eps of 1e-15 Adam turns it into a step of
-    about the learning rate. At 1e-8 those steps are ~1e-4 of the rounding they come from: over
-    225 steps on bird the first differing refinement moved from step 150 to step 200
-    (docs/float64_exactness.md). Other groups, and float32 training, keep splatfacto's values.
-    Returns a copy; applied before ``scaled_optimizer_configs`` (whose eps / sqrt(B) follows).
+    Gradients that are 0 in exact arithmetic come out as rounding (1e-22 to 1e-15) that differs
+    between 1 and W processes: the quaternions of Gaussians with equal scales, and every parameter
+    of a Gaussian born at a refinement that no pixel has touched yet. With splatfacto's eps of
+    1e-15 Adam turns that noise into steps of up to the learning rate, different in each run; at
+    1e-8 they are ~1e-7 of the noise. On bird (B = 4, 900 images) 1 and 2 processes then take the
+    same decisions over the whole run (docs/float64_exactness.md). Other groups, and float32
+    training, keep splatfacto's values. Returns a copy; applied before
+    ``scaled_optimizer_configs`` (whose eps / sqrt(B) follows).
     """
     out = copy.deepcopy(configs)
-    opt = out.get("quats", {}).get("optimizer")
-    if isinstance(opt, AdamOptimizerConfig) and opt.eps < FLOAT64_QUATS_ADAM_EPS:
-        LOGGER.info("float64: quaternion Adam eps %g -> %g (docs/float64_exactness.md)", opt.eps, FLOAT64_QUATS_ADAM_EPS)
-        opt.eps = FLOAT64_QUATS_ADAM_EPS
+    for name in GAUSSIAN_PARAM_GROUPS:
+        opt = out.get(name, {}).get("optimizer")
+        if isinstance(opt, AdamOptimizerConfig) and opt.eps < FLOAT64_ADAM_EPS:
+            opt.eps = FLOAT64_ADAM_EPS
+    LOGGER.info("float64: Adam eps of the Gaussian parameters raised to >= %g (docs/float64_exactness.md)", FLOAT64_ADAM_EPS)
     return out
 
 

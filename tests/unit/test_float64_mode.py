@@ -1,4 +1,4 @@
-"""The float64 mode's initial Gaussians (repeated seed positions kept once) and its quaternion Adam eps."""
+"""The float64 mode's initial Gaussians (repeated seed positions kept once) and its Adam eps."""
 
 from __future__ import annotations
 
@@ -48,19 +48,20 @@ def test_empty_cloud() -> None:
     assert out[0].shape == (0, 3) and out[1].shape == (0, 3)
 
 
-def test_float64_optimizers_raise_only_the_quaternion_eps() -> None:
+def test_float64_optimizers_raise_the_eps_of_the_gaussian_parameters_only() -> None:
     from nerfstudio.engine.optimizers import AdamOptimizerConfig
 
-    from distsplat_ns.checkpoint import FLOAT64_QUATS_ADAM_EPS, float64_optimizer_configs
+    from distsplat_ns.checkpoint import FLOAT64_ADAM_EPS, GAUSSIAN_PARAM_GROUPS, float64_optimizer_configs
     from distsplat_ns.registry import distsplat
 
     configs = distsplat.config.optimizers
     out = float64_optimizer_configs(configs)
-    assert out["quats"]["optimizer"].eps == FLOAT64_QUATS_ADAM_EPS == 1e-8
-    assert configs["quats"]["optimizer"].eps == 1e-15, "the input configuration was changed"
+    assert set(GAUSSIAN_PARAM_GROUPS) <= set(configs), "splatfacto's groups were renamed"
     for name in configs:
-        if name != "quats":
-            assert out[name]["optimizer"].eps == configs[name]["optimizer"].eps, name
+        expected = max(FLOAT64_ADAM_EPS, configs[name]["optimizer"].eps) if name in GAUSSIAN_PARAM_GROUPS else configs[name]["optimizer"].eps
+        assert out[name]["optimizer"].eps == expected, name
+    assert FLOAT64_ADAM_EPS == 1e-8 and out["camera_opt"]["optimizer"].eps == configs["camera_opt"]["optimizer"].eps
+    assert configs["quats"]["optimizer"].eps == 1e-15, "the input configuration was changed"
     # a larger eps chosen by the user is kept
     big = {"quats": {"optimizer": AdamOptimizerConfig(lr=1e-3, eps=1e-6), "scheduler": None}}
     assert float64_optimizer_configs(big)["quats"]["optimizer"].eps == 1e-6
