@@ -55,7 +55,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     lpips: Literal["auto", "off"] = "auto"
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
-    """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the quaternions an Adam eps of at least 1e-8."""
+    """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
 
     def __post_init__(self) -> None:
         if self.use_bilateral_grid:
