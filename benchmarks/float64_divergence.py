@@ -49,15 +49,14 @@ def _install_dedup_seed_points() -> None:
     """Diagnostic: drop repeated COLMAP points (identical xyz) before the Gaussians are seeded."""
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParser
 
+    from distsplat_ns.model.gaussians import first_occurrences
+
     original = ColmapDataParser._load_3D_points
 
     def load(self, colmap_path, transform_matrix, scale_factor):  # noqa: ANN001, ANN202
         out = original(self, colmap_path, transform_matrix, scale_factor)
         xyz = out["points3D_xyz"]
-        _, inverse = torch.unique(xyz, dim=0, return_inverse=True)
-        first = torch.full((int(inverse.max()) + 1,), xyz.shape[0], dtype=torch.int64)
-        first.scatter_reduce_(0, inverse, torch.arange(xyz.shape[0]), reduce="amin")
-        keep = torch.sort(first).values
+        keep = first_occurrences(xyz)
         return {k: (v[keep] if isinstance(v, torch.Tensor) and v.shape[:1] == xyz.shape[:1] else v) for k, v in out.items()}
 
     ColmapDataParser._load_3D_points = load

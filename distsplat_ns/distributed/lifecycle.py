@@ -139,7 +139,10 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
     store = _store() if ctx.is_distributed else None
     if store is not None:
         store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
-        _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2 if watch else None)
+        if watch:
+            _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
+        else:
+            _WATCH.stop()
 
 
 def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) -> None:
@@ -158,7 +161,7 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
     if store is None:
         return
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
-    _WATCH.enter(ctx, store, None, None)
+    _WATCH.stop()
     store.set(f"{_KEY_PREFIX}done/{name}/{ctx.rank}", "1")
     store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
     keys = [f"{_KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
@@ -206,10 +209,10 @@ class _PhaseWatch:
         self._phase: tuple | None = None  # (ctx, store, name, threshold_s, entered_at)
         self._thread: threading.Thread | None = None
 
-    def enter(self, ctx: DistContext, store: dist.Store, name: str | None, threshold_s: float | None) -> None:
+    def enter(self, ctx: DistContext, store: dist.Store, name: str, threshold_s: float) -> None:
         with self._lock:
-            self._phase = None if name is None or threshold_s is None else (ctx, store, name, threshold_s, time.monotonic())
-            if self._phase is not None and self._thread is None:
+            self._phase = (ctx, store, name, threshold_s, time.monotonic())
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, args=(threading.main_thread().ident,), name="distsplat-phase-watch", daemon=True)
                 self._thread.start()
 

@@ -30,12 +30,17 @@ def unique_seed_points(seed_points: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[
     xyz = seed_points[0].float()
     if xyz.shape[0] == 0:
         return seed_points
-    _, inverse = torch.unique(xyz, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), xyz.shape[0], dtype=torch.int64)
-    first.scatter_reduce_(0, inverse, torch.arange(xyz.shape[0]), reduce="amin")
-    keep = torch.sort(first).values
+    keep = first_occurrences(xyz)
     colours = seed_points[1][keep] if seed_points[1].shape[0] == xyz.shape[0] else seed_points[1]
     return seed_points[0][keep], colours
+
+
+def first_occurrences(rows: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows of ``rows`` (``[N, D]``, N >= 1) that equal no earlier row, ascending."""
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), rows.shape[0], dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(rows.shape[0]), reduce="amin")
+    return torch.sort(first).values
 
 
 def initial_gaussians(
