@@ -1,0 +1,108 @@
+"""Gaussians cut into shards that run MCMC events side by side in one process (tests/unit/test_mcmc.py).
+
+Each shard runs in its own thread; their gathers meet at a barrier, as ranks meet in a real
+all-gather, so a function may gather any number of times. Everything per Gaussian (moments,
+kills) is a function of its global id, so the shards and one process see the same inputs.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+from distsplat_ns.utils.keyed_random import keyed_normal
+from tests.helpers.strategy_shards import N, make_gaussians, take_shard
+
+PARTITIONS = {
+    "one": lambda n: [torch.arange(n)],
+    "blocks2": lambda n: [torch.arange(0, n // 2), torch.arange(n // 2, n)],
+    "interleaved3": lambda n: [torch.arange(r, n, 3) for r in range(3)],
+    "empty_rank3": lambda n: [torch.arange(0, 150), torch.arange(0, 0), torch.arange(150, n)],
+    "random3": lambda n: [torch.nonzero(torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(5)) == r).flatten() for r in range(3)],
+}
+
+
+def mcmc_gaussians(dtype: torch.dtype) -> tuple[dict, dict, dict]:
+    """``strategy_shards.make_gaussians`` (sparse shuffled ids, ~8% dead) with only ``gauss_ids`` as state."""
+    params, optimizers, state = make_gaussians(dtype)
+    return params, optimizers, {"gauss_ids": state["gauss_ids"]}
+
+
+def shards_of(gaussians: tuple[dict, dict, dict], partition: str) -> list[tuple[dict, dict, dict]]:
+    return [take_shard(*gaussians, idx) for idx in PARTITIONS[partition](N)]
+
+
+def set_moments_by_id(gaussians: tuple[dict, dict, dict], key: int) -> None:
+    """Adam moments of every row as a function of its id (nonzero: the zeroing rules show)."""
+    params, optimizers, state = gaussians
+    ids = state["gauss_ids"]
+    for name, p in params.items():
+        width = p[0].numel() if p.shape[0] else 1
+        z = keyed_normal(key, sum(map(ord, name)), ids, width).reshape(p.shape).to(p.dtype)
+        st = optimizers[name].state[p]
+        st["exp_avg"], st["exp_avg_sq"] = z.clone(), (z * z).clone()
+
+
+def kill_by_id(gaussians: tuple[dict, dict, dict], key: int, fraction: float) -> None:
+    """Opacity 0.0009 (dead) for the ids whose keyed draw falls under ``fraction``."""
+    params, _, state = gaussians
+    u = torch.special.ndtr(keyed_normal(key, 0, state["gauss_ids"], 1)[:, 0])
+    with torch.no_grad():
+        params["opacities"][u < fraction] = -7.0
+
+
+class BarrierGather:
+    """The ``IdGather`` of ``world`` ranks run as threads: every call returns every rank's tensor."""
+
+    def __init__(self, world: int) -> None:
+        self.barrier = threading.Barrier(world)
+        self.slots: list[Any] = [None] * world
+        self.calls = [0] * world
+
+    def for_rank(self, rank: int) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+        def gather(t: torch.Tensor) -> list[torch.Tensor]:
+            self.calls[rank] += 1
+            self.slots[rank] = t.clone()
+            self.barrier.wait(timeout=60)
+            out = list(self.slots)
+            self.barrier.wait(timeout=60)
+            return out
+
+        return gather
+
+
+def run_ranks(world: int, fn: Callable[[int, Callable], Any]) -> tuple[list[Any], list[int]]:
+    """``fn(rank, gather)`` on ``world`` threads; returns their results and gather counts."""
+    gather = BarrierGather(world)
+    results: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, gather.for_rank(rank))
+        except BaseException as e:  # noqa: BLE001 -- re-raised below, after the other threads stop
+            errors.append(e)
+            gather.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results, gather.calls
+
+
+def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
+    """Every parameter and Adam moment of the union of ``parts``, ordered by global id."""
+    ids = torch.cat([s["gauss_ids"] for _, _, s in parts])
+    order = torch.argsort(ids)
+    out = {"gauss_ids": ids[order]}
+    for k in parts[0][0]:
+        out[k] = torch.cat([p[k].detach() for p, _, _ in parts])[order]
+        for m in ("exp_avg", "exp_avg_sq"):
+            out[f"{k}.{m}"] = torch.cat([o[k].state[p[k]][m] for p, o, _ in parts])[order]
+    return out
