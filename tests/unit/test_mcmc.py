@@ -287,3 +287,20 @@ def test_defaults_are_mains_splatfacto_mcmc() -> None:
 def test_bad_config_is_refused_naming_the_field(field: str, value: object, error: type) -> None:
     with pytest.raises(error, match=field):
         MCMCConfig(**{field: value})
+
+
+def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
+    """``reweighted_after_relocation`` (8 bytes per source) equals gathering every Gaussian again."""
+    from distsplat_ns.model.mcmc_draws import reweighted_after_relocation, rows_of
+
+    params, optimizers, state = mcmc_gaussians(torch.float64)
+    dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
+    table = gather_weight_table(state["gauss_ids"].clone(), opacity_weights(params["opacities"]), dead, gather_local)
+    draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
+    mcmc_event(params, optimizers, state, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    sources = torch.unique(draws.source_ids)
+    _, rows = rows_of(state["gauss_ids"], sources)
+    got = reweighted_after_relocation(table, draws, FIRST_ID, sources, opacity_weights(params["opacities"].detach().flatten()[rows]), gather_local)
+    now = torch.zeros(N, dtype=torch.bool)
+    want = gather_weight_table(state["gauss_ids"], opacity_weights(params["opacities"]), now, gather_local)
+    assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights) and not bool(got.dead.any())
