@@ -13,7 +13,9 @@ from typing import Any, Callable
 import torch
 
 from distsplat_ns.utils.keyed_random import keyed_normal
-from tests.helpers.strategy_shards import N, make_gaussians, take_shard
+from tests.helpers.strategy_shards import N, by_id, make_gaussians, take_shard
+
+__all__ = ["PARTITIONS", "BarrierGather", "by_id", "kill_by_id", "mcmc_gaussians", "run_ranks", "set_moments_by_id", "shards_of"]
 
 PARTITIONS = {
     "one": lambda n: [torch.arange(n)],
@@ -95,14 +97,3 @@ def run_ranks(world: int, fn: Callable[[int, Callable], Any]) -> tuple[list[Any]
         raise errors[0]
     return results, gather.calls
 
-
-def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
-    """Every parameter and Adam moment of the union of ``parts``, ordered by global id."""
-    ids = torch.cat([s["gauss_ids"] for _, _, s in parts])
-    order = torch.argsort(ids)
-    out = {"gauss_ids": ids[order]}
-    for k in parts[0][0]:
-        out[k] = torch.cat([p[k].detach() for p, _, _ in parts])[order]
-        for m in ("exp_avg", "exp_avg_sq"):
-            out[f"{k}.{m}"] = torch.cat([o[k].state[p[k]][m] for p, o, _ in parts])[order]
-    return out

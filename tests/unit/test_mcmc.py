@@ -304,3 +304,20 @@ def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
     now = torch.zeros(N, dtype=torch.bool)
     want = gather_weight_table(state["gauss_ids"], opacity_weights(params["opacities"]), now, gather_local)
     assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights) and not bool(got.dead.any())
+
+
+def test_ids_that_cannot_pack_are_refused() -> None:
+    from distsplat_ns.model.mcmc_draws import ID_LIMIT
+
+    ids = torch.tensor([1, ID_LIMIT])
+    with pytest.raises(ValueError, match="global ids"):
+        gather_weight_table(ids, torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.bool), gather_local)
+    gaussians = mcmc_gaussians(torch.float64)
+    with pytest.raises(ValueError, match="next_id"):
+        mcmc_event(*gaussians, step=600, seed=SEED, next_id=ID_LIMIT - 10, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
+
+
+def test_an_event_needs_the_global_ids() -> None:
+    params, optimizers, _ = mcmc_gaussians(torch.float64)
+    with pytest.raises(ValueError, match="gauss_ids"):
+        mcmc_event(params, optimizers, {}, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
