@@ -69,27 +69,15 @@ def test_position_noise_does_not_sync() -> None:
 
 @pytest.mark.parametrize("partition", ["blocks2", "random3"])
 def test_sharded_mcmc_on_cuda_equals_one_process_bitwise(partition: str) -> None:
-    from distsplat_ns.model.mcmc import inject_keyed_position_noise, mcmc_event
     from distsplat_ns.model.strategy import gather_local
-    from tests.helpers.mcmc_shards import by_id, kill_by_id, mcmc_gaussians, run_ranks, shards_of
-
-    def sequence(gaussians: tuple[dict, dict, dict], gather) -> list:  # noqa: ANN001
-        next_id, events = 1200, []
-        for k, (step, cap) in enumerate(((600, 10_000), (700, 430))):
-            if k:
-                kill_by_id(gaussians, step, 0.05)
-            inject_keyed_position_noise(gaussians[0], gaussians[2]["gauss_ids"], seed=42, step=step, scaler=80.0)
-            event = mcmc_event(*gaussians, step=step, seed=42, next_id=next_id, cap_max=cap, min_opacity=0.005, gather=gather)
-            next_id = event.next_id
-            events.append(event)
-        return events
+    from tests.helpers.mcmc_shards import by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 
     host = mcmc_gaussians(torch.float32)
     full = _to_cuda(host)
     shards = [_to_cuda(s) for s in shards_of(host, partition)]
-    expected = sequence(full, gather_local)
-    assert all(e.num_relocated > 0 and e.num_added > 0 for e in expected)
-    results, _ = run_ranks(len(shards), lambda rank, gather: sequence(shards[rank], gather))
+    expected = mcmc_sequence(full, gather_local)  # float32 on CUDA: gsplat's Eq. 9 kernel
+    assert all(e.num_relocated > 0 for e in expected) and expected[0].num_added > 0
+    results, _ = run_ranks(len(shards), lambda rank, gather: mcmc_sequence(shards[rank], gather))
     assert all(r == expected for r in results)
     want, got = by_id([full]), by_id(shards)
     for key in want:

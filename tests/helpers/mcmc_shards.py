@@ -12,10 +12,11 @@ from typing import Any, Callable
 
 import torch
 
+from distsplat_ns.model.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
 from distsplat_ns.utils.keyed_random import keyed_normal
-from tests.helpers.strategy_shards import N, by_id, make_gaussians, take_shard
+from tests.helpers.strategy_shards import N, SEED, by_id, make_gaussians, take_shard
 
-__all__ = ["PARTITIONS", "BarrierGather", "by_id", "kill_by_id", "mcmc_gaussians", "run_ranks", "set_moments_by_id", "shards_of"]
+__all__ = ["FIRST_ID", "PARTITIONS", "BarrierGather", "by_id", "kill_by_id", "mcmc_gaussians", "mcmc_rank_shard", "mcmc_sequence", "run_ranks", "set_moments_by_id", "shards_of"]
 
 PARTITIONS = {
     "one": lambda n: [torch.arange(n)],
@@ -97,3 +98,39 @@ def run_ranks(world: int, fn: Callable[[int, Callable], Any]) -> tuple[list[Any]
         raise errors[0]
     return results, gather.calls
 
+
+
+FIRST_ID = 3 * N  # make_gaussians' ids lie in [0, 3N)
+EVENTS = ((600, 10_000), (700, 430), (800, 430))
+"""(step, cap): relocate + add 5% (400 -> 420); relocate + add up to the cap (430); relocate only."""
+
+
+def mcmc_sequence(gaussians: tuple[dict, dict, dict], gather: Callable) -> list[MCMCEvent]:
+    """EVENTS on ``gaussians`` with ``gather``; before each, keyed kills (not the first), keyed
+    Adam moments and two steps of position noise."""
+    next_id, events = FIRST_ID, []
+    for k, (step, cap) in enumerate(EVENTS):
+        if k:
+            kill_by_id(gaussians, step, 0.05)
+        set_moments_by_id(gaussians, step)
+        for noise_step in (step - 1, step):
+            inject_keyed_position_noise(gaussians[0], gaussians[2]["gauss_ids"], seed=SEED, step=noise_step, scaler=1.6e-4 * 5e5)
+        event = mcmc_event(*gaussians, step=step, seed=SEED, next_id=next_id, cap_max=cap, min_opacity=0.005, gather=gather)
+        next_id = event.next_id
+        events.append(event)
+    return events
+
+
+def mcmc_rank_shard(ctx: Any, dtype_name: str, partition: str) -> dict:
+    """Rank ``ctx.rank``'s shard through ``mcmc_sequence`` with the real gather (``all_gather_rows``)."""
+    from distsplat_ns.distributed.collectives import all_gather_rows
+
+    shard = shards_of(mcmc_gaussians(getattr(torch, dtype_name)), partition)[ctx.rank]
+    calls = []
+
+    def gather(t: torch.Tensor) -> list[torch.Tensor]:
+        calls.append(t.numel())
+        return all_gather_rows(ctx, t)
+
+    events = mcmc_sequence(shard, gather)
+    return {"tensors": by_id([shard]), "events": [tuple(e) for e in events], "gathers": len(calls)}

@@ -26,39 +26,23 @@ from distsplat_ns.model.mcmc import (
 from distsplat_ns.model.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
 from distsplat_ns.model.strategy import gather_local
 from distsplat_ns.utils.keyed_random import keyed_normal_device
-from tests.helpers.mcmc_shards import PARTITIONS, by_id, kill_by_id, mcmc_gaussians, run_ranks, set_moments_by_id, shards_of
+from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 from tests.helpers.strategy_shards import N, SEED
 
 MIN_OPACITY = 0.005
-FIRST_ID = 3 * N  # make_gaussians' ids lie in [0, 3N)
-# (step, cap): relocate + add 5%; relocate + add up to the cap exactly; relocate only (at the cap).
-EVENTS = ((600, 10_000), (700, 430), (800, 430))
-
-
-def _run_sequence(gaussians: tuple[dict, dict, dict], gather, dtype: torch.dtype) -> list:  # noqa: ANN001
-    """EVENTS on ``gaussians``, with keyed kills, moments and two noise steps before each."""
-    next_id, events = FIRST_ID, []
-    for k, (step, cap) in enumerate(EVENTS):
-        if k:
-            kill_by_id(gaussians, step, 0.05)
-        set_moments_by_id(gaussians, step)
-        for noise_step in (step - 1, step):
-            inject_keyed_position_noise(gaussians[0], gaussians[2]["gauss_ids"], seed=SEED, step=noise_step, scaler=1.6e-4 * 5e5)
-        event = mcmc_event(*gaussians, step=step, seed=SEED, next_id=next_id, cap_max=cap, min_opacity=MIN_OPACITY, gather=gather)
-        next_id = event.next_id
-        events.append(event)
-    return events
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("partition", sorted(PARTITIONS))
 def test_sharded_mcmc_equals_one_process_bitwise(dtype: torch.dtype, partition: str) -> None:
+    """Three events (relocate + add 5%; relocate + add up to the cap; relocate only), with keyed
+    kills, Adam moments and two noise steps before each (tests/helpers/mcmc_shards.py:mcmc_sequence)."""
     full = mcmc_gaussians(dtype)
     shards = shards_of(full, partition)
-    expected = _run_sequence(full, gather_local, dtype)
+    expected = mcmc_sequence(full, gather_local)
     assert all(e.num_relocated > 0 for e in expected), "every event must relocate"
     assert [e.num_added > 0 for e in expected] == [True, True, False]
-    results, calls = run_ranks(len(shards), lambda rank, gather: _run_sequence(shards[rank], gather, dtype))
+    results, calls = run_ranks(len(shards), lambda rank, gather: mcmc_sequence(shards[rank], gather))
     assert all(r == expected for r in results), "every rank sees the one process's global counts and ids"
     assert len(set(calls)) == 1, "every rank gathers the same number of times"
     want, got = by_id([full]), by_id(shards)
@@ -70,7 +54,7 @@ def test_sharded_mcmc_equals_one_process_bitwise(dtype: torch.dtype, partition: 
 def test_the_cap_holds_over_all_ranks() -> None:
     shards = shards_of(mcmc_gaussians(torch.float64), "empty_rank3")
     sizes_before = [len(s[0]["means"]) for s in shards]
-    results, _ = run_ranks(3, lambda rank, gather: _run_sequence(shards[rank], gather, torch.float64))
+    results, _ = run_ranks(3, lambda rank, gather: mcmc_sequence(shards[rank], gather))
     assert [e.num_gaussians for e in results[0]] == [420, 430, 430]
     assert sum(len(s[0]["means"]) for s in shards) == 430
     # The cap is global: the ranks grew unevenly (by where the draws fell), none to a per-rank cap.
