@@ -85,9 +85,13 @@ class WeightTable(NamedTuple):
         return int(self.ids.numel())
 
 
-def _gather_sorted(packed: torch.Tensor, gather: IdGather, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's packed rows gathered, sorted (so by id) and split into (ids, low bits)."""
-    everything = torch.sort(torch.cat([g.to(packed.device) for g in gather(packed)])).values
+def _gather_sorted(packed: torch.Tensor, gather: IdGather) -> torch.Tensor:
+    """Every rank's packed rows, sorted: in id order (the id is the top bits)."""
+    return torch.sort(torch.cat([g.to(packed.device) for g in gather(packed)])).values
+
+
+def _split_sorted(everything: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted packed rows (so in id order) as (ids, low bits); refuses a repeated id."""
     ids = everything >> _ID_SHIFT
     if bool((ids[1:] == ids[:-1]).any()):  # host sync: refine step
         raise RuntimeError(f"two shards hold the same global id ({what}): the shards overlap")
@@ -113,12 +117,16 @@ def gather_weight_table(gauss_ids: torch.Tensor, weights: torch.Tensor, dead: to
 
     **Collective:** one ``gather`` of `[N]` int64 (8 bytes per Gaussian). Rank 0 holding ids {4, 9}
     and rank 1 {2}: both get ids [2, 4, 9]. ``gather_local``: no communication.
-    **Host sync:** the id range and duplicate checks (refine steps only).
+    **Host sync:** the id range and duplicate checks, after the gather (refine steps only).
     """
-    if gauss_ids.numel() and (bool((gauss_ids < 0).any()) or bool((gauss_ids >= ID_LIMIT).any())):  # host sync: refine step
-        raise ValueError(f"global ids must lie in [0, 2^{63 - _ID_SHIFT}) to pack with a weight, got {int(gauss_ids.min())}..{int(gauss_ids.max())}")
     packed = (gauss_ids << _ID_SHIFT) | (dead.to(torch.int64) << WEIGHT_BITS) | weights
-    ids, low = _gather_sorted(packed, gather, "weights")
+    # An id that cannot pack travels as -1, so every rank sees it and refuses together (no rank is
+    # left waiting in a later collective).
+    packed = torch.where((gauss_ids < 0) | (gauss_ids >= ID_LIMIT), torch.full_like(packed, -1), packed)
+    everything = _gather_sorted(packed, gather)
+    if everything.numel() and bool(everything[0] < 0):  # host sync: refine step
+        raise ValueError(f"global ids must lie in [0, 2^{63 - _ID_SHIFT}) to pack with a weight; a shard holds one outside")
+    ids, low = _split_sorted(everything, "weights")
     return WeightTable(ids, low & _WEIGHT_MASK, (low & _DEAD_BIT) != 0)
 
 
@@ -181,7 +189,8 @@ def reweighted_after_relocation(
     **Collective:** one ``gather`` of `[S]` int64 (8 bytes per relocated source).
     **Host sync:** the duplicate check.
     """
-    source_ids, low = _gather_sorted((source_ids_here << _ID_SHIFT) | source_weights_here, gather, "relocated sources")
+    packed = (source_ids_here << _ID_SHIFT) | source_weights_here
+    source_ids, low = _split_sorted(_gather_sorted(packed, gather), "relocated sources")
     weights = table.weights.clone()
     weights[torch.searchsorted(table.ids, source_ids)] = low & _WEIGHT_MASK
     alive = ~table.dead

@@ -305,3 +305,20 @@ def test_an_event_needs_the_global_ids() -> None:
     params, optimizers, _ = mcmc_gaussians(torch.float64)
     with pytest.raises(ValueError, match="gauss_ids"):
         mcmc_event(params, optimizers, {}, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+
+
+def test_a_bad_id_on_one_rank_fails_every_rank_after_the_gather() -> None:
+    from distsplat_ns.model.mcmc_draws import ID_LIMIT
+
+    ids = [torch.tensor([1, 2]), torch.tensor([ID_LIMIT + 5])]
+
+    def table(rank: int, gather) -> str:  # noqa: ANN001
+        n = len(ids[rank])
+        try:
+            gather_weight_table(ids[rank], torch.ones(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool), gather)
+        except ValueError as e:
+            return "refused" if "global ids" in str(e) else str(e)
+        return "accepted"
+
+    # A rank refusing before the gather would leave the other at the barrier (BrokenBarrierError).
+    assert run_ranks(2, table)[0] == ["refused", "refused"]
