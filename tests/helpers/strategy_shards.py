@@ -108,7 +108,8 @@ def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
         steps = {float(o[k].state[p[k]]["step"]) for p, o, _ in parts}
         assert len(steps) == 1, k
     for key in ("grad2d", "count", "radii"):
-        out[key] = torch.cat([s[key] for _, _, s in parts])[order]
+        if key in parts[0][2]:  # the default strategy's statistics (MCMC keeps none)
+            out[key] = torch.cat([s[key] for _, _, s in parts])[order]
     return out
 
 
