@@ -8,7 +8,7 @@ What is checked (``data_path_exists``, ``check_image_headers``):
 - the data path exists;
 - each image file (and mask) has a readable header: only the header is read (PIL opens lazily),
   about 0.1 ms per file, no pixel is decoded;
-- the size in the header is the one the camera describes (``decode.file_size_matches``: after
+- the size in the header is the one the camera describes (``image_loader.file_size_matches``: after
   ``camera_res_scale_factor``, or at 1/N when a dataparser downscale is decoded on the fly), and a
   mask has its image's size.
 
@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
-from distsplat_ns.data.decode import ImageSpec, file_size_matches
+from distsplat_ns.data.image_loader import ImageSpec, file_size_matches
 from distsplat_ns.utils.errors import UserError
 
 
