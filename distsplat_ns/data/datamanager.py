@@ -15,7 +15,8 @@ buffer (``store.py``) and lets DataLoader workers decode each rank's share of ev
   ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
 - Bad data fails at construction, on every rank alike, with one line naming the path or file
   (``preflight.py``): a missing data path, missing files, unreadable headers, sizes that do not
-  match the cameras. Config errors name their command-line flag.
+  match the cameras, JPEGs cut before their end-of-image marker. Config errors name their
+  command-line flag.
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """
@@ -91,8 +92,9 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
     skip_corrupt_images: bool = False
-    """Log and drop undecodable training images instead of failing. Off by default: a corrupt
-    file is a data problem the user should see."""
+    """Log and drop undecodable training images instead of failing (a truncated JPEG is then logged at
+    start-up instead of refused, and dropped when drawn). Off by default: a corrupt file is a data
+    problem the user should see."""
     eval_num_workers: int = 2
     """DataLoader workers decoding eval images for fixed_indices_eval_dataloader (0: in process)."""
 
@@ -220,15 +222,20 @@ class ParallelFullImageDatamanager(DataManager):
         return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available / local_world_size)
 
     def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
-        """Check the files (all present, headers readable, sizes matching the cameras), then load them."""
+        """Check the files (all present, headers readable, sizes matching the cameras, JPEGs complete), then load them."""
         outputs: DataparserOutputs = dataset._dataparser_outputs
         images = EncodedImageStore(outputs.image_filenames, budget, name=name)
         masks = None
         if outputs.mask_filenames is not None:
             remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
             masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+        # skip_corrupt_images drops undecodable training images when drawn: a truncated one is then logged, not refused.
         preflight.check_image_headers(
-            images.paths, specs, masks.paths if masks is not None else None, what=name.removesuffix("s")
+            images.paths,
+            specs,
+            masks.paths if masks is not None else None,
+            what=name.removesuffix("s"),
+            truncated_ok=self.config.skip_corrupt_images and name == "train images",
         )
         return ImageLoader(images, specs, masks, decoder=self.decoder)
 
@@ -237,7 +244,8 @@ class ParallelFullImageDatamanager(DataManager):
 
         Raises:
             FileNotFoundError: Training files are missing (listed on one line).
-            ValueError: A file's header is unreadable or its size does not match its camera (named).
+            ValueError: A file's header is unreadable, its size does not match its camera, or a JPEG
+                has no end-of-image marker (truncated; logged instead with ``skip_corrupt_images``), named.
         """
         if self._train_loader is not None:
             return
