@@ -185,7 +185,7 @@ def _check_jpeg_end(path: str | Path, name: str, truncated_ok: bool) -> None:
     """Raise (or, with ``truncated_ok``, log) when ``path`` is a JPEG without its end-of-image marker."""
     if jpeg_is_complete(path):
         return
-    message = f"{name} is truncated: its JPEG data has no end-of-image marker (FF D9) ({os.path.getsize(path)} bytes)"
+    message = f"{name} is truncated: its {os.path.getsize(path)} bytes end before the JPEG end-of-image marker (FF D9)"
     if not truncated_ok:
         raise UserError(message)
     log_rank0(_LOGGER, "%s; it is skipped when drawn (skip_corrupt_images)", message, level=logging.WARNING)
