@@ -140,15 +140,7 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:  # n
         new_K[1, 2] -= y
         new_K[0, 2] = new_K[0, 2] + 0.5
         new_K[1, 2] = new_K[1, 2] + 0.5
-        spec = UndistortSpec(
-            camera_model="perspective",
-            K=tuple(float(v) for v in K.reshape(-1)),
-            dist=tuple(float(v) for v in dist),
-            new_K=tuple(float(v) for v in used_K.reshape(-1)),
-            size_wh=(width, height),
-            roi_xywh=(x, y, w, h),
-        )
-        return _result(spec, new_K, w, h)
+        return _result(_spec("perspective", K, dist, used_K, (width, height), (x, y, w, h)), new_K, w, h)
     if camera_model == "FISHEYE":
         K[0, 2] = K[0, 2] - 0.5
         K[1, 2] = K[1, 2] - 0.5
@@ -157,18 +149,28 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:  # n
         used_K = new_K.copy()
         new_K[0, 2] = new_K[0, 2] + 0.5
         new_K[1, 2] = new_K[1, 2] + 0.5
-        spec = UndistortSpec(
-            camera_model="fisheye",
-            K=tuple(float(v) for v in K.reshape(-1)),
-            dist=tuple(float(v) for v in dist),
-            new_K=tuple(float(v) for v in used_K.reshape(-1)),
-            size_wh=(width, height),
-            roi_xywh=(0, 0, width, height),
-        )
-        return _result(spec, new_K, width, height)
+        return _result(_spec("fisheye", K, dist, used_K, (width, height), (0, 0, width, height)), new_K, width, height)
     raise NotImplementedError(
         f"undistortion of {camera_model} cameras is not supported by ParallelFullImageDatamanager "
         "(perspective and fisheye are); use nerfstudio's FullImageDatamanager for this scene"
+    )
+
+
+def _spec(
+    camera_model: Literal["perspective", "fisheye"],
+    K: np.ndarray,
+    dist: np.ndarray,
+    used_K: np.ndarray,
+    size_wh: tuple[int, int],
+    roi_xywh: tuple[int, int, int, int],
+) -> UndistortSpec:
+    return UndistortSpec(
+        camera_model=camera_model,
+        K=tuple(float(v) for v in K.reshape(-1)),
+        dist=tuple(float(v) for v in dist),
+        new_K=tuple(float(v) for v in used_K.reshape(-1)),
+        size_wh=size_wh,
+        roi_xywh=roi_xywh,
     )
 
 
