@@ -125,7 +125,8 @@ def decode_rates(seconds: float) -> dict:
     import cv2
     import torch
 
-    from distsplat_ns.data.decode import DECODERS, _MapCache, decode_bytes, default_decoder, undistort
+    from distsplat_ns.data.decode import DECODERS, decode_bytes, default_decoder
+    from distsplat_ns.data.undistort import MapCache, undistort
     from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
     from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
@@ -151,7 +152,7 @@ def decode_rates(seconds: float) -> dict:
         dataparser=NerfstudioDataParserConfig(data=FOX, downscale_factor=1), num_workers=0
     ).setup(device="cpu")
     spec = manager._train_specs[0].undistort
-    cache = _MapCache()
+    cache = MapCache()
     out[f"{chosen}+undistort"] = rate(lambda b: undistort(decode_bytes(b, chosen), None, spec, cache), f"{chosen}+undistort")
     out["per_cpu_second"] = cpu
     out["chosen"] = chosen
@@ -164,7 +165,8 @@ def decode_scale_rates(seconds: float) -> dict:
     import cv2
     import torch
 
-    from distsplat_ns.data.decode import box_downscale, decode_bytes, fit_to_size
+    from distsplat_ns.data.decode import decode_bytes
+    from distsplat_ns.data.resize import box_downscale, fit_to_size
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)

@@ -9,7 +9,7 @@ times, on the shipped lund_door images with 2 workers and B=4:
 - ``batches_per_s``: steps per second over the next 20 steps (the steady state);
 - ``server_uss_mib``: private memory of the fork server (forkserver only);
 - ``first_batch_prestarted_s``: ``first_batch_s`` when the fork server was started 3 s earlier
-  (``stream.start_worker_server``, as the datamanager does at construction, before the model is
+  (``workers.start_worker_server``, as the datamanager does at construction, before the model is
   built), in a separate fresh interpreter.
 - ``forkserver_ns_train_main``: forkserver again, but the child's main script first imports what
   ``ns-train``'s console script imports (``nerfstudio.scripts.train``), as a training rank's does:
@@ -53,7 +53,9 @@ if __name__ == "__main__":
 def child(method: str, prestart: bool = False) -> dict:
     import threading
 
-    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader, start_worker_server
+    from distsplat_ns.data.reader import TrainBatchReader
+    from distsplat_ns.data.stream import ImageBatchStream
+    from distsplat_ns.data.workers import start_worker_server
     from tests.helpers.data_fixtures import make_loader
 
     if prestart:

@@ -39,7 +39,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import float64_optimizer_configs, load_checkpoint_file, probe_writable, save_checkpoint_atomic, scaled_optimizer_configs
+from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic
 from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
@@ -51,6 +51,7 @@ from distsplat_ns.distributed.lifecycle import (
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.model.shard_state import gather_full_state, shard_loaded_checkpoint_
+from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, write_run_summary

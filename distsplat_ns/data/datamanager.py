@@ -3,18 +3,20 @@
 nerfstudio 1.1.5's FullImageDatamanager decodes every image up front (RAM ~ decoded size, start-up
 linear in the number of images). This datamanager keeps only the encoded files in one shared
 buffer (``store.py``) and lets DataLoader workers decode each rank's share of every step
-(``stream.py``), prefetched.
+(``stream.py``, read by ``reader.py``), prefetched.
 
 - ``train_dataset`` / ``eval_dataset`` are nerfstudio ``InputDataset``s (viewer, ns-export), whose
   ``cameras`` are rewritten at construction to the *undistorted* intrinsics and sizes, computed
-  from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does.
+  from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does
+  (``image_specs.py``, ``undistort.py``).
 - The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner, downscale_at)`` once and
   then ``next_train_batch(step)`` for increasing steps.
 - nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
   ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
 - Bad data fails at construction, on every rank alike, with one line naming the path or file
   (``preflight.py``): a missing data path, missing files, unreadable headers, sizes that do not
-  match the cameras. Config errors name their command-line flag.
+  match the cameras, JPEGs cut before their end-of-image marker. Config errors name their
+  command-line flag.
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """
@@ -29,12 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
 
-import numpy as np
 import torch
 from torch.nn import Parameter
 from torch.utils.data import DataLoader
 
-from nerfstudio.cameras.cameras import Cameras, CameraType
+from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.configs.dataparser_configs import AnnotatedDataParserUnion
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
@@ -42,20 +43,14 @@ from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataPars
 from nerfstudio.data.datasets.base_dataset import InputDataset
 
 from distsplat_ns.data import order, preflight
-from distsplat_ns.data.dataparse import DownscaledParse, parsed_size_hw
-from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, UndistortSpec, default_decoder
+from distsplat_ns.data.dataparse import DownscaledParse
+from distsplat_ns.data.decode import DECODERS, default_decoder
+from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
+from distsplat_ns.data.image_specs import image_specs, undistort_cameras
+from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
-from distsplat_ns.data.stream import (
-    Assigner,
-    ImageBatchStream,
-    IndexedImageDataset,
-    TrainBatch,
-    TrainBatchReader,
-    WorkerFailure,
-    identity_collate,
-    start_worker_server,
-    worker_kwargs,
-)
+from distsplat_ns.data.stream import Assigner, ImageBatchStream, IndexedImageDataset
+from distsplat_ns.data.workers import WorkerFailure, identity_collate, start_worker_server, worker_kwargs
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
 
@@ -97,8 +92,9 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
     skip_corrupt_images: bool = False
-    """Log and drop undecodable training images instead of failing. Off by default: a corrupt
-    file is a data problem the user should see."""
+    """Log and drop undecodable training images instead of failing (a truncated JPEG is then logged at
+    start-up instead of refused, and dropped when drawn). Off by default: a corrupt file is a data
+    problem the user should see."""
     eval_num_workers: int = 2
     """DataLoader workers decoding eval images for fixed_indices_eval_dataloader (0: in process)."""
 
@@ -114,141 +110,6 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
         for name, ok, expected in checks:
             if not ok:
                 raise UserError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
-
-
-def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
-    """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
-
-    Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
-    operations, same OpenCV calls) without decoding any image, once per distinct camera.
-    Distortion parameters of undistorted cameras are set to zero: the cameras then describe the
-    delivered pixels.
-
-    Args:
-        cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.
-
-    Returns:
-        Per camera, its ``UndistortSpec`` or None (no distortion).
-
-    Raises:
-        NotImplementedError: A distorted camera of a model other than perspective or fisheye.
-        ValueError: A perspective camera with a non-zero k4 (unsupported by nerfstudio as well).
-    """
-    import cv2
-
-    if len(cameras.shape) != 1:
-        raise ValueError(f"cameras must have one batch dimension, got shape {tuple(cameras.shape)}")
-    num_cameras = cameras.shape[0]
-    specs: list[Optional[UndistortSpec]] = [None] * num_cameras
-    if cameras.distortion_params is None:
-        return specs
-    # Dataparsers may hand out expanded views (one row shared by all cameras): write to copies.
-    for name in ("fx", "fy", "cx", "cy", "width", "height", "distortion_params"):
-        setattr(cameras, name, getattr(cameras, name).clone())
-    dist_all = cameras.distortion_params.detach().cpu().numpy().copy()
-    fx = cameras.fx[:, 0].cpu().numpy()
-    fy = cameras.fy[:, 0].cpu().numpy()
-    cx = cameras.cx[:, 0].cpu().numpy()
-    cy = cameras.cy[:, 0].cpu().numpy()
-    widths = cameras.width[:, 0].cpu().numpy()
-    heights = cameras.height[:, 0].cpu().numpy()
-    types = cameras.camera_type[:, 0].cpu().numpy()
-    cache: dict[tuple, tuple[UndistortSpec, np.ndarray, int, int]] = {}
-    for i in range(num_cameras):
-        params = dist_all[i]
-        if not np.any(params != 0):
-            continue
-        key = (int(types[i]), float(fx[i]), float(fy[i]), float(cx[i]), float(cy[i]), int(widths[i]), int(heights[i]), tuple(params.tolist()))
-        if key not in cache:
-            cache[key] = _undistortion_for(cv2, key, params)
-        spec, final_K, width, height = cache[key]
-        specs[i] = spec
-        cameras.fx[i] = float(final_K[0, 0])
-        cameras.fy[i] = float(final_K[1, 1])
-        cameras.cx[i] = float(final_K[0, 2])
-        cameras.cy[i] = float(final_K[1, 2])
-        cameras.width[i] = width
-        cameras.height[i] = height
-        cameras.distortion_params[i] = 0.0
-    return specs
-
-
-def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> tuple[UndistortSpec, np.ndarray, int, int]:  # noqa: ANN001
-    camera_type, fx, fy, cx, cy, width, height, _ = key
-    # float32, like Cameras.get_intrinsics_matrices().numpy() in nerfstudio.
-    K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
-    if camera_type == CameraType.PERSPECTIVE.value:
-        if params[3] != 0:
-            raise UserError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
-        dist = np.array([params[0], params[1], params[4], params[5], params[2], params[3], 0, 0])
-        K[0, 2] = K[0, 2] - 0.5
-        K[1, 2] = K[1, 2] - 0.5
-        new_K, roi = cv2.getOptimalNewCameraMatrix(K, dist, (width, height), 0)
-        used_K = new_K.copy()
-        x, y, w, h = (int(v) for v in roi)
-        new_K[0, 2] -= x
-        new_K[1, 2] -= y
-        new_K[0, 2] = new_K[0, 2] + 0.5
-        new_K[1, 2] = new_K[1, 2] + 0.5
-        spec = UndistortSpec(
-            camera_model="perspective",
-            K=tuple(float(v) for v in K.reshape(-1)),
-            dist=tuple(float(v) for v in dist),
-            new_K=tuple(float(v) for v in used_K.reshape(-1)),
-            size_wh=(width, height),
-            roi_xywh=(x, y, w, h),
-        )
-        return spec, new_K, w, h
-    if camera_type == CameraType.FISHEYE.value:
-        K[0, 2] = K[0, 2] - 0.5
-        K[1, 2] = K[1, 2] - 0.5
-        dist = np.array([params[0], params[1], params[2], params[3]])
-        new_K = cv2.fisheye.estimateNewCameraMatrixForUndistortRectify(K, dist, (width, height), np.eye(3), balance=0)
-        used_K = new_K.copy()
-        new_K[0, 2] = new_K[0, 2] + 0.5
-        new_K[1, 2] = new_K[1, 2] + 0.5
-        spec = UndistortSpec(
-            camera_model="fisheye",
-            K=tuple(float(v) for v in K.reshape(-1)),
-            dist=tuple(float(v) for v in dist),
-            new_K=tuple(float(v) for v in used_K.reshape(-1)),
-            size_wh=(width, height),
-            roi_xywh=(0, 0, width, height),
-        )
-        return spec, new_K, width, height
-    raise NotImplementedError(
-        f"undistortion of {CameraType(camera_type).name} cameras is not supported by ParallelFullImageDatamanager "
-        "(perspective and fisheye are); use nerfstudio's FullImageDatamanager for this scene"
-    )
-
-
-def image_specs(
-    dataset: InputDataset,
-    undistort: list[Optional[UndistortSpec]],
-    heights: list[int],
-    widths: list[int],
-    source_downscale: int = 1,
-) -> list[ImageSpec]:
-    """Per-image decode instructions for ``dataset`` (sizes before undistortion); files are
-    decoded at ``1 / source_downscale`` (a dataparser downscale without its images_N folder)."""
-    outputs: DataparserOutputs = dataset._dataparser_outputs
-    parsed = parsed_size_hw(outputs) if source_downscale > 1 else [None] * len(dataset)
-    alpha = outputs.alpha_color
-    alpha_color = tuple(float(v) for v in alpha.reshape(-1).tolist()) if alpha is not None else None
-    mask_color = tuple(float(v) for v in dataset.mask_color) if dataset.mask_color else None
-    return [
-        ImageSpec(
-            height=heights[i],
-            width=widths[i],
-            scale_factor=float(dataset.scale_factor),
-            alpha_color=alpha_color,  # type: ignore[arg-type]
-            mask_color=mask_color,  # type: ignore[arg-type]
-            undistort=undistort[i],
-            source_downscale=source_downscale,
-            parsed_size_hw=parsed[i],
-        )
-        for i in range(len(dataset))
-    ]
 
 
 class ParallelFullImageDatamanager(DataManager):
@@ -361,15 +222,20 @@ class ParallelFullImageDatamanager(DataManager):
         return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available / local_world_size)
 
     def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
-        """Check the files (all present, headers readable, sizes matching the cameras), then load them."""
+        """Check the files (all present, headers readable, sizes matching the cameras, JPEGs complete), then load them."""
         outputs: DataparserOutputs = dataset._dataparser_outputs
         images = EncodedImageStore(outputs.image_filenames, budget, name=name)
         masks = None
         if outputs.mask_filenames is not None:
             remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
             masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+        # skip_corrupt_images drops undecodable training images when drawn: a truncated one is then logged, not refused.
         preflight.check_image_headers(
-            images.paths, specs, masks.paths if masks is not None else None, what=name.removesuffix("s")
+            images.paths,
+            specs,
+            masks.paths if masks is not None else None,
+            what=name.removesuffix("s"),
+            truncated_ok=self.config.skip_corrupt_images and name == "train images",
         )
         return ImageLoader(images, specs, masks, decoder=self.decoder)
 
@@ -378,7 +244,8 @@ class ParallelFullImageDatamanager(DataManager):
 
         Raises:
             FileNotFoundError: Training files are missing (listed on one line).
-            ValueError: A file's header is unreadable or its size does not match its camera (named).
+            ValueError: A file's header is unreadable, its size does not match its camera, or a JPEG
+                has no end-of-image marker (truncated; logged instead with ``skip_corrupt_images``), named.
         """
         if self._train_loader is not None:
             return
@@ -643,7 +510,7 @@ class EvalImages:
     """Sized iterable of ``(camera, data)`` over all eval images (nerfstudio's fixed-indices loader).
 
     Each iteration starts a DataLoader with the manager's ``eval_num_workers`` (started as the
-    training workers, ``stream.worker_kwargs``); only the small picklable ``ImageLoader`` reaches
+    training workers, ``workers.worker_kwargs``); only the small picklable ``ImageLoader`` reaches
     the workers, never the datamanager. A decode error is raised with the worker's message.
     """
 

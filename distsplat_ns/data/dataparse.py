@@ -8,7 +8,7 @@ at once. Its nerfstudio-data parser points at ``images_N`` files that do not exi
 Here, when the folder is missing, the scene is parsed at factor 1 (a copy of the dataparser config;
 the user's is never changed) and the cameras are rescaled exactly as the dataparser itself would
 (``Cameras.rescale_output_resolution(1 / N, rounding)``); the datamanager then decodes each file at
-``1 / N`` (``decode.ImageSpec.source_downscale``: libjpeg-turbo DCT scale + box average). Folders
+``1 / N`` (``image_loader.ImageSpec.source_downscale``: libjpeg-turbo DCT scale + box average). Folders
 that exist are still used, through the unchanged dataparser. Other dataparsers are left as they are.
 """
 

@@ -4,26 +4,49 @@ Pure: PIL and the standard library. Every rank runs the same checks on the same 
 rank fails the same way (one ``ValueError`` naming the path and what is wrong) before any
 collective, instead of one rank failing inside a DataLoader worker thousands of steps later.
 
-What is checked (``data_path_exists``, ``check_image_headers``):
+What is checked (``check_data_path``, ``check_image_headers``):
 - the data path exists;
 - each image file (and mask) has a readable header: only the header is read (PIL opens lazily),
   about 0.1 ms per file, no pixel is decoded;
-- the size in the header is the one the camera describes (``decode.file_size_matches``: after
+- the size in the header is the one the camera describes (``image_loader.file_size_matches``: after
   ``camera_res_scale_factor``, or at 1/N when a dataparser downscale is decoded on the fly), and a
-  mask has its image's size.
+  mask has its image's size;
+- a JPEG's primary image is complete: it ends with the end-of-image marker (``jpeg_is_complete``).
+  A file cut after its header would otherwise pass and fail only when first drawn, up to an epoch
+  later (issue 20). The common case is a two-byte read: the file ends with ``FF D9``. Otherwise the
+  file is read and its segments walked to the first scan: the image is complete when an ``FF D9``
+  follows the scan's data, whatever comes after it -- padding (zeros, ``FF`` fill) or an appended
+  block (an MPF second frame, a motion photo's video, a vendor trailer), which decoders ignore. A
+  cut file has no ``FF D9`` after its scan (entropy-coded data never holds one: ``FF`` is stuffed
+  as ``FF 00``), also when the cut is zero-filled; an ``FF D9`` inside an earlier segment (the EXIF
+  thumbnail's) is skipped with its segment.
 
-A file truncated after its header is found when it is decoded (the worker's error names it).
+A file that goes bad after start-up is found when it is decoded (the worker's error names it).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
-from distsplat_ns.data.decode import ImageSpec, file_size_matches
+from distsplat_ns.data.image_loader import ImageSpec, file_size_matches
 from distsplat_ns.utils.errors import UserError
+from distsplat_ns.utils.logging import get_logger, log_rank0
+
+_LOGGER = get_logger(__name__)
+
+_JPEG_SOI = b"\xff\xd8\xff"
+"""A JPEG file's first bytes (start-of-image marker and the next marker's prefix), as ``decode.py``
+tells JPEG from other formats whatever the file's name."""
+
+_JPEG_EOI = b"\xff\xd9"
+_JPEG_SOS = 0xDA
+_JPEG_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
+"""Markers without a length field (TEM, RST0-7)."""
 
 
 def check_data_path(path: Path, flag: str) -> None:
@@ -53,23 +76,85 @@ def header_size_wh(path: str | Path) -> tuple[int, int]:
         raise UserError(f"image {path} has no readable image header: {type(exc).__name__}: {exc}") from exc
 
 
+def jpeg_end_offset(data: bytes) -> Optional[int]:
+    """Where the primary image of a JPEG file ends: the offset just past its end-of-image marker.
+
+    Walks the marker segments from the start-of-image by their lengths to the first start-of-scan
+    (so that an ``FF D9`` inside an earlier segment, e.g. the EXIF thumbnail's, is skipped), then
+    finds the first ``FF D9`` after it: entropy-coded data never holds one (``FF`` bytes are
+    stuffed as ``FF 00``), and a progressive file's later scans follow the first.
+
+    Args:
+        data: The whole file, starting with ``FF D8``.
+
+    Returns:
+        The offset past the primary image's ``FF D9``, or None when the file ends before it
+        (truncated) or its segments are malformed.
+    """
+    size = len(data)
+    pos = 2  # past the start-of-image marker
+    while pos < size:
+        if data[pos] != 0xFF:
+            return None
+        while pos < size and data[pos] == 0xFF:  # a marker may be preceded by fill bytes
+            pos += 1
+        if pos >= size:
+            return None
+        marker = data[pos]
+        pos += 1
+        if marker in _JPEG_STANDALONE_MARKERS:
+            continue
+        if marker == _JPEG_EOI[1] or pos + 2 > size:  # an end of image before any scan: no pixels
+            return None
+        length = (data[pos] << 8) | data[pos + 1]
+        if length < 2:
+            return None
+        if marker == _JPEG_SOS:
+            end = data.find(_JPEG_EOI, pos + length)
+            return None if end < 0 else end + 2
+        pos += length
+    return None
+
+
+def jpeg_is_complete(path: str | Path) -> bool:
+    """Whether ``path`` is not a JPEG, or is one whose primary image ends with its end-of-image marker.
+
+    Two bytes are read when the file ends with ``FF D9`` (the usual case); otherwise the whole file
+    (``jpeg_end_offset``), which accepts padding and appended blocks after the marker.
+
+    Raises:
+        OSError: The file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        if fh.read(3) != _JPEG_SOI:
+            return True
+        fh.seek(-2, os.SEEK_END)
+        if fh.read(2) == _JPEG_EOI:
+            return True
+        fh.seek(0)
+        return jpeg_end_offset(fh.read()) is not None
+
+
 def check_image_headers(
     image_paths: Sequence[str | Path],
     specs: Sequence[ImageSpec],
     mask_paths: Optional[Sequence[str | Path]] = None,
     what: str = "image",
+    truncated_ok: bool = False,
 ) -> None:
-    """Check every file's header and size against its camera (see the module docstring).
+    """Check every file's header, size against its camera, and JPEG end (see the module docstring).
 
     Args:
         image_paths: The image files, in dataset order.
         specs: One ``ImageSpec`` per image (the camera's size before undistortion).
         mask_paths: Mask files in dataset order, or None.
         what: What the files are, for messages (``"train image"``).
+        truncated_ok: Log a truncated JPEG (one warning line naming it) instead of raising: the
+            worker then drops it when it is drawn (``skip_corrupt_images``).
 
     Raises:
-        ValueError: The first file whose header is unreadable or whose size does not match, named,
-            with its dataset index.
+        ValueError: The first file whose header is unreadable, whose size does not match, or that
+            is a JPEG without its end-of-image marker, named, with its dataset index.
     """
     if len(specs) != len(image_paths):
         raise ValueError(f"specs must have one entry per image ({len(image_paths)}), got {len(specs)}")
@@ -85,6 +170,7 @@ def check_image_headers(
                 f"{what} {path} (dataset index {index}) is {size_wh[0]}x{size_wh[1]} (WxH), "
                 f"but its camera says {expected}"
             )
+        _check_jpeg_end(path, f"{what} {path} (dataset index {index})", truncated_ok)
         if mask_paths is not None:
             mask_wh = header_size_wh(mask_paths[index])
             if mask_wh != size_wh:
@@ -92,3 +178,14 @@ def check_image_headers(
                     f"mask {mask_paths[index]} (dataset index {index}) is {mask_wh[0]}x{mask_wh[1]} (WxH), "
                     f"its image {path} is {size_wh[0]}x{size_wh[1]}"
                 )
+            _check_jpeg_end(mask_paths[index], f"mask {mask_paths[index]} (dataset index {index})", truncated_ok)
+
+
+def _check_jpeg_end(path: str | Path, name: str, truncated_ok: bool) -> None:
+    """Raise (or, with ``truncated_ok``, log) when ``path`` is a JPEG without its end-of-image marker."""
+    if jpeg_is_complete(path):
+        return
+    message = f"{name} is truncated: its {os.path.getsize(path)} bytes end before the JPEG end-of-image marker (FF D9)"
+    if not truncated_ok:
+        raise UserError(message)
+    log_rank0(_LOGGER, "%s; it is skipped when drawn (skip_corrupt_images)", message, level=logging.WARNING)

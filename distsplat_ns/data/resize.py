@@ -2,7 +2,7 @@
 
 Pure: numpy (and, lazily, OpenCV). The box average is splatfacto's ``resize_image`` rule (a
 stride-``f`` box convolution over the top-left ``(H // f) * f`` x ``(W // f) * f`` pixels), rounded
-to uint8; docs/data.md ("Decode at the training scale") says how ``decode.py`` combines both.
+to uint8; docs/data.md ("Decode at the training scale") says how ``image_loader.py`` combines both.
 
 Shape legend: ``H``, ``W``: pixels. ``C``: channels.
 """

@@ -11,7 +11,7 @@ How the workers avoid copies:
   ``MAP_SHARED``; its pages are shared between processes, never copy-on-write, and nobody writes
   them after the fill.
 - Whatever the start method, workers map the *same* file: forked ones inherit the mapping, and
-  forkserver/spawn ones (the datamanager's choice: ``stream.py``) receive the file descriptor while
+  forkserver/spawn ones (the datamanager's choice: ``workers.py``) receive the file descriptor while
   being started (``multiprocessing.reduction.DupFd``), never the bytes. Unlike ``/dev/shm``, a
   memfd is not bounded by the size of a tmpfs mount. Outside process start-up the store refuses
   to be pickled.

@@ -2,7 +2,7 @@
 workers that do not re-run the training process's main script.
 
 Pure: the standard library (and ``stream.py``). Imported only in the fork server
-(``stream.worker_context`` names it in ``set_forkserver_preload``), never by the training process.
+(``workers.worker_context`` names it in ``set_forkserver_preload``), never by the training process.
 
 Main script: a child of the fork server first runs multiprocessing's start-up (``spawn.prepare``),
 which re-runs the parent's main script (as ``__mp_main__``) unless that script is already the

@@ -69,7 +69,7 @@ def ignore_stop_signals() -> None:
     torchrun forwards a stop signal to each rank's whole process group and a terminal's Ctrl-C
     reaches the foreground group, fork server and workers included; one killed by it makes its
     rank fail in the middle of the step it should finish. They still end with their rank
-    (``data/worker_server.py``: the kernel's parent-death SIGKILL; ``data/stream.py``:
+    (``data/worker_server.py``: the kernel's parent-death SIGKILL; ``data/workers.py``:
     ``exit_with_owner``).
     """
     for sig in STOP_SIGNALS:

@@ -15,7 +15,8 @@ from PIL import Image
 from rich.prompt import Confirm
 
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanager, ParallelFullImageDatamanagerConfig
-from distsplat_ns.data.decode import box_downscale, decode_bytes
+from distsplat_ns.data.decode import decode_bytes
+from distsplat_ns.data.resize import box_downscale
 from tests.helpers.data_fixtures import write_nerfstudio_scene
 
 SHIPPED_LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"

@@ -10,9 +10,12 @@ import torch
 from nerfstudio.models.splatfacto import resize_image
 from PIL import Image
 
-from distsplat_ns.data.decode import DECODERS, ImageLoader, ImageSpec, box_downscale, decode_bytes
+from distsplat_ns.data.decode import DECODERS, decode_bytes
+from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
+from distsplat_ns.data.reader import TrainBatchReader
+from distsplat_ns.data.resize import box_downscale
 from distsplat_ns.data.store import EncodedImageStore
-from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+from distsplat_ns.data.stream import ImageBatchStream
 from distsplat_ns.utils.cameras import downscaled_px
 from tests.helpers.data_fixtures import make_loader, write_images
 
@@ -122,7 +125,7 @@ def test_source_downscale_rejects_a_file_of_the_wrong_size(tmp_path: Path) -> No
 
 
 def test_undistorted_images_are_box_averaged_after_undistortion() -> None:
-    from distsplat_ns.data.decode import UndistortSpec
+    from distsplat_ns.data.undistort import UndistortSpec
 
     path = LUND_DOOR[0]
     full = _full_decode(path)
@@ -212,6 +215,6 @@ def test_resolution_schedule_is_the_models_and_pickles_small(batch_size: int, nu
     ],
 )
 def test_file_size_matches_the_camera(spec: ImageSpec, file_hw: tuple[int, int], matches: bool) -> None:
-    from distsplat_ns.data.decode import file_size_matches
+    from distsplat_ns.data.image_loader import file_size_matches
 
     assert file_size_matches(spec, file_hw) is matches

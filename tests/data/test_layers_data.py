@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[2] / "distsplat_ns" / "data"
-PURE = ["order.py", "stream.py", "store.py", "decode.py", "resize.py", "preflight.py", "worker_server.py"]
+PURE = ["order.py", "stream.py", "store.py", "decode.py", "resize.py", "preflight.py", "worker_server.py",
+        "undistort.py", "image_loader.py", "slots.py", "workers.py", "reader.py"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -26,6 +27,6 @@ def test_pure_data_module_does_not_import_nerfstudio(name: str) -> None:
     assert not any(n.split(".")[0] == "nerfstudio" for n in _imports(DATA / name))
 
 
-@pytest.mark.parametrize("name", PURE + ["datamanager.py"])
+@pytest.mark.parametrize("name", PURE + ["datamanager.py", "image_specs.py"])
 def test_data_module_does_not_import_torch_distributed(name: str) -> None:
     assert not any(n.startswith("torch.distributed") for n in _imports(DATA / name))

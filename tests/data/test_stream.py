@@ -11,7 +11,8 @@ import torch
 
 from distsplat_ns.data.order import batch_camera_ids
 from distsplat_ns.data.store import EncodedImageStore
-from distsplat_ns.data.stream import ImageBatchStream, StepPart, TrainBatchReader, make_stream_loader
+from distsplat_ns.data.reader import TrainBatchReader, make_stream_loader
+from distsplat_ns.data.stream import ImageBatchStream, StepPart
 from tests.helpers.data_fixtures import LogRecords, make_loader
 
 SEED = 3
@@ -216,7 +217,8 @@ def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths:
 
 
 def test_reused_decode_slot_is_an_error_not_wrong_pixels() -> None:
-    from distsplat_ns.data.stream import DecodeSlots, SlotRef, merge_parts
+    from distsplat_ns.data.reader import merge_parts
+    from distsplat_ns.data.slots import DecodeSlots, SlotRef
 
     slots = DecodeSlots(num_workers=1, num_parts=2, images_per_part=1, image_bytes=12)
     slots.stamps[0, 1] = 9  # the slot already holds a later step

@@ -14,8 +14,9 @@ from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+from distsplat_ns.data.reader import TrainBatchReader
 from distsplat_ns.data.store import EncodedImageStore
-from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+from distsplat_ns.data.stream import ImageBatchStream
 from tests.helpers.data_fixtures import LogRecords, make_loader, write_nerfstudio_scene
 
 SHIPPED_LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+from distsplat_ns.data.reader import TrainBatchReader
+from distsplat_ns.data.stream import ImageBatchStream
 from tests.helpers.data_fixtures import START_LOCK, lock_checking_loader, stress_rank, write_nerfstudio_scene
 from tests.helpers.multiproc import run_ranks
 
@@ -107,7 +108,8 @@ with open(sys.argv[1], "a") as marker:
 if __name__ == "__main__":
     import json
     from pathlib import Path
-    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+    from distsplat_ns.data.reader import TrainBatchReader
+    from distsplat_ns.data.stream import ImageBatchStream
     from tests.helpers.data_fixtures import make_loader
     reader = TrainBatchReader(ImageBatchStream(make_loader([Path(p) for p in json.loads(sys.argv[2])]), 4, seed=0), 2, 2)
     assert len(reader.next_batch(0).images) == 4

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from PIL import Image
 
-from distsplat_ns.data.decode import ImageLoader
+from distsplat_ns.data.image_loader import ImageLoader
 
 SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
@@ -90,7 +90,7 @@ def make_loader(
     masks: Optional[Sequence[Path]] = None,
 ):
     """An ``ImageLoader`` over ``paths`` with sizes read from the files (no undistortion)."""
-    from distsplat_ns.data.decode import ImageLoader, ImageSpec
+    from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
     from distsplat_ns.data.store import EncodedImageStore
 
     specs = []
@@ -230,7 +230,8 @@ def measure_stream_memory(
     Memory is sampled after every step while the workers are alive; the JSON holds the peaks of
     ``process_tree_memory``'s fields plus ``store_bytes``.
     """
-    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+    from distsplat_ns.data.reader import TrainBatchReader
+    from distsplat_ns.data.stream import ImageBatchStream
 
     loader = make_loader(paths, ram_budget_bytes=ram_budget_bytes)
     loader.images.wait_filled()
@@ -275,7 +276,8 @@ def hold_stream_workers(paths: Sequence[Path], num_workers: int) -> None:
 
     Meant for a child interpreter (``python -c``) that a test then kills.
     """
-    from distsplat_ns.data.stream import ImageBatchStream, TrainBatchReader
+    from distsplat_ns.data.reader import TrainBatchReader
+    from distsplat_ns.data.stream import ImageBatchStream
 
     reader = TrainBatchReader(ImageBatchStream(make_loader(paths), 4, seed=0), num_workers, prefetch_batches=2)
     reader.next_batch(0)

@@ -1,0 +1,100 @@
+"""Per-image decode instructions from a nerfstudio dataset: cameras undistorted, one ``ImageSpec`` per image.
+
+nerfstudio glue. The datamanager calls ``undistort_cameras`` on each split's ``InputDataset.cameras``
+(rewriting them to the intrinsics and sizes of the delivered, undistorted images: the arithmetic is
+``undistort.py``'s, no image is decoded) and ``image_specs`` to tell the workers, per image, the
+size of the file, the resize, alpha and mask colours, and the undistortion
+(``image_loader.ImageSpec``, picklable and free of nerfstudio).
+
+Shape legend: ``C``: cameras.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from nerfstudio.cameras.cameras import Cameras, CameraType
+from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
+from nerfstudio.data.datasets.base_dataset import InputDataset
+
+from distsplat_ns.data.dataparse import parsed_size_hw
+from distsplat_ns.data.image_loader import ImageSpec
+from distsplat_ns.data.undistort import UndistortSpec, undistort_intrinsics
+
+
+def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
+    """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
+
+    Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
+    operations, same OpenCV calls: ``undistort.undistort_intrinsics``) without decoding any image,
+    once per distinct camera. Distortion parameters of undistorted cameras are set to zero: the
+    cameras then describe the delivered pixels.
+
+    Args:
+        cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.
+
+    Returns:
+        Per camera, its ``UndistortSpec`` or None (no distortion).
+
+    Raises:
+        NotImplementedError: A distorted camera of a model other than perspective or fisheye.
+        ValueError: A perspective camera with a non-zero k4 (unsupported by nerfstudio as well).
+    """
+    if len(cameras.shape) != 1:
+        raise ValueError(f"cameras must have one batch dimension, got shape {tuple(cameras.shape)}")
+    num_cameras = cameras.shape[0]
+    if cameras.distortion_params is None:
+        return [None] * num_cameras
+    # Dataparsers may hand out expanded views (one row shared by all cameras): write to copies.
+    for name in ("fx", "fy", "cx", "cy", "width", "height", "distortion_params"):
+        setattr(cameras, name, getattr(cameras, name).clone())
+    results = undistort_intrinsics(
+        [CameraType(int(t)).name for t in cameras.camera_type[:, 0].tolist()],
+        cameras.fx[:, 0].cpu().numpy(),
+        cameras.fy[:, 0].cpu().numpy(),
+        cameras.cx[:, 0].cpu().numpy(),
+        cameras.cy[:, 0].cpu().numpy(),
+        cameras.width[:, 0].cpu().numpy(),
+        cameras.height[:, 0].cpu().numpy(),
+        cameras.distortion_params.detach().cpu().numpy().copy(),
+    )
+    for i, result in enumerate(results):
+        if result is None:
+            continue
+        cameras.fx[i] = result.fx
+        cameras.fy[i] = result.fy
+        cameras.cx[i] = result.cx
+        cameras.cy[i] = result.cy
+        cameras.width[i] = result.width
+        cameras.height[i] = result.height
+        cameras.distortion_params[i] = 0.0
+    return [result.spec if result is not None else None for result in results]
+
+
+def image_specs(
+    dataset: InputDataset,
+    undistort: list[Optional[UndistortSpec]],
+    heights: list[int],
+    widths: list[int],
+    source_downscale: int = 1,
+) -> list[ImageSpec]:
+    """Per-image decode instructions for ``dataset`` (sizes before undistortion); files are
+    decoded at ``1 / source_downscale`` (a dataparser downscale without its images_N folder)."""
+    outputs: DataparserOutputs = dataset._dataparser_outputs
+    parsed = parsed_size_hw(outputs) if source_downscale > 1 else [None] * len(dataset)
+    alpha = outputs.alpha_color
+    alpha_color = tuple(float(v) for v in alpha.reshape(-1).tolist()) if alpha is not None else None
+    mask_color = tuple(float(v) for v in dataset.mask_color) if dataset.mask_color else None
+    return [
+        ImageSpec(
+            height=heights[i],
+            width=widths[i],
+            scale_factor=float(dataset.scale_factor),
+            alpha_color=alpha_color,  # type: ignore[arg-type]
+            mask_color=mask_color,  # type: ignore[arg-type]
+            undistort=undistort[i],
+            source_downscale=source_downscale,
+            parsed_size_hw=parsed[i],
+        )
+        for i in range(len(dataset))
+    ]
