@@ -43,6 +43,36 @@ class StrategySchedule:
     refine_scale2d_stop_iter: int
 
 
+def grows_at(schedule: StrategySchedule, step: int) -> bool:
+    """Whether densification grows and prunes at ``step``: gsplat 1.4.0 DefaultStrategy's
+    condition (``step_post_backward``), with ``reset_every == 0`` meaning opacity is never reset
+    (gsplat would divide by it). A pure function of the step: every rank agrees. The one copy of
+    the rule: the strategy below and the sharded mode's rebalance (``parallel/sharded.py``) read it."""
+    if not schedule.refine_start_iter < step < schedule.refine_stop_iter or step % schedule.refine_every:
+        return False
+    return schedule.reset_every == 0 or step % schedule.reset_every >= schedule.pause_refine_after_reset
+
+
+def resets_opacity_at(schedule: StrategySchedule, step: int) -> bool:
+    """Whether gsplat 1.4.0's DefaultStrategy resets the opacities at ``step`` (never when ``reset_every == 0``)."""
+    return step < schedule.refine_stop_iter and schedule.reset_every > 0 and step % schedule.reset_every == 0
+
+
+@dataclass(frozen=True)
+class KeyedGrowth:
+    """What a keyed grow event needs besides gsplat's arguments: the run seed (keys the split
+    offsets) and the id allocator (``DistSplatModel.allocate_gauss_ids`` bound to the mode's gather).
+    Passed in the strategy state under :data:`KEYED_GROWTH_KEY` for one ``step_post_backward`` call,
+    so the strategy keeps gsplat's signature."""
+
+    seed: int
+    allocate: Callable[[torch.Tensor, torch.Tensor], "ChildIds"]
+
+
+#: Strategy-state key of the :class:`KeyedGrowth` of the current call (never saved: not a tensor).
+KEYED_GROWTH_KEY = "keyed_growth"
+
+
 def schedule_in_steps(
     *,
     warmup_images: int,
@@ -85,8 +115,8 @@ def build_default_strategy(
       seen by several cameras of the batch (its own comment: "should be ideally using scatter
       max"); the parallel CPU/GPU writes make that choice vary from run to run, and so do the
       pruning decisions. Here the maximum is taken over cameras, deterministically;
-    * ``step_post_backward`` takes the run seed and an id allocator (keyword-only) and grows with
-      ``grow_keyed``: split offsets keyed by global id, new Gaussians numbered independently of
+    * ``step_post_backward`` (gsplat's signature; the run seed and the id allocator in the state,
+      :class:`KeyedGrowth`) grows with ``refine_keyed``: split offsets keyed by global id, new Gaussians numbered independently of
       the number of processes; pruning with ``prune_mask``.
     """
     from gsplat.strategy import DefaultStrategy
@@ -98,14 +128,16 @@ def build_default_strategy(
                 raise ValueError("distsplat renders with packed=False only")
             update_batch_statistics(self, params, state, info)
 
-        def step_post_backward(self, params, optimizers, state, step, info, packed=False, *, seed, allocate):  # noqa: ANN001, ANN202
-            # gsplat 1.4.0's schedule, with the grow/prune of this module.
+        def step_post_backward(self, params, optimizers, state, step, info, packed=False):  # noqa: ANN001, ANN202
+            # gsplat 1.4.0's signature and schedule (grows_at), with the grow/prune of this module;
+            # the seed and id allocator come in state[KEYED_GROWTH_KEY].
             if step >= self.refine_stop_iter:
                 return
             self._update_state(params, state, info, packed=packed)
-            if step > self.refine_start_iter and step % self.refine_every == 0 and step % self.reset_every >= self.pause_refine_after_reset:
-                refine_keyed(self, params, optimizers, state, step, seed, allocate)
-            if step % self.reset_every == 0:
+            if grows_at(schedule, step):
+                growth: KeyedGrowth = state[KEYED_GROWTH_KEY]
+                refine_keyed(self, params, optimizers, state, step, growth.seed, growth.allocate)
+            if resets_opacity_at(schedule, step):
                 reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
 
     return BatchDefaultStrategy(
@@ -253,6 +285,29 @@ def prune_mask(strategy: Any, params: Any, state: dict, step: int) -> torch.Tens
     return is_prune
 
 
+def _replace_params(
+    params: Any,
+    optimizers: dict,
+    param_fn: Callable[[str, torch.Tensor], torch.Tensor],
+    optimizer_fn: Callable[[str, torch.Tensor], torch.Tensor],
+) -> None:
+    """Give every Gaussian parameter new rows (``param_fn(name, old) -> new Parameter``) and its
+    Adam moments the matching rows (``optimizer_fn(key, moment)``; ``step`` kept), re-keyed to the
+    new parameter: gsplat's ops do the same, through a helper gsplat does not export."""
+    for name in list(params.keys()):
+        opt = optimizers[name]
+        for group in opt.param_groups:
+            old = group["params"][0]
+            moments = opt.state.pop(old, {})
+            for key in list(moments.keys()):
+                if key != "step":
+                    moments[key] = optimizer_fn(key, moments[key])
+            new = param_fn(name, old)
+            group["params"] = [new]
+            opt.state[new] = moments
+            params[name] = new
+
+
 @torch.no_grad()
 def split_keyed(
     params: Any, optimizers: dict, state: dict, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool
@@ -273,7 +328,6 @@ def split_keyed(
         child_ids: Global ids of the two children. `[2, n_split]`, int64.
         revised_opacity: gsplat's arXiv:2404.06109 opacity option.
     """
-    from gsplat.strategy.ops import _update_param_with_optimizer  # gsplat 1.4.0's (pinned) helper
     from gsplat.utils import normalized_quat_to_rotmat
 
     sel = torch.where(mask)[0]
@@ -300,7 +354,7 @@ def split_keyed(
     def optimizer_fn(key: str, v: torch.Tensor) -> torch.Tensor:
         return torch.cat([v[rest], v.new_zeros((2 * len(sel), *v.shape[1:]))])
 
-    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
+    _replace_params(params, optimizers, param_fn, optimizer_fn)
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             children = child_ids.reshape(-1) if key == "gauss_ids" else value[sel].repeat([2] + [1] * (value.dim() - 1))

@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "balance/": 3, "rendering/": 3, "data/__init__.py": 3, "data/order.py": 3, "data/stream.py": 3,
     "data/store.py": 3, "data/decode.py": 3, "data/resize.py": 3, "data/preflight.py": 3,
     "data/worker_server.py": 3, "data/dataparse.py": 4,
-    "model/": 4, "data/datamanager.py": 4, "pipeline.py": 4, "trainer.py": 4, "checkpoint.py": 4,
+    "model/": 4, "parallel/": 4, "data/datamanager.py": 4, "pipeline.py": 4, "trainer.py": 4, "checkpoint.py": 4,
     "run_record.py": 4,
     "viewer_start.py": 4,
     "registry.py": 5,
