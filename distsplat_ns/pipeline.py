@@ -121,6 +121,33 @@ class StepReport:
     time_imbalance: float
 
 
+def batch_size_px(image_sizes: Sequence[Tuple[int, int]], batch: Sequence[int], downscale: int, step: int) -> Tuple[int, int]:
+    """The rendered ``(width, height)`` of the batch's cameras, which must agree. A pure function
+    of values every rank holds: the step calls it before its first collective, so every rank
+    fails alike and none hangs.
+
+    Args:
+        image_sizes: Full ``(width, height)`` of every training camera, px.
+        batch: The step's camera ids.
+        downscale: The step's resolution divisor.
+        step: The step, for the message.
+
+    Raises:
+        UserError: two cameras of the batch differ in rendered size (both named, with their sizes).
+    """
+    first = batch[0]
+    want = (downscaled_px(image_sizes[first][0], downscale), downscaled_px(image_sizes[first][1], downscale))
+    for camera_id in batch:
+        size = (downscaled_px(image_sizes[camera_id][0], downscale), downscaled_px(image_sizes[camera_id][1], downscale))
+        if size != want:
+            raise UserError(
+                f"step {step}: the batch's cameras differ in rendered size: camera {first} is {want[0]}x{want[1]} px, "
+                f"camera {camera_id} {size[0]}x{size[1]} px; distsplat trains batches of one image size only "
+                "(--pipeline.batch-size 1 trains any capture)"
+            )
+    return want
+
+
 class DistSplatPipeline(VanillaPipeline):
     """Data-parallel splatting pipeline; see the module docstring.
 
@@ -271,7 +298,7 @@ class DistSplatPipeline(VanillaPipeline):
         optimizers.zero_grad_all()
         clock = PhaseClock()
         batch = self.datamanager.batch_camera_ids(step)
-        size_px = self._rendered_size_px(batch, step)
+        size_px = batch_size_px(self._image_sizes, batch, self.model.downscale_factor_at(step), step)
         num_gaussians = self.mode.num_gaussians_total()
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
@@ -309,25 +336,6 @@ class DistSplatPipeline(VanillaPipeline):
             timings=StepTimings.from_clock(clock), bytes_communicated=moved + statistics_bytes,
             measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
-
-    def _rendered_size_px(self, batch: Sequence[int], step: int) -> Tuple[int, int]:
-        """The rendered ``(width, height)`` of the batch's cameras, which must agree: checked on
-        values every rank holds, before the step's first collective, so every rank fails alike.
-
-        Raises:
-            UserError: two cameras of the batch differ in rendered size.
-        """
-        downscale = self.model.downscale_factor_at(step)
-        sizes = {camera_id: tuple(downscaled_px(s, downscale) for s in self._image_sizes[camera_id]) for camera_id in batch}
-        first = batch[0]
-        for camera_id, size in sizes.items():
-            if size != sizes[first]:
-                raise UserError(
-                    f"step {step}: the batch's cameras differ in rendered size: camera {first} is "
-                    f"{sizes[first][0]}x{sizes[first][1]} px, camera {camera_id} {size[0]}x{size[1]} px; "
-                    "distsplat trains batches of one image size only (--pipeline.batch-size 1 trains any capture)"
-                )
-        return sizes[first]  # type: ignore[return-value]
 
     def _statistics(self, step: int, source: ProjectionSource, size_px: Tuple[int, int]) -> Tuple[Optional[Dict[str, Any]], int]:
         """The mode's densification statistics while densification runs (None after)."""

@@ -25,6 +25,7 @@ from distsplat_ns.distributed.collectives import (
     nonfinite_verdict,
     sum_gradients_,
 )
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, rendered_sizes_px
 from distsplat_ns.model.strategy import IdGather, grows_at
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
+    from distsplat_ns.model.distsplat_model import DistSplatModel
 
 
 class ShardedMode(ParallelMode):
@@ -43,7 +45,7 @@ class ShardedMode(ParallelMode):
 
     name = "sharded"
 
-    def __init__(self, ctx: Any, model: Any) -> None:
+    def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         super().__init__(ctx, model)
         self._full_view_step: Optional[int] = None
 
