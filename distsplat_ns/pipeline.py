@@ -121,31 +121,16 @@ class StepReport:
     time_imbalance: float
 
 
-def batch_size_px(image_sizes: Sequence[Tuple[int, int]], batch: Sequence[int], downscale: int, step: int) -> Tuple[int, int]:
-    """The rendered ``(width, height)`` of the batch's cameras, which must agree. A pure function
-    of values every rank holds: the step calls it before its first collective, so every rank
-    fails alike and none hangs.
+def batch_sizes_px(image_sizes: Sequence[Tuple[int, int]], batch: Sequence[int], downscale: int) -> List[Tuple[int, int]]:
+    """The rendered ``(width, height)`` of each camera of the batch, in batch order (cameras of
+    one batch may differ in size: a multi-camera capture).
 
     Args:
         image_sizes: Full ``(width, height)`` of every training camera, px.
         batch: The step's camera ids.
         downscale: The step's resolution divisor.
-        step: The step, for the message.
-
-    Raises:
-        UserError: two cameras of the batch differ in rendered size (both named, with their sizes).
     """
-    first = batch[0]
-    want = (downscaled_px(image_sizes[first][0], downscale), downscaled_px(image_sizes[first][1], downscale))
-    for camera_id in batch:
-        size = (downscaled_px(image_sizes[camera_id][0], downscale), downscaled_px(image_sizes[camera_id][1], downscale))
-        if size != want:
-            raise UserError(
-                f"step {step}: the batch's cameras differ in rendered size: camera {first} is {want[0]}x{want[1]} px, "
-                f"camera {camera_id} {size[0]}x{size[1]} px; distsplat trains batches of one image size only "
-                "(--pipeline.batch-size 1 trains any capture)"
-            )
-    return want
+    return [(downscaled_px(image_sizes[c][0], downscale), downscaled_px(image_sizes[c][1], downscale)) for c in batch]
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -281,7 +266,6 @@ class DistSplatPipeline(VanillaPipeline):
             What the step did, for logging.
 
         Raises:
-            UserError: the batch's cameras differ in rendered size (before any collective).
             NonFiniteGradientError: a gradient holds NaN/Inf (before the optimizer step).
             ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
@@ -298,7 +282,7 @@ class DistSplatPipeline(VanillaPipeline):
         optimizers.zero_grad_all()
         clock = PhaseClock()
         batch = self.datamanager.batch_camera_ids(step)
-        size_px = batch_size_px(self._image_sizes, batch, self.model.downscale_factor_at(step), step)
+        sizes_px = batch_sizes_px(self._image_sizes, batch, self.model.downscale_factor_at(step))
         num_gaussians = self.mode.num_gaussians_total()
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
@@ -317,7 +301,7 @@ class DistSplatPipeline(VanillaPipeline):
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
             moved += self.mode.reduce_gradients(named)
-            info, statistics_bytes = self._statistics(step, source, size_px)
+            info, statistics_bytes = self._statistics(step, source, sizes_px)
             verdict = self._finite_verdict(step, named)
         # The host copy of the costs carries the verdict: the check costs no extra sync.
         measured, bad = self._costs_to_host(result, verdict)
@@ -337,11 +321,13 @@ class DistSplatPipeline(VanillaPipeline):
             measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
 
-    def _statistics(self, step: int, source: ProjectionSource, size_px: Tuple[int, int]) -> Tuple[Optional[Dict[str, Any]], int]:
+    def _statistics(
+        self, step: int, source: ProjectionSource, sizes_px: Sequence[Tuple[int, int]]
+    ) -> Tuple[Optional[Dict[str, Any]], int]:
         """The mode's densification statistics while densification runs (None after)."""
         if step >= self.model.schedule.refine_stop_iter:
             return None, 0
-        return self.mode.statistics(source, self.config.batch_size, size_px)
+        return self.mode.statistics(source, self.config.batch_size, sizes_px)
 
     def _finite_verdict(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> Optional[torch.Tensor]:
         """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""
@@ -378,12 +364,10 @@ class DistSplatPipeline(VanillaPipeline):
 
         **Collective:** the mode's ``reduce_footprint_costs`` (sharded: one all-reduce).
         """
-        inputs = self.model.render_inputs(self._host_cameras(camera_indices), self.model.downscale_factor_at(step))
-        proj = self.model.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)
-        costs = [
-            footprint_row_costs(proj.means2d[i].detach(), proj.radii[i], inputs.height, inputs.width)
-            for i in range(len(camera_indices))
-        ]
+        costs: List[torch.Tensor] = [torch.empty(0)] * len(camera_indices)
+        for group, proj in self.model.project_cameras(self._host_cameras(camera_indices), step):
+            for k, i in enumerate(group):
+                costs[i] = footprint_row_costs(proj.means2d[k].detach(), proj.radii[k], proj.height, proj.width)
         flat, _ = self.mode.reduce_footprint_costs(torch.cat(costs))
         return [c.cpu() for c in torch.split(flat, [len(c) for c in costs])]  # host sync: cold cameras only
 

@@ -43,12 +43,27 @@ class Projector(Protocol):
 @dataclass(frozen=True)
 class RenderInputs:
     """The cameras a rank renders, on the model's device: view matrices `[C, 4, 4]` (OpenCV),
-    intrinsics `[C, 3, 3]` at the rendered scale, and the rendered size (px), shared by all."""
+    intrinsics `[C, 3, 3]` at the rendered scale, and each camera's rendered ``(width, height)``
+    (px; cameras of one batch may differ in size)."""
 
     viewmats: torch.Tensor
     Ks: torch.Tensor
-    width: int
-    height: int
+    sizes_px: List[Tuple[int, int]]
+
+    @property
+    def width(self) -> int:
+        """The rendered width, where every camera shares one size (``ValueError`` otherwise)."""
+        return self._shared_size()[0]
+
+    @property
+    def height(self) -> int:
+        """The rendered height, where every camera shares one size (``ValueError`` otherwise)."""
+        return self._shared_size()[1]
+
+    def _shared_size(self) -> Tuple[int, int]:
+        if len(set(self.sizes_px)) != 1:
+            raise ValueError(f"cameras rendered in one call must share width and height, got (width, height) {sorted(set(self.sizes_px))}")
+        return self.sizes_px[0]
 
 
 class ProjectionSource(Protocol):
@@ -82,8 +97,9 @@ class OwnProjections:
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
     ) -> Iterator[RenderGroup]:
-        for first, stop, raster_calls in render_calls(bands, list(positions), inputs.height):
-            proj = model.project_gaussians(inputs.viewmats[first:stop], inputs.Ks[first:stop], inputs.width, inputs.height, step)
+        for first, stop, raster_calls in render_calls(bands, list(positions), inputs.sizes_px):
+            width, height = inputs.sizes_px[first]
+            proj = model.project_gaussians(inputs.viewmats[first:stop], inputs.Ks[first:stop], width, height, step)
             self.calls.append((list(positions[first:stop]), proj.means2d, proj.radii))
             yield first, proj, raster_calls
 
@@ -139,14 +155,17 @@ def rendered_sizes_px(cameras: Cameras, downscale: int) -> List[Tuple[int, int]]
     ]
 
 
-def render_calls(bands: Sequence[Band], positions: List[int], height: int) -> List[Tuple[int, int, List[List[Band]]]]:
+def render_calls(
+    bands: Sequence[Band], positions: List[int], sizes_px: Sequence[Tuple[int, int]]
+) -> List[Tuple[int, int, List[List[Band]]]]:
     """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
 
     A projection call projects the cameras ``positions[first:stop]``; each of its raster calls
     holds one band per projected camera, all rendering the same number of rows (own rows plus SSIM
-    halo). When every image has exactly one band of one common height (one process, whole images
-    on each rank, or a band of every image), the whole set is one projection and one raster call;
-    otherwise each camera is projected alone and each of its bands rasterized alone.
+    halo). When every image has exactly one band of one common height and the cameras one size
+    (one process, whole images on each rank, or a band of every image), the whole set is one
+    projection and one raster call; otherwise each camera is projected alone and each of its
+    bands rasterized alone. ``sizes_px`` is each camera's rendered ``(width, height)``.
 
     Raises:
         ValueError: A band of a position not in ``positions``, or one past the image's bottom.
@@ -156,10 +175,12 @@ def render_calls(bands: Sequence[Band], positions: List[int], height: int) -> Li
     for band in bands:
         if band.position not in local:
             raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")
+        height = sizes_px[local[band.position]][1]
         if band.end_row > num_tile_rows(height, band.tile_size):
             raise ValueError(f"band {band} ends past the image height {height}")
         by_camera.setdefault(local[band.position], []).append(band)
-    heights = {halo_end_row(b[0].end_row_px(height), height) - b[0].first_row_px for b in by_camera.values()}
-    if len(by_camera) == len(positions) and all(len(b) == 1 for b in by_camera.values()) and len(heights) == 1:
+    heights = {halo_end_row(b[0].end_row_px(sizes_px[i][1]), sizes_px[i][1]) - b[0].first_row_px for i, b in by_camera.items()}
+    one_size = len(set(sizes_px)) == 1
+    if one_size and len(by_camera) == len(positions) and all(len(b) == 1 for b in by_camera.values()) and len(heights) == 1:
         return [(0, len(positions), [[by_camera[i][0] for i in range(len(positions))]])]
     return [(i, i + 1, [[band] for band in camera_bands]) for i, camera_bands in sorted(by_camera.items())]

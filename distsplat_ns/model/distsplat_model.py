@@ -264,25 +264,35 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
 
     def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs:
         """View matrices `[C, 4, 4]`, intrinsics `[C, 3, 3]` (on the model's device, scaled by
-        ``downscale``) and the rendered width and height, which all cameras must share.
+        ``downscale``) and each camera's rendered ``(width, height)``.
 
         Pass host-side cameras where possible (training does): their sizes are then read without a
         device sync; the cameras are moved to the model's device here.
-
-        Raises:
-            ValueError: the cameras differ in rendered size.
         """
-        sizes = set(rendered_sizes_px(cameras, downscale))  # a host sync only for device-side cameras (eval, viewer)
-        if len(sizes) != 1:
-            raise ValueError(f"cameras rendered in one call must share width and height, got (width, height) {sorted(sizes)}")
-        ((width, height),) = sizes
+        sizes = rendered_sizes_px(cameras, downscale)  # a host sync only for device-side cameras (eval, viewer)
         if cameras.device != self.device:
             cameras = cameras.to(self.device)
         c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
         viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
         Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
         Ks[:, :2, :] /= downscale
-        return RenderInputs(viewmats, Ks, width, height)
+        return RenderInputs(viewmats, Ks, sizes)
+
+    def project_cameras(self, cameras: Cameras, step: int) -> List[Tuple[List[int], Projection]]:
+        """This model's Gaussians projected into every camera of ``cameras`` at ``step``'s
+        resolution, as ``(camera indices, projection)`` calls: one call when the cameras share a
+        rendered size, otherwise one per camera. ``means2d`` retains its gradient.
+
+        **Differentiable:** with respect to the Gaussian parameters (and camera adjustments).
+        """
+        downscale = self.downscale_factor_at(step)
+        sizes = rendered_sizes_px(cameras, downscale)
+        groups = [list(range(len(cameras)))] if len(set(sizes)) == 1 else [[i] for i in range(len(cameras))]
+        calls = []
+        for group in groups:
+            inputs = self.render_inputs(cameras[torch.tensor(group)], downscale)
+            calls.append((group, self.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)))
+        return calls
 
     def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection:
         """This model's Gaussians projected into the cameras ``viewmats``/``Ks`` (``render_inputs``)
@@ -352,20 +362,13 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
         inputs = self.render_inputs(cameras, downscale)
-        height, width = inputs.height, inputs.width
         backgrounds = [self.training_background(step, p) for p in positions]
-        gts = [self.gt_image(img, bg, downscale, (height, width)) for img, bg in zip(images, backgrounds)]
-        gt_masks = [None if m is None else self._downscale_mask(m, downscale, (height, width)) for m in masks]
-        for gt in gts:
-            if gt.shape[0] != height or gt.shape[1] != width:
-                raise ValueError(
-                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
-                    f"(after downscale {downscale})"
-                )
+        gts, gt_masks = self._ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
 
         result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls)
         l1_total, dssim_total = zero, zero
         for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
+            height = inputs.sizes_px[first][1]  # the cameras of one projection share one size
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
                 out = rasterize_rows(
@@ -385,6 +388,31 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         result.l1 = (l1_total / self.batch_size).detach()
         result.dssim = (dssim_total / self.batch_size).detach()
         return result
+
+    def _ground_truths(
+        self,
+        images: Sequence[torch.Tensor],
+        masks: Sequence[Optional[torch.Tensor]],
+        backgrounds: Sequence[torch.Tensor],
+        downscale: int,
+        sizes_px: Sequence[Tuple[int, int]],
+    ) -> Tuple[List[torch.Tensor], List[Optional[torch.Tensor]]]:
+        """Each image and mask at its camera's rendered ``(width, height)``, composited.
+
+        Raises:
+            ValueError: an image does not match its camera's size.
+        """
+        gts, gt_masks = [], []
+        for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px):
+            gt = self.gt_image(img, bg, downscale, (height, width))
+            if gt.shape[0] != height or gt.shape[1] != width:
+                raise ValueError(
+                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
+                    f"(after downscale {downscale})"
+                )
+            gts.append(gt)
+            gt_masks.append(None if mask is None else self._downscale_mask(mask, downscale, (height, width)))
+        return gts, gt_masks
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)

@@ -171,7 +171,8 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         params: Gaussian parameters (for N).
         state: The strategy state, updated in place.
         info: ``batch_info``'s dict: ``means2d`` with ``.grad``/``.absgrad`` `[C, N, 2]`, ``radii``
-            `[C, N]`, width, height, n_cameras.
+            `[C, N]`, width, height (ints, or per camera `[C, 1]` tensors: each camera's gradients
+            are normalised by its own size), n_cameras.
     """
     grads = (info["means2d"].absgrad if strategy.absgrad else info["means2d"].grad).clone()
     grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
@@ -189,7 +190,8 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         state["grad2d"] += norms[c]
         state["count"] += visible[c].to(state["count"].dtype)
     if strategy.refine_scale2d_stop_iter > 0:
-        scale = float(max(info["width"], info["height"]))
+        width, height = info["width"], info["height"]
+        scale = torch.maximum(width, height) if isinstance(width, torch.Tensor) else float(max(width, height))
         radii = torch.where(visible, info["radii"].to(grads.dtype) / scale, torch.zeros((), device=grads.device))
         state["radii"] = torch.maximum(state["radii"], radii.amax(dim=0))
 
@@ -412,7 +414,7 @@ def refine_keyed(
 
 
 def batch_info(
-    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
+    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any
 ) -> dict[str, Any]:
     """The ``info`` dict DefaultStrategy reads, built from statistics of the WHOLE global batch.
 
@@ -420,8 +422,9 @@ def batch_info(
         grads2d: d loss / d means2d summed over every band of every rank. ``[B, N, 2]``.
         absgrads2d: gsplat's absgrad, likewise summed. ``[B, N, 2]``.
         radii: Screen radii, max over ranks (0 where culled). ``[B, N]`` int32, px.
-        width: Rendered width this step, px.
-        height: Rendered height this step, px.
+        width: Rendered width this step, px: an int, or per camera `[B, 1]` where the batch's
+            cameras differ in size.
+        height: Rendered height this step, px (likewise).
 
     Returns:
         The dict gsplat's ``DefaultStrategy._update_state`` consumes; its ``means2d`` is a stand-in

@@ -85,9 +85,9 @@ class ParallelMode(ABC):
         """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
 
     @abstractmethod
-    def statistics(self, source: ProjectionSource, batch_size: int, size_px: Tuple[int, int]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
-        and the bytes moved. ``size_px`` is the rendered ``(width, height)``."""
+        and the bytes moved. ``sizes_px``: each batch position's rendered ``(width, height)``."""
 
     @abstractmethod
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
@@ -158,6 +158,13 @@ def batch_statistics(
     return grads, absgrads, radii
 
 
-def info_for(grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, size_px: Tuple[int, int]) -> Dict[str, Any]:
-    """``batch_info`` at the rendered ``(width, height)``."""
-    return batch_info(grads, absgrads, radii, size_px[0], size_px[1])
+def info_for(
+    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[Tuple[int, int]]
+) -> Dict[str, Any]:
+    """``batch_info`` at each batch position's rendered ``(width, height)``: plain ints where the
+    batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
+    if len(set(sizes_px)) == 1:
+        return batch_info(grads, absgrads, radii, sizes_px[0][0], sizes_px[0][1])
+    widths = torch.tensor([w for w, _ in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
+    heights = torch.tensor([h for _, h in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
+    return batch_info(grads, absgrads, radii, widths, heights)

@@ -7,7 +7,7 @@ summed over ranks, and every rank then takes the identical optimizer step and re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -51,7 +51,7 @@ class ReplicatedMode(ParallelMode):
         """
         return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, size_px: Tuple[int, int]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
@@ -63,7 +63,7 @@ class ReplicatedMode(ParallelMode):
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
         moved = batch_size * self.model.num_points * (2 * 2 * 4 + 4) if self.ctx.is_distributed else 0
-        return info_for(grads, absgrads, radii, size_px), moved
+        return info_for(grads, absgrads, radii, sizes_px), moved
 
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
         """Every rank holds the same summed gradient: the same verdict without a collective."""

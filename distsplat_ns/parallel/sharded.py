@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -26,7 +26,7 @@ from distsplat_ns.distributed.collectives import (
     sum_gradients_,
 )
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, rendered_sizes_px
+from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, grows_at
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_params, gather_full_state, shard_loaded_checkpoint_
@@ -69,25 +69,13 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def _project_shard(self, cameras: Cameras, step: int) -> List[ProjectionCall]:
-        """The shard projected into every camera of the batch: one call when the cameras share a
-        rendered size, otherwise one per camera. **Differentiable:** w.r.t. the shard's parameters."""
-        downscale = self.model.downscale_factor_at(step)
-        sizes = set(rendered_sizes_px(cameras, downscale))
-        groups = [list(range(len(cameras)))] if len(sizes) == 1 else [[i] for i in range(len(cameras))]
-        calls = []
-        for group in groups:
-            inputs = self.model.render_inputs(cameras[torch.tensor(group)], downscale)
-            calls.append((group, self.model.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)))
-        return calls
-
     def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands (``exchange_screen_terms``); the bytes
         count both directions (the gradients return in backward).
 
         **Collective:** world group: the exchange's three all-to-alls now, one in backward.
         """
-        calls = self._project_shard(cameras, step)
+        calls: List[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
         with timer():
             received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, plan.bands, len(cameras), timer)
         return received, received.route.payload_bytes(calls[0][1].means2d.element_size())
@@ -105,11 +93,11 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, size_px: Tuple[int, int]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
         assert isinstance(source, ReceivedProjections), "the sharded mode renders from the exchange"
         grads, absgrads, radii = batch_statistics(self.model, source.shard_projections, batch_size)
-        return info_for(grads, absgrads, radii, size_px), 0
+        return info_for(grads, absgrads, radii, sizes_px), 0
 
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
         """Each rank holds its own Gaussians' gradients: the ranks agree on the verdict.

@@ -153,3 +153,47 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
                     "sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
                     "shard": int(model.num_points), "received": int(received.leaf.shape[0])})
     return out
+
+
+def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
+    """One step's backward, reduction and densification statistics on a batch of two cameras of
+    different sizes, through the parallel mode ``parallel`` (``parallel/``). Returns, per split,
+    the batch loss and, keyed by global id (rows in this rank's order, with ``ids``), the Gaussians'
+    gradients and the strategy's accumulated statistics."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
+    from distsplat_ns.model.band_backward import backward_bands
+    from distsplat_ns.model.strategy import update_batch_statistics
+    from distsplat_ns.parallel import build_parallel_mode
+    from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model
+
+    out = []
+    for bands_per_rank in splits:
+        model = make_model(2, param_dtype="float64")
+        mode = build_parallel_mode(parallel, ctx, model)
+        mode.take_initial_gaussians_()
+        cameras, images = make_mixed_cameras(), make_mixed_images()
+        plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank])
+        bands = plan.bands[ctx.rank]
+        positions = sorted({b.position for b in bands})
+        model.step = step
+        source, _ = mode.projections(cameras, plan, step, contextlib.nullcontext)
+        result = model.forward_bands(
+            cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+            [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
+        )
+        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+        named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
+        mode.reduce_gradients(named)
+        info, _ = mode.statistics(source, 2, MIXED_SIZES)
+        state = {"grad2d": None, "count": None, "radii": None}
+        update_batch_statistics(model.strategy, model.gauss_params, state, info)
+        grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                 for n, p in model.gauss_params.items()}
+        grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
+        loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())
+        out.append({"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads})
+    return out
