@@ -1,5 +1,5 @@
 """Memory of a sharded resume: a rank that loads a whole-model checkpoint memory-mapped and keeps
-its owned block holds about 1/W of the model in anonymous memory (model/shard_state.py).
+its owned block holds about 1/W of the model in anonymous memory (parallel/full_state.py).
 
 Writes a synthetic checkpoint (N Gaussians at SH degree 3, both Adam moments, strategy state),
 then, in a fresh process per case, loads it whole (replicated) or mmap'd and sliced for rank 0 of
@@ -43,7 +43,7 @@ def _write(path: Path, num: int) -> None:
 
 def _load(path: Path, world: int) -> dict:
     from distsplat_ns.checkpoint import load_checkpoint_file
-    from distsplat_ns.model.shard_state import shard_loaded_checkpoint_
+    from distsplat_ns.parallel.full_state import shard_loaded_checkpoint_
 
     before = _memory_mb()
     loaded = load_checkpoint_file(path, mmap=world > 0)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from distsplat_ns.balance.bands import Band
-from distsplat_ns.model.exchange import render_tile_rows
+from distsplat_ns.parallel.exchange import render_tile_rows
 
 PARAM_FLOATS = 59
 """Trainable floats per Gaussian: 3 means + 3 scales + 4 quats + 3 SH dc + 45 SH rest + 1 opacity."""

@@ -57,7 +57,7 @@ def save_checkpoint_atomic(
     """Write ``step-{step:09d}.ckpt`` atomically and durably; optionally delete older checkpoints.
 
     ``optimizer_states``, when given, replaces the optimizers' own state dicts (the sharded mode
-    saves the whole model's, gathered by ``model/shard_state.py``); the schedulers' are still
+    saves the whole model's, gathered by ``parallel/full_state.py``); the schedulers' are still
     ``optimizers``' (None: no schedulers saved).
 
     Only checkpoints of a lower step are deleted, and only once the new file and its directory
@@ -167,7 +167,7 @@ def load_checkpoint_file(path: Path, mmap: bool = False) -> Dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
 
     With ``mmap`` the tensors stay in the file (memory-mapped, copy-on-write) until read: a rank of
-    the sharded mode then copies only the rows it owns into memory (``model/shard_state.py``).
+    the sharded mode then copies only the rows it owns into memory (``parallel/full_state.py``).
 
     Raises:
         UserError: naming the file when it is missing, truncated or not a checkpoint.

@@ -1,16 +1,16 @@
-"""DistSplatPipeline: one data-parallel training step over bands of a global batch.
+"""DistSplatPipeline: one training step over bands of a global batch, on every rank.
 
-Every rank holds the same Gaussians (the DDP pattern, without DDP's one-time registration).
-``DistSplatPipeline.train_step`` is the whole step, in order: plan -> data -> forward -> backward
-(with the SSIM-halo exchange) -> reduce -> finite check -> optimizer -> refine -> observe costs ->
-replica check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and
-checkpoints (trainer.py); the eval and viewer paths of the model never enter a collective.
+How the Gaussians are held -- every rank all of them (replicated) or a shard each (sharded) -- is
+one ``ParallelMode`` built at set-up from ``--pipeline.parallel`` (``parallel/``); the step calls
+it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order: plan
+-> fetch -> projections -> forward -> backward (with the SSIM-halo exchange) -> reduce ->
+statistics -> finite check -> optimizer -> refine -> after-refine -> observe costs -> replica
+check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
+(trainer.py); the eval and viewer paths of the model never enter a collective.
 """
 
 from __future__ import annotations
 
-import functools
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
@@ -24,28 +24,18 @@ from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.distributed.collectives import (
-    all_gather_counts,
-    all_gather_object,
-    all_gather_rows,
-    all_reduce_max_,
-    all_reduce_sum_,
-    broadcast_tensors_,
-    check_finite_gradients,
-    check_replicas,
-    sum_gradients_,
-)
+from distsplat_ns.distributed.collectives import all_gather_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
-from distsplat_ns.model.distsplat_model import BandRenderResult, DistSplatModel, DistSplatModelConfig
-from distsplat_ns.model.exchange import exchange_grad_bytes, exchange_row_bytes, return_gradients, send_screen_terms
-from distsplat_ns.model.shard_state import gather_full_params, rebalance_due, rebalance_shards_, take_initial_shard_
-from distsplat_ns.model.strategy import batch_info
+from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource
+from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
+from distsplat_ns.parallel import build_parallel_mode
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.steps import steps_to_cover
+from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
@@ -71,7 +61,7 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     replica_check_every: int = 100
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
     check_finite_every: int = 1
-    """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). Each check is one host sync."""
+    """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). The verdict is a device-side flag read with the step's measured costs, a host copy made anyway: no extra sync."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -100,6 +90,10 @@ class StepTimings:
     def as_dict(self) -> Dict[str, float]:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_clock(cls, clock: PhaseClock) -> StepTimings:
+        return cls(**{name: clock[name] for name in cls.__dataclass_fields__})
+
 
 @dataclass(frozen=True)
 class StepReport:
@@ -125,6 +119,18 @@ class StepReport:
     bytes_communicated: int
     measured_imbalance: float
     time_imbalance: float
+
+
+def batch_sizes_px(image_sizes: Sequence[Tuple[int, int]], batch: Sequence[int], downscale: int) -> List[Tuple[int, int]]:
+    """The rendered ``(width, height)`` of each camera of the batch, in batch order (cameras of
+    one batch may differ in size: a multi-camera capture).
+
+    Args:
+        image_sizes: Full ``(width, height)`` of every training camera, px.
+        batch: The step's camera ids.
+        downscale: The step's resolution divisor.
+    """
+    return [(downscaled_px(image_sizes[c][0], downscale), downscaled_px(image_sizes[c][1], downscale)) for c in batch]
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -184,10 +190,9 @@ class DistSplatPipeline(VanillaPipeline):
         # Every rank builds the same initial Gaussians from the same seed; broadcasting rank 0's
         # copy makes that a guarantee rather than an assumption.
         broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
-        if config.parallel == "sharded":
-            # Each rank keeps its block of those (identical) initial Gaussians (model/shard_state.py).
-            take_initial_shard_(self.model, self.ctx.rank, self.ctx.world_size)
-        self._full_view_step: Optional[int] = None
+        # The parallel mode, once: the step calls it and never asks which it is (parallel/).
+        self.mode = build_parallel_mode(config.parallel, self.ctx, self.model)
+        self.mode.take_initial_gaussians_()
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
@@ -214,27 +219,17 @@ class DistSplatPipeline(VanillaPipeline):
         return self._model  # type: ignore[return-value]
 
     def refresh_full_view(self, step: int) -> None:
-        """Sharded mode: gather the whole model's parameters (no optimizer state) to rank 0, where
-        eval and the viewer render from them (``DistSplatModel.set_full_view``); rank 0 then holds
-        one extra copy of the parameters. A second call at the same step gathers nothing.
+        """Give rank 0 the whole model for eval and the viewer (``ParallelMode.refresh_full_view``:
+        a gather in sharded mode, nothing in replicated mode).
 
-        **Collective:** world group, in sharded mode on every rank at the same steps (the trainer
-        calls it at the steps rank 0 evaluates, and every few steps with the viewer): one
-        ``gather_rows`` of the ids, then one per parameter. Nothing in replicated mode or at
-        ``world_size == 1`` (the model is whole). Rank 0 holding ids ``[0, 2]`` and rank 1 ``[1]``:
-        rank 0 renders rows ``[0, 1, 2]``; rank 1 keeps nothing.
-        **Host sync:** the parameters pass through rank 0's host memory.
+        **Collective:** world group, on every rank at the same steps (the trainer calls it at the
+        steps rank 0 evaluates, and every few steps with the viewer).
         """
-        if self.config.parallel != "sharded" or not self.ctx.is_distributed or self._full_view_step == step:
-            return
-        self.model.set_full_view(gather_full_params(self.ctx, self.model))
-        self._full_view_step = step
+        self.mode.refresh_full_view(step)
 
     def drop_full_view(self) -> None:
-        """Free the full view (rank 0's copy of the whole model) until the next refresh; eval and
-        the viewer then render this rank's own Gaussians. Local: no collective."""
-        self.model.set_full_view(None)
-        self._full_view_step = None
+        """Free rank 0's copy of the whole model until the next refresh. Local: no collective."""
+        self.mode.drop_full_view()
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:
@@ -271,120 +266,85 @@ class DistSplatPipeline(VanillaPipeline):
             What the step did, for logging.
 
         Raises:
-            NonFiniteGradientError: the summed gradient holds NaN/Inf (before the optimizer step).
-            ReplicaDriftError: the ranks' parameters differ after the step.
+            NonFiniteGradientError: a gradient holds NaN/Inf (before the optimizer step).
+            ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
-        **Collective:** world group, in this order on every rank: the SSIM-halo all-gather, the
-        gradient buckets, the densification statistics (while densification runs), the cost
+        **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
+        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather and the
+        mode's backward (the reverse exchange), the mode's gradient reduction, statistics (while
+        densification runs) and finite verdict, the refine's id gather and after-refine, the cost
         all-gather and, every ``replica_check_every`` steps, the replica digest.
-        **Host sync:** the halo rows and the measured tile costs (every step: the next cut needs
-        them), the finite check (every ``check_finite_every`` steps), the replica digest.
+        **Host sync:** the halo rows and the measured tile costs with the finite verdict (every
+        step: the next cut needs them), refine steps, the replica digest.
         """
         if not self._training_configured:
             self.configure_training(start_step=step)
         optimizers.zero_grad_all()
-        sharded = self.config.parallel == "sharded"
+        clock = PhaseClock()
         batch = self.datamanager.batch_camera_ids(step)
-        # Sharded mode: every shard's size (the scale term's mean, the logged count).
-        num_gaussians = sum(all_gather_counts(self.ctx, self.model.num_points)) if sharded else self.model.num_points
-        # 1. plan: every rank's bands, computed identically on every rank.
+        sizes_px = batch_sizes_px(self._image_sizes, batch, self.model.downscale_factor_at(step))
+        num_gaussians = self.mode.num_gaussians_total()
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
-        # 2. data: this rank's images of the batch.
-        positions, images, masks, data_wait_s = self._fetch_images(step, batch, bands)
-        # 3. forward: render the bands, this rank's exact share of the batch loss.
-        t0 = time.perf_counter()
-        exchange_s = 0.0
-        sent = received = None
-        if sharded:
-            # Sharded: project this rank's Gaussians into every camera of the batch and send each
-            # band's rank the screen-space terms it needs (model/exchange.py).
-            projections = self.model.project_shard(self._host_cameras(batch), step)
-            t1 = time.perf_counter()
-            sent, received = send_screen_terms(self.ctx, projections, self.model.gauss_ids, plan.bands, len(batch))
-            exchange_s += time.perf_counter() - t1
-        # Host-side cameras: the model reads their sizes without a device sync, then moves them.
-        cameras = self._host_cameras([batch[p] for p in positions])
-        result = self.model.forward_bands(
-            cameras, positions, images, masks, bands, step, add_regularizers=self.ctx.is_main, received=received,
-            num_gaussians_total=num_gaussians if sharded else None,
-        )
-        forward_s = time.perf_counter() - t0 - exchange_s
-        # 4. backward, with the halo rows' pixel gradients exchanged between the two phases;
-        # sharded: then the received rows' gradients back to their owners, through their projection.
-        backward_s, halo_wait_s = self._backward(result)
-        if sent is not None and received is not None:
-            t1 = time.perf_counter()
-            return_gradients(self.ctx, sent, received, result.received_projections)
-            exchange_s += time.perf_counter() - t1
-        # 5. reduce: gradients summed over ranks (sharded: only the parameters every rank holds,
-        # e.g. camera adjustments), densification statistics of the whole batch.
-        t0 = time.perf_counter()
-        named = self._named_trainable_parameters()
-        if before_gradient_sum_hook is not None:
-            before_gradient_sum_hook(step, self.ctx.rank, self.model)
-        replicated = [(n, p) for n, p in named if not (sharded and n in self.model.gauss_params)]
-        if sharded:
-            # As in one process, a Gaussian no band saw has a zero gradient, not none (Adam would
-            # skip it, and this rank's Adam step count would drift from the others').
-            for _, p in named:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-        bytes_communicated = sum_gradients_(self.ctx, [p for _, p in replicated]).bytes_reduced
-        if sent is not None and self.ctx.is_distributed:
-            item, rank = sent.rows.element_size(), self.ctx.rank
-            # terms + int64 id out, gradients + absgrad back: the rows that leave this rank.
-            rows_out = sent.num_rows - sent.send_counts[rank]
-            grads_out = sum(sent.recv_counts) - sent.recv_counts[rank]
-            bytes_communicated += rows_out * (exchange_row_bytes(item) + 8) + grads_out * exchange_grad_bytes(item)
-        info = None
-        if step < self.model.schedule.refine_stop_iter:
-            if sent is not None:
-                # Complete at each owner: its projections received every band's gradients.
-                info = self._batch_statistics(step, batch, [(p, proj.means2d, proj.radii) for p, proj in sent.calls], reduce=False)
-            else:
-                info = self._batch_statistics(step, batch, result.projections, reduce=True)
-                if self.ctx.is_distributed:
-                    # grads2d + absgrads2d (float32 [B, N, 2] each) and radii (int32 [B, N])
-                    bytes_communicated += self.config.batch_size * self.model.num_points * (2 * 2 * 4 + 4)
-        # 6. finite check: replicated, every rank sees the same summed gradient, so all stop
-        # together; sharded, the ranks agree on the verdict.
-        every = self.config.check_finite_every
-        if every and step % every == 0:
-            check_finite_gradients(self.ctx, named, step, agree=sharded)
-        all_reduce_s = halo_wait_s + exchange_s + time.perf_counter() - t0
-        # 7. the optimizer step and learning-rate schedules (replicated: identical on every rank).
-        t0 = time.perf_counter()
-        optimizers.optimizer_step_all()
-        optimizers.scheduler_step_all(step)
-        optimizer_s = time.perf_counter() - t0
-        # 8. refine: densification on the batch's statistics (replicated: identical inputs
-        # everywhere; sharded: each rank its own Gaussians, then shards rebalanced).
-        t0 = time.perf_counter()
-        if info is not None and sharded:
-            # New Gaussians are numbered over every rank's parents (one gather per grow event).
-            self.model.refine(step, optimizers.optimizers, info, gather_ids=functools.partial(all_gather_rows, self.ctx))
-            if rebalance_due(self.model.schedule, step):
-                # Growth and pruning make shards drift: move rows (with their Adam and strategy
-                # state) when the largest exceeds 1.10 x the mean.
-                bytes_communicated += rebalance_shards_(self.ctx, self.model, optimizers.optimizers)
-        elif info is not None:
-            self.model.refine(step, optimizers.optimizers, info)
-        densify_s = time.perf_counter() - t0
-        # 9. observe costs: every rank's measured tile costs into the planner's history.
-        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, result, forward_s + backward_s)
-        # 10. replica check: every K steps, prove the replicated parameters bitwise identical.
-        every = self.config.replica_check_every
-        if self.ctx.is_distributed and every and step % every == 0 and replicated:
-            check_replicas(self.ctx, [p.data for _, p in replicated], step)
-        timings = StepTimings(
-            data_wait=data_wait_s, forward=forward_s, backward=backward_s, all_reduce=all_reduce_s,
-            optimizer=optimizer_s, densify=densify_s,
-        )
+        positions, images, masks = self._fetch_images(step, batch, bands, clock)
+        with clock.phase("forward"):
+            source, moved = self.mode.projections(self._host_cameras(batch), plan, step, lambda: clock.phase("all_reduce"))
+            # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+            cameras = self._host_cameras([batch[p] for p in positions])
+            result = self.model.forward_bands(
+                cameras, positions, images, masks, bands, step, self.mode.regularizer_share(num_gaussians), source
+            )
+        with clock.phase("backward"):
+            self._backward(result, source, clock)
+        with clock.phase("all_reduce"):
+            named = self._named_trainable_parameters()
+            if before_gradient_sum_hook is not None:
+                before_gradient_sum_hook(step, self.ctx.rank, self.model)
+            moved += self.mode.reduce_gradients(named)
+            info, statistics_bytes = self._statistics(step, source, sizes_px)
+            verdict = self._finite_verdict(step, named)
+        # The host copy of the costs carries the verdict: the check costs no extra sync.
+        measured, bad = self._costs_to_host(result, verdict)
+        raise_if_nonfinite(bad, named, step)
+        with clock.phase("optimizer"):
+            optimizers.optimizer_step_all()
+            optimizers.scheduler_step_all(step)
+        with clock.phase("densify"):
+            if info is not None:
+                self.model.refine(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
+                moved += self.mode.after_refine(step, optimizers.optimizers)
+        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
+        self._check_replicas(step, named)
         return StepReport(
-            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, num_gaussians=num_gaussians, timings=timings,
-            bytes_communicated=bytes_communicated, measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
+            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, num_gaussians=num_gaussians,
+            timings=StepTimings.from_clock(clock), bytes_communicated=moved + statistics_bytes,
+            measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
+
+    def _statistics(
+        self, step: int, source: ProjectionSource, sizes_px: Sequence[Tuple[int, int]]
+    ) -> Tuple[Optional[Dict[str, Any]], int]:
+        """The mode's densification statistics while densification runs (None after)."""
+        if step >= self.model.schedule.refine_stop_iter:
+            return None, 0
+        return self.mode.statistics(source, self.config.batch_size, sizes_px)
+
+    def _finite_verdict(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> Optional[torch.Tensor]:
+        """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""
+        every = self.config.check_finite_every
+        return self.mode.finite_verdict(named) if every and step % every == 0 else None
+
+    def _check_replicas(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> None:
+        """Every ``replica_check_every`` steps, prove the parameters every rank holds bitwise identical.
+
+        **Collective:** world group, on those steps with more than one rank: one digest all-gather.
+        """
+        every = self.config.replica_check_every
+        if not (self.ctx.is_distributed and every and step % every == 0):
+            return
+        replicated = self.mode.replicated_parameters(named)
+        if replicated:
+            check_replicas(self.ctx, replicated, step)
 
     def plan(self, step: int, batch: Sequence[int]) -> StepPlan:
         """Every rank's bands for the step: a pure function of values every rank has (the batch,
@@ -400,131 +360,84 @@ class DistSplatPipeline(VanillaPipeline):
     @torch.no_grad()
     def _footprint_priors(self, camera_indices: Sequence[int], step: int) -> List[torch.Tensor]:
         """Cold-start costs: how many tiles each projected Gaussian's 3-sigma footprint covers, per
-        tile row (projection only, no rasterization; identical on every rank)."""
-        from distsplat_ns.rendering import project
+        tile row (projection only, no rasterization; identical on every rank).
 
-        cameras = self._host_cameras(camera_indices)
-        downscale = self.model.downscale_factor_at(step)
-        viewmats, Ks, width, height = self.model._cameras_to_render_inputs(cameras, downscale)
-        params = self.model._activated()
-        proj = project(
-            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.model.sh_degree_at(step),
-            rasterize_mode=self.model.config.rasterize_mode, backend=self.model.config.rendering_backend,
-        )
-        costs = [footprint_row_costs(proj.means2d[i].detach(), proj.radii[i], height, width) for i in range(len(camera_indices))]
-        if self.config.parallel == "sharded":
-            # Each rank projected its own Gaussians: the footprints of all of them are the sum.
-            flat = all_reduce_sum_(self.ctx, torch.cat(costs))
-            costs = list(torch.split(flat, [len(c) for c in costs]))
-        return [c.cpu() for c in costs]
+        **Collective:** the mode's ``reduce_footprint_costs`` (sharded: one all-reduce).
+        """
+        costs: List[torch.Tensor] = [torch.empty(0)] * len(camera_indices)
+        for group, proj in self.model.project_cameras(self._host_cameras(camera_indices), step):
+            for k, i in enumerate(group):
+                costs[i] = footprint_row_costs(proj.means2d[k].detach(), proj.radii[k], proj.height, proj.width)
+        flat, _ = self.mode.reduce_footprint_costs(torch.cat(costs))
+        return [c.cpu() for c in torch.split(flat, [len(c) for c in costs])]  # host sync: cold cameras only
 
     def _fetch_images(
-        self, step: int, batch: Sequence[int], bands: Sequence[Band]
-    ) -> Tuple[List[int], List[torch.Tensor], List[Optional[torch.Tensor]], float]:
-        """This rank's images of the step: ``(positions, images, masks, wait_s)``, in batch order.
+        self, step: int, batch: Sequence[int], bands: Sequence[Band], clock: PhaseClock
+    ) -> Tuple[List[int], List[torch.Tensor], List[Optional[torch.Tensor]]]:
+        """This rank's images of the step: ``(positions, images, masks)``, in batch order; the
+        wait goes to ``clock``'s ``data_wait``.
 
         The data stream decoded the images this rank was expected to need; one the balanced cut
         gave it beyond those is decoded here, on demand, and counted.
         """
         needed = sorted({b.position for b in bands})
-        t0 = time.perf_counter()
         train_batch = self.datamanager.next_train_batch(step)
+        clock.add("data_wait", train_batch.wait_s)
         images = dict(zip(train_batch.positions, train_batch.images))
         masks = dict(zip(train_batch.positions, train_batch.masks))
         missing = [p for p in needed if p not in images]
         if missing:
             self.images_fetched_on_demand += len(missing)
-            images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step)))
-        wait_s = train_batch.wait_s + (time.perf_counter() - t0 if missing else 0.0)
-        return needed, [images[p] for p in needed], [masks.get(p) for p in needed], wait_s
+            with clock.phase("data_wait"):
+                images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step)))
+        return needed, [images[p] for p in needed], [masks.get(p) for p in needed]
 
-    def _backward(self, result: BandRenderResult) -> Tuple[float, float]:
+    def _backward(self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients
-        (``model/band_backward.py``); returns ``(render_s, halo_wait_s)``.
+        (``model/band_backward.py``); the source's terms are anchored, so that a backward that is
+        a collective (the sharded exchange's) runs on every rank.
 
-        The exchange waits for the slowest rank: it counts as communication, not render time, or
-        the per-rank render times (the balancer's wall-clock figure) would look more equal than
-        they are.
+        The exchanges wait for the slowest rank: they count as communication (``all_reduce``), not
+        render time, or the per-rank render times (the balancer's wall-clock figure) would look
+        more equal than they are.
 
-        **Collective:** one all-gather of the SSIM halo rows' pixel gradients.
+        **Collective:** one all-gather of the SSIM halo rows' pixel gradients, then the source's backward.
         """
-        waited = [0.0]
 
         def exchange(msgs):  # noqa: ANN001, ANN202
-            t0 = time.perf_counter()
-            gathered = all_gather_object(self.ctx, msgs)
-            waited[0] += time.perf_counter() - t0
-            return gathered
+            with clock.phase("all_reduce"):
+                return all_gather_object(self.ctx, msgs)
 
-        t0 = time.perf_counter()
-        backward_bands(result.loss, result.pixel_links, exchange)
-        return time.perf_counter() - t0 - waited[0], waited[0]
+        backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors)
 
     def _host_cameras(self, camera_ids: Sequence[int]) -> Any:
         return self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
 
-    def _batch_statistics(
-        self, step: int, batch: Sequence[int], projections: Sequence[Tuple[List[int], torch.Tensor, torch.Tensor]], reduce: bool
-    ) -> Dict[str, Any]:
-        """DefaultStrategy's ``info`` for the whole batch from ``(positions, means2d, radii)``
-        per projection call: screen-space gradients and absgrads summed, radii maximised over
-        ranks when ``reduce`` (replicated mode); as they are otherwise (sharded mode: complete at
-        each owner).
+    @staticmethod
+    def _costs_to_host(result: BandRenderResult, verdict: Optional[torch.Tensor]) -> Tuple[List[Any], bool]:
+        """This rank's measured costs, ``(position, first tile row, row costs)`` per band, and the
+        finite verdict (False when none was computed), in one device-to-host copy.
 
-        **Collective:** with ``reduce``, three all-reduces (sum, sum, max) of `[B, N, 2]`,
-        `[B, N, 2]`, `[B, N]`.
+        **Host sync:** once per step: the next step's cut needs the costs.
         """
-        num = self.config.batch_size
-        n = self.model.num_points
-        device = self.model.means.device
-        dtype = self.model.compute_dtype
-        if len(projections) == 1 and projections[0][0] == list(range(num)):
-            # This rank projected the whole batch in one call (one process, or a band of every
-            # image, or sharded mode): its statistics are already batch-shaped.
-            _, means2d, proj_radii = projections[0]
-            grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(num, n, 2, device=device, dtype=dtype)
-            absgrad = getattr(means2d, "absgrad", None)
-            absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
-            radii = proj_radii.detach().to(torch.int32)
-        else:
-            grads = torch.zeros(num, n, 2, device=device, dtype=dtype)
-            absgrads = torch.zeros(num, n, 2, device=device, dtype=dtype)
-            radii = torch.zeros(num, n, dtype=torch.int32, device=device)
-            for positions, means2d, proj_radii in projections:
-                idx = torch.tensor(positions, device=device)
-                if means2d.grad is not None:
-                    grads[idx] += means2d.grad.detach()
-                absgrad = getattr(means2d, "absgrad", None)
-                if absgrad is not None:
-                    absgrads[idx] += absgrad.detach()
-                radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
-        if reduce:
-            all_reduce_sum_(self.ctx, grads)
-            all_reduce_sum_(self.ctx, absgrads)
-            all_reduce_max_(self.ctx, radii)
-        # The model renders a batch's cameras in one call only when their sizes agree.
-        width, height = self._image_sizes[batch[0]]
-        downscale = self.model.downscale_factor_at(step)
-        return batch_info(grads, absgrads, radii, downscaled_px(width, downscale), downscaled_px(height, downscale))
+        parts = [c.sum(dim=-1).to(torch.float64) for _, c in result.band_tile_counts]
+        if verdict is not None:
+            parts.append(verdict.to(parts[0].device if parts else verdict.device, torch.float64))
+        host = torch.cat(parts).cpu().tolist() if parts else []  # host sync: the costs decide the next cut
+        bad = bool(host.pop()) if verdict is not None else False
+        mine, start = [], 0
+        for band, counts in result.band_tile_counts:
+            rows = counts.shape[0]
+            mine.append((band.position, band.first_row, host[start : start + rows]))
+            start += rows
+        return mine, bad
 
-    def _observe_costs(
-        self, plan: StepPlan, batch: Sequence[int], result: BandRenderResult, render_s: float
-    ) -> Tuple[float, float]:
+    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: List[Any], render_s: float) -> Tuple[float, float]:
         """All-gather every rank's measured per-row costs (and render time) into the history;
         returns ``(measured_imbalance, time_imbalance)``.
 
         **Collective:** one all-gather of small Python lists per step, the same on every rank.
-        **Host sync:** the tile counts come to the host: the next step's cut needs them.
         """
-        mine = []
-        if result.band_tile_counts:
-            # One device-to-host copy for all bands (one sync, not one per band).
-            row_costs = torch.cat([c.sum(dim=-1) for _, c in result.band_tile_counts]).to(torch.float64).cpu().tolist()
-            start = 0
-            for band, counts in result.band_tile_counts:
-                rows = counts.shape[0]
-                mine.append((band.position, band.first_row, row_costs[start : start + rows]))
-                start += rows
         gathered = all_gather_object(self.ctx, (mine, render_s))
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
         time_imbalance = max_over_mean([g[1] for g in gathered])

@@ -5,8 +5,10 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 * it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
   process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;
 * rank 0 alone runs the viewer, writers, progress display, evaluation and checkpoints;
-* a step is: forward of this rank's bands, backward, gradient sum over ranks, identical optimizer
-  step, densification on reduced statistics (``pipeline.py``);
+* a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
+  the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
+  parallel mode changes around the loop -- the whole-model view for eval and the viewer, what a
+  checkpoint holds and what a rank loads of one -- is asked of the mode (``parallel/``);
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
 * checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
   ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
@@ -39,7 +41,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import load_checkpoint_file, probe_writable, save_checkpoint_atomic
+from distsplat_ns.checkpoint import probe_writable, save_checkpoint_atomic
 from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
@@ -50,7 +52,6 @@ from distsplat_ns.distributed.lifecycle import (
     startup_phase,
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
-from distsplat_ns.model.shard_state import gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
@@ -231,12 +232,8 @@ class DistSplatTrainer(Trainer):
             if self.ctx.is_main:
                 CONSOLE.print("No checkpoint to load, so training from scratch.")
             return None
-        if self._sharded:
-            # Memory-mapped: this rank reads only the rows it owns into memory (model/shard_state.py).
-            loaded = load_checkpoint_file(path, mmap=True)
-            shard_loaded_checkpoint_(loaded, self.ctx.rank, self.ctx.world_size)
-        else:
-            loaded = load_checkpoint_file(path)
+        # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
+        loaded = self.pipeline.mode.read_checkpoint(path)
         self._start_step = int(loaded["step"]) + 1
         self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
         rng = loaded.get("distsplat", {}).get("torch_rng_state")
@@ -245,10 +242,6 @@ class DistSplatTrainer(Trainer):
         if self.ctx.is_main:
             CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
         return loaded
-
-    @property
-    def _sharded(self) -> bool:
-        return self.pipeline.config.parallel == "sharded"
 
     def _checkpoint_to_load(self) -> Optional[Path]:
         if self.config.load_dir is not None:
@@ -314,9 +307,9 @@ class DistSplatTrainer(Trainer):
 
         A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
         ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
-        rank leaves after the same step. In sharded mode every rank also joins the gather of the
-        full view (``DistSplatPipeline.refresh_full_view``) after the steps :meth:`_needs_full_view`
-        names, before rank 0 updates the viewer and evaluates.
+        rank leaves after the same step. Every rank also joins the refresh of the full view
+        (``DistSplatPipeline.refresh_full_view``, a gather where ranks hold shards) after the steps
+        :meth:`_needs_full_view` names, before rank 0 updates the viewer and evaluates.
         """
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):
@@ -343,7 +336,7 @@ class DistSplatTrainer(Trainer):
                     step=step,
                     avg_over_steps=True,
                 )
-            if self._sharded and self._needs_full_view(step):
+            if self._needs_full_view(step):
                 self.pipeline.refresh_full_view(step)
             self._update_viewer_state(step)
             if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
@@ -353,7 +346,7 @@ class DistSplatTrainer(Trainer):
             if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
                 with self.train_lock:
                     self.eval_iteration(step)
-            if self._sharded and not self.config.is_viewer_enabled():
+            if not self.config.is_viewer_enabled():
                 self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
             if step_check(step, self.config.steps_per_save):
                 self.save_checkpoint(step)
@@ -373,7 +366,7 @@ class DistSplatTrainer(Trainer):
         return step_check(step, config.steps_per_eval_image) or step_check(step, config.steps_per_eval_all_images, run_at_zero=True)
 
     def _needs_full_view(self, step: int) -> bool:
-        """Sharded mode: whether rank 0 needs the whole model after ``step`` (eval, or the viewer's
+        """Whether rank 0 needs the whole model after ``step`` (eval, or the viewer's
         refresh every ``viewer_refresh_every`` steps and at the first step)."""
         viewer = self.config.is_viewer_enabled() and (step % self.viewer_refresh_every == 0 or step == self._start_step)
         return viewer or self._evaluates_at(step)
@@ -435,9 +428,9 @@ class DistSplatTrainer(Trainer):
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; every rank learns whether it worked.
 
-        In sharded mode the shards are first gathered to rank 0 in id order
-        (``model/shard_state.py:gather_full_state``) and the whole model is written, in nerfstudio's
-        format: a shard's own ``state_dict()`` is never written as it is.
+        The parallel mode first gathers what rank 0 does not hold (sharded: the shards, in id order,
+        ``parallel/full_state.py:gather_full_state``) and the whole model is written, in
+        nerfstudio's format: a shard's own ``state_dict()`` is never written as it is.
 
         Raises:
             RunFailure: on every rank when rank 0 could not write (full or read-only disk); the
@@ -446,7 +439,7 @@ class DistSplatTrainer(Trainer):
         **Collective:** world group: in sharded mode the gather (one tensor at a time), then the
         outcome broadcast (it replaces a barrier).
         """
-        gathered = gather_full_state(self.ctx, self.pipeline.model, self.optimizers.optimizers) if self._sharded else None
+        gathered = self.pipeline.mode.gather_full_state(self.optimizers.optimizers)
 
         def write() -> Path:
             pipeline_state = self.pipeline.state_dict()
@@ -490,7 +483,7 @@ class DistSplatTrainer(Trainer):
     def _after_train(self) -> None:
         self.training_state = "completed"
         self._save_unless_saved(self.step)
-        if self._sharded and (self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled()):
+        if self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled():
             self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
         if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
             if not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step:

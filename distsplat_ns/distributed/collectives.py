@@ -196,41 +196,60 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=float("inf")))
 
 
+def nonfinite_verdict(ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], agree: bool = False) -> torch.Tensor:
+    """Whether a gradient holds NaN or Inf, as a device-side flag: 1 or 0, `[1]` int32.
+
+    Called after :func:`sum_gradients_`: a non-finite value on any rank has then reached every
+    rank's summed gradient, so every rank computes the same flag without another collective. Where
+    each rank holds different gradients (sharded mode: each its own Gaussians'), ``agree=True``
+    max-reduces the flag so every rank holds the same one.
+
+    **Collective:** with ``agree`` (and more than one rank), one max-reduce of one int.
+    **Host sync:** none on CPU or with NCCL; gloo with CUDA tensors stages the flag through the host.
+    """
+    bad = (~gradients_finite(p for _, p in named_params)).to(torch.int32).reshape(1)
+    if agree and ctx.is_distributed:
+        device = bad.device
+        bad = all_reduce_max_(ctx, bad.to(_collective_device(ctx))).to(device)
+    return bad
+
+
+def raise_if_nonfinite(bad: bool, named_params: Sequence[tuple[str, torch.Tensor]], step: int) -> None:
+    """Raise :class:`NonFiniteGradientError` when ``bad`` (the host value of :func:`nonfinite_verdict`),
+    naming the step and this rank's parameters that hold NaN/Inf ("on another rank" when none).
+    Local; host syncs only when raising."""
+    if not bad:
+        return
+    names = [n for n, p in named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
+    where = f"parameters {', '.join(names)}" if names else "on another rank"
+    raise NonFiniteGradientError(
+        f"non-finite gradient at step {step} ({where}); stopping before the optimizer step "
+        "so the last checkpoint stays good"
+    )
+
+
 def check_finite_gradients(
     ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], step: int, agree: bool = False
 ) -> None:
-    """Stop the run when the summed gradient holds NaN or Inf.
-
-    Called after :func:`sum_gradients_`: a non-finite value on any rank has then reached every
-    rank's summed gradient, so every rank reaches the same verdict in the same step without
-    another collective. Where each rank holds different gradients (sharded mode: each its own
-    Gaussians'), ``agree=True`` max-reduces the verdict so every rank stops in the same step.
+    """Stop the run when the summed gradient holds NaN or Inf: :func:`nonfinite_verdict` read on
+    the host, then :func:`raise_if_nonfinite`. (The training step reads the flag in the host copy
+    it makes anyway: ``pipeline.py``.)
 
     Args:
         ctx: The process context.
         named_params: ``(name, parameter)`` pairs, e.g. ``("means", ...)``; the names go into the
             error message.
         step: The step, for the message.
+        agree: Max-reduce the verdict (ranks holding different gradients).
 
     Raises:
         NonFiniteGradientError: on every rank, naming the step and the parameters holding NaN/Inf.
 
     **Collective:** with ``agree`` (and more than one rank), one max-reduce of an int.
+    **Host sync:** the verdict.
     """
-    ok = bool(gradients_finite(p for _, p in named_params))  # host sync: the verdict decides the update
-    bad_here = not ok
-    if agree and ctx.is_distributed:
-        flag = torch.tensor([int(bad_here)], dtype=torch.int32, device=_collective_device(ctx))
-        bad_anywhere = bool(all_reduce_max_(ctx, flag).item())
-    else:
-        bad_anywhere = bad_here
-    if bad_anywhere:
-        bad = [n for n, p in named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
-        where = f"parameters {', '.join(bad)}" if bad else "on another rank"
-        raise NonFiniteGradientError(
-            f"non-finite gradient at step {step} ({where}); stopping before the optimizer step "
-            "so the last checkpoint stays good"
-        )
+    bad = bool(nonfinite_verdict(ctx, named_params, agree).item())  # host sync: the verdict decides the update
+    raise_if_nonfinite(bad, named_params, step)
 
 
 def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:
@@ -286,7 +305,7 @@ def all_gather_counts(ctx: DistContext, count: int) -> list[int]:
     mine = torch.tensor([int(count)], dtype=torch.int64, device=_collective_device(ctx))
     out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]
+    return [int(t.item()) for t in out]  # host sync: the counts size what follows on the host
 
 
 def all_gather_rows(ctx: DistContext, tensor: torch.Tensor) -> list[torch.Tensor]:

@@ -69,6 +69,7 @@ def backward_bands(
     loss: torch.Tensor,
     links: Sequence[PixelLink],
     exchange: Callable[[List[HaloMessage]], List[List[HaloMessage]]],
+    anchors: Sequence[torch.Tensor] = (),
 ) -> None:
     """Phase 2: backpropagate a rank's band loss with exact per-pixel gradients.
 
@@ -77,6 +78,9 @@ def backward_bands(
             for the regularisers). 0-d.
         links: Every band this rank rendered, from :func:`link_pixels`.
         exchange: Delivers every rank's list of halo messages to every rank (an all-gather).
+        anchors: Tensors whose backward must run on every rank even where this rank's loss does
+            not reach them (the sharded exchange's received terms: its backward is a collective);
+            they join phase 2's roots with a zero gradient.
 
     **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
     **Host sync:** the halo rows' gradients are copied to the host for the exchange.
@@ -89,6 +93,7 @@ def backward_bands(
     for link in links:
         own = link.num_rows_px
         if link.leaf.shape[0] > own and link.leaf.grad is not None:
+            # host sync: the halo rows travel pickled through host memory (all_gather_object).
             outgoing.append((link.position, link.end_row_px, link.leaf.grad[own:].detach().cpu()))
     incoming = exchange(outgoing)
     roots, grads = [], []
@@ -104,5 +109,8 @@ def backward_bands(
                     grad[lo - link.first_row_px : hi - link.first_row_px] += rows[lo - start : hi - start].to(grad.device)
         roots.append(link.pred[:own])
         grads.append(grad)
+    for anchor in (a for a in anchors if a.requires_grad):
+        roots.append(anchor)
+        grads.append(torch.zeros_like(anchor))
     if roots:
         torch.autograd.backward(roots, grads)

@@ -7,7 +7,9 @@ and the viewer accept it unchanged. What differs from splatfacto:
   ``distsplat_ns.rendering`` (gsplat on CUDA, the pure-PyTorch reference on CPU);
 * the loss of every band is its exact share of the whole batch's loss (``model/losses.py``), and its
   backward exact across band edges (``model/band_backward.py``);
-* densification reads statistics reduced over the whole batch and every rank (``refine``);
+* densification reads statistics of the whole batch over every rank (``refine``);
+* what a rank renders from (its own Gaussians or the terms other ranks sent) is a
+  ``ProjectionSource`` the parallel mode hands to ``forward_bands`` (``model/band_render.py``);
 * schedules (warm-up, refine interval, SH degree, resolution) are counted in images;
 * no bare ``.cuda()``; LPIPS is built only when its weights can be had, never at construction.
 
@@ -18,7 +20,7 @@ H/W pixels, K SH bases.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -26,14 +28,31 @@ from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttrib
 from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig, resize_image
 from nerfstudio.utils.colors import get_color
 
-from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
+from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
-from distsplat_ns.model.exchange import Received
+from distsplat_ns.model.band_render import (
+    BandRenderResult,
+    OwnProjections,
+    ProjectionSource,
+    RegularizerShare,
+    RenderInputs,
+    rendered_sizes_px,
+)
+from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.strategy import ChildIds, IdGather, allocate_child_ids, build_default_strategy, gather_local, schedule_in_steps
-from distsplat_ns.rendering import Projection, project, rasterization, rasterize_rows
-from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, downscaled_px
+from distsplat_ns.model.strategy import (
+    KEYED_GROWTH_KEY,
+    ChildIds,
+    IdGather,
+    KeyedGrowth,
+    allocate_child_ids,
+    build_default_strategy,
+    gather_local,
+    schedule_in_steps,
+)
+from distsplat_ns.rendering import Projection, project, rasterize_rows
+from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -68,35 +87,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
             raise ValueError(f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}")
 
 
-@dataclass
-class BandRenderResult:
-    """What one rank's training forward produced.
-
-    Attributes:
-        loss: This rank's share of the global batch loss (sum over ranks = whole-batch loss). 0-d.
-        l1: This rank's share of the mean L1 (detached). 0-d.
-        dssim: This rank's share of the mean ``1 - SSIM`` (detached). 0-d.
-        projections: ``(positions, means2d, radii)`` per projection call: batch positions `[C]`,
-            projected means (gradients land in ``.grad``/``.absgrad`` after backward) `[C, N, 2]`
-            and screen radii `[C, N]`.
-        band_tile_counts: Per band, Gaussian-tile intersections of the tile rows it owns
-            `[tile_rows, tile_cols]`, int.
-        pixel_links: Per band, its rendered pixels and their detached copy, for
-            ``model/band_backward.py``'s ``backward_bands``.
-        received_projections: Sharded mode: per batch position, the projection of the received
-            Gaussians it was rendered from (their ``means2d.absgrad`` after backward).
-    """
-
-    loss: torch.Tensor
-    l1: torch.Tensor
-    dssim: torch.Tensor
-    projections: List[Tuple[List[int], torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    band_tile_counts: List[Tuple[Band, torch.Tensor]] = field(default_factory=list)
-    pixel_links: List[PixelLink] = field(default_factory=list)
-    received_projections: Dict[int, Projection] = field(default_factory=dict)
-
-
-class DistSplatModel(SplatfactoModel):
+class DistSplatModel(EvalOutputs, SplatfactoModel):
     """Splatfacto trained on batches of image bands; see the module docstring."""
 
     config: DistSplatModelConfig
@@ -271,24 +262,49 @@ class DistSplatModel(SplatfactoModel):
         gen.manual_seed((self.seed * 1_000_003 + step) * 4099 + position)
         return torch.rand(3, generator=gen).to(self.device, self.compute_dtype)
 
-    def _cameras_to_render_inputs(self, cameras: Cameras, downscale: int) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
+    def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs:
         """View matrices `[C, 4, 4]`, intrinsics `[C, 3, 3]` (on the model's device, scaled by
-        ``downscale``) and the rendered width and height, which all cameras must share.
+        ``downscale``) and each camera's rendered ``(width, height)``.
 
         Pass host-side cameras where possible (training does): their sizes are then read without a
         device sync; the cameras are moved to the model's device here.
         """
-        sizes = set(_rendered_sizes_px(cameras, downscale))  # a host sync only for device-side cameras (eval, viewer)
-        if len(sizes) != 1:
-            raise ValueError("cameras rendered in one call must share width and height")
-        ((width, height),) = sizes
+        sizes = rendered_sizes_px(cameras, downscale)  # a host sync only for device-side cameras (eval, viewer)
         if cameras.device != self.device:
             cameras = cameras.to(self.device)
         c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
         viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
         Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
         Ks[:, :2, :] /= downscale
-        return viewmats, Ks, width, height
+        return RenderInputs(viewmats, Ks, sizes)
+
+    def project_cameras(self, cameras: Cameras, step: int) -> List[Tuple[List[int], Projection]]:
+        """This model's Gaussians projected into every camera of ``cameras`` at ``step``'s
+        resolution, as ``(camera indices, projection)`` calls: one call when the cameras share a
+        rendered size, otherwise one per camera. ``means2d`` retains its gradient.
+
+        **Differentiable:** with respect to the Gaussian parameters (and camera adjustments).
+        """
+        downscale = self.downscale_factor_at(step)
+        sizes = rendered_sizes_px(cameras, downscale)
+        groups = [list(range(len(cameras)))] if len(set(sizes)) == 1 else [[i] for i in range(len(cameras))]
+        calls = []
+        for group in groups:
+            inputs = self.render_inputs(cameras[torch.tensor(group)], downscale)
+            calls.append((group, self.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)))
+        return calls
+
+    def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection:
+        """This model's Gaussians projected into the cameras ``viewmats``/``Ks`` (``render_inputs``)
+        at ``step``'s SH degree: the one projection call of training (bands, the sharded exchange,
+        the balancer's footprint priors).
+
+        **Differentiable:** with respect to the Gaussian parameters (and camera adjustments).
+        """
+        return project(
+            **self._activated(), viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.sh_degree_at(step),
+            rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+        )
 
     def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.
@@ -314,9 +330,8 @@ class DistSplatModel(SplatfactoModel):
         masks: Sequence[Optional[torch.Tensor]],
         bands: Sequence[Band],
         step: int,
-        add_regularizers: bool,
-        received: Optional[Received] = None,
-        num_gaussians_total: Optional[int] = None,
+        regularizers: RegularizerShare,
+        source: Optional[ProjectionSource] = None,
     ) -> BandRenderResult:
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
@@ -328,43 +343,32 @@ class DistSplatModel(SplatfactoModel):
             bands: This rank's bands (rows at the resolution rendered this step); each band's
                 ``position`` is one of ``positions``. May be empty: the rank renders nothing.
             step: The training step.
-            add_regularizers: Whether this rank adds the batch-independent loss terms (scale
-                regularisation, camera-optimizer penalty): exactly one rank does. In sharded mode
-                it adds the camera penalty, and every rank its shard's part of the scale term.
-            received: Sharded mode: the Gaussians other ranks sent for this rank's bands
-                (``model/exchange.py``), rendered instead of projecting this rank's own.
-            num_gaussians_total: Sharded mode: Gaussians over all shards (the scale term's mean).
+            regularizers: Which batch-independent loss terms this rank adds (``RegularizerShare``).
+            source: What the bands are rasterized from; this rank's own Gaussians when None
+                (``OwnProjections``).
 
         Returns:
             The rank's loss share and what the pipeline reduces after backward.
 
-        **Differentiable:** with respect to every Gaussian parameter (and camera adjustments).
+        **Differentiable:** with respect to every Gaussian parameter (and camera adjustments), or
+        to the source's terms.
         """
         if len(cameras) != len(positions) or len(images) != len(positions):
             raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
         zero = self.means.new_zeros(())
-        regularizers = self._regularizers(step, add_regularizers, num_gaussians_total)
+        regularizer_loss = self._regularizers(step, regularizers)
         if not bands:
-            return BandRenderResult(loss=regularizers, l1=zero, dssim=zero)
+            return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero)
+        source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
-        viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras, downscale)
+        inputs = self.render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
-        gts = [self.gt_image(img, bg, downscale, (height, width)) for img, bg in zip(images, backgrounds)]
-        gt_masks = [None if m is None else self._downscale_mask(m, downscale, (height, width)) for m in masks]
-        for gt in gts:
-            if gt.shape[0] != height or gt.shape[1] != width:
-                raise ValueError(
-                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
-                    f"(after downscale {downscale})"
-                )
+        gts, gt_masks = self._ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
 
-        result = BandRenderResult(loss=zero, l1=zero, dssim=zero)
+        result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls)
         l1_total, dssim_total = zero, zero
-        for first, proj, raster_calls in self._band_projections(bands, positions, viewmats, Ks, width, height, step, received):
-            if received is None:
-                result.projections.append((list(positions[first : first + proj.num_cameras]), proj.means2d, proj.radii))
-            else:
-                result.received_projections[positions[first]] = proj
+        for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
+            height = inputs.sizes_px[first][1]  # the cameras of one projection share one size
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
                 out = rasterize_rows(
@@ -380,61 +384,35 @@ class DistSplatModel(SplatfactoModel):
                     result.band_tile_counts.append((band, out.tile_counts[k][:num_tile_rows_owned]))
 
         lam = self.config.ssim_lambda
-        result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size + regularizers
+        result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size + regularizer_loss
         result.l1 = (l1_total / self.batch_size).detach()
         result.dssim = (dssim_total / self.batch_size).detach()
         return result
 
-    def _band_projections(
+    def _ground_truths(
         self,
-        bands: Sequence[Band],
-        positions: Sequence[int],
-        viewmats: torch.Tensor,
-        Ks: torch.Tensor,
-        width: int,
-        height: int,
-        step: int,
-        received: Optional[Received],
-    ) -> Iterator[Tuple[int, Projection, List[List[Band]]]]:
-        """``(first, projection, raster_calls)``: the projection covers the cameras
-        ``positions[first : first + projection.num_cameras]``; each raster call holds one band per
-        camera (``_render_calls``). Replicated mode projects this rank's Gaussians; sharded mode
-        renders each position from the Gaussians received for it, one band per raster call."""
-        if received is not None:
-            for i, position in enumerate(positions):
-                own = [[band] for band in bands if band.position == position]
-                if own:
-                    yield i, received.projection(position), own
-            return
-        params = self._activated()
-        for first, stop, raster_calls in _render_calls(bands, list(positions), height):
-            proj = project(
-                **params, viewmats=viewmats[first:stop], Ks=Ks[first:stop], width=width, height=height,
-                sh_degree=self.sh_degree_at(step), rasterize_mode=self.config.rasterize_mode,
-                backend=self.config.rendering_backend,
-            )
-            yield first, proj, raster_calls
+        images: Sequence[torch.Tensor],
+        masks: Sequence[Optional[torch.Tensor]],
+        backgrounds: Sequence[torch.Tensor],
+        downscale: int,
+        sizes_px: Sequence[Tuple[int, int]],
+    ) -> Tuple[List[torch.Tensor], List[Optional[torch.Tensor]]]:
+        """Each image and mask at its camera's rendered ``(width, height)``, composited.
 
-    def project_shard(self, cameras: Cameras, step: int) -> List[Tuple[List[int], Projection]]:
-        """Sharded mode: this rank's Gaussians projected into every camera of the batch, as
-        ``(batch positions, projection)`` calls: one call when the cameras share a rendered size,
-        otherwise one per camera. ``means2d`` retains its gradient.
-
-        **Differentiable:** with respect to the shard's parameters (and camera adjustments).
+        Raises:
+            ValueError: an image does not match its camera's size.
         """
-        downscale = self.downscale_factor_at(step)
-        sizes = set(_rendered_sizes_px(cameras, downscale))
-        groups = [list(range(len(cameras)))] if len(sizes) == 1 else [[i] for i in range(len(cameras))]
-        params = self._activated()
-        calls = []
-        for group in groups:
-            viewmats, Ks, width, height = self._cameras_to_render_inputs(cameras[torch.tensor(group)], downscale)
-            proj = project(
-                **params, viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.sh_degree_at(step),
-                rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
-            )
-            calls.append((group, proj))
-        return calls
+        gts, gt_masks = [], []
+        for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px):
+            gt = self.gt_image(img, bg, downscale, (height, width))
+            if gt.shape[0] != height or gt.shape[1] != width:
+                raise ValueError(
+                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
+                    f"(after downscale {downscale})"
+                )
+            gts.append(gt)
+            gt_masks.append(None if mask is None else self._downscale_mask(mask, downscale, (height, width)))
+        return gts, gt_masks
 
     def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)
@@ -467,18 +445,16 @@ class DistSplatModel(SplatfactoModel):
             shown, target = shown * m, target * m
         return band_loss(shown, target, first, end, height)
 
-    def _regularizers(self, step: int, add: bool, num_gaussians_total: Optional[int]) -> torch.Tensor:
-        """The batch-independent loss terms this rank adds: all of them when ``add`` (one rank) in
-        replicated mode; in sharded mode (``num_gaussians_total`` given) every rank adds its
-        shard's part of the scale term's mean, and the ``add`` rank the camera penalty."""
+    def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
+        """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
+        scale term's mean over all ranks' Gaussians, and the camera optimizer's penalty."""
         total = self.means.new_zeros(())
-        sharded = num_gaussians_total is not None
-        if self.config.use_scale_regularization and step % 10 == 0 and (add or sharded):
+        if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
             excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
-            total = total + 0.1 * (excess.sum() / max(num_gaussians_total, 1) if sharded else excess.mean())
-        if add and self.training:
+            total = total + 0.1 * (excess.sum() / max(share.num_gaussians_total, 1))
+        if share.camera_penalty and self.training:
             extra: Dict[str, torch.Tensor] = {}
             self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():
@@ -499,20 +475,22 @@ class DistSplatModel(SplatfactoModel):
             step: Optimizer step.
             optimizers: One optimizer per Gaussian parameter.
             info: ``batch_info`` of the Gaussians held here.
-            gather_ids: ``gather_local`` where this process holds every Gaussian (one process or
-                replicated mode), ``functools.partial(all_gather_rows, ctx)`` in sharded mode.
+            gather_ids: Every rank's rows of the parents' ids: the parallel mode's ``gather_ids``
+                (``gather_local`` where this process holds every Gaussian).
 
         **Collective:** on refine events, one ``gather_ids`` call on every rank.
         """
         previous_dtype = torch.get_default_dtype()
         # gsplat's duplicate and opacity reset build tensors in the default dtype: match the Gaussians'.
         torch.set_default_dtype(self.compute_dtype)
+        # gsplat's signature: the keyed growth's seed and id allocator travel in the state for this call.
+        self.strategy_state[KEYED_GROWTH_KEY] = KeyedGrowth(self.seed, lambda dup, split: self.allocate_gauss_ids(dup, split, gather_ids))
         try:
             self.strategy.step_post_backward(
-                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False,
-                seed=self.seed, allocate=lambda dup, split: self.allocate_gauss_ids(dup, split, gather_ids),
+                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
             )
         finally:
+            self.strategy_state.pop(KEYED_GROWTH_KEY, None)
             torch.set_default_dtype(previous_dtype)
 
     def allocate_gauss_ids(self, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
@@ -521,113 +499,3 @@ class DistSplatModel(SplatfactoModel):
         new = allocate_child_ids(self.next_gauss_id, dup_parent_ids, split_parent_ids, gather_ids)
         self.next_gauss_id += new.num_dup_total + 2 * new.num_split_total
         return new
-
-    # ------------------------------------------------------------------ eval / viewer
-    def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
-        """Render one whole camera for eval, export and the viewer. Never enters a collective: in
-        sharded training it renders the full view the pipeline gathered (``set_full_view``)."""
-        if not isinstance(camera, Cameras):
-            raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
-        if camera.shape[0] != 1:
-            raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
-        # Sharded training: rank 0 renders the whole model gathered at the last refresh (set_full_view).
-        raw = self.full_view if self.full_view is not None else self.gauss_params
-        crop_ids = None
-        if self.crop_box is not None and not self.training:
-            crop_ids = self.crop_box.within(raw["means"]).squeeze()
-            if crop_ids.sum() == 0:
-                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
-        params = self._activated(raw)
-        if crop_ids is not None:
-            params = {k: v[crop_ids] for k, v in params.items()}
-        downscale = self._get_downscale_factor()
-        viewmats, Ks, width, height = self._cameras_to_render_inputs(camera, downscale)
-        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
-        render, alpha, _ = rasterization(
-            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
-            near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=self.sh_degree_at(self.step),
-            absgrad=False, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
-        )
-        background = self._get_background_color()
-        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
-        depth_im = None
-        if render_mode == "RGB+ED":
-            depth_im = render[..., 3:4]
-            depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
-        if background.shape[0] == 3 and not self.training:
-            background = background.expand(height, width, 3)
-        # Outputs are float32 whatever the parameters' precision (metrics and viewer expect it).
-        return {
-            "rgb": rgb.squeeze(0).float(),
-            "depth": None if depth_im is None else depth_im.float(),
-            "accumulation": alpha.squeeze(0).float(),
-            "background": background.float(),
-        }
-
-    def _get_background_color(self) -> torch.Tensor:
-        if self.config.background_color == "random":
-            # Only the eval/viewer path reaches here; training uses training_background().
-            return self.background_color.to(self.device)
-        return get_color(self.config.background_color).to(self.device)
-
-    def _lpips_metric(self) -> Any:
-        if self._lpips_state == "unbuilt":
-            try:
-                from torchmetrics.image.lpip import (
-                    LearnedPerceptualImagePatchSimilarity,
-                )
-
-                self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(self.device)
-                self._lpips_state = "ready"
-            except Exception as err:  # weights download fails offline: report once, keep going
-                self._lpips_state = "unavailable"
-                LOGGER.warning("LPIPS is not reported: its network weights could not be loaded (%s)", str(err).splitlines()[0][:200])
-        return self._lpips if self._lpips_state == "ready" else None
-
-    def get_image_metrics_and_images(
-        self, outputs: Dict[str, torch.Tensor], batch: Dict[str, torch.Tensor]
-    ) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
-        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
-        predicted_rgb = outputs["rgb"]
-        combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)
-        gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
-        pred = torch.moveaxis(predicted_rgb, -1, 0)[None, ...]
-        metrics = {"psnr": float(self.psnr(gt, pred).item()), "ssim": float(self.ssim(gt, pred))}
-        lpips = self._lpips_metric()
-        if lpips is not None:
-            metrics["lpips"] = float(lpips(gt, pred))
-        return metrics, {"img": combined_rgb}
-
-
-def _rendered_sizes_px(cameras: Cameras, downscale: int) -> List[Tuple[int, int]]:
-    """Each camera's rendered ``(width, height)`` at ``downscale`` (``utils/cameras.downscaled_px``)."""
-    return [
-        (downscaled_px(w, downscale), downscaled_px(h, downscale))
-        for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
-    ]
-
-
-def _render_calls(bands: Sequence[Band], positions: List[int], height: int) -> List[Tuple[int, int, List[List[Band]]]]:
-    """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
-
-    A projection call projects the cameras ``positions[first:stop]``; each of its raster calls
-    holds one band per projected camera, all rendering the same number of rows (own rows plus SSIM
-    halo). When every image has exactly one band of one common height (one process, whole images
-    on each rank, or a band of every image), the whole set is one projection and one raster call;
-    otherwise each camera is projected alone and each of its bands rasterized alone.
-
-    Raises:
-        ValueError: A band of a position not in ``positions``, or one past the image's bottom.
-    """
-    local = {p: i for i, p in enumerate(positions)}
-    by_camera: Dict[int, List[Band]] = {}
-    for band in bands:
-        if band.position not in local:
-            raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")
-        if band.end_row > num_tile_rows(height, band.tile_size):
-            raise ValueError(f"band {band} ends past the image height {height}")
-        by_camera.setdefault(local[band.position], []).append(band)
-    heights = {halo_end_row(b[0].end_row_px(height), height) - b[0].first_row_px for b in by_camera.values()}
-    if len(by_camera) == len(positions) and all(len(b) == 1 for b in by_camera.values()) and len(heights) == 1:
-        return [(0, len(positions), [[by_camera[i][0] for i in range(len(positions))]])]
-    return [(i, i + 1, [[band] for band in camera_bands]) for i, camera_bands in sorted(by_camera.items())]

@@ -43,6 +43,36 @@ class StrategySchedule:
     refine_scale2d_stop_iter: int
 
 
+def grows_at(schedule: StrategySchedule, step: int) -> bool:
+    """Whether densification grows and prunes at ``step``: gsplat 1.4.0 DefaultStrategy's
+    condition (``step_post_backward``), with ``reset_every == 0`` meaning opacity is never reset
+    (gsplat would divide by it). A pure function of the step: every rank agrees. The one copy of
+    the rule: the strategy below and the sharded mode's rebalance (``parallel/sharded.py``) read it."""
+    if not schedule.refine_start_iter < step < schedule.refine_stop_iter or step % schedule.refine_every:
+        return False
+    return schedule.reset_every == 0 or step % schedule.reset_every >= schedule.pause_refine_after_reset
+
+
+def resets_opacity_at(schedule: StrategySchedule, step: int) -> bool:
+    """Whether gsplat 1.4.0's DefaultStrategy resets the opacities at ``step`` (never when ``reset_every == 0``)."""
+    return step < schedule.refine_stop_iter and schedule.reset_every > 0 and step % schedule.reset_every == 0
+
+
+@dataclass(frozen=True)
+class KeyedGrowth:
+    """What a keyed grow event needs besides gsplat's arguments: the run seed (keys the split
+    offsets) and the id allocator (``DistSplatModel.allocate_gauss_ids`` bound to the mode's gather).
+    Passed in the strategy state under :data:`KEYED_GROWTH_KEY` for one ``step_post_backward`` call,
+    so the strategy keeps gsplat's signature."""
+
+    seed: int
+    allocate: Callable[[torch.Tensor, torch.Tensor], "ChildIds"]
+
+
+#: Strategy-state key of the :class:`KeyedGrowth` of the current call (never saved: not a tensor).
+KEYED_GROWTH_KEY = "keyed_growth"
+
+
 def schedule_in_steps(
     *,
     warmup_images: int,
@@ -85,8 +115,8 @@ def build_default_strategy(
       seen by several cameras of the batch (its own comment: "should be ideally using scatter
       max"); the parallel CPU/GPU writes make that choice vary from run to run, and so do the
       pruning decisions. Here the maximum is taken over cameras, deterministically;
-    * ``step_post_backward`` takes the run seed and an id allocator (keyword-only) and grows with
-      ``grow_keyed``: split offsets keyed by global id, new Gaussians numbered independently of
+    * ``step_post_backward`` (gsplat's signature; the run seed and the id allocator in the state,
+      :class:`KeyedGrowth`) grows with ``refine_keyed``: split offsets keyed by global id, new Gaussians numbered independently of
       the number of processes; pruning with ``prune_mask``.
     """
     from gsplat.strategy import DefaultStrategy
@@ -98,14 +128,16 @@ def build_default_strategy(
                 raise ValueError("distsplat renders with packed=False only")
             update_batch_statistics(self, params, state, info)
 
-        def step_post_backward(self, params, optimizers, state, step, info, packed=False, *, seed, allocate):  # noqa: ANN001, ANN202
-            # gsplat 1.4.0's schedule, with the grow/prune of this module.
+        def step_post_backward(self, params, optimizers, state, step, info, packed=False):  # noqa: ANN001, ANN202
+            # gsplat 1.4.0's signature and schedule (grows_at), with the grow/prune of this module;
+            # the seed and id allocator come in state[KEYED_GROWTH_KEY].
             if step >= self.refine_stop_iter:
                 return
             self._update_state(params, state, info, packed=packed)
-            if step > self.refine_start_iter and step % self.refine_every == 0 and step % self.reset_every >= self.pause_refine_after_reset:
-                refine_keyed(self, params, optimizers, state, step, seed, allocate)
-            if step % self.reset_every == 0:
+            if grows_at(schedule, step):
+                growth: KeyedGrowth = state[KEYED_GROWTH_KEY]
+                refine_keyed(self, params, optimizers, state, step, growth.seed, growth.allocate)
+            if resets_opacity_at(schedule, step):
                 reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
 
     return BatchDefaultStrategy(
@@ -139,7 +171,8 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         params: Gaussian parameters (for N).
         state: The strategy state, updated in place.
         info: ``batch_info``'s dict: ``means2d`` with ``.grad``/``.absgrad`` `[C, N, 2]`, ``radii``
-            `[C, N]`, width, height, n_cameras.
+            `[C, N]`, width, height (ints, or per camera `[C, 1]` tensors: each camera's gradients
+            are normalised by its own size), n_cameras.
     """
     grads = (info["means2d"].absgrad if strategy.absgrad else info["means2d"].grad).clone()
     grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
@@ -157,7 +190,8 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         state["grad2d"] += norms[c]
         state["count"] += visible[c].to(state["count"].dtype)
     if strategy.refine_scale2d_stop_iter > 0:
-        scale = float(max(info["width"], info["height"]))
+        width, height = info["width"], info["height"]
+        scale = torch.maximum(width, height) if isinstance(width, torch.Tensor) else float(max(width, height))
         radii = torch.where(visible, info["radii"].to(grads.dtype) / scale, torch.zeros((), device=grads.device))
         state["radii"] = torch.maximum(state["radii"], radii.amax(dim=0))
 
@@ -253,6 +287,29 @@ def prune_mask(strategy: Any, params: Any, state: dict, step: int) -> torch.Tens
     return is_prune
 
 
+def _replace_params(
+    params: Any,
+    optimizers: dict,
+    param_fn: Callable[[str, torch.Tensor], torch.Tensor],
+    optimizer_fn: Callable[[str, torch.Tensor], torch.Tensor],
+) -> None:
+    """Give every Gaussian parameter new rows (``param_fn(name, old) -> new Parameter``) and its
+    Adam moments the matching rows (``optimizer_fn(key, moment)``; ``step`` kept), re-keyed to the
+    new parameter: gsplat's ops do the same, through a helper gsplat does not export."""
+    for name in list(params.keys()):
+        opt = optimizers[name]
+        for group in opt.param_groups:
+            old = group["params"][0]
+            moments = opt.state.pop(old, {})
+            for key in list(moments.keys()):
+                if key != "step":
+                    moments[key] = optimizer_fn(key, moments[key])
+            new = param_fn(name, old)
+            group["params"] = [new]
+            opt.state[new] = moments
+            params[name] = new
+
+
 @torch.no_grad()
 def split_keyed(
     params: Any, optimizers: dict, state: dict, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool
@@ -273,7 +330,6 @@ def split_keyed(
         child_ids: Global ids of the two children. `[2, n_split]`, int64.
         revised_opacity: gsplat's arXiv:2404.06109 opacity option.
     """
-    from gsplat.strategy.ops import _update_param_with_optimizer  # gsplat 1.4.0's (pinned) helper
     from gsplat.utils import normalized_quat_to_rotmat
 
     sel = torch.where(mask)[0]
@@ -300,7 +356,7 @@ def split_keyed(
     def optimizer_fn(key: str, v: torch.Tensor) -> torch.Tensor:
         return torch.cat([v[rest], v.new_zeros((2 * len(sel), *v.shape[1:]))])
 
-    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
+    _replace_params(params, optimizers, param_fn, optimizer_fn)
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
             children = child_ids.reshape(-1) if key == "gauss_ids" else value[sel].repeat([2] + [1] * (value.dim() - 1))
@@ -358,7 +414,7 @@ def refine_keyed(
 
 
 def batch_info(
-    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: int, height: int
+    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any
 ) -> dict[str, Any]:
     """The ``info`` dict DefaultStrategy reads, built from statistics of the WHOLE global batch.
 
@@ -366,8 +422,9 @@ def batch_info(
         grads2d: d loss / d means2d summed over every band of every rank. ``[B, N, 2]``.
         absgrads2d: gsplat's absgrad, likewise summed. ``[B, N, 2]``.
         radii: Screen radii, max over ranks (0 where culled). ``[B, N]`` int32, px.
-        width: Rendered width this step, px.
-        height: Rendered height this step, px.
+        width: Rendered width this step, px: an int, or per camera `[B, 1]` where the batch's
+            cameras differ in size.
+        height: Rendered height this step, px (likewise).
 
     Returns:
         The dict gsplat's ``DefaultStrategy._update_state`` consumes; its ``means2d`` is a stand-in

@@ -60,3 +60,23 @@ def make_cameras(num: int) -> Cameras:
 def make_images(num: int, seed: int = 1) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [(torch.rand(HEIGHT, WIDTH, 3, generator=gen) * 255).to(torch.uint8) for _ in range(num)]
+
+
+#: Rendered (width, height) of the two cameras of ``make_mixed_cameras``: a multi-camera capture.
+MIXED_SIZES = [(WIDTH, HEIGHT), (32, 40)]
+
+
+def make_mixed_cameras() -> Cameras:
+    """Two cameras of ``make_cameras(2)``'s poses whose images differ in size (``MIXED_SIZES``)."""
+    poses = make_cameras(2).camera_to_worlds
+    widths = torch.tensor([[w] for w, _ in MIXED_SIZES])
+    heights = torch.tensor([[h] for _, h in MIXED_SIZES])
+    return Cameras(
+        camera_to_worlds=poses, fx=60.0, fy=60.0, cx=widths / 2.0, cy=heights / 2.0, width=widths, height=heights,
+        camera_type=CameraType.PERSPECTIVE,
+    )
+
+
+def make_mixed_images(seed: int = 1) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.rand(h, w, 3, generator=gen) * 255).to(torch.uint8) for w, h in MIXED_SIZES]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from distsplat_ns.distributed.collectives import (
@@ -56,6 +58,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
+    from distsplat_ns.model.band_render import RegularizerShare
     from tests.helpers.model_factory import make_cameras, make_images, make_model
 
     out = []
@@ -70,7 +73,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
         if positions:
             result = model.forward_bands(
                 cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
-                bands, step, add_regularizers=ctx.rank == 0,
+                bands, step, RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
             )
             backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
         else:
@@ -109,12 +112,15 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
 def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference") -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
-    exchange (model/exchange.py). Returns, per split, this rank's loss share and, keyed by global
-    id, its Gaussians' gradients and screen-space statistics."""
+    exchange (parallel/exchange.py, as parallel/sharded.py runs it). Returns, per split, this rank's
+    loss share and, keyed by global id, its Gaussians' gradients and screen-space statistics."""
+    from types import SimpleNamespace
+
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
-    from distsplat_ns.model.exchange import return_gradients, send_screen_terms
+    from distsplat_ns.model.band_render import RegularizerShare
+    from distsplat_ns.parallel.sharded import ShardedMode
     from tests.helpers.model_factory import make_cameras, make_images, make_model
 
     out = []
@@ -130,14 +136,14 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         bands = plan[ctx.rank]
         positions = sorted({b.position for b in bands})
         model.step = step
-        sent, received = send_screen_terms(ctx, model.project_shard(cameras, step), model.gauss_ids, plan, batch_size)
+        mode = ShardedMode(ctx, model)
+        received, _ = mode.projections(cameras, SimpleNamespace(bands=plan), step, contextlib.nullcontext)
         result = model.forward_bands(
             cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
-            [None] * len(positions), bands, step, add_regularizers=ctx.rank == 0, received=received,
-            num_gaussians_total=400,
+            [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
         )
-        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
-        return_gradients(ctx, sent, received, result.received_projections)
+        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), received.anchors)
+        sent = received.route
         grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
                  for n, p in model.gauss_params.items()}
         (_, proj), = sent.calls
@@ -146,4 +152,48 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads,
                     "sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
                     "shard": int(model.num_points), "received": int(received.leaf.shape[0])})
+    return out
+
+
+def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
+    """One step's backward, reduction and densification statistics on a batch of two cameras of
+    different sizes, through the parallel mode ``parallel`` (``parallel/``). Returns, per split,
+    the batch loss and, keyed by global id (rows in this rank's order, with ``ids``), the Gaussians'
+    gradients and the strategy's accumulated statistics."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
+    from distsplat_ns.model.band_backward import backward_bands
+    from distsplat_ns.model.strategy import update_batch_statistics
+    from distsplat_ns.parallel import build_parallel_mode
+    from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model
+
+    out = []
+    for bands_per_rank in splits:
+        model = make_model(2, param_dtype="float64")
+        mode = build_parallel_mode(parallel, ctx, model)
+        mode.take_initial_gaussians_()
+        cameras, images = make_mixed_cameras(), make_mixed_images()
+        plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank])
+        bands = plan.bands[ctx.rank]
+        positions = sorted({b.position for b in bands})
+        model.step = step
+        source, _ = mode.projections(cameras, plan, step, contextlib.nullcontext)
+        result = model.forward_bands(
+            cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+            [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
+        )
+        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+        named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
+        mode.reduce_gradients(named)
+        info, _ = mode.statistics(source, 2, MIXED_SIZES)
+        state = {"grad2d": None, "count": None, "radii": None}
+        update_batch_statistics(model.strategy, model.gauss_params, state, info)
+        grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+                 for n, p in model.gauss_params.items()}
+        grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
+        loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())
+        out.append({"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads})
     return out

@@ -9,13 +9,12 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts
-from distsplat_ns.model.shard_state import (
+from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
+from distsplat_ns.parallel.shard_rows import (
     MODEL_EXTRA_KEY,
     MODEL_PREFIX,
-    gather_full_state,
     keep_rows_,
     rebalance_shards_,
-    shard_loaded_checkpoint_,
     take_initial_shard_,
 )
 

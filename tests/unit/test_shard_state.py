@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.shard_state import (
+from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
+from distsplat_ns.parallel.shard_rows import (
     MODEL_EXTRA_KEY,
     append_rows_,
     export_rows,
-    gather_full_state,
     keep_rows_,
     owned_block,
     plan_moves,
-    shard_loaded_checkpoint_,
 )
 from tests.helpers.shard_fns import (
     NUM_POINTS,
@@ -232,7 +231,7 @@ def test_checkpoint_without_ids_counts_as_ids_in_row_order() -> None:
 
 # ---------------------------------------------------------------------- full view
 def test_a_shard_with_the_full_view_renders_what_the_whole_model_renders() -> None:
-    from distsplat_ns.model.shard_state import take_initial_shard_
+    from distsplat_ns.parallel.shard_rows import take_initial_shard_
     from tests.helpers.model_factory import make_cameras
 
     whole, _ = make_state_model(with_optimizers=False)
@@ -252,7 +251,7 @@ def test_a_shard_with_the_full_view_renders_what_the_whole_model_renders() -> No
 
 # ---------------------------------------------------------------------- when to rebalance
 def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
-    from distsplat_ns.model.shard_state import rebalance_due
+    from distsplat_ns.model.strategy import grows_at as rebalance_due
 
     model, _ = make_state_model(with_optimizers=False)
     strategy, schedule = model.strategy, model.schedule

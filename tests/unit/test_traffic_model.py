@@ -10,7 +10,7 @@ import torch
 from benchmarks import traffic_counts as tm
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.routing import touching_rows
-from distsplat_ns.model.exchange import render_tile_rows
+from distsplat_ns.parallel.exchange import render_tile_rows
 
 
 def test_replicated_payload_is_the_trainers_measured_figure():

@@ -1,6 +1,6 @@
-"""The per-Gaussian state of a shard, and moving it: out of the initial model and of a loaded
-checkpoint (each rank keeps its block), between ranks (shard balance), and to rank 0 (checkpoints,
-eval and the viewer).
+"""The per-Gaussian state of a shard, and moving it: out of the initial model (each rank keeps its
+block) and between ranks (shard balance). Gathering it to rank 0 and cutting a loaded checkpoint
+are in ``parallel/full_state.py``.
 
 A Gaussian's state is one row of every per-Gaussian tensor: its six parameters, the moments of
 its parameters' Adam optimizers (nerfstudio's ``Optimizers``: one ``torch.optim.Adam`` per
@@ -15,13 +15,16 @@ Shape letters: N Gaussians on this rank, R ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_object, all_to_all_rows, gather_rows
+from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_object, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.utils.logging import get_logger
+
+if TYPE_CHECKING:
+    from distsplat_ns.model.distsplat_model import DistSplatModel
 
 LOGGER = get_logger(__name__)
 
@@ -54,13 +57,13 @@ def _take(t: torch.Tensor, index: RowIndex) -> torch.Tensor:
     return out.clone() if isinstance(index, slice) else out
 
 
-def _state_keys(model: Any) -> List[str]:
+def _state_keys(model: DistSplatModel) -> List[str]:
     """Strategy-state entries that hold one row per Gaussian (tensors, or None before the first
     statistics update; ``scene_scale`` and other scalars are not rows)."""
     return sorted(k for k, v in model.strategy_state.items() if v is None or isinstance(v, torch.Tensor))
 
 
-def _gauss_optimizer(model: Any, optimizers: Optimizers, name: str) -> Optional[torch.optim.Optimizer]:
+def _gauss_optimizer(model: DistSplatModel, optimizers: Optimizers, name: str) -> Optional[torch.optim.Optimizer]:
     """The optimizer of Gaussian parameter ``name`` (None when there are none yet)."""
     if optimizers is None or name not in optimizers:
         return None
@@ -71,18 +74,18 @@ def _gauss_optimizer(model: Any, optimizers: Optimizers, name: str) -> Optional[
     return opt
 
 
-def _adam_state(model: Any, optimizers: Optimizers, name: str) -> Dict[str, Any]:
+def adam_state(model: DistSplatModel, optimizers: Optimizers, name: str) -> Dict[str, Any]:
     opt = _gauss_optimizer(model, optimizers, name)
     return {} if opt is None else opt.state.get(model.gauss_params[name], {})
 
 
-def _row_tensors(model: Any, optimizers: Optimizers) -> Dict[str, Optional[torch.Tensor]]:
+def row_tensors(model: DistSplatModel, optimizers: Optimizers) -> Dict[str, Optional[torch.Tensor]]:
     """Every per-Gaussian tensor of this rank by row key, as references (no copy). Adam moments
     are absent before the parameter's first step; strategy entries not yet built are None."""
     rows: Dict[str, Optional[torch.Tensor]] = {}
     for name, p in model.gauss_params.items():
         rows[f"param.{name}"] = p.detach()
-        for key, value in _adam_state(model, optimizers, name).items():
+        for key, value in adam_state(model, optimizers, name).items():
             if key != "step" and isinstance(value, torch.Tensor) and value.dim() > 0:
                 rows[f"opt.{name}.{key}"] = value
     for key in _state_keys(model):
@@ -91,7 +94,7 @@ def _row_tensors(model: Any, optimizers: Optimizers) -> Dict[str, Optional[torch
     return rows
 
 
-def export_rows(model: Any, optimizers: Optimizers, index: RowIndex) -> Dict[str, Optional[torch.Tensor]]:
+def export_rows(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) -> Dict[str, Optional[torch.Tensor]]:
     """Copies of rows ``index`` of every per-Gaussian tensor, by row key.
 
     Args:
@@ -103,10 +106,10 @@ def export_rows(model: Any, optimizers: Optimizers, index: RowIndex) -> Dict[str
         ``param.<name>`` `[M, ...]` for each parameter; ``opt.<name>.<key>`` for each Adam moment
         that exists; ``state.<key>`` for each strategy entry (None where the entry is None).
     """
-    return {k: None if v is None else _take(v, index) for k, v in _row_tensors(model, optimizers).items()}
+    return {k: None if v is None else _take(v, index) for k, v in row_tensors(model, optimizers).items()}
 
 
-def _install(model: Any, optimizers: Optimizers, name: str, data: torch.Tensor, adam_state: Dict[str, Any]) -> None:
+def _install(model: DistSplatModel, optimizers: Optimizers, name: str, data: torch.Tensor, adam_state: Dict[str, Any]) -> None:
     """Make ``data`` the new ``gauss_params[name]``, in the model and in its optimizer, with
     ``adam_state`` re-keyed to it (the same move as gsplat's ``strategy/ops.py``)."""
     opt = _gauss_optimizer(model, optimizers, name)
@@ -121,14 +124,14 @@ def _install(model: Any, optimizers: Optimizers, name: str, data: torch.Tensor, 
 
 
 @torch.no_grad()
-def keep_rows_(model: Any, optimizers: Optimizers, index: RowIndex) -> None:
+def keep_rows_(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) -> None:
     """Keep only rows ``index`` (in that order) of every per-Gaussian tensor, in place.
 
     Parameters become new ``nn.Parameter`` objects in ``model.gauss_params`` and in their
     optimizers, Adam's moments are sliced and its ``step`` kept; None strategy entries stay None.
     """
     for name in list(model.gauss_params.keys()):
-        state = dict(_adam_state(model, optimizers, name))
+        state = dict(adam_state(model, optimizers, name))
         for key, value in state.items():
             if key != "step" and isinstance(value, torch.Tensor) and value.dim() > 0:
                 state[key] = _take(value, index)
@@ -155,7 +158,7 @@ def _cat(own: Optional[torch.Tensor], incoming: Optional[torch.Tensor], num_own:
 
 @torch.no_grad()
 def append_rows_(
-    model: Any,
+    model: DistSplatModel,
     optimizers: Optimizers,
     rows: Mapping[str, Optional[torch.Tensor]],
     adam_steps: Optional[Mapping[str, torch.Tensor]] = None,
@@ -180,7 +183,7 @@ def append_rows_(
         incoming = rows.get(f"param.{name}")
         if incoming is None or incoming.shape[1:] != p.shape[1:] or incoming.shape[0] != num_new:
             raise ValueError(f"append_rows_: param.{name} missing or not [{num_new}, {tuple(p.shape[1:])}]")
-        own_state = _adam_state(model, optimizers, name)
+        own_state = adam_state(model, optimizers, name)
         prefix = f"opt.{name}."
         keys = {k for k, v in own_state.items() if k != "step" and isinstance(v, torch.Tensor) and v.dim() > 0}
         keys |= {k[len(prefix):] for k, v in rows.items() if k.startswith(prefix) and v is not None}
@@ -196,7 +199,7 @@ def append_rows_(
         model.strategy_state[key] = _cat(model.strategy_state[key], rows.get(f"state.{key}"), num_own, num_new)
 
 
-def take_initial_shard_(model: Any, rank: int, world: int) -> None:
+def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
     """Keep this rank's :func:`owned_block` of the initial Gaussians (ids ``0..N-1`` in order, the
     same on every rank), before any optimizer exists. Nothing changes at ``world == 1``."""
     num = int(model.gauss_params["means"].shape[0])
@@ -249,15 +252,6 @@ def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> List[Tuple[int, int
     return moves
 
 
-def rebalance_due(schedule: Any, step: int) -> bool:
-    """Whether densification can have changed shard sizes at ``step``: gsplat 1.4.0
-    DefaultStrategy's condition for growing and pruning (``step_post_backward``), from the model's
-    ``StrategySchedule`` (``model/strategy.py``). A pure function of the step: every rank agrees."""
-    if not schedule.refine_start_iter < step < schedule.refine_stop_iter or step % schedule.refine_every:
-        return False
-    return schedule.reset_every == 0 or step % schedule.reset_every >= schedule.pause_refine_after_reset
-
-
 @dataclass(frozen=True)
 class RowLayout:
     """What every rank holds, agreed by all: the row keys any rank has, each with its dtype and
@@ -280,17 +274,17 @@ class RowLayout:
         return {name: torch.tensor(step, dtype=torch.float32) for name, step in self.adam_steps.items()}
 
 
-def agree_layout(ctx: DistContext, model: Any, optimizers: Optimizers) -> RowLayout:
+def agree_layout(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers) -> RowLayout:
     """The :class:`RowLayout` of every rank's rows.
 
     **Collective:** world group, one ``all_gather_object`` of a small description (no rows).
     At ``world_size == 1`` it describes this rank. Rank 0 with Adam moments and rank 1 without
     (it never stepped) both get the moments' keys, and rank 0's step.
     """
-    mine_keys = {k: (v.dtype, tuple(v.shape[1:])) for k, v in _row_tensors(model, optimizers).items() if v is not None}
+    mine_keys = {k: (v.dtype, tuple(v.shape[1:])) for k, v in row_tensors(model, optimizers).items() if v is not None}
     mine_steps = {}
     for name in model.gauss_params.keys():
-        step = _adam_state(model, optimizers, name).get("step")
+        step = adam_state(model, optimizers, name).get("step")
         if step is not None:
             mine_steps[name] = float(step)
     keys: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]] = {}
@@ -306,7 +300,7 @@ def agree_layout(ctx: DistContext, model: Any, optimizers: Optimizers) -> RowLay
     return RowLayout(keys=dict(sorted(keys.items())), adam_steps=steps)
 
 
-def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, bound: float = 1.10) -> int:
+def rebalance_shards_(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers, bound: float = 1.10) -> int:
     """Move Gaussians with all their state until every shard is within floor/ceil of the mean,
     when the largest shard exceeds ``bound`` x the mean (:func:`plan_moves`).
 
@@ -360,154 +354,3 @@ def rebalance_shards_(ctx: DistContext, model: Any, optimizers: Optimizers, boun
     if ctx.is_main:
         LOGGER.info("shard balance: sizes %s, moves (src, dst, rows) %s", sizes, moves)
     return bytes_sent
-
-
-# ---------------------------------------------------------------------- gathering to rank 0
-@dataclass
-class GatheredState:
-    """The whole model in id order, as one process holding it would save it.
-
-    Attributes:
-        pipeline_entries: ``_model.gauss_params.<name>`` and ``_model._extra_state`` (strategy
-            state and ids in id order, ``next_gauss_id``, step), to replace a shard's entries of
-            the pipeline's ``state_dict()``.
-        optimizers: Every optimizer's ``state_dict()`` (moments in id order, ``step``, param groups).
-    """
-
-    pipeline_entries: Dict[str, Any]
-    optimizers: Dict[str, Dict[str, Any]]
-
-    def merged_into(self, pipeline_state: Mapping[str, Any]) -> Dict[str, Any]:
-        """``pipeline_state`` (a shard's ``state_dict()``) with its model entries replaced by the whole model's."""
-        return {**pipeline_state, **self.pipeline_entries}
-
-
-def _gather_in_id_order(ctx: DistContext, tensor: torch.Tensor, order: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Every rank's rows of ``tensor`` on rank 0, in id order (None elsewhere).
-
-    **Collective:** world group, one :func:`gather_rows` (its row counts, then one gather).
-    """
-    parts = gather_rows(ctx, tensor, dst=0)
-    if parts is None:
-        return None
-    assert order is not None
-    return torch.cat([p.detach().cpu() for p in parts])[order]
-
-
-def _id_order(ctx: DistContext, model: Any) -> Optional[torch.Tensor]:
-    """On rank 0, the permutation that puts the concatenation of every rank's rows (rank order)
-    in id order; a stable sort, so equal ids keep rank then local order. None elsewhere.
-
-    **Collective:** world group, one :func:`gather_rows` of the ids.
-    """
-    ids = gather_rows(ctx, model.gauss_ids, dst=0)
-    if ids is None:
-        return None
-    return torch.sort(torch.cat([i.cpu() for i in ids]), stable=True).indices
-
-
-def gather_full_params(ctx: DistContext, model: Any) -> Optional[Dict[str, torch.Tensor]]:
-    """The whole model's raw parameters (``gauss_params`` names, no optimizer state), in id
-    order, on rank 0 (host memory); None elsewhere. For rendering (eval, viewer).
-
-    **Collective:** world group, one :func:`gather_rows` for the ids then one per parameter (one
-    tensor's rows in flight at a time). At ``world_size == 1`` it copies this rank's parameters.
-    """
-    order = _id_order(ctx, model)
-    out = {name: _gather_in_id_order(ctx, p.detach(), order) for name, p in model.gauss_params.items()}
-    return None if order is None else out  # type: ignore[return-value]
-
-
-def gather_full_state(ctx: DistContext, model: Any, optimizers: Optimizers) -> Optional[GatheredState]:
-    """The whole model and its optimizer state on rank 0, in id order (None on other ranks).
-
-    What a single process training the same Gaussians would hold, bitwise: the Gaussians' entries
-    of the pipeline state dict and the model's extra state (strategy state, ids, ``next_gauss_id``,
-    step), and every optimizer's ``state_dict()`` (moments in id order; ``step`` and param groups
-    are rank 0's, the same on every rank). Optimizers of other parameters (camera adjustments)
-    are rank 0's as they are (every rank holds the same).
-
-    **Collective:** world group, on every rank in the same order: the layout
-    (:func:`agree_layout`), the ids, then one :func:`gather_rows` per row key in sorted key order,
-    so only one tensor's rows are in flight (rank 0 holds the gathered model plus one tensor). At
-    ``world_size == 1`` it returns this rank's state, in id order. Rank 0 holding ids ``[0, 2]``
-    and rank 1 ``[1]``: rank 0 gets rows ``[0, 1, 2]``.
-    **Host sync:** everything lands in rank 0's host memory.
-    """
-    layout = agree_layout(ctx, model, optimizers)
-    order = _id_order(ctx, model)
-    num = int(model.gauss_params["means"].shape[0])
-    rows = layout.filled(_row_tensors(model, optimizers), num, model.gauss_params["means"].device)
-    full = {key: _gather_in_id_order(ctx, rows[key], order) for key in layout.keys}
-    if order is None:
-        return None
-    entries: Dict[str, Any] = {}
-    for name in model.gauss_params.keys():
-        entries[f"{MODEL_PREFIX}gauss_params.{name}"] = full[f"param.{name}"]
-    extra = dict(model.get_extra_state())
-    extra["strategy_state"] = {key[len("state."):]: value for key, value in full.items() if key.startswith("state.")}
-    entries[MODEL_EXTRA_KEY] = extra
-    opt_states: Dict[str, Dict[str, Any]] = {}
-    for name, opt in (optimizers or {}).items():
-        saved = opt.state_dict()
-        if name in model.gauss_params.keys():
-            prefix = f"opt.{name}."
-            moments = {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
-            own_step = _adam_state(model, optimizers, name).get("step")
-            if moments or own_step is not None:
-                step = own_step.detach().clone() if own_step is not None else layout.step_tensors()[name]
-                saved = {"state": {0: {"step": step, **moments}}, "param_groups": saved["param_groups"]}
-        opt_states[name] = saved
-    return GatheredState(pipeline_entries=entries, optimizers=opt_states)
-
-
-# ---------------------------------------------------------------------- checkpoints
-def shard_loaded_checkpoint_(loaded: Dict[str, Any], rank: int, world: int) -> None:
-    """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
-    Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
-
-    Sliced: the ``_model.gauss_params.*`` entries, the per-Gaussian strategy state and ids of the
-    model's extra state, and the per-Gaussian tensors of the parameters' optimizer states. A
-    checkpoint without ids (older, or splatfacto's) counts as ids ``0..N-1``. The owned rows stay
-    in id order. Load the file with ``mmap=True`` so that only the owned rows are read into memory.
-
-    Args:
-        loaded: A checkpoint as ``torch.load`` returns it (``pipeline``, ``optimizers``).
-        rank: This rank.
-        world: The number of ranks.
-
-    Raises:
-        ValueError: the checkpoint holds no ``_model.gauss_params.means``.
-    """
-    pipeline = loaded["pipeline"]
-    prefix = "module." + MODEL_PREFIX if "module." + MODEL_PREFIX + "gauss_params.means" in pipeline else MODEL_PREFIX
-    means_key = prefix + "gauss_params.means"
-    if means_key not in pipeline:
-        raise ValueError(f"checkpoint has no {MODEL_PREFIX}gauss_params.means entry: not a splat checkpoint")
-    num = int(pipeline[means_key].shape[0])
-    extra = pipeline.get(prefix + "_extra_state")
-    strategy = extra.get("strategy_state", {}) if isinstance(extra, dict) else {}
-    ids = strategy.get("gauss_ids")
-    order = torch.arange(num) if ids is None else torch.sort(ids, stable=True).indices
-    lo, hi = owned_block(num, rank, world)
-    index = order[lo:hi]
-
-    def cut(value: Any) -> Any:
-        return value[index] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num else value
-
-    names = [k[len(prefix + "gauss_params."):] for k in pipeline if k.startswith(prefix + "gauss_params.")]
-    for name in names:
-        pipeline[prefix + "gauss_params." + name] = cut(pipeline[prefix + "gauss_params." + name])
-    if not isinstance(extra, dict):  # splatfacto's checkpoints have no extra state: give the ids
-        extra = pipeline[prefix + "_extra_state"] = {"strategy_state": {}}
-    extra["strategy_state"] = {k: cut(v) for k, v in strategy.items()}
-    if ids is None:
-        extra["strategy_state"]["gauss_ids"] = index.clone()
-        extra.setdefault("next_gauss_id", num)
-    for name in names:
-        opt = loaded.get("optimizers", {}).get(name)
-        if isinstance(opt, dict):
-            for param_state in opt.get("state", {}).values():
-                for key in list(param_state.keys()):
-                    if key != "step":
-                        param_state[key] = cut(param_state[key])

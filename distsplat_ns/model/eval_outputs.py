@@ -1,0 +1,100 @@
+"""Eval, export and viewer rendering of ``DistSplatModel``: one whole camera at a time, never a
+collective (in sharded training rank 0 renders the full view the parallel mode gathered).
+
+A mixin of ``DistSplatModel`` (``model/distsplat_model.py``), ahead of splatfacto's methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Tuple, Union
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.utils.colors import get_color
+
+from distsplat_ns.rendering import rasterization
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
+
+
+class EvalOutputs:
+    """``get_outputs`` and the eval metrics of ``DistSplatModel`` (its attributes: ``full_view``,
+    ``gauss_params``, ``config``, ``render_inputs``, ...)."""
+
+    def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
+        """Render one whole camera for eval, export and the viewer. Never enters a collective: in
+        sharded training it renders the full view the pipeline gathered (``set_full_view``)."""
+        if not isinstance(camera, Cameras):
+            raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
+        if camera.shape[0] != 1:
+            raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
+        # Sharded training: rank 0 renders the whole model gathered at the last refresh (set_full_view).
+        raw = self.full_view if self.full_view is not None else self.gauss_params
+        crop_ids = None
+        if self.crop_box is not None and not self.training:
+            crop_ids = self.crop_box.within(raw["means"]).squeeze()
+            if crop_ids.sum() == 0:
+                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+        params = self._activated(raw)
+        if crop_ids is not None:
+            params = {k: v[crop_ids] for k, v in params.items()}
+        downscale = self._get_downscale_factor()
+        inputs = self.render_inputs(camera, downscale)
+        viewmats, Ks, width, height = inputs.viewmats, inputs.Ks, inputs.width, inputs.height
+        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
+        render, alpha, _ = rasterization(
+            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
+            near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=self.sh_degree_at(self.step),
+            absgrad=False, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+        )
+        background = self._get_background_color()
+        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
+        depth_im = None
+        if render_mode == "RGB+ED":
+            depth_im = render[..., 3:4]
+            depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
+        if background.shape[0] == 3 and not self.training:
+            background = background.expand(height, width, 3)
+        # Outputs are float32 whatever the parameters' precision (metrics and viewer expect it).
+        return {
+            "rgb": rgb.squeeze(0).float(),
+            "depth": None if depth_im is None else depth_im.float(),
+            "accumulation": alpha.squeeze(0).float(),
+            "background": background.float(),
+        }
+
+    def _get_background_color(self) -> torch.Tensor:
+        if self.config.background_color == "random":
+            # Only the eval/viewer path reaches here; training uses training_background().
+            return self.background_color.to(self.device)
+        return get_color(self.config.background_color).to(self.device)
+
+    def _lpips_metric(self) -> Any:
+        if self._lpips_state == "unbuilt":
+            try:
+                from torchmetrics.image.lpip import (
+                    LearnedPerceptualImagePatchSimilarity,
+                )
+
+                self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(self.device)
+                self._lpips_state = "ready"
+            except Exception as err:  # weights download fails offline: report once, keep going
+                self._lpips_state = "unavailable"
+                LOGGER.warning("LPIPS is not reported: its network weights could not be loaded (%s)", str(err).splitlines()[0][:200])
+        return self._lpips if self._lpips_state == "ready" else None
+
+    def get_image_metrics_and_images(
+        self, outputs: Dict[str, torch.Tensor], batch: Dict[str, torch.Tensor]
+    ) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+        predicted_rgb = outputs["rgb"]
+        combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)
+        gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
+        pred = torch.moveaxis(predicted_rgb, -1, 0)[None, ...]
+        metrics = {"psnr": float(self.psnr(gt, pred).item()), "ssim": float(self.ssim(gt, pred))}
+        lpips = self._lpips_metric()
+        if lpips is not None:
+            metrics["lpips"] = float(lpips(gt, pred))
+        return metrics, {"img": combined_rgb}
+

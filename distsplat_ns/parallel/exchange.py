@@ -1,0 +1,343 @@
+"""The sharded mode's exchange: screen-space terms to the bands' ranks, one differentiable operation.
+
+Each rank owns a shard of the Gaussians (docs/sharded.md). A step:
+
+1. ``exchange_screen_terms``: the owner has projected its shard into every camera of the batch
+   (``parallel/sharded.py``) and sends each band's rank the Gaussians whose footprint reaches the
+   band's tile rows (``balance/routing.py``) as rows of screen-space terms -- projected mean, conic,
+   colour after SH, opacity (differentiable), depth and radius (not) -- plus their global ids, in
+   one all-to-all. A Gaussian is sent once per (camera, destination) however many of that rank's
+   bands of the camera it reaches.
+2. The band's rank rasterizes what it received (``ReceivedProjections``, a ``ProjectionSource``:
+   per batch position, the rows in global-id order, so depth ties break the same way whatever W)
+   and runs the two-phase band backward as in the replicated mode (``model/band_backward.py``).
+3. The exchange is a ``torch.autograd.Function`` (``_ScreenTermExchange``): its backward, reached in
+   that same backward pass, sends the received rows' gradients and gsplat's absgrad back through the
+   reverse all-to-all, deposits the absgrad on the owner's projected means as the band render does,
+   and hands autograd the sent rows' gradients, which flow on through the owner's projection. The
+   owner's projected means then hold the whole batch's screen-space gradients and absgrads, so the
+   densification statistics are complete at each owner without a reduction.
+
+Shape letters: S rows this rank sent, R rows it received, C cameras of a projection call, N
+Gaussians of this rank's shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager, Dict, Iterator, List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from distsplat_ns.balance.bands import TILE_SIZE, Band
+from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
+from distsplat_ns.distributed.collectives import all_to_all_rows
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.model.band_render import Projector, RenderGroup, RenderInputs, StatisticsProjection
+from distsplat_ns.model.losses import halo_end_row
+from distsplat_ns.rendering import Projection
+
+#: Columns of a row of screen-space terms: the differentiable ones first.
+_MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
+NUM_DIFFERENTIABLE = 9
+_DEPTH, _RADIUS = 9, 10
+NUM_COLUMNS = 11
+#: Columns of a gradient row: the 9 differentiable terms' gradients, then absgrad (x, y).
+NUM_GRAD_COLUMNS = NUM_DIFFERENTIABLE + 2
+
+
+def exchange_row_bytes(item_bytes: int) -> int:
+    """Bytes of one row of screen-space terms (without its int64 id)."""
+    return NUM_COLUMNS * item_bytes
+
+
+def exchange_grad_bytes(item_bytes: int) -> int:
+    """Bytes of one row of gradients (with absgrad)."""
+    return NUM_GRAD_COLUMNS * item_bytes
+
+
+ProjectionCall = Tuple[List[int], Projection]
+"""Batch positions of a projection call's cameras and the projection of this rank's shard."""
+
+Timer = Callable[[], ContextManager[None]]
+"""A context manager factory that counts the time inside it as communication."""
+
+
+@dataclass
+class Route:
+    """Where every row went, kept for the reverse exchange in backward.
+
+    Attributes:
+        ctx: The process context.
+        call_of_row: Which projection call each sent row came from. `[S]`, int64.
+        camera_of_row: Camera index within that call. `[S]`, int64.
+        gaussian_of_row: Index into this rank's shard. `[S]`, int64.
+        send_counts: Rows sent to each rank. Length W.
+        recv_counts: Rows received from each rank. Length W.
+        calls: The shard's projection calls (their ``means2d`` get ``.grad`` and ``.absgrad``).
+        rows_of_position: Per batch position, indices of the received rows in ascending global id.
+        rendered_from: Per batch position this rank rendered, the projection it rendered from
+            (filled by ``ReceivedProjections.render_groups``; their ``means2d.absgrad`` is read in
+            backward).
+        timer: Counts the reverse all-to-all as communication.
+    """
+
+    ctx: DistContext
+    call_of_row: Tensor
+    camera_of_row: Tensor
+    gaussian_of_row: Tensor
+    send_counts: List[int]
+    recv_counts: List[int]
+    calls: List[ProjectionCall]
+    rows_of_position: Dict[int, Tensor]
+    rendered_from: Dict[int, Projection] = field(default_factory=dict)
+    timer: Timer = contextlib.nullcontext
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.call_of_row.shape[0])
+
+    def payload_bytes(self, item_bytes: int) -> int:
+        """Payload bytes that leave this rank in both directions: terms and int64 ids out,
+        gradients and absgrads back (0 at one rank)."""
+        if not self.ctx.is_distributed:
+            return 0
+        rank = self.ctx.rank
+        rows_out = self.num_rows - self.send_counts[rank]
+        grads_out = sum(self.recv_counts) - self.recv_counts[rank]
+        return rows_out * (exchange_row_bytes(item_bytes) + 8) + grads_out * exchange_grad_bytes(item_bytes)
+
+
+class _ScreenTermExchange(torch.autograd.Function):
+    """Forward: the all-to-all of the terms (``Route.send_counts``). Backward: the reverse
+    all-to-all of their gradients with absgrad; the absgrad lands on the owner's projected means.
+
+    **Collective:** world group, in forward and in backward on every rank (the band backward
+    anchors the output so that its backward runs even on a rank that rendered nothing).
+    **Differentiable:** with respect to the sent differentiable terms `[S, 9]`.
+    """
+
+    @staticmethod
+    def forward(fn_ctx, rows: Tensor, fixed: Tensor, route: Route) -> Tensor:  # noqa: ANN001
+        fn_ctx.route = route
+        fn_ctx.sent_dtype = rows.dtype
+        payload = torch.cat([rows.detach(), fixed], dim=-1)
+        recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
+        return recv
+
+    @staticmethod
+    def backward(fn_ctx, grad_recv: Tensor):  # noqa: ANN001, ANN205
+        route: Route = fn_ctx.route
+        grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
+        grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
+        for position, proj in route.rendered_from.items():
+            absgrad = getattr(proj.means2d, "absgrad", None)
+            if absgrad is not None:
+                grads[route.rows_of_position[position], NUM_DIFFERENTIABLE:] += absgrad[0].to(grads.dtype)
+        with route.timer():
+            back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
+        back = back.to(dtype=fn_ctx.sent_dtype)
+        _deposit_absgrad(route, back[:, NUM_DIFFERENTIABLE:])
+        return back[:, :NUM_DIFFERENTIABLE], None, None
+
+
+def _deposit_absgrad(route: Route, absgrad_rows: Tensor) -> None:
+    """Add the returned absgrads `[S, 2]` to the shard's projected means (``means2d.absgrad``)."""
+    for c, (_, proj) in enumerate(route.calls):
+        if getattr(proj.means2d, "absgrad", None) is None:
+            proj.means2d.absgrad = torch.zeros_like(proj.means2d, requires_grad=False)  # type: ignore[attr-defined]
+        mine = route.call_of_row == c
+        proj.means2d.absgrad.index_put_(  # type: ignore[attr-defined]
+            (route.camera_of_row[mine], route.gaussian_of_row[mine]), absgrad_rows[mine].to(proj.means2d.dtype), accumulate=True
+        )
+
+
+@dataclass
+class ReceivedProjections:
+    """The rows this rank received, as a ``ProjectionSource`` for ``DistSplatModel.forward_bands``.
+
+    Attributes:
+        leaf: Every received row, the exchange's output. `[R, 11]`.
+        ids: Global id of each row. `[R]`, int64.
+        route: The exchange's record (counts, the shard's projection calls, the rows per position).
+        sizes_px: Per batch position, the rendered ``(width, height)`` of its camera.
+        backend: The rasterizer backend of the projections.
+        calls: Empty: this rank renders no projection of its own Gaussians.
+        anchors: ``(leaf,)``.
+    """
+
+    leaf: Tensor
+    ids: Tensor
+    route: Route
+    sizes_px: Dict[int, Tuple[int, int]]
+    backend: str
+    calls: List[StatisticsProjection] = field(default_factory=list)
+
+    @property
+    def anchors(self) -> Tuple[Tensor, ...]:
+        """The received rows: their backward (the reverse all-to-all) must run on every rank."""
+        return (self.leaf,)
+
+    @property
+    def shard_projections(self) -> List[StatisticsProjection]:
+        """The shard's projection calls as ``(positions, means2d, radii)``: after backward their
+        ``means2d`` hold the whole batch's gradients and absgrads of this rank's Gaussians."""
+        return [(positions, proj.means2d, proj.radii) for positions, proj in self.route.calls]
+
+    def projection(self, position: int) -> Projection:
+        """The received Gaussians of ``position`` as a one-camera projection for
+        ``rendering.rasterize_rows`` (its ``means2d.absgrad`` collects absgrad).
+
+        **Differentiable:** with respect to ``leaf`` (means2d, conics, colours, opacities).
+        """
+        rows = self.leaf[self.route.rows_of_position[position]]
+        num = int(rows.shape[0])
+        means2d = rows[:, _MEANS2D].contiguous()[None]
+        return Projection(
+            means2d=means2d,
+            conics=rows[:, _CONICS].contiguous()[None],
+            depths=rows[:, _DEPTH].detach().contiguous()[None],
+            radii=rows[:, _RADIUS].detach().round().to(torch.int32)[None],
+            opacities=rows[:, _OPACITY].contiguous()[None],
+            colors=rows[:, _COLORS].contiguous()[None],
+            width=self.sizes_px[position][0],
+            height=self.sizes_px[position][1],
+            backend=self.backend,
+            render_mode="RGB",
+            num_cameras=1,
+            num_gaussians=num,
+        )
+
+    def render_groups(
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
+    ) -> Iterator[RenderGroup]:
+        """Per position this rank renders, the received Gaussians and one raster call per band."""
+        for i, position in enumerate(positions):
+            own = [[band] for band in bands if band.position == position]
+            if own:
+                proj = self.projection(position)
+                self.route.rendered_from[position] = proj
+                yield i, proj, own
+
+
+def render_tile_rows(band: Band, height_px: int) -> Tuple[int, int]:
+    """The rasterizer's tile rows (``TILE_SIZE``, the whole image's grid) a band renders: its own
+    rows and the SSIM halo below them."""
+    end_px = halo_end_row(band.end_row_px(height_px), height_px)
+    return band.first_row_px // TILE_SIZE, -(-end_px // TILE_SIZE)
+
+
+def _destination_masks(
+    calls: Sequence[ProjectionCall], where: Dict[int, Tuple[int, int]], bands: Sequence[Band], footprints: Dict[int, Tuple[Tensor, Tensor]]
+) -> Dict[int, Tensor]:
+    """Per batch position, which of the shard's Gaussians one destination's bands need (the
+    union over its bands of the position). ``footprints`` caches each position's tile rows."""
+    masks: Dict[int, Tensor] = {}
+    for band in bands:
+        c, k = where[band.position]
+        proj = calls[c][1]
+        if band.position not in footprints:
+            footprints[band.position] = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+        touches = touches_rows(*footprints[band.position], *render_tile_rows(band, proj.height))
+        masks[band.position] = masks[band.position] | touches if band.position in masks else touches
+    return masks
+
+
+def exchange_screen_terms(
+    ctx: DistContext,
+    calls: Sequence[ProjectionCall],
+    ids: Tensor,
+    bands_of_rank: Sequence[Sequence[Band]],
+    batch_size: int,
+    timer: Timer = contextlib.nullcontext,
+) -> ReceivedProjections:
+    """Send every band's rank the screen-space terms of this shard's Gaussians it needs.
+
+    Args:
+        ctx: The process context.
+        calls: This shard projected into every camera of the batch, each position once.
+        ids: Global id of each Gaussian of the shard. `[N]`, int64.
+        bands_of_rank: The step's plan: every rank's bands.
+        batch_size: B.
+        timer: Counts the reverse all-to-all (in backward) as communication.
+
+    Returns:
+        What was received, to render from; its backward returns the gradients to their owners.
+
+    **Collective:** world group: the per-position row counts, the rows and their ids (three
+    all-to-alls; at one rank, none); in backward, the gradients (one all-to-all).
+    **Host sync:** the row counts.
+    **Differentiable:** the received rows are a function of the sent terms (``_ScreenTermExchange``).
+    """
+    if not calls:
+        raise ValueError("exchange_screen_terms: no projection call (the batch has at least one camera)")
+    world = ctx.world_size
+    device = ids.device
+    where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
+    footprints: Dict[int, Tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
+    counts = torch.zeros(world, batch_size, dtype=torch.int64, device=device)
+    pieces, fixed, row_ids, call_idx, cam_idx, gauss_idx = [], [], [], [], [], []
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    # An empty selection of the first call keeps the sent rows in the projection's graph (the
+    # exchange's backward is a collective: it must run on every rank, also one that sends nothing).
+    selections = [(0, 0, empty)]
+    for dest in range(world):
+        masks = _destination_masks(calls, where, bands_of_rank[dest], footprints)
+        for position in sorted(masks):
+            c, k = where[position]
+            idx = torch.nonzero(masks[position]).reshape(-1)
+            counts[dest, position] = idx.numel()
+            selections.append((c, k, idx))
+    for c, k, idx in selections:
+        proj = calls[c][1]
+        pieces.append(torch.cat([proj.means2d[k, idx], proj.conics[k, idx], proj.colors[k, idx][:, :3], proj.opacities[k, idx, None]], dim=-1))
+        fixed.append(torch.stack([proj.depths[k, idx].detach(), proj.radii[k, idx].to(proj.depths.dtype)], dim=-1))
+        row_ids.append(ids[idx])
+        call_idx.append(torch.full_like(idx, c))
+        cam_idx.append(torch.full_like(idx, k))
+        gauss_idx.append(idx)
+    # host sync: the all-to-all's split sizes are host integers.
+    send_counts = [int(n) for n in counts.sum(dim=1).tolist()]
+    # Row counts per (source, position): rank s's row s of the received matrix.
+    recv_matrix, _ = all_to_all_rows(ctx, counts, [1] * world, [1] * world)
+    recv_counts = [int(n) for n in recv_matrix.sum(dim=1).tolist()]  # host sync: as above
+    sent_ids = torch.cat(row_ids)
+    recv_ids, _ = all_to_all_rows(ctx, sent_ids, send_counts, recv_counts)
+    route = Route(
+        ctx=ctx,
+        call_of_row=torch.cat(call_idx),
+        camera_of_row=torch.cat(cam_idx),
+        gaussian_of_row=torch.cat(gauss_idx),
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        calls=list(calls),
+        rows_of_position=_rows_by_position(recv_matrix, recv_ids),
+        timer=timer,
+    )
+    leaf = _ScreenTermExchange.apply(torch.cat(pieces), torch.cat(fixed), route)
+    return ReceivedProjections(
+        leaf=leaf,
+        ids=recv_ids,
+        route=route,
+        sizes_px={position: (calls[c][1].width, calls[c][1].height) for position, (c, _) in where.items()},
+        backend=calls[0][1].backend,
+    )
+
+
+def _rows_by_position(recv_matrix: Tensor, recv_ids: Tensor) -> Dict[int, Tensor]:
+    """Per batch position, the received rows (source-major, then position-major, as sent)
+    reordered by ascending global id."""
+    offsets: Dict[int, List[Tensor]] = {}
+    start = 0
+    for source_counts in recv_matrix.tolist():  # host sync: the counts are host integers already (see above)
+        for position, n in enumerate(source_counts):
+            if n:
+                offsets.setdefault(position, []).append(torch.arange(start, start + n, device=recv_ids.device))
+                start += n
+    out = {}
+    for position, parts in offsets.items():
+        rows = torch.cat(parts)
+        out[position] = rows[torch.argsort(recv_ids[rows], stable=True)]
+    return out

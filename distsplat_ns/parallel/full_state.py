@@ -1,0 +1,179 @@
+"""The whole model from its shards, and shards from the whole model: the gathers to rank 0
+(checkpoints, eval and the viewer) and the cut of a loaded checkpoint to this rank's block.
+
+Rows and their keys are those of ``parallel/shard_rows.py``. Shape letters: N Gaussians on this
+rank, R ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+
+import torch
+
+from distsplat_ns.distributed.collectives import gather_rows
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.parallel.shard_rows import (
+    MODEL_EXTRA_KEY,
+    MODEL_PREFIX,
+    Optimizers,
+    adam_state,
+    row_tensors,
+    agree_layout,
+    owned_block,
+)
+
+if TYPE_CHECKING:
+    from distsplat_ns.model.distsplat_model import DistSplatModel
+
+
+# ---------------------------------------------------------------------- gathering to rank 0
+@dataclass
+class GatheredState:
+    """The whole model in id order, as one process holding it would save it.
+
+    Attributes:
+        pipeline_entries: ``_model.gauss_params.<name>`` and ``_model._extra_state`` (strategy
+            state and ids in id order, ``next_gauss_id``, step), to replace a shard's entries of
+            the pipeline's ``state_dict()``.
+        optimizers: Every optimizer's ``state_dict()`` (moments in id order, ``step``, param groups).
+    """
+
+    pipeline_entries: Dict[str, Any]
+    optimizers: Dict[str, Dict[str, Any]]
+
+    def merged_into(self, pipeline_state: Mapping[str, Any]) -> Dict[str, Any]:
+        """``pipeline_state`` (a shard's ``state_dict()``) with its model entries replaced by the whole model's."""
+        return {**pipeline_state, **self.pipeline_entries}
+
+
+def _gather_in_id_order(ctx: DistContext, tensor: torch.Tensor, order: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Every rank's rows of ``tensor`` on rank 0, in id order (None elsewhere).
+
+    **Collective:** world group, one :func:`gather_rows` (its row counts, then one gather).
+    """
+    parts = gather_rows(ctx, tensor, dst=0)
+    if parts is None:
+        return None
+    assert order is not None
+    return torch.cat([p.detach().cpu() for p in parts])[order]
+
+
+def _id_order(ctx: DistContext, model: DistSplatModel) -> Optional[torch.Tensor]:
+    """On rank 0, the permutation that puts the concatenation of every rank's rows (rank order)
+    in id order; a stable sort, so equal ids keep rank then local order. None elsewhere.
+
+    **Collective:** world group, one :func:`gather_rows` of the ids.
+    """
+    ids = gather_rows(ctx, model.gauss_ids, dst=0)
+    if ids is None:
+        return None
+    return torch.sort(torch.cat([i.cpu() for i in ids]), stable=True).indices
+
+
+def gather_full_params(ctx: DistContext, model: DistSplatModel) -> Optional[Dict[str, torch.Tensor]]:
+    """The whole model's raw parameters (``gauss_params`` names, no optimizer state), in id
+    order, on rank 0 (host memory); None elsewhere. For rendering (eval, viewer).
+
+    **Collective:** world group, one :func:`gather_rows` for the ids then one per parameter (one
+    tensor's rows in flight at a time). At ``world_size == 1`` it copies this rank's parameters.
+    """
+    order = _id_order(ctx, model)
+    out = {name: _gather_in_id_order(ctx, p.detach(), order) for name, p in model.gauss_params.items()}
+    return None if order is None else out  # type: ignore[return-value]
+
+
+def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers) -> Optional[GatheredState]:
+    """The whole model and its optimizer state on rank 0, in id order (None on other ranks).
+
+    What a single process training the same Gaussians would hold, bitwise: the Gaussians' entries
+    of the pipeline state dict and the model's extra state (strategy state, ids, ``next_gauss_id``,
+    step), and every optimizer's ``state_dict()`` (moments in id order; ``step`` and param groups
+    are rank 0's, the same on every rank). Optimizers of other parameters (camera adjustments)
+    are rank 0's as they are (every rank holds the same).
+
+    **Collective:** world group, on every rank in the same order: the layout
+    (:func:`agree_layout`), the ids, then one :func:`gather_rows` per row key in sorted key order,
+    so only one tensor's rows are in flight (rank 0 holds the gathered model plus one tensor). At
+    ``world_size == 1`` it returns this rank's state, in id order. Rank 0 holding ids ``[0, 2]``
+    and rank 1 ``[1]``: rank 0 gets rows ``[0, 1, 2]``.
+    **Host sync:** everything lands in rank 0's host memory.
+    """
+    layout = agree_layout(ctx, model, optimizers)
+    order = _id_order(ctx, model)
+    num = int(model.gauss_params["means"].shape[0])
+    rows = layout.filled(row_tensors(model, optimizers), num, model.gauss_params["means"].device)
+    full = {key: _gather_in_id_order(ctx, rows[key], order) for key in layout.keys}
+    if order is None:
+        return None
+    entries: Dict[str, Any] = {}
+    for name in model.gauss_params.keys():
+        entries[f"{MODEL_PREFIX}gauss_params.{name}"] = full[f"param.{name}"]
+    extra = dict(model.get_extra_state())
+    extra["strategy_state"] = {key[len("state."):]: value for key, value in full.items() if key.startswith("state.")}
+    entries[MODEL_EXTRA_KEY] = extra
+    opt_states: Dict[str, Dict[str, Any]] = {}
+    for name, opt in (optimizers or {}).items():
+        saved = opt.state_dict()
+        if name in model.gauss_params.keys():
+            prefix = f"opt.{name}."
+            moments = {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
+            own_step = adam_state(model, optimizers, name).get("step")
+            if moments or own_step is not None:
+                step = own_step.detach().clone() if own_step is not None else layout.step_tensors()[name]
+                saved = {"state": {0: {"step": step, **moments}}, "param_groups": saved["param_groups"]}
+        opt_states[name] = saved
+    return GatheredState(pipeline_entries=entries, optimizers=opt_states)
+
+
+# ---------------------------------------------------------------------- checkpoints
+def shard_loaded_checkpoint_(loaded: Dict[str, Any], rank: int, world: int) -> None:
+    """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
+    Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
+
+    Sliced: the ``_model.gauss_params.*`` entries, the per-Gaussian strategy state and ids of the
+    model's extra state, and the per-Gaussian tensors of the parameters' optimizer states. A
+    checkpoint without ids (older, or splatfacto's) counts as ids ``0..N-1``. The owned rows stay
+    in id order. Load the file with ``mmap=True`` so that only the owned rows are read into memory.
+
+    Args:
+        loaded: A checkpoint as ``torch.load`` returns it (``pipeline``, ``optimizers``).
+        rank: This rank.
+        world: The number of ranks.
+
+    Raises:
+        ValueError: the checkpoint holds no ``_model.gauss_params.means``.
+    """
+    pipeline = loaded["pipeline"]
+    prefix = "module." + MODEL_PREFIX if "module." + MODEL_PREFIX + "gauss_params.means" in pipeline else MODEL_PREFIX
+    means_key = prefix + "gauss_params.means"
+    if means_key not in pipeline:
+        raise ValueError(f"checkpoint has no {MODEL_PREFIX}gauss_params.means entry: not a splat checkpoint")
+    num = int(pipeline[means_key].shape[0])
+    extra = pipeline.get(prefix + "_extra_state")
+    strategy = extra.get("strategy_state", {}) if isinstance(extra, dict) else {}
+    ids = strategy.get("gauss_ids")
+    order = torch.arange(num) if ids is None else torch.sort(ids, stable=True).indices
+    lo, hi = owned_block(num, rank, world)
+    index = order[lo:hi]
+
+    def cut(value: Any) -> Any:
+        return value[index] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num else value
+
+    names = [k[len(prefix + "gauss_params."):] for k in pipeline if k.startswith(prefix + "gauss_params.")]
+    for name in names:
+        pipeline[prefix + "gauss_params." + name] = cut(pipeline[prefix + "gauss_params." + name])
+    if not isinstance(extra, dict):  # splatfacto's checkpoints have no extra state: give the ids
+        extra = pipeline[prefix + "_extra_state"] = {"strategy_state": {}}
+    extra["strategy_state"] = {k: cut(v) for k, v in strategy.items()}
+    if ids is None:
+        extra["strategy_state"]["gauss_ids"] = index.clone()
+        extra.setdefault("next_gauss_id", num)
+    for name in names:
+        opt = loaded.get("optimizers", {}).get(name)
+        if isinstance(opt, dict):
+            for param_state in opt.get("state", {}).values():
+                for key in list(param_state.keys()):
+                    if key != "step":
+                        param_state[key] = cut(param_state[key])

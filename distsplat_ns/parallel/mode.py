@@ -1,0 +1,170 @@
+"""The parallel mode: everything that differs between holding every Gaussian on every rank
+(``parallel/replicated.py``) and holding a shard of them (``parallel/sharded.py``).
+
+``DistSplatPipeline`` builds one mode at set-up (``build_parallel_mode``, from
+``--pipeline.parallel``) and its step calls the mode at fixed points, never asking which mode it is
+(torchtitan applies its parallelism once, when the model is built; gsplat keeps its exchange behind
+the render call). Every method that communicates says so in its **Collective** paragraph; every
+rank calls the same methods in the same order. Methods that move payload return the bytes this
+rank sent or reduced (counts and other control messages are not counted).
+
+Shape letters: N Gaussians on this rank, B images in the global batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, StatisticsProjection
+from distsplat_ns.model.strategy import IdGather, batch_info
+from distsplat_ns.parallel.exchange import Timer
+from distsplat_ns.parallel.full_state import GatheredState
+
+if TYPE_CHECKING:
+    from nerfstudio.cameras.cameras import Cameras
+
+    from distsplat_ns.balance.planner import StepPlan
+    from distsplat_ns.model.distsplat_model import DistSplatModel
+
+NamedParameters = Sequence[Tuple[str, torch.nn.Parameter]]
+Optimizers = Mapping[str, torch.optim.Optimizer]
+
+
+class ParallelMode(ABC):
+    """How the Gaussians are held and what that changes in a step (see the module docstring).
+
+    Args:
+        ctx: The process context.
+        model: This rank's model (all Gaussians, or its shard once :meth:`take_initial_gaussians_` ran).
+    """
+
+    #: ``--pipeline.parallel``'s value for this mode.
+    name: str
+
+    def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
+        self.ctx = ctx
+        self.model = model
+
+    # ------------------------------------------------------------------ set-up and the model's size
+    @abstractmethod
+    def take_initial_gaussians_(self) -> None:
+        """Keep what this rank holds of the initial Gaussians (every rank built the same ones). Local."""
+
+    @abstractmethod
+    def num_gaussians_total(self) -> int:
+        """Gaussians over all ranks (the scale regulariser's mean, the logged count)."""
+
+    @abstractmethod
+    def regularizer_share(self, num_gaussians_total: int) -> RegularizerShare:
+        """Which batch-independent loss terms this rank adds. Local."""
+
+    # ------------------------------------------------------------------ the step
+    @abstractmethod
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """Cold-start row costs of every Gaussian from this rank's projections of its Gaussians
+        (``balance/cost.py:footprint_row_costs``, concatenated over cameras); and the bytes moved."""
+
+    @abstractmethod
+    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+        """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
+
+        Args:
+            cameras: Host-side cameras of the whole batch, in batch order.
+            plan: The step's plan (every rank's bands).
+            step: The step.
+            timer: Counts communication time (also the time spent in backward by the source).
+        """
+
+    @abstractmethod
+    def reduce_gradients(self, named: NamedParameters) -> int:
+        """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
+
+    @abstractmethod
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+        """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
+        and the bytes moved. ``sizes_px``: each batch position's rendered ``(width, height)``."""
+
+    @abstractmethod
+    def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
+        """A device-side flag `[1]` int32, the same on every rank: 1 when some rank's gradient
+        holds NaN/Inf (``distributed/collectives.py:nonfinite_verdict``). No host sync by itself."""
+
+    @property
+    @abstractmethod
+    def gather_ids(self) -> IdGather:
+        """Every rank's rows of the parents' ids at a grow event (``model/strategy.py:allocate_child_ids``)."""
+
+    @abstractmethod
+    def after_refine(self, step: int, optimizers: Optimizers) -> int:
+        """What follows a refine (a shard rebalance, or nothing); returns the bytes moved."""
+
+    @abstractmethod
+    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+        """The parameters every rank holds identically (for the replica check)."""
+
+    # ------------------------------------------------------------------ the whole model
+    @abstractmethod
+    def refresh_full_view(self, step: int) -> None:
+        """Give rank 0 the whole model to render eval and viewer images from (``DistSplatModel.set_full_view``)."""
+
+    def drop_full_view(self) -> None:
+        """Free rank 0's full view (until the next refresh). Local: no collective."""
+        self.model.set_full_view(None)
+
+    @abstractmethod
+    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+        """The whole model and optimizer state to save, on rank 0 (None where this rank's own
+        ``state_dict()`` is the whole model, or on other ranks)."""
+
+    @abstractmethod
+    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+        """A checkpoint as this rank loads it (``checkpoint.py:load_checkpoint_file``): the whole
+        model, or this rank's block of it. Local."""
+
+
+def batch_statistics(
+    model: DistSplatModel, projections: Sequence[StatisticsProjection], batch_size: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's screen-space gradients, absgrads `[B, N, 2]` and radii `[B, N]` (int32) of the
+    batch from ``(positions, means2d, radii)`` per projection call (zeros where it projected none).
+    Local."""
+    n = model.num_points
+    device = model.means.device
+    dtype = model.compute_dtype
+    if len(projections) == 1 and projections[0][0] == list(range(batch_size)):
+        # One call projected the whole batch (one process, a band of every image, or a shard):
+        # its statistics are already batch-shaped.
+        _, means2d, proj_radii = projections[0]
+        grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
+        absgrad = getattr(means2d, "absgrad", None)
+        absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
+        return grads, absgrads, proj_radii.detach().to(torch.int32)
+    grads = torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
+    absgrads = torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
+    radii = torch.zeros(batch_size, n, dtype=torch.int32, device=device)
+    for positions, means2d, proj_radii in projections:
+        idx = torch.tensor(positions, device=device)
+        if means2d.grad is not None:
+            grads[idx] += means2d.grad.detach()
+        absgrad = getattr(means2d, "absgrad", None)
+        if absgrad is not None:
+            absgrads[idx] += absgrad.detach()
+        radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
+    return grads, absgrads, radii
+
+
+def info_for(
+    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[Tuple[int, int]]
+) -> Dict[str, Any]:
+    """``batch_info`` at each batch position's rendered ``(width, height)``: plain ints where the
+    batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
+    if len(set(sizes_px)) == 1:
+        return batch_info(grads, absgrads, radii, sizes_px[0][0], sizes_px[0][1])
+    widths = torch.tensor([w for w, _ in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
+    heights = torch.tensor([h for _, h in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
+    return batch_info(grads, absgrads, radii, widths, heights)

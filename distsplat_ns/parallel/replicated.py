@@ -1,0 +1,93 @@
+"""The replicated mode: every rank holds every Gaussian (the DDP pattern).
+
+Each rank renders its bands from its own projections, gradients and densification statistics are
+summed over ranks, and every rank then takes the identical optimizer step and refine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from distsplat_ns.checkpoint import load_checkpoint_file
+from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_, nonfinite_verdict, sum_gradients_
+from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
+from distsplat_ns.model.strategy import IdGather, gather_local
+from distsplat_ns.parallel.exchange import Timer
+from distsplat_ns.parallel.full_state import GatheredState
+from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
+
+
+class ReplicatedMode(ParallelMode):
+    """Every rank holds every Gaussian; see the module docstring."""
+
+    name = "replicated"
+
+    def take_initial_gaussians_(self) -> None:
+        """Keep them all."""
+
+    def num_gaussians_total(self) -> int:
+        """This rank's count (every rank holds all). Local."""
+        return self.model.num_points
+
+    def regularizer_share(self, num_gaussians_total: int) -> RegularizerShare:
+        """Rank 0 adds every term, for every Gaussian."""
+        return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=self.ctx.is_main, num_gaussians_total=num_gaussians_total)
+
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        """Already every Gaussian's (every rank projected all of them). Local."""
+        return costs, 0
+
+    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+        """This rank's own Gaussians, projected as its bands are rendered. Local."""
+        return OwnProjections(), 0
+
+    def reduce_gradients(self, named: NamedParameters) -> int:
+        """Sum every gradient over ranks (``sum_gradients_``, 25 MiB buckets).
+
+        **Collective:** world group, one all-reduce per bucket (none at one rank).
+        """
+        return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
+
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+        """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
+        maximised over ranks.
+
+        **Collective:** world group, three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`,
+        `[B, N]` (none at one rank).
+        """
+        grads, absgrads, radii = batch_statistics(self.model, source.calls, batch_size)
+        all_reduce_sum_(self.ctx, grads)
+        all_reduce_sum_(self.ctx, absgrads)
+        all_reduce_max_(self.ctx, radii)
+        moved = batch_size * self.model.num_points * (2 * 2 * 4 + 4) if self.ctx.is_distributed else 0
+        return info_for(grads, absgrads, radii, sizes_px), moved
+
+    def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
+        """Every rank holds the same summed gradient: the same verdict without a collective."""
+        return nonfinite_verdict(self.ctx, named, agree=False)
+
+    @property
+    def gather_ids(self) -> IdGather:
+        """Every rank holds every parent: no communication."""
+        return gather_local
+
+    def after_refine(self, step: int, optimizers: Optimizers) -> int:
+        """Nothing: every rank made the same decisions on the same Gaussians."""
+        return 0
+
+    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+        return [p for _, p in named]
+
+    def refresh_full_view(self, step: int) -> None:
+        """Nothing: the model is whole on every rank."""
+
+    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+        """None: rank 0's own state is the whole model's."""
+        return None
+
+    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+        """The whole checkpoint."""
+        return load_checkpoint_file(path)

@@ -1,0 +1,38 @@
+"""Phase timings of a step: a context manager per phase, nested phases counted once."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, List
+
+
+class PhaseClock:
+    """Seconds per named phase. A phase entered inside another is counted in its own name only
+    (the outer phase's time excludes it), so e.g. the exchange inside the forward counts as
+    communication, not render time. Not thread-safe beyond one phase open per thread at a time."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+        self._nested: List[float] = []  # per open phase, the seconds of the phases inside it
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Count the time inside the ``with`` block under ``name``."""
+        start = time.perf_counter()
+        self._nested.append(0.0)
+        try:
+            yield
+        finally:
+            inner = self._nested.pop()
+            elapsed = time.perf_counter() - start
+            self.add(name, elapsed - inner)
+            if self._nested:
+                self._nested[-1] += elapsed
+
+    def add(self, name: str, seconds: float) -> None:
+        """Count ``seconds`` under ``name`` (time measured elsewhere, e.g. the data stream's wait)."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def __getitem__(self, name: str) -> float:
+        return self.seconds.get(name, 0.0)
