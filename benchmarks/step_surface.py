@@ -47,12 +47,15 @@ PATHS = {
     },
 }
 PATHS["WORKTREE"] = {
-    "distsplat_ns/trainer.py": ["DistSplatTrainer.train_iteration", "DistSplatTrainer._record_step"],
+    "distsplat_ns/trainer.py": ["DistSplatTrainer.train_iteration"],
     "distsplat_ns/pipeline.py": ["StepTimings", "StepReport", "DistSplatPipeline.train_step", "DistSplatPipeline.plan",
-        "DistSplatPipeline._fetch_images", "DistSplatPipeline._backward",
-        "DistSplatPipeline._reduce_statistics", "DistSplatPipeline._observe_costs"],
-    "distsplat_ns/model/distsplat_model.py": ["BandRenderResult", "DistSplatModel.forward_bands", "DistSplatModel._band_terms", "_render_calls"],
+        "DistSplatPipeline._fetch_images", "DistSplatPipeline._backward", "DistSplatPipeline._statistics",
+        "DistSplatPipeline._finite_verdict", "DistSplatPipeline._costs_to_host", "DistSplatPipeline._observe_costs",
+        "DistSplatPipeline._check_replicas"],
+    "distsplat_ns/model/distsplat_model.py": ["DistSplatModel.forward_bands", "DistSplatModel._band_terms"],
+    "distsplat_ns/model/band_render.py": ["BandRenderResult", "OwnProjections", "render_calls"],
     "distsplat_ns/model/band_backward.py": ["PixelLink", "link_pixels", "backward_bands"],
+    "distsplat_ns/parallel/replicated.py": ["ReplicatedMode"],
 }
 
 
