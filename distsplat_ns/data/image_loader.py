@@ -253,13 +253,37 @@ class ImageLoader:
         if not isinstance(downscale, int) or downscale < 1:
             raise ValueError(f"downscale must be an int >= 1, got {downscale!r}")
         spec = self.specs[index]
+        image, late_downscale = self._decoded_image(index, out, downscale)
+        mask = None
+        if self.masks is not None:
+            mask = self._mask(index)
+            if spec.mask_color is not None:
+                # nerfstudio writes mask_color (in [0, 1]) into a float image; in uint8 that is x255.
+                fill = np.array([round(255 * c) for c in spec.mask_color], dtype=np.uint8)
+                image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
+        if spec.undistort is not None:
+            target = _view_of(out, (spec.undistort.roi_xywh[3], spec.undistort.roi_xywh[2], image.shape[2])) if late_downscale == 1 else None
+            image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
+        if late_downscale > 1:
+            out_h, out_w = spec.output_size_hw
+            image = box_downscale(image, late_downscale, (out_h // downscale, out_w // downscale))  # utils.cameras.downscaled_px
+        if out is not None and not np.shares_memory(image, out):
+            target = _view_of(out, image.shape)
+            if target is not None:
+                np.copyto(target, image)
+                image = target
+        return image, mask
+
+    def _decoded_image(self, index: int, out: Optional[np.ndarray], downscale: int) -> tuple[np.ndarray, int]:
+        """Image ``index`` decoded, rescaled by ``scale_factor``, checked and alpha-composited, before
+        any mask, undistortion or late box average; and the downscale still to apply (1 when the
+        decode folded it in)."""
+        spec = self.specs[index]
         path = self.images.path(index)
         try:
             data = self.images.view(index)
         except OSError as exc:  # a file read from disk (disk mode) that went away or cannot be read
             raise UserError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
-        out_h, out_w = spec.output_size_hw
-        target_hw = (out_h // downscale, out_w // downscale)  # utils.cameras.downscaled_px
         if spec.decodes_at_scale:
             base_h, base_w = spec.base_size_hw
             image = self._decode_to(
@@ -283,36 +307,22 @@ class ImageLoader:
             )
         if spec.alpha_color is not None and image.shape[-1] == 4:
             image = _composite_alpha(torch.from_numpy(image), spec.alpha_color).numpy()
-        mask = None
-        if self.masks is not None:
-            mask_path = self.masks.path(index)
-            try:
-                mask = _load_mask(
-                    self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None
-                )
-            except Exception as exc:  # noqa: BLE001
-                raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
-            if mask.shape[:2] != (spec.height, spec.width):
-                raise UserError(
-                    f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {path} is "
-                    f"{spec.width}x{spec.height} (WxH)"
-                )
-            if spec.mask_color is not None:
-                # nerfstudio writes mask_color (in [0, 1]) into a float image; in uint8 that is x255.
-                fill = np.array([round(255 * c) for c in spec.mask_color], dtype=np.uint8)
-                image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
-        if spec.undistort is not None:
-            x, y, w, h = spec.undistort.roi_xywh
-            target = _view_of(out, (h, w, image.shape[2])) if late_downscale == 1 else None
-            image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
-        if late_downscale > 1:
-            image = box_downscale(image, late_downscale, target_hw)
-        if out is not None and not np.shares_memory(image, out):
-            target = _view_of(out, image.shape)
-            if target is not None:
-                np.copyto(target, image)
-                image = target
-        return image, mask
+        return image, late_downscale
+
+    def _mask(self, index: int) -> np.ndarray:
+        """Mask ``index`` at full training resolution, checked against its image's size. `[H, W, 1]` bool."""
+        spec = self.specs[index]
+        mask_path = self.masks.path(index)
+        try:
+            mask = _load_mask(self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None)
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
+        if mask.shape[:2] != (spec.height, spec.width):
+            raise UserError(
+                f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {self.images.path(index)} is "
+                f"{spec.width}x{spec.height} (WxH)"
+            )
+        return mask
 
 
 def _view_of(out: Optional[np.ndarray], shape: tuple[int, ...]) -> Optional[np.ndarray]:
