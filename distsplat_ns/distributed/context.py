@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.utils.errors import UserError
+from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
+from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 
 LOGGER = get_logger(__name__)
@@ -39,6 +40,8 @@ class DistContext:
         device: The device this process computes on (``cuda:<local_rank>`` or ``cpu``).
         backend: ``"nccl"``, ``"gloo"`` or ``None`` when ``world_size == 1``.
         timeout_s: Collective timeout in seconds: a rank that stops answering ends the run.
+        rank0_work_timeout_s: How long the other ranks wait for rank 0's own work (evaluation,
+            checkpoint writing) while its heartbeat says it is alive (``lifecycle.rank0_work``).
     """
 
     rank: int = 0
@@ -47,6 +50,7 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     backend: str | None = None
     timeout_s: float = 600.0
+    rank0_work_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -75,7 +79,8 @@ def _env_int(name: str) -> int | None:
 
 
 def init_distributed(
-    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto"
+    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto",
+    rank0_work_timeout_s: float = 3600.0,
 ) -> DistContext:
     """Create (or adopt) the process group and bind this process to its device.
 
@@ -126,13 +131,23 @@ def init_distributed(
             backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
         if device_type == "cuda":
             torch.cuda.set_device(_device_index(local_rank))
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            world_size=world_size,
-            rank=rank,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        choose_socket_interface(backend)
+        try:
+            dist.init_process_group(
+                backend=backend,
+                init_method="env://",
+                world_size=world_size,
+                rank=rank,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+        except (RuntimeError, dist.DistError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
+            raise RunFailure(
+                f"rank {rank}: could not join the process group through "
+                f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({first}); "
+                f"every host must reach that address, and its sockets use the interface {ifnames}"
+            ) from err
     else:
         rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
 
@@ -151,7 +166,8 @@ def init_distributed(
     if world_size > 1:
         exit_with_launcher()
     ctx = DistContext(
-        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s,
+        rank0_work_timeout_s=rank0_work_timeout_s,
     )
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)

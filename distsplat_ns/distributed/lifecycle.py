@@ -9,7 +9,10 @@ These are the collectives that keep every rank doing the same thing at the edges
 * :func:`agree_outcome` -- rank 0 does something alone (write a checkpoint, probe the output
   folder) and every rank learns whether it worked, so all fail with one message instead of the
   others seeing a broken collective;
-* :func:`first_report` -- print a failure once when every rank fails the same way.
+* :func:`first_report` -- print a failure once when every rank fails the same way;
+* :func:`rank0_work` -- the other ranks wait for rank 0's own work (evaluation, a checkpoint
+  write, the viewer) under its own bound while rank 0's heartbeat says it is alive, so that work
+  never counts against ``--collective-timeout-s``.
 
 The phase and error keys travel through the process group's key-value store (torchrun's or
 ``init_process_group``'s), not through collectives, so they work while a rank is stuck.
@@ -47,6 +50,49 @@ def _store() -> dist.Store | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return dist.distributed_c10d._get_default_store()
+
+
+#: Seconds a store read or write on an error or shutdown path may take. The store lives on one host
+#: (torchrun's agent, or rank 0's); after a partition a TCPStore ``check``/``set`` blocks in
+#: ``recv()`` until the kernel gives up on TCP (measured 925 s, issue 20). Its host answers in
+#: milliseconds when it is alive, so 5 s only ever cuts off a lost one.
+STORE_REPLY_S = 5.0
+
+
+class StoreUnreachable(RuntimeError):
+    """The store did not answer within :data:`STORE_REPLY_S` (its host lost or partitioned)."""
+
+
+def store_address() -> str:
+    """Where the store lives, for messages (torchrun and ``env://`` set ``MASTER_ADDR``/``MASTER_PORT``)."""
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+
+def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
+    """``fn()`` in a daemon thread, abandoned after ``timeout_s``: for store operations on paths
+    that must end (error reports, shutdown), whose client has no timeout of its own.
+
+    Raises:
+        StoreUnreachable: ``fn`` did not return in time (the thread is left to the OS at exit).
+        Whatever ``fn`` raised.
+    """
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 -- re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="distsplat-bounded-store", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise StoreUnreachable(f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
+                               "(its host is down or the network is partitioned)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def _control_group(ctx: DistContext) -> dist.ProcessGroup | None:
@@ -101,7 +147,8 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
     outcome = "ok"
     if ctx.is_main:
         try:
-            result = fn()
+            with rank0_work(ctx, what, failure_told_later=True):
+                result = fn()
         except OSError as err:
             failure = err
             reason = f"{err.strerror} ({err.filename})" if err.strerror and err.filename else (err.strerror or str(err))
@@ -109,6 +156,9 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
         except Exception as err:  # noqa: BLE001 -- told to the other ranks, then re-raised as is
             failure = err
             outcome = f"internal error on rank 0 while {what}"
+    else:
+        with rank0_work(ctx, what, failure_told_later=True):
+            pass
     if ctx.is_distributed:
         outcome = _broadcast_text(ctx, outcome)
     if outcome == "ok":
@@ -118,6 +168,94 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
     if failure is None and outcome.startswith("internal error"):
         raise RuntimeError(f"{outcome}: see rank 0's traceback")
     raise RunFailure(outcome) from failure
+
+
+#: Seconds between two heartbeats of rank 0 while it works alone (:func:`rank0_work`).
+HEARTBEAT_S = 1.0
+
+
+@contextmanager
+def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_later: bool = False) -> Iterator[None]:
+    """The block is rank 0's own work (``what``, unique per call: "evaluation after step 40"); the
+    other ranks wait here until rank 0 has finished it, however long it takes, up to
+    ``ctx.rank0_work_timeout_s`` -- instead of waiting in their next collective, whose timeout it
+    would exhaust (issue 20: a 41 s evaluation failed a run at ``--collective-timeout-s 20``).
+
+    Rank 0 writes a heartbeat to the store every :data:`HEARTBEAT_S` while it works; a waiting rank
+    that sees none for ``ctx.timeout_s`` (rank 0 dead, its host lost) or cannot reach the store
+    fails, naming rank 0 and the store's address. A rank stuck anywhere else is still found by the
+    collective timeout: the others' collectives keep it.
+
+    Raises:
+        RunFailure: on a waiting rank, as above, or when rank 0's block raised (rank 0 reports why)
+            unless ``failure_told_later`` (the caller's next collective tells the others why:
+            :func:`agree_outcome`).
+
+    **Collective:** through the store; every rank enters the same windows (``active`` from values
+    every rank has) in the same order. No-op at ``world_size == 1`` or when not ``active``. Rank 0
+    evaluating for 41 s at ``--collective-timeout-s 20``: rank 1 waits 41 s and trains on.
+    """
+    store = _store() if (ctx.is_distributed and active) else None
+    if store is None:
+        yield
+        return
+    done_key = f"{_KEY_PREFIX}rank0-work/{what}"
+    beat_key = f"{_KEY_PREFIX}rank0-beat"
+    if ctx.is_main:
+        stop = threading.Event()
+
+        def beat() -> None:
+            count = 0
+            while not stop.wait(HEARTBEAT_S):
+                count += 1
+                try:
+                    store.set(beat_key, str(count))
+                except (RuntimeError, dist.DistError):
+                    return
+
+        thread = threading.Thread(target=beat, name="distsplat-rank0-heartbeat", daemon=True)
+        thread.start()
+        outcome = "failed"
+        try:
+            yield
+            outcome = "ok"
+        finally:
+            stop.set()
+            try:
+                bounded(lambda: store.set(done_key, outcome))
+            except (RuntimeError, dist.DistError):
+                pass  # the waiting ranks find the store gone themselves
+        return
+    yield  # nothing to do on this rank; then wait for rank 0
+    if _wait_for_rank0(ctx, store, what, done_key, beat_key) != "ok" and not failure_told_later:
+        raise RunFailure(f"rank 0 failed while {what} (rank 0 reports why)")
+
+
+def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: str, beat_key: str) -> str:
+    """Wait for rank 0's ``done_key``; returns its outcome ("ok" or "failed"). Polls with ``check``
+    (``store.wait`` logs two c10d warnings at every timeout)."""
+    started = last_change = time.monotonic()
+    last_beat: bytes | None = None
+    while True:
+        try:
+            if bounded(lambda: store.check([done_key])):
+                return bounded(lambda: store.get(done_key)).decode()
+            beat = bounded(lambda: store.get(beat_key) if store.check([beat_key]) else None)
+        except StoreUnreachable as lost:
+            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: {lost}") from lost
+        except (RuntimeError, dist.DistError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: the store at {store_address()} failed ({first})") from err
+        now = time.monotonic()
+        if beat != last_beat:
+            last_beat, last_change = beat, now
+        if now - last_change > ctx.timeout_s:
+            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: no heartbeat for {now - last_change:.0f} s "
+                             f"(--collective-timeout-s {ctx.timeout_s:g}; store at {store_address()})")
+        if now - started > ctx.rank0_work_timeout_s:
+            raise RunFailure(f"rank {ctx.rank}: rank 0 still {what} after {now - started:.0f} s "
+                             f"(--rank0-work-timeout-s {ctx.rank0_work_timeout_s:g})")
+        time.sleep(0.1)
 
 
 def _broadcast_text(ctx: DistContext, text: str) -> str:
@@ -168,7 +306,10 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except RuntimeError as err:  # DistStoreError: the wait timed out
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        try:
+            missing = bounded(lambda: [r for r, key in enumerate(keys) if not store.check([key])])
+        except StoreUnreachable as lost:
+            raise RunFailure(f"start-up phase '{name}' on rank {ctx.rank}: {lost}") from err
         if not missing:  # arrived between the timeout and the check
             return
         raise RunFailure(
@@ -242,7 +383,7 @@ class _PhaseWatch:
                              + "".join(traceback.format_list(stack[-12:])))
             sys.stderr.flush()
             try:
-                store.set(f"{_KEY_PREFIX}where/{ctx.rank}", note)
+                bounded(lambda: store.set(f"{_KEY_PREFIX}where/{ctx.rank}", note))
             except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
                 pass
 
@@ -292,13 +433,16 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
     where = ""
     if store is not None:
         try:
-            where = "; " + _whereabouts(ctx, store)
+            where = "; " + bounded(lambda: _whereabouts(ctx, store))
+        except StoreUnreachable as lost:
+            where = f"; {lost}"
         except (RuntimeError, dist.DistError):
             where = ""
     return f"a collective failed ({first}){where} (--collective-timeout-s {ctx.timeout_s:g})"
 
 
 def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
+    """Where every rank was last seen (store reads: call it through :func:`bounded`)."""
     parts = []
     for r in range(ctx.world_size):
         key = f"{_KEY_PREFIX}where/{r}"
@@ -320,13 +464,13 @@ def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
     key = f"{_KEY_PREFIX}error/0"
     try:
         if ctx.is_main:
-            store.set(key, message)
+            bounded(lambda: store.set(key, message))
             return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if store.check([key]):
-                return store.get(key).decode() != message
+            if bounded(lambda: store.check([key])):
+                return bounded(lambda: store.get(key)).decode() != message
             time.sleep(0.05)
-    except (RuntimeError, dist.DistError):  # the store lived in a launcher that is gone
+    except (RuntimeError, dist.DistError):  # the store lived in a launcher or host that is gone
         pass
     return True
