@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from distsplat_ns.distributed.restart import restart_count
 from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
@@ -132,13 +133,16 @@ def init_distributed(
         if device_type == "cuda":
             torch.cuda.set_device(_device_index(local_rank))
         choose_socket_interface(backend)
+        timeout = datetime.timedelta(seconds=timeout_s)
         try:
+            store = attempt_store(world_size, timeout)
             dist.init_process_group(
                 backend=backend,
-                init_method="env://",
+                init_method=None if store is not None else "env://",
+                store=store,
                 world_size=world_size,
                 rank=rank,
-                timeout=datetime.timedelta(seconds=timeout_s),
+                timeout=timeout,
             )
         except (RuntimeError, dist.DistError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -172,6 +176,25 @@ def init_distributed(
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
     return ctx
+
+
+def attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with a prefix of this attempt's own: None elsewhere
+    (``env://`` then creates the store).
+
+    torchrun's workers are clients of the agent's store (``TORCHELASTIC_USE_AGENT_STORE``), and a
+    restart (``--max-restarts``) reuses that store and its keys: ``env://`` adds no prefix per
+    attempt, so the restarted ranks read the addresses gloo's full mesh published in the failed
+    attempt (measured: "Gloo connectFullMesh failed ... Connection refused", or both ranks waiting
+    in ``_create_gloo_process_group``; issue 20), and the lifecycle's barrier keys are already set.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if not host or port is None:
+        raise UserError("TORCHELASTIC_USE_AGENT_STORE is set but MASTER_ADDR/MASTER_PORT are not: launch with torchrun")
+    client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    return dist.PrefixStore(f"distsplat/attempt-{restart_count()}", client)
 
 
 def auto_backend(device_type: str, local_world_size: int | None) -> str:

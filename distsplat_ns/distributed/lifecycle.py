@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
 
@@ -276,6 +279,9 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
     """
     store = _store() if ctx.is_distributed else None
     if store is not None:
+        if ctx.rank not in _HOSTS_TOLD:
+            _HOSTS_TOLD.add(ctx.rank)
+            store.set(f"{_KEY_PREFIX}host/{ctx.rank}", _this_host())
         store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
         if watch:
             _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
@@ -428,7 +434,7 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
     when ``err`` is not a communication failure."""
     if not ctx.is_distributed or not is_comm_failure(err):
         return None
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = comm_error_summary(err)
     store = _store()
     where = ""
     if store is not None:
@@ -441,12 +447,35 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
     return f"a collective failed ({first}){where} (--collective-timeout-s {ctx.timeout_s:g})"
 
 
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*")
+_GLOO_HINT = re.compile(r"\s*This is typically caused by.*$")
+
+
+def comm_error_summary(err: BaseException) -> str:
+    """A failed collective's first line without gloo's source location and generic advice:
+    "Read error [10.77.0.1]:41234: Connection reset by peer" (the peer's address kept)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    return _GLOO_HINT.sub("", _GLOO_SOURCE.sub("", first)).rstrip(". ") or type(err).__name__
+
+
+_HOSTS_TOLD: set = set()
+
+
+def _this_host() -> str:
+    """This rank's host for messages: the address its traffic to the store leaves from."""
+    master = os.environ.get("MASTER_ADDR")
+    address = route_source_address(master, int(os.environ.get("MASTER_PORT", "29500") or 29500)) if master else None
+    return address or socket.gethostname()
+
+
 def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
-    """Where every rank was last seen (store reads: call it through :func:`bounded`)."""
+    """Where every rank was last seen, and on which host (store reads: call it through :func:`bounded`)."""
     parts = []
     for r in range(ctx.world_size):
-        key = f"{_KEY_PREFIX}where/{r}"
-        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}")
+        key, host_key = f"{_KEY_PREFIX}where/{r}", f"{_KEY_PREFIX}host/{r}"
+        host = f" ({store.get(host_key).decode()})" if store.check([host_key]) else ""
+        parts.append(f"rank {r}{host} {store.get(key).decode() if store.check([key]) else 'not started'}")
     return "last seen: " + ", ".join(parts)
 
 
