@@ -26,6 +26,7 @@ from distsplat_ns.distributed.restart import restart_count
 from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
+from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 LOGGER = get_logger(__name__)
 
@@ -167,6 +168,10 @@ def init_distributed(
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     set_log_rank(rank)
+    if local_rank == 0:
+        removed = remove_orphan_semaphores()  # what ranks SIGKILLed earlier on this host left
+        if removed:
+            LOGGER.info("removed %d semaphore(s) of processes that are gone from /dev/shm", removed)
     if world_size > 1:
         exit_with_launcher()
     ctx = DistContext(
