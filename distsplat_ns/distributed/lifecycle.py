@@ -62,6 +62,11 @@ def _store() -> dist.Store | None:
 STORE_REPLY_S = 5.0
 
 
+#: Set once the store failed to answer: later bounded calls fail at once (an error report makes
+#: several reads; each would wait again for a host that is gone).
+_LOST_STORE: list = []
+
+
 class StoreUnreachable(RuntimeError):
     """The store did not answer within :data:`STORE_REPLY_S` (its host lost or partitioned)."""
 
@@ -79,6 +84,8 @@ def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
         StoreUnreachable: ``fn`` did not return in time (the thread is left to the OS at exit).
         Whatever ``fn`` raised.
     """
+    if _LOST_STORE:
+        raise StoreUnreachable(_LOST_STORE[0])
     box: dict = {}
 
     def run() -> None:
@@ -91,8 +98,9 @@ def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise StoreUnreachable(f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
-                               "(its host is down or the network is partitioned)")
+        _LOST_STORE.append(f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
+                           "(its host is down or the network is partitioned)")
+        raise StoreUnreachable(_LOST_STORE[0])
     if "error" in box:
         raise box["error"]
     return box["value"]

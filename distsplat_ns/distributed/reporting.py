@@ -47,17 +47,22 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
                 ctx = DistContext()
             elif ctx.is_main:
                 remove_unused_run_dir(getattr(self, "base_dir", None))
-            if (ctx.is_distributed or os.environ.get("WORLD_SIZE", "1") not in ("", "1")) and not isinstance(err, SystemExit):
-                force_exit_after(EXIT_GRACE_S)
+            many = ctx.is_distributed or os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+            explained = explain_comm_failure(ctx, err) if isinstance(err, Exception) and not isinstance(err, REPORTED_ERRORS) else None
             if isinstance(err, REPORTED_ERRORS):
                 message = str(err).strip() or type(err).__name__
-            elif isinstance(err, Exception) and explain_comm_failure(ctx, err) is not None:
-                message = f"rank {ctx.rank}: {explain_comm_failure(ctx, err)}"
+            elif explained is not None:
+                message = f"rank {ctx.rank}: {explained}"
             else:
                 _record_end(self, f"internal error: {type(err).__name__}: {err}"[:500])
+                if many and not isinstance(err, SystemExit):
+                    force_exit_after(EXIT_GRACE_S)
                 raise
             _record_end(self, f"failed: {message}"[:500])
-            if first_report(ctx, message):
+            printed = first_report(ctx, message)
+            if many:
+                force_exit_after(EXIT_GRACE_S)
+            if printed:
                 raise SystemExit(f"distsplat error (rank {ctx.rank}): {message}") from err
             raise SystemExit(1) from err
 
