@@ -263,6 +263,7 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group if this process created or joined one."""
+    """Destroy the process group if this process created or joined one (the lifecycle's abort
+    watch then stops by itself)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

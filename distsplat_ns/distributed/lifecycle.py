@@ -290,6 +290,7 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
         if ctx.rank not in _HOSTS_TOLD:
             _HOSTS_TOLD.add(ctx.rank)
             store.set(f"{_KEY_PREFIX}host/{ctx.rank}", _this_host())
+            _ABORT_WATCH.start(ctx, store)
         store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
         if watch:
             _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
@@ -404,10 +405,82 @@ class _PhaseWatch:
 
 _WATCH = _PhaseWatch()
 
+#: Seconds a rank lets its own failure path run after another rank announced a failure (or after
+#: it lost the store past the collective timeout) before its abort watch ends it: enough for a
+#: rank blocked in a collective to fail and report itself, which it does within the timeout.
+ABORT_GRACE_S = 20.0
+_ABORT_KEY = f"{_KEY_PREFIX}abort"
+
+
+class _AbortWatch:
+    """One daemon thread per rank, from its first phase to the end of the run: a rank that never
+    reaches a collective again (stuck in a loop, a hung file system, a deadlock) on a host whose
+    torchrun sees nothing wrong would otherwise run for ever after the others failed. Every
+    2 s it checks the store for :func:`announce_failure`'s key; once that key has been there for
+    :data:`ABORT_GRACE_S`, or the store has been unreachable for ``--collective-timeout-s`` plus
+    that grace, it prints one line and ends the process (``os._exit(1)``)."""
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, ctx: DistContext, store: dist.Store) -> None:
+        if self._thread is None:
+            self._stopped.clear()
+            self._thread = threading.Thread(target=self._run, args=(ctx, store), name="distsplat-abort-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self, ctx: DistContext, store: dist.Store) -> None:
+        seen_at: float | None = None
+        lost_at: float | None = None
+        message = ""
+        while not self._stopped.wait(2.0):
+            if not dist.is_initialized():
+                return  # the run ended (shutdown_distributed): its store may go away now
+            now = time.monotonic()
+            try:
+                if seen_at is None and bounded(lambda: store.check([_ABORT_KEY])):
+                    seen_at, message = now, bounded(lambda: store.get(_ABORT_KEY)).decode()
+                lost_at = None
+            except (RuntimeError, dist.DistError) as err:
+                if lost_at is None:
+                    lost_at, message = now, comm_error_summary(err)
+            if self._stopped.is_set():
+                return
+            if seen_at is not None and now - seen_at > ABORT_GRACE_S:
+                self._end(ctx, f"another rank failed ({message}) and this rank did not stop within {ABORT_GRACE_S:g} s")
+            if lost_at is not None and now - lost_at > ctx.timeout_s + ABORT_GRACE_S:
+                self._end(ctx, f"{message}, for {now - lost_at:.0f} s (--collective-timeout-s {ctx.timeout_s:g} + {ABORT_GRACE_S:g} s)")
+
+    @staticmethod
+    def _end(ctx: DistContext, why: str) -> None:
+        sys.stderr.write(f"distsplat error (rank {ctx.rank}): ending this rank: {why}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+_ABORT_WATCH = _AbortWatch()
+
+
+def announce_failure(ctx: DistContext, message: str) -> None:
+    """Tell every rank's abort watch that this rank failed (bounded store write; a lost store is
+    found by the watches themselves)."""
+    store = _store() if ctx.is_distributed else None
+    if store is None:
+        return
+    try:
+        bounded(lambda: store.compare_set(_ABORT_KEY, "", f"rank {ctx.rank}: {message}"[:400]))
+    except (RuntimeError, dist.DistError):
+        pass
+
 
 def stop_watching() -> None:
     """End this rank's phase watch (:func:`enter_phase`): called when the run fails or ends."""
     _WATCH.stop()
+
 
 
 def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:

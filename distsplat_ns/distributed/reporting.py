@@ -17,7 +17,7 @@ from typing import Optional
 
 from distsplat_ns.distributed.collectives import NonFiniteGradientError, ReplicaDriftError
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.lifecycle import explain_comm_failure, first_report, stop_watching
+from distsplat_ns.distributed.lifecycle import announce_failure, explain_comm_failure, first_report, stop_watching
 from distsplat_ns.utils.errors import RunFailure, UserError
 
 #: Errors reported as their message alone: bad input, and run failures whose message says why.
@@ -55,10 +55,13 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
                 message = f"rank {ctx.rank}: {explained}"
             else:
                 _record_end(self, f"internal error: {type(err).__name__}: {err}"[:500])
+                if not isinstance(err, SystemExit):
+                    announce_failure(ctx, f"internal error: {type(err).__name__}")
                 if many and not isinstance(err, SystemExit):
                     force_exit_after(EXIT_GRACE_S)
                 raise
             _record_end(self, f"failed: {message}"[:500])
+            announce_failure(ctx, message)
             printed = first_report(ctx, message)
             if many:
                 force_exit_after(EXIT_GRACE_S)
