@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.lifecycle import LONG_RUN_EXTRA
 from tests.helpers.netns import TwoHosts
-from tests.helpers.nsrun import cpu_env, ns_bin, read_stats, run_dir, train_args
+from tests.helpers.nsrun import REPO, cpu_env, ns_bin, read_stats, run_dir, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,10 @@ def hosts(request: pytest.FixtureRequest):  # noqa: ANN201
         made.close()
 
 
-def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str) -> List[subprocess.Popen]:
+def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequence[str] = (), fault: str = "") -> List[subprocess.Popen]:
     env = cpu_env()
+    if fault:
+        env["DISTSPLAT_TEST_FAULT"] = fault
     env["OMP_NUM_THREADS"] = "1"
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
@@ -67,7 +69,7 @@ def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str) -> List[subpr
         cmd = [ns_bin("torchrun"), "--nnodes", "2", "--node-rank", str(node), "--nproc_per_node", "1", "--max-restarts", "0",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}", "--rdzv-id", f"{timestamp}-{os.getpid()}",
                "--local-addr", hosts.addresses[node], "--rdzv-conf", f"is_host={1 if node == 0 else 0},{AGENT_RDZV_CONF}",
-               ns_bin("ns-train"), *args]
+               *(program or [ns_bin("ns-train")]), *args]
         procs.append(hosts.popen(node, cmd, env, str(out / f"host{node}.log")))
     return procs
 
@@ -91,11 +93,15 @@ def _ranks(proc: subprocess.Popen) -> List[psutil.Process]:
     found = []
     for child in psutil.Process(proc.pid).children():
         try:
-            if any("ns-train" in part for part in child.cmdline()):
+            if any("ns-train" in part or "ns_train_with_fault" in part for part in child.cmdline()):
                 found.append(child)
         except psutil.Error:
             continue
     return found
+
+
+def _ranks_alive(procs: List[subprocess.Popen]) -> bool:
+    return all(_ranks(proc) for proc in procs)
 
 
 @dataclass
@@ -194,3 +200,24 @@ def test_partition_with_tcp_retries2_5_ends_both_torchruns_in_bounded_time(hosts
         hosts.kill(0)
         hosts.kill(1)
     _assert_bounded(tmp_path, exits, "link cut, tcp_retries2=5", agents=[0, 1], lines=[0])
+
+
+STUCK_STEP = 12
+
+
+def test_stuck_rank_on_one_host_ends_both_hosts_in_bounded_time(hosts: TwoHosts, tmp_path: Path) -> None:
+    """Rank 1 (host 1) hangs outside any collective: rank 0 times out and announces it; rank 1's
+    torchrun sees nothing wrong, so only the abort watch (distributed/lifecycle.py) ends rank 1."""
+    program = [str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), str(STUCK_STEP), "1"]
+    procs = _launch(hosts, tmp_path, "stuck", "replicated", program=program, fault="hang")
+    try:
+        _wait_for_checkpoint(procs, tmp_path, "stuck")
+        deadline = time.monotonic() + 300
+        while "fault injection: this rank hangs" not in (tmp_path / "host1.log").read_text():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (tmp_path / "host1.log").read_text()[-3000:]
+            time.sleep(0.2)
+        exits = _exits(procs, time.monotonic(), BOUND_S + AGENT_EXTRA_S + 30)
+    finally:
+        hosts.kill(0)
+        hosts.kill(1)
+    _assert_bounded(tmp_path, exits, "rank 1 stuck", agents=[0, 1], lines=[0, 1])
