@@ -472,7 +472,8 @@ def announce_failure(ctx: DistContext, message: str) -> None:
     if store is None:
         return
     try:
-        bounded(lambda: store.compare_set(_ABORT_KEY, "", f"rank {ctx.rank}: {message}"[:400]))
+        told = message if message.startswith(f"rank {ctx.rank}:") else f"rank {ctx.rank}: {message}"
+        bounded(lambda: store.compare_set(_ABORT_KEY, "", told[:400]))
     except (RuntimeError, dist.DistError):
         pass
 
