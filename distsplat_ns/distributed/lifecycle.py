@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.rank0_work import rank0_work, wait_for_rank0_frame
+from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store
 from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
@@ -44,66 +46,7 @@ LOGGER = get_logger(__name__)
 
 T = TypeVar("T")
 
-_KEY_PREFIX = "distsplat/"
 _control_groups: dict = {}
-
-
-def _store() -> dist.Store | None:
-    """The default group's key-value store, or None without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.distributed_c10d._get_default_store()
-
-
-#: Seconds a store read or write on an error or shutdown path may take. The store lives on one host
-#: (torchrun's agent, or rank 0's); after a partition a TCPStore ``check``/``set`` blocks in
-#: ``recv()`` until the kernel gives up on TCP (measured 925 s, issue 20). Its host answers in
-#: milliseconds when it is alive, so 5 s only ever cuts off a lost one.
-STORE_REPLY_S = 5.0
-
-
-#: Set once the store failed to answer: later bounded calls fail at once (an error report makes
-#: several reads; each would wait again for a host that is gone).
-_LOST_STORE: list = []
-
-
-class StoreUnreachable(RuntimeError):
-    """The store did not answer within :data:`STORE_REPLY_S` (its host lost or partitioned)."""
-
-
-def store_address() -> str:
-    """Where the store lives, for messages (torchrun and ``env://`` set ``MASTER_ADDR``/``MASTER_PORT``)."""
-    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-
-
-def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
-    """``fn()`` in a daemon thread, abandoned after ``timeout_s``: for store operations on paths
-    that must end (error reports, shutdown), whose client has no timeout of its own.
-
-    Raises:
-        StoreUnreachable: ``fn`` did not return in time (the thread is left to the OS at exit).
-        Whatever ``fn`` raised.
-    """
-    if _LOST_STORE:
-        raise StoreUnreachable(_LOST_STORE[0])
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # noqa: BLE001 -- re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=run, name="distsplat-bounded-store", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        _LOST_STORE.append(f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
-                           "(its host is down or the network is partitioned)")
-        raise StoreUnreachable(_LOST_STORE[0])
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def _control_group(ctx: DistContext) -> dist.ProcessGroup | None:
@@ -181,94 +124,6 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
     raise RunFailure(outcome) from failure
 
 
-#: Seconds between two heartbeats of rank 0 while it works alone (:func:`rank0_work`).
-HEARTBEAT_S = 1.0
-
-
-@contextmanager
-def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_later: bool = False) -> Iterator[None]:
-    """The block is rank 0's own work (``what``, unique per call: "evaluation after step 40"); the
-    other ranks wait here until rank 0 has finished it, however long it takes, up to
-    ``ctx.rank0_work_timeout_s`` -- instead of waiting in their next collective, whose timeout it
-    would exhaust (issue 20: a 41 s evaluation failed a run at ``--collective-timeout-s 20``).
-
-    Rank 0 writes a heartbeat to the store every :data:`HEARTBEAT_S` while it works; a waiting rank
-    that sees none for ``ctx.timeout_s`` (rank 0 dead, its host lost) or cannot reach the store
-    fails, naming rank 0 and the store's address. A rank stuck anywhere else is still found by the
-    collective timeout: the others' collectives keep it.
-
-    Raises:
-        RunFailure: on a waiting rank, as above, or when rank 0's block raised (rank 0 reports why)
-            unless ``failure_told_later`` (the caller's next collective tells the others why:
-            :func:`agree_outcome`).
-
-    **Collective:** through the store; every rank enters the same windows (``active`` from values
-    every rank has) in the same order. No-op at ``world_size == 1`` or when not ``active``. Rank 0
-    evaluating for 41 s at ``--collective-timeout-s 20``: rank 1 waits 41 s and trains on.
-    """
-    store = _store() if (ctx.is_distributed and active) else None
-    if store is None:
-        yield
-        return
-    done_key = f"{_KEY_PREFIX}rank0-work/{what}"
-    beat_key = f"{_KEY_PREFIX}rank0-beat"
-    if ctx.is_main:
-        stop = threading.Event()
-
-        def beat() -> None:
-            count = 0
-            while not stop.wait(HEARTBEAT_S):
-                count += 1
-                try:
-                    store.set(beat_key, str(count))
-                except (RuntimeError, dist.DistError):
-                    return
-
-        thread = threading.Thread(target=beat, name="distsplat-rank0-heartbeat", daemon=True)
-        thread.start()
-        outcome = "failed"
-        try:
-            yield
-            outcome = "ok"
-        finally:
-            stop.set()
-            try:
-                bounded(lambda: store.set(done_key, outcome))
-            except (RuntimeError, dist.DistError):
-                pass  # the waiting ranks find the store gone themselves
-        return
-    yield  # nothing to do on this rank; then wait for rank 0
-    if _wait_for_rank0(ctx, store, what, done_key, beat_key) != "ok" and not failure_told_later:
-        raise RunFailure(f"rank 0 failed while {what} (rank 0 reports why)")
-
-
-def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: str, beat_key: str) -> str:
-    """Wait for rank 0's ``done_key``; returns its outcome ("ok" or "failed"). Polls with ``check``
-    (``store.wait`` logs two c10d warnings at every timeout)."""
-    started = last_change = time.monotonic()
-    last_beat: bytes | None = None
-    while True:
-        try:
-            if bounded(lambda: store.check([done_key])):
-                return bounded(lambda: store.get(done_key)).decode()
-            beat = bounded(lambda: store.get(beat_key) if store.check([beat_key]) else None)
-        except StoreUnreachable as lost:
-            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: {lost}") from lost
-        except (RuntimeError, dist.DistError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: the store at {store_address()} failed ({first})") from err
-        now = time.monotonic()
-        if beat != last_beat:
-            last_beat, last_change = beat, now
-        if now - last_change > ctx.timeout_s:
-            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: no heartbeat for {now - last_change:.0f} s "
-                             f"(--collective-timeout-s {ctx.timeout_s:g}; store at {store_address()})")
-        if now - started > ctx.rank0_work_timeout_s:
-            raise RunFailure(f"rank {ctx.rank}: rank 0 still {what} after {now - started:.0f} s "
-                             f"(--rank0-work-timeout-s {ctx.rank0_work_timeout_s:g})")
-        time.sleep(0.1)
-
-
 def _broadcast_text(ctx: DistContext, text: str) -> str:
     holder = [text if ctx.is_main else None]
     dist.broadcast_object_list(holder, src=0, group=_control_group(ctx))
@@ -285,13 +140,13 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
 
     **Collective:** none (one store write); no-op at ``world_size == 1``.
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is not None:
         if ctx.rank not in _HOSTS_TOLD:
             _HOSTS_TOLD.add(ctx.rank)
-            store.set(f"{_KEY_PREFIX}host/{ctx.rank}", _this_host())
+            store.set(f"{KEY_PREFIX}host/{ctx.rank}", _this_host())
             _ABORT_WATCH.start(ctx, store)
-        store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
+        store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
         if watch:
             _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
         else:
@@ -310,14 +165,14 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
     No-op at ``world_size == 1``. Rank 1 sleeping in phase "model ready" past the timeout: rank 0
     raises "start-up phase 'model ready': rank(s) [1] did not finish within 5 s ...".
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is None:
         return
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
     _WATCH.stop()
-    store.set(f"{_KEY_PREFIX}done/{name}/{ctx.rank}", "1")
-    store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
-    keys = [f"{_KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
+    store.set(f"{KEY_PREFIX}done/{name}/{ctx.rank}", "1")
+    store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
+    keys = [f"{KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except RuntimeError as err:  # DistStoreError: the wait timed out
@@ -398,7 +253,7 @@ class _PhaseWatch:
                              + "".join(traceback.format_list(stack[-12:])))
             sys.stderr.flush()
             try:
-                bounded(lambda: store.set(f"{_KEY_PREFIX}where/{ctx.rank}", note))
+                bounded(lambda: store.set(f"{KEY_PREFIX}where/{ctx.rank}", note))
             except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
                 pass
 
@@ -409,7 +264,7 @@ _WATCH = _PhaseWatch()
 #: it lost the store past the collective timeout) before its abort watch ends it: enough for a
 #: rank blocked in a collective to fail and report itself, which it does within the timeout.
 ABORT_GRACE_S = 20.0
-_ABORT_KEY = f"{_KEY_PREFIX}abort"
+_ABORT_KEY = f"{KEY_PREFIX}abort"
 
 
 class _AbortWatch:
@@ -468,7 +323,7 @@ _ABORT_WATCH = _AbortWatch()
 def announce_failure(ctx: DistContext, message: str) -> None:
     """Tell every rank's abort watch that this rank failed (bounded store write; a lost store is
     found by the watches themselves)."""
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is None:
         return
     try:
@@ -486,7 +341,7 @@ def stop_watching() -> None:
 
 def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:
     """The main thread's stack when it is not waiting on other ranks (inside ``torch.distributed``
-    or in :func:`finish_phase`'s barrier), else None. Keeps no frame: a frame held here would keep
+    or in :func:`finish_phase`'s barrier or :func:`rank0_work`'s wait), else None. Keeps no frame: a frame held here would keep
     the main thread's locals (a DataLoader iterator, whose workers then outlive the process's exit)."""
     frame = sys._current_frames().get(main_ident)
     try:
@@ -495,8 +350,8 @@ def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary |
             code = probe.f_code
             if f"{os.sep}torch{os.sep}distributed{os.sep}" in code.co_filename:
                 return None
-            if code.co_filename == __file__ and code.co_name == "finish_phase":
-                return None
+            if (code.co_filename, code.co_name) in ((__file__, "finish_phase"), wait_for_rank0_frame()):
+                return None  # waiting for other ranks, as in a collective
             probe = probe.f_back
         return None if frame is None else traceback.extract_stack(frame)
     finally:
@@ -517,7 +372,7 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
     if not ctx.is_distributed or not is_comm_failure(err):
         return None
     first = comm_error_summary(err)
-    store = _store()
+    store = default_store()
     where = ""
     if store is not None:
         try:
@@ -555,9 +410,9 @@ def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
     """Where every rank was last seen, and on which host (store reads: call it through :func:`bounded`)."""
     parts = []
     for r in range(ctx.world_size):
-        key, host_key = f"{_KEY_PREFIX}where/{r}", f"{_KEY_PREFIX}host/{r}"
-        host = f" ({store.get(host_key).decode()})" if store.check([host_key]) else ""
-        parts.append(f"rank {r}{host} {store.get(key).decode() if store.check([key]) else 'not started'}")
+        key, host_key = f"{KEY_PREFIX}where/{r}", f"{KEY_PREFIX}host/{r}"
+        host = f" (on {store.get(host_key).decode()})" if store.check([host_key]) else ""
+        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}{host}")
     return "last seen: " + ", ".join(parts)
 
 
@@ -569,10 +424,10 @@ def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
     **Collective:** through the store, never blocking longer than ``wait_s``; safe to call while
     other ranks are stuck or gone. Always True at ``world_size == 1`` or without a store.
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is None:
         return True
-    key = f"{_KEY_PREFIX}error/0"
+    key = f"{KEY_PREFIX}error/0"
     try:
         if ctx.is_main:
             bounded(lambda: store.set(key, message))

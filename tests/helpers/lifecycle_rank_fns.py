@@ -133,7 +133,7 @@ def slow_rank0_work(ctx, work_s: float) -> tuple:
     import torch
     import torch.distributed as dist
 
-    from distsplat_ns.distributed.lifecycle import rank0_work
+    from distsplat_ns.distributed.rank0_work import rank0_work
 
     t0 = time.monotonic()
     with rank0_work(ctx, "evaluating after step 0"):
@@ -150,7 +150,7 @@ def rank0_dies_in_its_work(ctx, out: str) -> str:
     import os
     from pathlib import Path
 
-    from distsplat_ns.distributed.lifecycle import rank0_work
+    from distsplat_ns.distributed.rank0_work import rank0_work
 
     t0 = time.monotonic()
     try:
