@@ -85,6 +85,7 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
     (``store.wait`` logs two c10d warnings at every timeout)."""
     started = last_change = time.monotonic()
     last_beat: bytes | None = None
+    delay_s = 0.001  # doubling to 0.1 s: a short window (the viewer's, every step) costs ~ms, a long one few polls
     while True:
         try:
             if bounded(lambda: store.check([done_key])):
@@ -104,7 +105,8 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
         if now - started > ctx.rank0_work_timeout_s:
             raise RunFailure(f"rank {ctx.rank}: rank 0 still {what} after {now - started:.0f} s "
                              f"(--rank0-work-timeout-s {ctx.rank0_work_timeout_s:g})")
-        time.sleep(0.1)
+        time.sleep(delay_s)
+        delay_s = min(0.1, delay_s * 2)
 
 
 def wait_for_rank0_frame() -> tuple:

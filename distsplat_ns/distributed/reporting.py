@@ -19,6 +19,7 @@ from distsplat_ns.distributed.collectives import NonFiniteGradientError, Replica
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.lifecycle import announce_failure, explain_comm_failure, first_report, stop_watching
 from distsplat_ns.utils.errors import RunFailure, UserError
+from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 #: Errors reported as their message alone: bad input, and run failures whose message says why.
 #: Everything else is an internal error and keeps its traceback.
@@ -62,6 +63,7 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
                 raise
             _record_end(self, f"failed: {message}"[:500])
             announce_failure(ctx, message)
+            remove_orphan_semaphores()  # a rank of this host that was SIGKILLed left its semaphores
             printed = first_report(ctx, message)
             if many:
                 force_exit_after(EXIT_GRACE_S)
