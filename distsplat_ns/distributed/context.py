@@ -22,8 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.utils.errors import UserError
+from distsplat_ns.distributed.restart import restart_count
+from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
+from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
+from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 LOGGER = get_logger(__name__)
 
@@ -39,6 +42,8 @@ class DistContext:
         device: The device this process computes on (``cuda:<local_rank>`` or ``cpu``).
         backend: ``"nccl"``, ``"gloo"`` or ``None`` when ``world_size == 1``.
         timeout_s: Collective timeout in seconds: a rank that stops answering ends the run.
+        rank0_work_timeout_s: How long the other ranks wait for rank 0's own work (evaluation,
+            checkpoint writing) while its heartbeat says it is alive (``lifecycle.rank0_work``).
     """
 
     rank: int = 0
@@ -47,6 +52,7 @@ class DistContext:
     device: torch.device = torch.device("cpu")
     backend: str | None = None
     timeout_s: float = 600.0
+    rank0_work_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -75,7 +81,8 @@ def _env_int(name: str) -> int | None:
 
 
 def init_distributed(
-    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto"
+    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto",
+    rank0_work_timeout_s: float = 3600.0,
 ) -> DistContext:
     """Create (or adopt) the process group and bind this process to its device.
 
@@ -126,13 +133,26 @@ def init_distributed(
             backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
         if device_type == "cuda":
             torch.cuda.set_device(_device_index(local_rank))
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            world_size=world_size,
-            rank=rank,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        choose_socket_interface(backend)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            store = attempt_store(world_size, timeout)
+            dist.init_process_group(
+                backend=backend,
+                init_method=None if store is not None else "env://",
+                store=store,
+                world_size=world_size,
+                rank=rank,
+                timeout=timeout,
+            )
+        except (RuntimeError, dist.DistError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
+            raise RunFailure(
+                f"rank {rank}: could not join the process group through "
+                f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({first}); "
+                f"every host must reach that address, and its sockets use the interface {ifnames}"
+            ) from err
     else:
         rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
 
@@ -148,14 +168,38 @@ def init_distributed(
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     set_log_rank(rank)
+    if local_rank == 0:
+        removed = remove_orphan_semaphores()  # what ranks SIGKILLed earlier on this host left
+        if removed:
+            LOGGER.info("removed %d semaphore(s) of processes that are gone from /dev/shm", removed)
     if world_size > 1:
         exit_with_launcher()
     ctx = DistContext(
-        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s,
+        rank0_work_timeout_s=rank0_work_timeout_s,
     )
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
     return ctx
+
+
+def attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with a prefix of this attempt's own: None elsewhere
+    (``env://`` then creates the store).
+
+    torchrun's workers are clients of the agent's store (``TORCHELASTIC_USE_AGENT_STORE``), and a
+    restart (``--max-restarts``) reuses that store and its keys: ``env://`` adds no prefix per
+    attempt, so the restarted ranks read the addresses gloo's full mesh published in the failed
+    attempt (measured: "Gloo connectFullMesh failed ... Connection refused", or both ranks waiting
+    in ``_create_gloo_process_group``; issue 20), and the lifecycle's barrier keys are already set.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if not host or port is None:
+        raise UserError("TORCHELASTIC_USE_AGENT_STORE is set but MASTER_ADDR/MASTER_PORT are not: launch with torchrun")
+    client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    return dist.PrefixStore(f"distsplat/attempt-{restart_count()}", client)
 
 
 def auto_backend(device_type: str, local_world_size: int | None) -> str:
@@ -219,6 +263,7 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group if this process created or joined one."""
+    """Destroy the process group if this process created or joined one (the lifecycle's abort
+    watch then stops by itself)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

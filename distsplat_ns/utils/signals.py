@@ -46,7 +46,10 @@ class StopSignals:
         if self.signum is None:
             self.signum = signum
             self._first_at = now
-            LOGGER.warning("%s received: stopping at the end of this step and saving a checkpoint", signal.Signals(signum).name)
+            # Not "saving a checkpoint": under torchrun this signal usually means another rank died,
+            # and nothing can be saved then; the end of the run says what was saved (issue 20).
+            LOGGER.warning("%s received: asking every rank to stop after this step (the step is saved if they all can)",
+                           signal.Signals(signum).name)
         elif now - self._first_at > self._force_after_s:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
 

@@ -39,8 +39,11 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, device_type: str = "cpu",
-              backend: str = "auto") -> list[Any]:
+              backend: str = "auto", deadline_s: float | None = None) -> list[Any]:
     """``[fn(ctx_rank0, *args), ..., fn(ctx_rankW-1, *args)]`` computed on W gloo processes.
+
+    ``timeout_s`` is the ranks' collective timeout; the ranks must finish within ``deadline_s``
+    (default twice that).
 
     ``fn`` must be a module-level function (it is pickled into spawned processes).
 
@@ -55,12 +58,13 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.
         p.start()
     results: dict[int, Any] = {}
     errors = []
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s * 2)
+    deadline_s = timeout_s * 2 if deadline_s is None else deadline_s
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=deadline_s)
     try:
         while len(results) + len(errors) < world_size:
             remaining = (deadline - datetime.datetime.now()).total_seconds()
             if remaining <= 0:
-                raise RuntimeError(f"ranks did not finish within {timeout_s * 2:.0f}s")
+                raise RuntimeError(f"ranks did not finish within {deadline_s:.0f}s")
             rank, status, value = queue.get(timeout=remaining)
             if status == "ok":
                 results[rank] = pickle.loads(value)
