@@ -31,16 +31,19 @@ def _adam(lr: float) -> AdamOptimizerConfig:
     return AdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
-def distsplat_trainer_config(model: Optional[DistSplatModelConfig] = None) -> DistSplatTrainerConfig:
+def distsplat_trainer_config(model: Optional[DistSplatModelConfig] = None, method_name: str = "distsplat") -> DistSplatTrainerConfig:
     """Splatfacto's schedule and learning rates, with the distsplat pipeline and trainer.
 
     ``max_num_iterations`` counts training images (at the default batch size of 1, steps).
 
     Args:
         model: The model's configuration; splatfacto's defaults when None.
+        method_name: The CLI name and output folder. Each variant needs its own: nerfstudio 1.1.5
+            keys plugin methods by ``method_name`` (``nerfstudio/plugins/registry.py``), so a
+            variant sharing ``distsplat`` would replace it.
     """
     return DistSplatTrainerConfig(
-        method_name="distsplat",
+        method_name=method_name,
         steps_per_eval_image=100,
         steps_per_eval_batch=0,
         steps_per_save=2000,
@@ -84,11 +87,12 @@ def distsplat_big_trainer_config() -> DistSplatTrainerConfig:
     """splatfacto-big's settings: more Gaussians kept (culled below opacity 0.005, not 0.1) and
     fewer grown (position-gradient threshold 0.0005, not 0.0002); everything else is ``distsplat``'s.
 
-    As nerfstudio's variants, the method name (the output folder) stays ``distsplat``. splatfacto-big's
+    Its method name (CLI name and output folder) is ``distsplat-big``: nerfstudio's built-in variants
+    share ``splatfacto``, but a plugin's variant must not share ``distsplat`` (it would replace it). splatfacto-big's
     other difference, the bilateral grid's learning rate (5e-3), has no group here while the grid is
     refused (``DistSplatModelConfig``).
     """
-    return distsplat_trainer_config(DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005))
+    return distsplat_trainer_config(DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), "distsplat-big")
 
 
 distsplat_big = MethodSpecification(

@@ -31,6 +31,16 @@ def test_big_carries_splatfacto_bigs_model_settings() -> None:
 
 def test_big_keeps_distsplats_trainer_and_optimizers() -> None:
     big, base = registry.distsplat_big.config, registry.distsplat.config
-    assert big.method_name == base.method_name == "distsplat"  # nerfstudio's variants share the method name
+    assert (base.method_name, big.method_name) == ("distsplat", "distsplat-big")
     assert big.optimizers == base.optimizers and big.max_num_iterations == base.max_num_iterations
     assert type(big.pipeline) is type(base.pipeline) and type(big.pipeline.datamanager) is type(base.pipeline.datamanager)
+
+
+def test_every_variant_is_listed_under_its_own_name() -> None:
+    """nerfstudio keys plugin methods by ``method_name``: a variant sharing one replaces the other."""
+    from nerfstudio.plugins.registry import discover_methods
+
+    methods, descriptions = discover_methods()
+    assert {"distsplat", "distsplat-big"} <= set(methods)
+    assert methods["distsplat"].pipeline.model.cull_alpha_thresh == registry.distsplat.config.pipeline.model.cull_alpha_thresh
+    assert methods["distsplat-big"].pipeline.model.cull_alpha_thresh == 0.005
