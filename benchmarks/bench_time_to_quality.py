@@ -32,7 +32,7 @@ its final PSNR gap.
 
 Scene: /work/shared/data/bird (real capture, 184 phone-video frames 544x960 with COLMAP poses and
 points; MIT license of github.com/Michael-Yi-Rong/NeRF-Pytorch, see its PROVENANCE.txt), decoded
-at 1/4 (136x240 px) for the full size and 1/8 (68x120) for --quick. nerfstudio's colmap
+at 1/6 (90x160 px) for the full size and 1/8 (68x120) for --quick. nerfstudio's colmap
 dataparser holds out every 8th image (eval split: 23 images).
 
 Usage:
@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -68,7 +68,7 @@ class Size:
     """One benchmark size: the scene, its resolution and the schedule, the same for every run."""
 
     downscale: int
-    """colmap --downscale-factor: 4 = 136x240 px for bird."""
+    """colmap --downscale-factor: 6 = 90x160 px for bird."""
     images: int
     """Training images per run (--max-num-iterations counts images in distsplat)."""
     every: int
@@ -82,9 +82,11 @@ class Size:
 SIZES = {
     # ~3 min of training on 2 cores + eval: checks the whole path, figures too short to mean much.
     "quick": Size(downscale=8, images=120, every=40, warmup=40, refine_every=40),
-    # Budgeted for <= 15 min total on 2 idle cores (5 runs + eval; ~0.18 s per image at ~30k px on
-    # one core, issue 21's first measurement); 600 images = ~3.7 epochs of bird's 161 training views.
-    "full": Size(downscale=4, images=600, every=100, warmup=200, refine_every=100),
+    # Budgeted for <= 15 min total on 2 idle cores, 5 runs + eval: a 1/6-resolution run here cost
+    # ~0.25 s of CPU per image on one core (150 images, 2026-12-01), so ~150 s for the 1-rank run,
+    # ~400 s for the four 2-rank runs, ~100 s of start-up, ~150 s of eval. 600 images = ~3.7 epochs
+    # of bird's 161 training views; refinement at 200, 300, 400 and 500 images.
+    "full": Size(downscale=6, images=600, every=100, warmup=100, refine_every=100),
 }
 
 
@@ -342,7 +344,7 @@ def plot(result: dict, path: Path) -> None:
     ratios = ", ".join(f"{n}: {'%.2fx' % r['ratio'] if r['ratio'] is not None else 'not reached'}"
                        for n, r in result["ratios_to_1_rank_final_psnr"].items())
     fig.suptitle(f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
-                 f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load {result['loadavg_start']}\n"
+                 f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {' '.join(result['loadavg_start'].split()[:3])}\n"
                  f"time to the 1-rank final PSNR (grey) / 1-rank wall time:\n{ratios}", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +389,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the validation size (SIZES['quick'])")
     parser.add_argument("--world-size", type=int, default=2, help="W, the ranks of the multi-rank runs")
+    parser.add_argument("--images", type=int, default=None, help="override the size's training images per run")
+    parser.add_argument("--every", type=int, default=None, help="override the size's images between checkpoints")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--seed", type=int, default=42)
@@ -416,6 +420,10 @@ def main() -> None:
     if not (args.data / "sparse" / "0").is_dir():
         raise SystemExit(f"error: --data {args.data} has no sparse/0 (a COLMAP scene is expected)")
     size = SIZES[size_name]
+    if args.images is not None or args.every is not None:
+        size = replace(size, images=args.images or size.images, every=args.every or size.every)
+    if size.images < size.every or size.every % args.world_size:
+        raise SystemExit(f"error: --images {size.images} must be >= --every {size.every}, a multiple of --world-size {args.world_size}")
     out_json = args.out or REPO / "benchmarks" / "results" / f"time_to_quality_{size_name}_{dt.date.today().isoformat()}.json"
     work = args.keep_runs or Path(tempfile.mkdtemp(prefix="ttq_"))
     t_start = time.perf_counter()
@@ -486,13 +494,13 @@ def _provenance(path: Path) -> str:
 
 
 def _resolution(data: Path, downscale: int) -> str:
-    """``WxH`` of the first image decoded at 1/``downscale`` (the dataparser's rounding)."""
+    """``WxH`` of the first image at 1/``downscale``, truncated as nerfstudio's camera rescale does."""
     from PIL import Image
 
     first = sorted((data / "images").iterdir())[0]
     with Image.open(first) as im:
         width, height = im.size
-    return f"{round(width / downscale)}x{round(height / downscale)}"
+    return f"{int(width / downscale)}x{int(height / downscale)}"
 
 
 if __name__ == "__main__":
