@@ -202,11 +202,20 @@ def _loadavg() -> str:
         return "unavailable"
 
 
+def _ns_train() -> str:
+    """ns-train next to this interpreter (a venv), else on PATH (gpu_check.sh's --target site/bin)."""
+    beside = BIN / "ns-train"
+    found = str(beside) if beside.exists() else shutil.which("ns-train")
+    if found is None:
+        raise SystemExit("error: ns-train is neither next to this Python nor on PATH")
+    return found
+
+
 def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> List[str]:
     if size.every % spec.batch_size:
         raise ValueError(f"--every {size.every} must be a multiple of the batch size {spec.batch_size}")
     train = [
-        str(BIN / "ns-train"), "distsplat",
+        _ns_train(), "distsplat",
         "--output-dir", str(out), "--experiment-name", "ttq", "--timestamp", spec.name,
         "--machine.device-type", device, "--machine.seed", str(seed),
         "--max-num-iterations", str(size.images),
@@ -221,7 +230,7 @@ def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str
         "--downscale-factor", str(size.downscale),
     ]
     if spec.world_size > 1:
-        train = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node", str(spec.world_size), *train]
+        train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec.world_size), *train]
     if device == "cpu":
         cores = ",".join(str(c) for c in range(spec.world_size))
         train = ["taskset", "-c", cores, *train]
