@@ -78,6 +78,7 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert steps["gsplat_build"]["status"] == "skipped"
+    assert steps["time_to_quality"]["status"] == "skipped" and "dry run" in steps["time_to_quality"]["detail"]
     log = calls.read_text().splitlines()
     pip_calls = [line for line in log if "ARGS=-m pip install" in line]
     if not install:
