@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import os
 import platform
@@ -53,9 +54,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -100,7 +101,7 @@ class RunSpec:
     batch_size: int
 
 
-def run_specs(world_size: int) -> List[RunSpec]:
+def run_specs(world_size: int) -> list[RunSpec]:
     """The 1-rank reference and the W-rank runs (replicated and sharded at B = 1 and B = W)."""
     specs = [RunSpec("w1_b1", 1, "replicated", 1)]
     for parallel in ("replicated", "sharded"):
@@ -110,7 +111,7 @@ def run_specs(world_size: int) -> List[RunSpec]:
 
 
 # ----------------------------------------------------------------------------- pure parts
-def cumulative_step_times(step_times: Dict[int, float], steps: Sequence[int]) -> List[float]:
+def cumulative_step_times(step_times: dict[int, float], steps: Sequence[int]) -> list[float]:
     """Wall time at the end of each of ``steps``: the sum of the step durations up to and including it.
 
     Args:
@@ -137,7 +138,7 @@ def cumulative_step_times(step_times: Dict[int, float], steps: Sequence[int]) ->
     return [running[s] for s in steps]
 
 
-def time_to_reach(times: Sequence[float], values: Sequence[float], target: float) -> Optional[float]:
+def time_to_reach(times: Sequence[float], values: Sequence[float], target: float) -> float | None:
     """First time a piecewise-linear curve reaches ``target`` (from below), or None if it never does.
 
     Args:
@@ -154,9 +155,9 @@ def time_to_reach(times: Sequence[float], values: Sequence[float], target: float
     """
     if len(times) != len(values):
         raise ValueError(f"times and values must have the same length, got {len(times)} and {len(values)}")
-    if any(b <= a for a, b in zip(times, times[1:])):
+    if any(b <= a for a, b in itertools.pairwise(times)):
         raise ValueError(f"times must increase, got {list(times)}")
-    for i, (t, v) in enumerate(zip(times, values)):
+    for i, (t, v) in enumerate(zip(times, values, strict=False)):
         if v >= target:
             if i == 0:
                 return float(t)
@@ -165,7 +166,7 @@ def time_to_reach(times: Sequence[float], values: Sequence[float], target: float
     return None
 
 
-def ratios_to_reference(curves: Dict[str, Dict[str, List[float]]], reference: str) -> Dict[str, dict]:
+def ratios_to_reference(curves: dict[str, dict[str, list[float]]], reference: str) -> dict[str, dict]:
     """For each curve but ``reference``: time to reach the reference's final value, over its last time.
 
     Args:
@@ -211,7 +212,7 @@ def _ns_train() -> str:
     return found
 
 
-def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> List[str]:
+def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> list[str]:
     if size.every % spec.batch_size:
         raise ValueError(f"--every {size.every} must be a multiple of the batch size {spec.batch_size}")
     train = [
@@ -237,11 +238,11 @@ def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str
     return train
 
 
-def _step_times(run_dir: Path) -> Dict[int, float]:
+def _step_times(run_dir: Path) -> dict[int, float]:
     """Each step's duration from the run's tensorboard file (rank 0's ``ITER_TRAIN_TIME``)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    times: Dict[int, float] = {}
+    times: dict[int, float] = {}
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
         acc.Reload()
@@ -257,7 +258,7 @@ def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, see
     print(f"[ttq] training {spec.name}: {' '.join(cmd)}", flush=True)
     load_before = _loadavg()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     command_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"error: run {spec.name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -291,7 +292,7 @@ def evaluate_checkpoints(run_dir: Path, steps: Sequence[int], result_path: Path)
     import torch
     from nerfstudio.utils.eval_utils import eval_setup
 
-    def first_step(config):  # noqa: ANN001, ANN202 - nerfstudio's TrainerConfig
+    def first_step(config):
         config.load_step = steps[0]
         # Decode in this process: eval DataLoader workers start per pass, and on a loaded machine
         # their start-up varied 2-90 s per pass (validation run, load ~6).
@@ -322,7 +323,7 @@ def eval_run(run: dict) -> dict:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
         print(f"[ttq] evaluating {run['spec']['name']}: {len(run['checkpoint_steps'])} checkpoints", flush=True)
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"error: eval of {run['run_dir']} failed:\n{proc.stderr[-4000:]}")
         out = json.loads(result.read_text())
@@ -339,7 +340,7 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (ax_t, ax_i) = plt.subplots(1, 2, figsize=(10, 4), dpi=90)
     for name, run in result["runs"].items():
-        style = dict(marker="o", ms=3, label=name, ls="--" if run["spec"]["parallel"] == "sharded" else "-")
+        style = {"marker": "o", "ms": 3, "label": name, "ls": "--" if run["spec"]["parallel"] == "sharded" else "-"}
         ax_t.plot(run["points_wall_s"], run["points_psnr"], **style)
         ax_i.plot(run["points_images"], run["points_psnr"], **style)
     target = result["target_psnr"]
@@ -350,7 +351,7 @@ def plot(result: dict, path: Path) -> None:
     ax_t.set_xlabel("training wall time (s, eval excluded)")
     ax_i.set_xlabel("images trained")
     ax_i.legend(fontsize=8)
-    ratios = ", ".join(f"{n}: {'%.2fx' % r['ratio'] if r['ratio'] is not None else 'not reached'}"
+    ratios = ", ".join(f"{n}: {'{:.2f}x'.format(r['ratio']) if r['ratio'] is not None else 'not reached'}"
                        for n, r in result["ratios_to_1_rank_final_psnr"].items())
     fig.suptitle(f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
                  f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {' '.join(result['loadavg_start'].split()[:3])}\n"
@@ -363,15 +364,15 @@ def plot(result: dict, path: Path) -> None:
 def markdown_table(result: dict) -> str:
     """The result as a markdown table (one row per run), with the settings and load above it."""
     lines = [
-        f"`{result['command']}` ({result['date_utc']}, {result['device']}, {result['pinning']}; "
-        f"load average {result['loadavg_start']} at the start, {result['loadavg_end']} at the end).",
-        f"Scene {result['scene_name']} at {result['resolution_px']} px ({result['scene_license']}), "
+        (f"`{result['command']}` ({result['date_utc']}, {result['device']}, {result['pinning']}; "
+        f"load average {result['loadavg_start']} at the start, {result['loadavg_end']} at the end)."),
+        (f"Scene {result['scene_name']} at {result['resolution_px']} px ({result['scene_license']}), "
         f"{result['size_settings']['images']} images per run, seed {result['seed']}; eval on "
         f"{next(iter(result['runs'].values()))['eval']['num_eval_images']} held-out images. "
-        f"Target: {result['target']}.",
+        f"Target: {result['target']}."),
         "",
-        "| run | ranks | mode | B | final PSNR (dB) | train wall at last point (s) | images/s | "
-        f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | eval time (s) |",
+        ("| run | ranks | mode | B | final PSNR (dB) | train wall at last point (s) | images/s | "
+        f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | eval time (s) |"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = result["ratios_to_1_rank_final_psnr"]
@@ -437,7 +438,7 @@ def main() -> None:
     work = args.keep_runs or Path(tempfile.mkdtemp(prefix="ttq_"))
     t_start = time.perf_counter()
     loadavg_start = _loadavg()
-    runs: Dict[str, dict] = {}
+    runs: dict[str, dict] = {}
     try:
         for spec in run_specs(args.world_size):
             runs[spec.name] = train_run(spec, size, work, args.data, device, args.seed)
@@ -506,7 +507,7 @@ def _resolution(data: Path, downscale: int) -> str:
     """``WxH`` of the first image at 1/``downscale``, truncated as nerfstudio's camera rescale does."""
     from PIL import Image
 
-    first = sorted((data / "images").iterdir())[0]
+    first = min((data / "images").iterdir())
     with Image.open(first) as im:
         width, height = im.size
     return f"{int(width / downscale)}x{int(height / downscale)}"

@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 
 def count_flags() -> None:
@@ -67,9 +68,9 @@ def _code_lines(node: ast.AST, lines: list) -> int:
         if not isinstance(sub, (ast.FunctionDef, ast.ClassDef)) or not body:
             continue
         for i, stmt in enumerate(body):  # the docstring, and attribute docstrings of dataclass fields
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-                if i == 0 or isinstance(sub, ast.ClassDef):
-                    doc.update(range(stmt.lineno, stmt.end_lineno + 1))
+            if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+                    and (i == 0 or isinstance(sub, ast.ClassDef))):
+                doc.update(range(stmt.lineno, stmt.end_lineno + 1))
     return sum(
         1 for ln in range(node.lineno, node.end_lineno + 1)
         if ln not in doc and lines[ln - 1].strip() and not lines[ln - 1].strip().startswith("#")
@@ -79,7 +80,7 @@ def _code_lines(node: ast.AST, lines: list) -> int:
 def count_lines(rev: str) -> None:
     total = total_code = 0
     for path, names in PATHS.get(rev, PATHS["WORKTREE"]).items():
-        src = open(path).read() if rev == "WORKTREE" else subprocess.check_output(["git", "show", f"{rev}:{path}"], text=True)
+        src = Path(path).read_text() if rev == "WORKTREE" else subprocess.check_output(["git", "show", f"{rev}:{path}"], text=True)
         tree = ast.parse(src)
         lines = src.splitlines()
         found = {}

@@ -17,13 +17,13 @@ import datetime
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.distributed.restart import restart_count
 from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
+from distsplat_ns.distributed.restart import restart_count
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 from distsplat_ns.utils.shm import remove_orphan_semaphores
@@ -49,7 +49,7 @@ class DistContext:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
     timeout_s: float = 600.0
     rank0_work_timeout_s: float = 3600.0
@@ -162,7 +162,7 @@ def init_distributed(
         device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
-        local_world = _env_int("LOCAL_WORLD_SIZE") or (world_size if world_size > 1 else 1)
+        local_world = _env_int("LOCAL_WORLD_SIZE") or (max(1, world_size))
         if local_world > 1:
             # CPU ranks on one host share its cores; torch's default of one thread per core in every
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Dict, Optional
 
 import psutil
 
@@ -37,14 +36,14 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def _resolve(name: str) -> Optional[str]:
+def _resolve(name: str) -> str | None:
     try:
         return socket.getaddrinfo(name, None, socket.AF_INET)[0][4][0]
     except (OSError, IndexError):
         return None
 
 
-def route_source_address(destination: str, port: int) -> Optional[str]:
+def route_source_address(destination: str, port: int) -> str | None:
     """The local IPv4 address the kernel routes ``destination`` from (a UDP ``connect`` sends nothing)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
@@ -56,7 +55,7 @@ def route_source_address(destination: str, port: int) -> Optional[str]:
         probe.close()
 
 
-def interface_of(address: str) -> Optional[str]:
+def interface_of(address: str) -> str | None:
     """The interface holding IPv4 ``address``, or None."""
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == address for a in addrs):
@@ -64,7 +63,7 @@ def interface_of(address: str) -> Optional[str]:
     return None
 
 
-def choose_socket_interface(backend: str, env: Optional[Dict[str, str]] = None) -> Optional[str]:
+def choose_socket_interface(backend: str, env: dict[str, str] | None = None) -> str | None:
     """Set the socket interface variable(s) in ``env`` (default ``os.environ``) when none is set,
     this host's name resolves to a loopback address and the rendezvous address does not.
 

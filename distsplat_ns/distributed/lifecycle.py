@@ -21,6 +21,7 @@ The phase and error keys travel through the process group's key-value store (tor
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import re
 import socket
@@ -36,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.distributed.rank0_work import rank0_work, wait_for_rank0_frame
 from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store
-from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
 
@@ -253,7 +254,7 @@ class _PhaseWatch:
                              + "".join(traceback.format_list(stack[-12:])))
             sys.stderr.flush()
             try:
-                bounded(lambda: store.set(f"{KEY_PREFIX}where/{ctx.rank}", note))
+                bounded(functools.partial(store.set, f"{KEY_PREFIX}where/{ctx.rank}", note))
             except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
                 pass
 

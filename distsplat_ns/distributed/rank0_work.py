@@ -18,7 +18,6 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store, store_address
 from distsplat_ns.utils.errors import RunFailure
 
-
 #: Seconds between two heartbeats of rank 0 while it works alone (:func:`rank0_work`).
 HEARTBEAT_S = 1.0
 

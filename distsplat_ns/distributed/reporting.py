@@ -13,7 +13,6 @@ import shutil
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
 
 from distsplat_ns.distributed.collectives import NonFiniteGradientError, ReplicaDriftError
 from distsplat_ns.distributed.context import DistContext
@@ -27,7 +26,7 @@ REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError,
                    NonFiniteGradientError, ReplicaDriftError)
 
 
-def report_user_errors(method):  # noqa: ANN001, ANN202
+def report_user_errors(method):
     """Report bad input and run failures as their whole message and a non-zero exit.
 
     When every rank fails with the same message, rank 0 alone prints it; a rank whose message
@@ -37,7 +36,7 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
     """
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except BaseException as err:
@@ -95,14 +94,14 @@ def force_exit_after(seconds: float) -> None:
     timer.start()
 
 
-def _record_end(trainer, cause: str) -> None:  # noqa: ANN001
+def _record_end(trainer, cause: str) -> None:
     """Record the failure in the run's attempt log (rank 0; ``distributed/restart.py``)."""
     attempts = getattr(trainer, "attempts", None)
     if attempts is not None:
         attempts.end(getattr(trainer, "step", None), cause)
 
 
-def _own_run_dir(trainer, args: tuple) -> Optional[Path]:  # noqa: ANN001
+def _own_run_dir(trainer, args: tuple) -> Path | None:
     """The run folder ns-train created for this rank's config, when the trainer failed before
     agreeing on one (e.g. in ``init_process_group``): the config is the first argument."""
     config = getattr(trainer, "config", None) or (args[0] if args else None)
@@ -113,7 +112,7 @@ def _own_run_dir(trainer, args: tuple) -> Optional[Path]:  # noqa: ANN001
         return None
 
 
-def remove_unused_run_dir(base_dir: Optional[Path]) -> None:
+def remove_unused_run_dir(base_dir: Path | None) -> None:
     """Remove ``base_dir`` when it holds nothing but ``config.yml`` (ns-train writes it before the
     trainer starts): a run that failed before doing anything leaves no empty run folder."""
     if base_dir is not None and base_dir.is_dir() and {p.name for p in base_dir.iterdir()} <= {"config.yml"}:

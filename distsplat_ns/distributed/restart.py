@@ -23,7 +23,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from distsplat_ns.utils.errors import UserError
 
@@ -44,12 +44,12 @@ def restart_count() -> int:
         raise UserError(f"environment variable TORCHELASTIC_RESTART_COUNT must be an integer, got {value!r}") from err
 
 
-def elastic_run_id() -> Optional[str]:
+def elastic_run_id() -> str | None:
     """torchrun's ``--rdzv-id`` (the same in every restart of one torchrun job), or None."""
     return os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
-def checkpoint_steps(folder: Path) -> List[int]:
+def checkpoint_steps(folder: Path) -> list[int]:
     """Steps of the complete checkpoints in ``folder`` (final names only, non-empty), ascending."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -74,15 +74,15 @@ def _same_folder(a: Path, b: Path) -> bool:
 class ResumeChoice:
     """The checkpoint a launch loads (None: train from scratch) and one line saying why."""
 
-    path: Optional[Path]
+    path: Path | None
     reason: str
 
 
 def choose_checkpoint(
     run_checkpoint_dir: Path,
-    load_dir: Optional[Path],
-    load_step: Optional[int],
-    load_checkpoint: Optional[Path],
+    load_dir: Path | None,
+    load_step: int | None,
+    load_checkpoint: Path | None,
     existing: str,
     restarts: int,
 ) -> ResumeChoice:
@@ -129,8 +129,8 @@ def choose_checkpoint(
     return ResumeChoice(explicit, f"resuming from {explicit}")
 
 
-def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Optional[Path], load_step: Optional[int],
-                         load_checkpoint: Optional[Path]) -> Optional[Path]:
+def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Path | None, load_step: int | None,
+                         load_checkpoint: Path | None) -> Path | None:
     if load_dir is not None:
         load_dir = Path(load_dir)
         own_folder = _same_folder(load_dir, run_checkpoint_dir)
@@ -155,7 +155,7 @@ def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Optional[Path], loa
     return None
 
 
-def previous_timestamp(method_dir: Path, run_id: Optional[str]) -> Optional[str]:
+def previous_timestamp(method_dir: Path, run_id: str | None) -> str | None:
     """The run folder name an earlier attempt of this torchrun job used, found by its run id in
     the folders' attempt logs (a restart keeps ``--rdzv-id`` but ns-train stamps a new timestamp
     unless ``--timestamp`` was given)."""
@@ -182,7 +182,7 @@ class AttemptLog:
     def __init__(self, run_dir: Path, enabled: bool) -> None:
         self.path = Path(run_dir) / ATTEMPTS_FILENAME
         self.enabled = enabled
-        self.attempts: List[Dict[str, Any]] = []
+        self.attempts: list[dict[str, Any]] = []
 
     def begin(self, start_step: int, world_size: int) -> None:
         """Start this launch's record; an earlier attempt still marked running ended unrecorded."""
@@ -208,7 +208,7 @@ class AttemptLog:
             self.attempts[-1]["last_saved_step"] = step
             self._write()
 
-    def end(self, end_step: Optional[int], cause: str) -> None:
+    def end(self, end_step: int | None, cause: str) -> None:
         """Record how this attempt ended (once: a later call does nothing)."""
         if not (self.enabled and self.attempts) or self.attempts[-1]["cause"] != "running":
             return

@@ -7,7 +7,8 @@ import os
 import pickle
 import socket
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -34,7 +35,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         # that vanish when this process exits before the parent reads them.
         queue.put((rank, "ok", pickle.dumps(result)))
         shutdown_distributed()
-    except BaseException as err:  # report to the parent, which fails the test
+    except BaseException as err:  # noqa: BLE001 -- report to the parent, which fails the test
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Sequence
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -25,13 +25,13 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 class TwoHosts:
     """Namespaces ``names[i]`` with veth ``links[i]`` at ``addresses[i]``."""
 
-    names: List[str]
-    links: List[str]
-    addresses: List[str]
-    created: List[str] = field(default_factory=list)
+    names: list[str]
+    links: list[str]
+    addresses: list[str]
+    created: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, tag: str, tcp_retries2: int | None = None) -> "TwoHosts":
+    def create(cls, tag: str, tcp_retries2: int | None = None) -> TwoHosts:
         """Make both namespaces; raises ``PermissionError`` with ip's message where it is refused.
 
         ``tcp_retries2``: the namespaces' ``net.ipv4.tcp_retries2`` (None: the kernel's default,
@@ -47,7 +47,7 @@ class TwoHosts:
                     raise PermissionError(f"ip netns add {name}: {proc.stderr.strip()}")
                 hosts.created.append(name)
             _ip("link", "add", hosts.links[0], "type", "veth", "peer", "name", hosts.links[1])
-            for name, link, address in zip(hosts.names, hosts.links, hosts.addresses):
+            for name, link, address in zip(hosts.names, hosts.links, hosts.addresses, strict=False):
                 _ip("link", "set", link, "netns", name)
                 _ip("-n", name, "addr", "add", f"{address}/24", "dev", link)
                 _ip("-n", name, "link", "set", "lo", "up")
@@ -65,13 +65,13 @@ class TwoHosts:
         return subprocess.Popen(["ip", "netns", "exec", self.names[host], *cmd], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, stdin=subprocess.DEVNULL)
 
-    def pids(self, host: int) -> List[int]:
+    def pids(self, host: int) -> list[int]:
         proc = _ip("netns", "pids", self.names[host], check=False)
         return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
 
     def cut(self) -> None:
         """Take the link down on both ends: neither host reaches the other; both stay up."""
-        for name, link in zip(self.names, self.links):
+        for name, link in zip(self.names, self.links, strict=False):
             _ip("-n", name, "link", "set", link, "down")
 
     def kill(self, host: int) -> None:

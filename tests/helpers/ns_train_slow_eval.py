@@ -22,7 +22,7 @@ def main() -> None:
     logger = get_logger("ns_train_slow_eval")
     original = DistSplatPipeline.get_average_eval_image_metrics
 
-    def slow(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def slow(self, *args, **kwargs):
         logger.warning("test hook: the full evaluation sleeps %.0f s first", delay_s)
         time.sleep(delay_s)
         return original(self, *args, **kwargs)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 import psutil
 import pytest
@@ -43,7 +43,7 @@ PORT = 29400
 
 
 @pytest.fixture
-def hosts(request: pytest.FixtureRequest):  # noqa: ANN201
+def hosts(request: pytest.FixtureRequest):
     retries = getattr(request, "param", None)
     try:
         made = TwoHosts.create(request.node.name[-3:].strip("[]-") or "t", tcp_retries2=retries)
@@ -55,7 +55,7 @@ def hosts(request: pytest.FixtureRequest):  # noqa: ANN201
         made.close()
 
 
-def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequence[str] = (), fault: str = "") -> List[subprocess.Popen]:
+def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequence[str] = (), fault: str = "") -> list[subprocess.Popen]:
     env = cpu_env()
     if fault:
         env["DISTSPLAT_TEST_FAULT"] = fault
@@ -74,7 +74,7 @@ def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequ
     return procs
 
 
-def _wait_for_checkpoint(procs: List[subprocess.Popen], out: Path, timestamp: str, timeout_s: float = 600) -> None:
+def _wait_for_checkpoint(procs: list[subprocess.Popen], out: Path, timestamp: str, timeout_s: float = 600) -> None:
     models = run_dir(out, timestamp) / "nerfstudio_models"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -88,7 +88,7 @@ def _wait_for_checkpoint(procs: List[subprocess.Popen], out: Path, timestamp: st
     raise AssertionError("no checkpoint within the start-up timeout:\n" + (out / "host0.log").read_text()[-4000:])
 
 
-def _ranks(proc: subprocess.Popen) -> List[psutil.Process]:
+def _ranks(proc: subprocess.Popen) -> list[psutil.Process]:
     """The host's ranks: torchrun's ns-train children (``ip netns exec`` execs torchrun in place)."""
     found = []
     for child in psutil.Process(proc.pid).children():
@@ -100,21 +100,21 @@ def _ranks(proc: subprocess.Popen) -> List[psutil.Process]:
     return found
 
 
-def _ranks_alive(procs: List[subprocess.Popen]) -> bool:
+def _ranks_alive(procs: list[subprocess.Popen]) -> bool:
     return all(_ranks(proc) for proc in procs)
 
 
 @dataclass
 class HostExit:
-    rc: Optional[int]
+    rc: int | None
     ranks_gone_s: float  # every rank of the host gone, after the fault
     agent_gone_s: float  # torchrun itself gone
 
 
-def _exits(procs: List[subprocess.Popen], t0: float, limit_s: float) -> List[HostExit]:
+def _exits(procs: list[subprocess.Popen], t0: float, limit_s: float) -> list[HostExit]:
     ranks = [_ranks(proc) for proc in procs]
     assert all(ranks), "no rank found under torchrun"
-    gone: List[List[float]] = [[float("inf"), float("inf")] for _ in procs]
+    gone: list[list[float]] = [[float("inf"), float("inf")] for _ in procs]
     while time.monotonic() - t0 < limit_s and any(g[1] == float("inf") for g in gone):
         now = time.monotonic() - t0
         for i, proc in enumerate(procs):
@@ -123,14 +123,14 @@ def _exits(procs: List[subprocess.Popen], t0: float, limit_s: float) -> List[Hos
             if gone[i][1] == float("inf") and proc.poll() is not None:
                 gone[i][1] = now
         time.sleep(0.2)
-    return [HostExit(proc.poll(), *g) for proc, g in zip(procs, gone)]
+    return [HostExit(proc.poll(), *g) for proc, g in zip(procs, gone, strict=False)]
 
 
-def _error_lines(out: Path, node: int) -> List[str]:
+def _error_lines(out: Path, node: int) -> list[str]:
     return [line for line in (out / f"host{node}.log").read_text().splitlines() if "distsplat error" in line]
 
 
-def _assert_bounded(out: Path, exits: List[HostExit], fault: str, agents: Sequence[int], lines: Sequence[int]) -> None:
+def _assert_bounded(out: Path, exits: list[HostExit], fault: str, agents: Sequence[int], lines: Sequence[int]) -> None:
     """Every host's ranks gone within BOUND_S; torchrun of the hosts ``agents`` gone within
     BOUND_S + AGENT_EXTRA_S with rc != 0; the ranks of hosts ``lines`` printed a distsplat error."""
     print(f"FAULT {fault}: bound ranks {BOUND_S} s, torchrun {BOUND_S + AGENT_EXTRA_S} s; " + "; ".join(

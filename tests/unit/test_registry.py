@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from nerfstudio.configs.method_configs import method_configs
 from nerfstudio.plugins.types import MethodSpecification
 
-import distsplat_ns.registry as registry
+from distsplat_ns import registry
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -40,7 +40,7 @@ def test_every_variant_is_listed_under_its_own_name() -> None:
     """nerfstudio keys plugin methods by ``method_name``: a variant sharing one replaces the other."""
     from nerfstudio.plugins.registry import discover_methods
 
-    methods, descriptions = discover_methods()
+    methods, _descriptions = discover_methods()
     assert {"distsplat", "distsplat-big"} <= set(methods)
     assert methods["distsplat"].pipeline.model.cull_alpha_thresh == registry.distsplat.config.pipeline.model.cull_alpha_thresh
     assert methods["distsplat-big"].pipeline.model.cull_alpha_thresh == 0.005
