@@ -105,68 +105,9 @@ def init_distributed(
 
     **Collective:** creating the group is itself a rendezvous of all ranks.
     """
-    if device_type not in ("cuda", "cpu"):
-        raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
-    if timeout_s <= 0:
-        raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
-    if backend not in ("auto", "nccl", "gloo"):
-        raise UserError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
-    if backend == "nccl" and device_type != "cuda":
-        raise UserError("--dist-backend nccl needs --machine.device-type cuda")
-
-    env_world = _env_int("WORLD_SIZE")
-    env_rank = _env_int("RANK")
-    env_local = _env_int("LOCAL_RANK")
-
-    if dist.is_available() and dist.is_initialized():
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = env_local if env_local is not None else local_rank_hint
-        backend = dist.get_backend()
-    elif env_world is not None and env_world > 1:
-        if env_rank is None:
-            raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
-        rank, world_size = env_rank, env_world
-        local_rank = env_local if env_local is not None else 0
-        if backend == "auto":
-            backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
-        if device_type == "cuda":
-            torch.cuda.set_device(_device_index(local_rank))
-        choose_socket_interface(backend)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        try:
-            store = attempt_store(world_size, timeout)
-            dist.init_process_group(
-                backend=backend,
-                init_method=None if store is not None else "env://",
-                store=store,
-                world_size=world_size,
-                rank=rank,
-                timeout=timeout,
-            )
-        except (RuntimeError, dist.DistError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
-            raise RunFailure(
-                f"rank {rank}: could not join the process group through "
-                f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({first}); "
-                f"every host must reach that address, and its sockets use the interface {ifnames}"
-            ) from err
-    else:
-        rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
-
-    if device_type == "cuda":
-        index = _device_index(local_rank)
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
-        local_world = _env_int("LOCAL_WORLD_SIZE") or (max(1, world_size))
-        if local_world > 1:
-            # CPU ranks on one host share its cores; torch's default of one thread per core in every
-            # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    _check_launch_settings(device_type, timeout_s, backend)
+    rank, world_size, local_rank, backend = _join_group(device_type, timeout_s, local_rank_hint, backend)
+    device = _bind_device(device_type, local_rank, world_size)
     set_log_rank(rank)
     if local_rank == 0:
         removed = remove_orphan_semaphores()  # what ranks SIGKILLed earlier on this host left
@@ -181,6 +122,79 @@ def init_distributed(
     if ctx.is_distributed:
         LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
     return ctx
+
+
+def _check_launch_settings(device_type: str, timeout_s: float, backend: str) -> None:
+    """Refuse settings no launch can honour, before any rendezvous (one line naming the flag)."""
+    if device_type not in ("cuda", "cpu"):
+        raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
+    if timeout_s <= 0:
+        raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
+    if backend not in ("auto", "nccl", "gloo"):
+        raise UserError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
+    if backend == "nccl" and device_type != "cuda":
+        raise UserError("--dist-backend nccl needs --machine.device-type cuda")
+
+
+def _join_group(device_type: str, timeout_s: float, local_rank_hint: int, backend: str) -> tuple[int, int, int, str | None]:
+    """Adopt the existing process group, create it from torchrun's environment, or run alone;
+    returns ``(rank, world_size, local_rank, backend)`` (backend None alone).
+
+    **Collective:** creating the group is a rendezvous of all ranks.
+    """
+    env_world = _env_int("WORLD_SIZE")
+    env_rank = _env_int("RANK")
+    env_local = _env_int("LOCAL_RANK")
+    if dist.is_available() and dist.is_initialized():
+        local_rank = env_local if env_local is not None else local_rank_hint
+        return dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend()
+    if env_world is None or env_world <= 1:
+        return 0, 1, local_rank_hint, None
+    if env_rank is None:
+        raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
+    rank, world_size = env_rank, env_world
+    local_rank = env_local if env_local is not None else 0
+    if backend == "auto":
+        backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
+    if device_type == "cuda":
+        torch.cuda.set_device(_device_index(local_rank))
+    choose_socket_interface(backend)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = attempt_store(world_size, timeout)
+        dist.init_process_group(
+            backend=backend,
+            init_method=None if store is not None else "env://",
+            store=store,
+            world_size=world_size,
+            rank=rank,
+            timeout=timeout,
+        )
+    except (RuntimeError, dist.DistError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
+        raise RunFailure(
+            f"rank {rank}: could not join the process group through "
+            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({first}); "
+            f"every host must reach that address, and its sockets use the interface {ifnames}"
+        ) from err
+    return rank, world_size, local_rank, backend
+
+
+def _bind_device(device_type: str, local_rank: int, world_size: int) -> torch.device:
+    """This rank's device: its GPU (made current), or the CPU with the host's cores shared out."""
+    if device_type == "cuda":
+        index = _device_index(local_rank)
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    local_world = _env_int("LOCAL_WORLD_SIZE") or (max(1, world_size))
+    if local_world > 1:
+        # CPU ranks on one host share its cores; torch's default of one thread per core in every
+        # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    return torch.device("cpu")
 
 
 def attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
