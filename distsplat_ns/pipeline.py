@@ -6,15 +6,21 @@ it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole st
 -> fetch -> projections -> forward -> backward (with the SSIM-halo exchange) -> reduce ->
 statistics -> finite check -> optimizer -> refine -> after-refine -> observe costs -> replica
 check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
-(trainer.py); the eval and viewer paths of the model never enter a collective.
+(trainer.py). Eval images and viewer frames are rendered as the mode says: by rank 0 alone from the
+whole model (replicated), or by every rank from its shard (sharded: eval is then called on every
+rank, and a viewer frame rank 0's viewer thread posted is shared in the step's cost all-gather and
+rendered by all ranks at the end of the step).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
+import torchvision.utils as vutils
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
@@ -218,18 +224,65 @@ class DistSplatPipeline(VanillaPipeline):
     def model(self) -> DistSplatModel:
         return self._model  # type: ignore[return-value]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Give rank 0 the whole model for eval and the viewer (``ParallelMode.refresh_full_view``:
-        a gather in sharded mode, nothing in replicated mode).
+    # ------------------------------------------------------------------ eval
+    def get_eval_image_metrics_and_images(self, step: int) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+        """One eval image's metrics and images (nerfstudio's), on every rank ``mode.evaluates_here``
+        names; where the view is a collective only rank 0 gets metrics and images (the others
+        ``{"num_rays": ...}`` and ``{}``).
 
-        **Collective:** world group, on every rank at the same steps (the trainer calls it at the
-        steps rank 0 evaluates, and every few steps with the viewer).
+        **Collective:** where the mode's views are (sharded: every rank, the same eval image: the
+        eval order is seeded alike on every rank).
         """
-        self.mode.refresh_full_view(step)
+        self.eval()
+        try:
+            camera, batch = self.datamanager.next_eval_image(step)
+            outputs = self.model.get_outputs_for_camera(camera)
+            metrics, images = ({}, {}) if outputs is None else self.model.get_image_metrics_and_images(outputs, batch)
+            metrics["num_rays"] = int(camera.height.reshape(-1)[0]) * int(camera.width.reshape(-1)[0])
+        finally:
+            self.train()
+        return metrics, images
 
-    def drop_full_view(self) -> None:
-        """Free rank 0's copy of the whole model until the next refresh. Local: no collective."""
-        self.mode.drop_full_view()
+    def get_average_eval_image_metrics(
+        self, step: Optional[int] = None, output_path: Optional[Path] = None, get_std: bool = False
+    ) -> Dict[str, float]:
+        """Every eval image's metrics averaged (nerfstudio's keys: the metrics, ``num_rays_per_sec``,
+        ``fps``, with ``_std`` when ``get_std``); ``{}`` on a rank whose mode renders views as
+        collectives but is not rank 0 (it took part in every render).
+
+        **Collective:** as :meth:`get_eval_image_metrics_and_images`, once per eval image in the
+        fixed eval order.
+        """
+        self.eval()
+        per_image: List[Dict[str, float]] = []
+        try:
+            if output_path is not None:
+                output_path.mkdir(exist_ok=True, parents=True)
+            for idx, (camera, batch) in enumerate(self.datamanager.fixed_indices_eval_dataloader):
+                start = time.perf_counter()
+                outputs = self.model.get_outputs_for_camera(camera=camera)
+                if outputs is None:
+                    continue
+                num_rays = int(camera.height.reshape(-1)[0]) * int(camera.width.reshape(-1)[0])
+                metrics, images = self.model.get_image_metrics_and_images(outputs, batch)
+                if output_path is not None:
+                    for key, image in images.items():
+                        vutils.save_image(image.permute(2, 0, 1).cpu(), output_path / f"eval_{key}_{idx:04d}.png")
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                metrics["num_rays_per_sec"] = num_rays / elapsed
+                metrics["fps"] = 1.0 / elapsed
+                per_image.append(metrics)
+        finally:
+            self.train()
+        averaged: Dict[str, float] = {}
+        for key in per_image[0] if per_image else []:
+            values = torch.tensor([m[key] for m in per_image], dtype=torch.float64)
+            if get_std:
+                std, mean = torch.std_mean(values)
+                averaged[key], averaged[f"{key}_std"] = float(mean), float(std)
+            else:
+                averaged[key] = float(values.mean())
+        return averaged
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:
@@ -434,14 +487,19 @@ class DistSplatPipeline(VanillaPipeline):
 
     def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: List[Any], render_s: float) -> Tuple[float, float]:
         """All-gather every rank's measured per-row costs (and render time) into the history;
-        returns ``(measured_imbalance, time_imbalance)``.
+        returns ``(measured_imbalance, time_imbalance)``. Rank 0's pending viewer frame
+        (``mode.pending_view``) rides along, and when there is one every rank renders it now
+        (``mode.serve_view``): no collective of its own, and at most one frame per step.
 
-        **Collective:** one all-gather of small Python lists per step, the same on every rank.
+        **Collective:** one all-gather of small Python lists per step, the same on every rank;
+        then, on steps with a viewer request in a mode whose views are collectives, the view's.
         """
-        gathered = all_gather_object(self.ctx, (mine, render_s))
+        gathered = all_gather_object(self.ctx, (mine, render_s, self.mode.pending_view()))
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
         time_imbalance = max_over_mean([g[1] for g in gathered])
         self.time_imbalance.append(time_imbalance)
+        if gathered[0][2] is not None:
+            self.mode.serve_view(gathered[0][2])
         return measured_imbalance, time_imbalance
 
     def balance_summary(self) -> Dict[str, Any]:

@@ -107,14 +107,29 @@ class ParallelMode(ABC):
     def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
         """The parameters every rank holds identically (for the replica check)."""
 
-    # ------------------------------------------------------------------ the whole model
+    # ------------------------------------------------------------------ views: eval and the viewer
+    @property
     @abstractmethod
-    def refresh_full_view(self, step: int) -> None:
-        """Give rank 0 the whole model to render eval and viewer images from (``DistSplatModel.set_full_view``)."""
+    def evaluates_here(self) -> bool:
+        """Whether this rank runs the eval renders (every rank where a view is a collective, rank 0
+        alone where it holds the whole model). The same answer at every step: the trainer calls
+        eval on exactly these ranks, at the same steps."""
 
-    def drop_full_view(self) -> None:
-        """Free rank 0's full view (until the next refresh). Local: no collective."""
-        self.model.set_full_view(None)
+    def viewer_lock(self, train_lock: Any) -> Any:
+        """The lock nerfstudio's viewer thread holds while it renders a frame: the trainer's
+        ``train_lock`` where the viewer thread renders the model itself (so never mid-step), or
+        None where frames are rendered by the training thread at step boundaries (holding the lock
+        while waiting for one would deadlock the step)."""
+        return train_lock
+
+    def pending_view(self) -> Optional[Any]:
+        """Rank 0's viewer request to render at this step boundary (None: none, or not rank 0).
+        Shared in the step's cost all-gather (``DistSplatPipeline._observe_costs``). Local."""
+        return None
+
+    def serve_view(self, request: Any) -> None:
+        """Render the viewer request rank 0 shared at this step boundary and hand it to rank 0's
+        viewer thread. **Collective** where views are (every rank calls it with the same request)."""
 
     @abstractmethod
     def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:

@@ -81,8 +81,10 @@ class ReplicatedMode(ParallelMode):
     def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
         return [p for _, p in named]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Nothing: the model is whole on every rank."""
+    @property
+    def evaluates_here(self) -> bool:
+        """Rank 0 alone: it holds the whole model and renders eval and viewer images by itself."""
+        return self.ctx.is_main
 
     def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
         """None: rank 0's own state is the whole model's."""

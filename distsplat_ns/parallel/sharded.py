@@ -5,13 +5,16 @@ Each rank projects its shard into every camera of the batch and the exchange
 (``parallel/exchange.py``) sends each band's rank the screen-space terms it needs; the exchange's
 backward returns their gradients, so each owner ends the backward with its Gaussians' complete
 gradients and densification statistics: nothing but the parameters every rank holds (camera
-adjustments) is reduced. After a refine the shards are rebalanced when they drift; eval, the
-viewer and checkpoints gather the whole model to rank 0 (``parallel/full_state.py``).
+adjustments) is reduced. After a refine the shards are rebalanced when they drift. Eval images and
+viewer frames are rendered by every rank from its shard (``parallel/view_render.py``; frames are
+posted by rank 0's viewer thread, ``parallel/view_requests.py``); checkpoints gather the whole
+model to rank 0 (``parallel/full_state.py``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -29,9 +32,11 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, grows_at
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
-from distsplat_ns.parallel.full_state import GatheredState, gather_full_params, gather_full_state, shard_loaded_checkpoint_
+from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
 from distsplat_ns.parallel.shard_rows import rebalance_shards_, take_initial_shard_
+from distsplat_ns.parallel.view_render import render_view_collectively
+from distsplat_ns.parallel.view_requests import ViewRequests
 
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
@@ -47,7 +52,11 @@ class ShardedMode(ParallelMode):
 
     def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         super().__init__(ctx, model)
-        self._full_view_step: Optional[int] = None
+        # The thread that trains (and so makes the collectives); any other thread that asks for a
+        # view is the viewer's, and posts it instead (parallel/view_requests.py).
+        self._training_thread = threading.get_ident()
+        self.view_requests = ViewRequests()
+        model.view_renderer = self._render_view
 
     def take_initial_gaussians_(self) -> None:
         """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
@@ -125,24 +134,57 @@ class ShardedMode(ParallelMode):
     def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Gather the whole model's parameters (no optimizer state) to rank 0, where eval and the
-        viewer render from them; rank 0 then holds one extra copy. A second call at the same step
-        gathers nothing.
+    @property
+    def evaluates_here(self) -> bool:
+        """Every rank: an eval image is rendered by all of them (``render_view_collectively``)."""
+        return True
 
-        **Collective:** world group, on every rank at the same steps: one ``gather_rows`` of the
-        ids, then one per parameter. Nothing at ``world_size == 1`` (the model is whole). Rank 0
-        holding ids ``[0, 2]`` and rank 1 ``[1]``: rank 0 renders rows ``[0, 1, 2]``; rank 1 keeps
-        nothing. **Host sync:** the parameters pass through rank 0's host memory.
+    def viewer_lock(self, train_lock: Any) -> Any:
+        """None: frames are rendered by the training thread at step boundaries, so the viewer
+        thread never touches the model (and must not hold the lock the step takes while it waits)."""
+        return None
+
+    def _render_view(self, camera: Cameras) -> Optional[Dict[str, Any]]:
+        """``DistSplatModel.get_outputs`` in sharded mode: from the training thread, the view
+        rendered by every rank (the image on rank 0, None elsewhere); from any other thread
+        (nerfstudio's viewer, rank 0 only), the camera is posted and the frame rendered at the next
+        step boundary (:meth:`serve_view`); the background alone if none comes in time.
+
+        **Collective** from the training thread: ``render_view_collectively``'s, on every rank
+        with the same camera. None from another thread.
         """
-        if not self.ctx.is_distributed or self._full_view_step == step:
-            return
-        self.model.set_full_view(gather_full_params(self.ctx, self.model))
-        self._full_view_step = step
+        if threading.get_ident() == self._training_thread:
+            return render_view_collectively(self.ctx, self.model, camera)
+        outputs = self.view_requests.post_and_wait(camera.to("cpu"), self.model.crop_box)
+        if outputs is not None:
+            return outputs
+        width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
+        return self.model.get_empty_outputs(width, height, self.model._get_background_color())
 
-    def drop_full_view(self) -> None:
-        super().drop_full_view()
-        self._full_view_step = None
+    def pending_view(self) -> Optional[Any]:
+        """Rank 0: the viewer's pending ``(camera, crop box)``, taken (it is answered by
+        :meth:`serve_view` at this boundary). Local."""
+        return self.view_requests.take() if self.ctx.is_main else None
+
+    def serve_view(self, request: Any) -> None:
+        """Render ``request`` (``(camera, crop box)``, rank 0's) as eval renders a camera, every
+        rank's shard at once, and hand the frame to rank 0's viewer thread.
+
+        **Collective:** world group: ``render_view_collectively``'s, on every rank with the same
+        request (it came from the all-gather every rank makes at the step boundary).
+        """
+        camera, crop_box = request
+        model = self.model
+        was_training, own_crop = model.training, model.crop_box
+        model.eval()
+        model.crop_box = crop_box
+        try:
+            outputs = render_view_collectively(self.ctx, model, camera.to(model.device))
+        finally:
+            model.train(was_training)
+            model.crop_box = own_crop
+        if self.ctx.is_main:
+            self.view_requests.answer(outputs)
 
     def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
         """The shards in id order on rank 0 (``full_state.gather_full_state``).

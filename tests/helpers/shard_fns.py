@@ -192,9 +192,9 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], ste
         num_total = sum(all_gather_counts(ctx, int(model.gauss_params["means"].shape[0])))
         adam_step(model, trainer.optimizers.optimizers, num_total, 0)
     trainer.save_checkpoint(step)
-    trainer.pipeline.refresh_full_view(step)
-    view = None if model.full_view is None else {k: v.cpu() for k, v in model.full_view.items()}
-    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "full_view": view}
+    # Eval and the viewer render from every shard (parallel/view_render.py): no rank holds more than its own.
+    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir),
+            "num_held": int(model.gauss_params["means"].shape[0])}
 
 
 def saved_model_state(path: Path) -> Dict[str, Any]:
