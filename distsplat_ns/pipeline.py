@@ -33,7 +33,7 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import all_gather_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
-from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource
+from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import build_parallel_mode
 from distsplat_ns.utils.cameras import downscaled_px
@@ -340,21 +340,13 @@ class DistSplatPipeline(VanillaPipeline):
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
         positions, images, masks = self._fetch_images(step, batch, bands, clock)
-        with clock.phase("forward"):
-            source, moved = self.mode.projections(self._host_cameras(batch), plan, step, lambda: clock.phase("all_reduce"))
-            # Host-side cameras: the model reads their sizes without a device sync, then moves them.
-            cameras = self._host_cameras([batch[p] for p in positions])
-            result = self.model.forward_bands(
-                cameras, positions, images, masks, bands, step, self.mode.regularizer_share(num_gaussians), source
-            )
-        with clock.phase("backward"):
-            self._backward(result, source, clock)
+        result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock)
         with clock.phase("all_reduce"):
             named = self._named_trainable_parameters()
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
             moved += self.mode.reduce_gradients(named)
-            info, statistics_bytes = self._statistics(step, source, sizes_px)
+            info, statistics_bytes = self._statistics(step, sources, sizes_px)
             verdict = self._finite_verdict(step, named)
         # The host copy of the costs carries the verdict: the check costs no extra sync.
         measured, bad = self._costs_to_host(result, verdict)
@@ -374,13 +366,56 @@ class DistSplatPipeline(VanillaPipeline):
             measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
 
+    def _forward_backward(
+        self, step: int, batch: Sequence[int], plan: StepPlan, positions: List[int], images: List[torch.Tensor],
+        masks: List[Optional[torch.Tensor]], num_gaussians: int, clock: PhaseClock,
+    ) -> Tuple[BandRenderResult, List[ProjectionSource], int]:
+        """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
+        time, so that only one group's projections are live; the gradients accumulate. Returns the
+        whole batch's result (loss shares summed, every band's tile counts), each group's source
+        and the bytes moved. The batch-independent terms are added once (with the first group).
+
+        **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
+        all-gather, the source's backward.
+        """
+        whole = self._host_cameras(batch)
+        share = self.mode.regularizer_share(num_gaussians)
+        no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=num_gaussians)
+        total: Optional[BandRenderResult] = None
+        sources: List[ProjectionSource] = []
+        moved = 0
+        for g, group in enumerate(self.mode.camera_groups(len(batch), num_gaussians)):
+            wanted = set(group)
+            mine = [i for i, p in enumerate(positions) if p in wanted]
+            with clock.phase("forward"):
+                source, sent = self.mode.projections(whole, plan, step, lambda: clock.phase("all_reduce"), group)
+                # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+                result = self.model.forward_bands(
+                    self._host_cameras([batch[positions[i]] for i in mine]), [positions[i] for i in mine],
+                    [images[i] for i in mine], [masks[i] for i in mine],
+                    [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
+                )
+            with clock.phase("backward"):
+                self._backward(result, source, clock)
+            sources.append(source)
+            moved += sent
+            if total is None:
+                total = result
+            else:
+                total.loss = total.loss.detach() + result.loss.detach()
+                total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
+                total.band_tile_counts.extend(result.band_tile_counts)
+            total.pixel_links = []  # consumed by the backward
+        assert total is not None, "a batch has at least one camera"
+        return total, sources, moved
+
     def _statistics(
-        self, step: int, source: ProjectionSource, sizes_px: Sequence[Tuple[int, int]]
+        self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[Tuple[int, int]]
     ) -> Tuple[Optional[Dict[str, Any]], int]:
         """The mode's densification statistics while densification runs (None after)."""
         if step >= self.model.schedule.refine_stop_iter:
             return None, 0
-        return self.mode.statistics(source, self.config.batch_size, sizes_px)
+        return self.mode.statistics(sources, self.config.batch_size, sizes_px)
 
     def _finite_verdict(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> Optional[torch.Tensor]:
         """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""

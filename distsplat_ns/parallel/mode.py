@@ -69,8 +69,16 @@ class ParallelMode(ABC):
         """Cold-start row costs of every Gaussian from this rank's projections of its Gaussians
         (``balance/cost.py:footprint_row_costs``, concatenated over cameras); and the bytes moved."""
 
+    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> List[List[int]]:
+        """The batch positions projected, exchanged, rendered and back-propagated together, in
+        order (every rank the same groups): the whole batch, unless the mode bounds its live
+        projections (sharded: ``parallel/camera_groups.py``)."""
+        return [list(range(batch_size))]
+
     @abstractmethod
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(
+        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Optional[Sequence[int]] = None
+    ) -> Tuple[ProjectionSource, int]:
         """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
 
         Args:
@@ -78,6 +86,8 @@ class ParallelMode(ABC):
             plan: The step's plan (every rank's bands).
             step: The step.
             timer: Counts communication time (also the time spent in backward by the source).
+            positions: The camera group (:meth:`camera_groups`) whose bands the source renders;
+                the whole batch when None.
         """
 
     @abstractmethod
@@ -85,9 +95,12 @@ class ParallelMode(ABC):
         """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
 
     @abstractmethod
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[Tuple[int, int]]
+    ) -> Tuple[Dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
-        and the bytes moved. ``sizes_px``: each batch position's rendered ``(width, height)``."""
+        and the bytes moved. ``sources``: one per camera group, after its backward; ``sizes_px``:
+        each batch position's rendered ``(width, height)``."""
 
     @abstractmethod
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:

@@ -40,7 +40,9 @@ class ReplicatedMode(ParallelMode):
         """Already every Gaussian's (every rank projected all of them). Local."""
         return costs, 0
 
-    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(
+        self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Optional[Sequence[int]] = None
+    ) -> Tuple[ProjectionSource, int]:
         """This rank's own Gaussians, projected as its bands are rendered. Local."""
         return OwnProjections(), 0
 
@@ -51,14 +53,16 @@ class ReplicatedMode(ParallelMode):
         """
         return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[Tuple[int, int]]
+    ) -> Tuple[Dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
         **Collective:** world group, three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`,
         `[B, N]` (none at one rank).
         """
-        grads, absgrads, radii = batch_statistics(self.model, source.calls, batch_size)
+        grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.calls], batch_size)
         all_reduce_sum_(self.ctx, grads)
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)

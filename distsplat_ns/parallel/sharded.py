@@ -31,6 +31,7 @@ from distsplat_ns.distributed.collectives import (
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, grows_at
+from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
@@ -56,6 +57,9 @@ class ShardedMode(ParallelMode):
         # view is the viewer's, and posts it instead (parallel/view_requests.py).
         self._training_thread = threading.get_ident()
         self.view_requests = ViewRequests()
+        #: Cameras per group when set (tests); otherwise from the memory budget (camera_groups).
+        self.group_cameras: Optional[int] = None
+        self._budget_bytes: Optional[int] = None
         model.view_renderer = self._render_view
 
     def take_initial_gaussians_(self) -> None:
@@ -78,15 +82,42 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
-        """The terms every rank sent for this rank's bands (``exchange_screen_terms``); the bytes
-        count both directions (the gradients return in backward).
+    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> List[List[int]]:
+        """Consecutive groups of as many cameras as the memory budget holds for a shard
+        (``parallel/camera_groups.py``): a rank's live projections are O(N/W x group), not
+        O(N/W x B). ``group_cameras``, when set, fixes the size instead (tests).
+
+        **Collective:** world group, at the first call only: the budget's minimum over ranks (one
+        all-gather of an int). **Host sync:** then (free memory).
+        """
+        if self.group_cameras is not None:
+            size = self.group_cameras
+        else:
+            if self._budget_bytes is None:
+                mine = int(BUDGET_FRACTION * free_memory_bytes(self.ctx.device))
+                self._budget_bytes = min(all_gather_counts(self.ctx, mine))
+            size = group_size(self._budget_bytes, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size)
+        return split_positions(batch_size, size)
+
+    def projections(
+        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Optional[Sequence[int]] = None
+    ) -> Tuple[ProjectionSource, int]:
+        """The terms every rank sent for this rank's bands of the cameras at ``positions`` (the
+        whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
+        gradients return in backward).
 
         **Collective:** world group: the exchange's three all-to-alls now, one in backward.
         """
-        calls: List[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
+        positions = list(range(len(cameras))) if positions is None else list(positions)
+        group = cameras[torch.tensor(positions, dtype=torch.long)]
+        # The shard into every camera of the group, each call's cameras named by batch position.
+        calls: List[ProjectionCall] = [
+            ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)
+        ]
+        wanted = set(positions)
+        bands = [[b for b in rank_bands if b.position in wanted] for rank_bands in plan.bands]
         with timer():
-            received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, plan.bands, len(cameras), timer)
+            received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, bands, len(cameras), timer)
         return received, received.route.payload_bytes(calls[0][1].means2d.element_size())
 
     def reduce_gradients(self, named: NamedParameters) -> int:
@@ -102,10 +133,13 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[Tuple[int, int]]
+    ) -> Tuple[Dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
-        assert isinstance(source, ReceivedProjections), "the sharded mode renders from the exchange"
-        grads, absgrads, radii = batch_statistics(self.model, source.shard_projections, batch_size)
+        assert all(isinstance(s, ReceivedProjections) for s in sources), "the sharded mode renders from the exchange"
+        projections = [p for source in sources for p in source.shard_projections]  # type: ignore[attr-defined]
+        grads, absgrads, radii = batch_statistics(self.model, projections, batch_size)
         return info_for(grads, absgrads, radii, sizes_px), 0
 
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:

@@ -34,3 +34,42 @@ def sharded_view(ctx: Any, dtype: str, camera_index: int) -> Any:
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     out = render_view_collectively(ctx, model, make_cameras(4)[camera_index : camera_index + 1])
     return None if out is None else {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> Dict[str, Any]:
+    """One sharded step's forward and backward (``DistSplatPipeline._forward_backward``) on a
+    batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
+    rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
+    from types import SimpleNamespace
+
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.utils.timing import PhaseClock
+    from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
+
+    batch = [0, 1, 2]
+    model = make_model(len(batch), num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference")
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    model.step = 5
+    mode = ShardedMode(ctx, model)
+    mode.group_cameras = group_cameras
+    pipe = object.__new__(DistSplatPipeline)  # only what _forward_backward reads
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
+    pipe.datamanager = SimpleNamespace(train_dataset=SimpleNamespace(cameras=make_cameras(len(batch))))
+    cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
+    plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank] for rank in cuts])
+    positions = sorted({b.position for b in plan.bands[ctx.rank]})
+    images = make_images(len(batch))
+    result, sources, _ = pipe._forward_backward(
+        5, batch, plan, positions, [images[p] for p in positions], [None] * len(positions), NUM_POINTS, PhaseClock()
+    )
+    info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
+    grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
+    return {
+        "loss": result.loss.detach(), "ids": model.gauss_ids.clone(), "grads": grads,
+        "means2d_grad": info["means2d"].grad.detach().clone(), "absgrad": info["means2d"].absgrad.detach().clone(),
+        "radii": info["radii"].clone(), "num_groups": len(sources),
+        "num_tile_counts": len(result.band_tile_counts),
+    }
