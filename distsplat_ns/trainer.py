@@ -475,6 +475,7 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}")
         for callback in self.callbacks:
             callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
+        self.pipeline.mode.close_views()  # no more step boundaries to render viewer frames at
         if self.ctx.is_main and not self.config.viewer.quit_on_train_completion:
             self._train_complete_viewer()
         shutdown_distributed()

@@ -135,6 +135,9 @@ class ParallelMode(ABC):
         while waiting for one would deadlock the step)."""
         return train_lock
 
+    def close_views(self) -> None:
+        """Training is over on every rank (called before the viewer is kept open). Local."""
+
     def pending_view(self) -> Optional[Any]:
         """Rank 0's viewer request to render at this step boundary (None: none, or not rank 0).
         Shared in the step's cost all-gather (``DistSplatPipeline._observe_costs``). Local."""

@@ -60,7 +60,8 @@ class ShardedMode(ParallelMode):
         #: Cameras per group when set (tests); otherwise from the memory budget (camera_groups).
         self.group_cameras: Optional[int] = None
         self._budget_bytes: Optional[int] = None
-        model.view_renderer = self._render_view
+        # At one rank the model is whole and renders views itself (ns-eval, ns-viewer, W = 1).
+        model.view_renderer = self._render_view if ctx.is_distributed else None
 
     def take_initial_gaussians_(self) -> None:
         """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
@@ -174,9 +175,15 @@ class ShardedMode(ParallelMode):
         return True
 
     def viewer_lock(self, train_lock: Any) -> Any:
-        """None: frames are rendered by the training thread at step boundaries, so the viewer
-        thread never touches the model (and must not hold the lock the step takes while it waits)."""
-        return None
+        """None on more than one rank: frames are rendered by the training thread at step
+        boundaries, so the viewer thread never touches the model (and must not hold the lock the
+        step takes while it waits). At one rank the viewer renders the whole model itself."""
+        return None if self.ctx.is_distributed else train_lock
+
+    def close_views(self) -> None:
+        """Training is over: the other ranks leave, so no frame will be rendered; the viewer's
+        requests return at once (it shows the background). Local."""
+        self.view_requests.close()
 
     def _render_view(self, camera: Cameras) -> Optional[Dict[str, Any]]:
         """``DistSplatModel.get_outputs`` in sharded mode: from the training thread, the view

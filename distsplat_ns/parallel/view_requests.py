@@ -43,14 +43,25 @@ class ViewRequests:
         self._lock = threading.Lock()
         self._pending: Optional[_Request] = None
         self._taken: Optional[_Request] = None
+        self._closed = False
         self.num_served = 0
+
+    def close(self) -> None:
+        """No more step boundaries: a waiting request and every later one get None at once. Local."""
+        with self._lock:
+            self._closed = True
+            if self._pending is not None:
+                self._pending.done.set()
+                self._pending = None
 
     def post_and_wait(self, camera: Any, crop_box: Any) -> Optional[Dict[str, torch.Tensor]]:
         """Viewer thread: post ``camera`` (host-side) and wait for its frame; None when no step
-        boundary came within ``wait_s``. A request still pending is replaced (its waiter gets None).
+        boundary came within ``wait_s`` or the requests are closed. A request still pending is replaced (its waiter gets None).
         Local: the training thread does the collective."""
         request = _Request(camera=camera, crop_box=crop_box)
         with self._lock:
+            if self._closed:
+                return None
             if self._pending is not None:
                 self._pending.done.set()
             self._pending = request

@@ -73,3 +73,67 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> Dict[str, Any]:
         "radii": info["radii"].clone(), "num_groups": len(sources),
         "num_tile_counts": len(result.band_tile_counts),
     }
+
+
+def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
+    """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
+    step boundary's cost all-gather (``DistSplatPipeline._observe_costs``), which carries the
+    request, and renders it. Returns, on rank 0, the frame the viewer thread got and whether the
+    model was back in training mode; on other ranks, whether they rendered (served) it."""
+    import threading
+    import time
+
+    from distsplat_ns.balance.planner import BandPlanner
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from tests.helpers.model_factory import HEIGHT
+
+    model = view_model(dtype)
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    model.train()  # mid-training
+    mode = ShardedMode(ctx, model)
+    pipe = object.__new__(DistSplatPipeline)  # only what _observe_costs reads
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model, pipe.time_imbalance = ctx, mode, model, []
+    pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
+    plan = pipe.planner.plan([0], ctx.world_size, 1)
+    mine = [(b.position, b.first_row, [1.0] * b.num_rows) for b in plan.bands[ctx.rank]]
+    frame: Dict[str, Any] = {}
+    viewer = None
+    if ctx.rank == 0:
+        camera = make_cameras(4)[camera_index : camera_index + 1]
+        viewer = threading.Thread(target=lambda: frame.update(out=model.get_outputs(camera)))
+        viewer.start()
+        while mode.view_requests._pending is None:  # the viewer thread has posted its camera
+            time.sleep(0.01)
+    served_before = mode.view_requests.num_served
+    pipe._observe_costs(plan, [0], mine, 0.01)
+    if viewer is None:
+        return {"served_here": True}
+    viewer.join(timeout=60)
+    out = frame["out"]
+    return {"frame": {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}, "training": model.training,
+            "served": mode.view_requests.num_served - served_before}
+
+
+def eval_metrics(ctx: Any, dtype: str) -> Dict[str, Any]:
+    """``DistSplatPipeline``'s eval on this rank's shard (sharded mode; at one rank the model is
+    whole and renders itself): one eval image's metrics and the average over every eval image,
+    on the eval cameras 1 and 3 with fixed target images."""
+    from types import SimpleNamespace
+
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from tests.helpers.model_factory import make_images
+
+    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off")
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    cameras, images = make_cameras(4), make_images(4, seed=3)
+    views = [(cameras[i : i + 1], {"image": images[i], "image_idx": i}) for i in (1, 3)]
+    pipe = object.__new__(DistSplatPipeline)  # only what the eval methods read
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model = ctx, ShardedMode(ctx, model), model
+    pipe.datamanager = SimpleNamespace(fixed_indices_eval_dataloader=views, next_eval_image=lambda step: views[1])
+    one, images_out = pipe.get_eval_image_metrics_and_images(step=7)
+    average = pipe.get_average_eval_image_metrics(step=7)
+    return {"one": one, "average": average, "has_image": "img" in images_out, "training": model.training}
