@@ -168,8 +168,8 @@ LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
 def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], step: int) -> Dict[str, Any]:
     """Set up a DistSplatTrainer on the shipped scene (from ``load_dir`` when given), take one Adam
     step with gradients drawn by global id when starting fresh, save checkpoint ``step`` through
-    ``DistSplatTrainer.save_checkpoint``, then refresh the full view. Returns this rank's ids, the
-    checkpoint folder and the full view (rank 0 of a sharded run; None elsewhere)."""
+    ``DistSplatTrainer.save_checkpoint``. Returns this rank's ids, the checkpoint folder and how many
+    Gaussians it holds (its shard: no rank gathers the model to render)."""
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     from distsplat_ns.registry import distsplat_trainer_config
