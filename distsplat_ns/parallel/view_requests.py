@@ -5,8 +5,8 @@ mode a frame is a collective (``parallel/view_render.py``), and a collective ent
 of one rank would interleave with the training step's. So the viewer thread only posts its camera
 here and waits; at the step boundary every rank learns of the request in the cost all-gather it
 makes anyway (``DistSplatPipeline._observe_costs``), all ranks render it, and rank 0 hands the
-image to the waiting thread. One request is pending at a time (a newer camera replaces an older
-one that was not yet taken), so a slow browser costs training at most one frame's render per step.
+image to the waiting thread. One request is pending at a time (a newer camera replaces the camera
+of one not yet taken), so a slow browser costs training at most one frame's render per step.
 """
 
 from __future__ import annotations
@@ -56,15 +56,17 @@ class ViewRequests:
 
     def post_and_wait(self, camera: Any, crop_box: Any) -> Optional[Dict[str, torch.Tensor]]:
         """Viewer thread: post ``camera`` (host-side) and wait for its frame; None when no step
-        boundary came within ``wait_s`` or the requests are closed. A request still pending is replaced (its waiter gets None).
-        Local: the training thread does the collective."""
-        request = _Request(camera=camera, crop_box=crop_box)
+        boundary came within ``wait_s`` or the requests are closed. A request not yet taken is
+        updated to the newest camera (its waiters get that frame). Local: the training thread
+        does the collective."""
         with self._lock:
             if self._closed:
                 return None
-            if self._pending is not None:
-                self._pending.done.set()
-            self._pending = request
+            if self._pending is None:
+                self._pending = _Request(camera=camera, crop_box=crop_box)
+            else:  # not taken yet: the newest camera wins, and every waiter gets its frame
+                self._pending.camera, self._pending.crop_box = camera, crop_box
+            request = self._pending
         request.done.wait(self.wait_s)
         with self._lock:
             if self._pending is request:
