@@ -29,7 +29,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Type
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ LOGGER = get_logger(__name__)
 class DistSplatTrainerConfig(TrainerConfig):
     """nerfstudio's trainer configuration plus the distributed lifecycle's settings."""
 
-    _target: Type = field(default_factory=lambda: DistSplatTrainer)
+    _target: type = field(default_factory=lambda: DistSplatTrainer)
     collective_timeout_s: float = 600.0
     """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
@@ -105,10 +105,10 @@ class DistSplatTrainer(Trainer):
         self.checkpoint_dir = self.base_dir / config.relative_model_dir
         self.device = str(self.ctx.device)
         self._nothing_to_train = False
-        self._last_saved_step: Optional[int] = None
+        self._last_saved_step: int | None = None
         self.record = RunRecord()
         # The last step every image was evaluated at (on every rank that evaluates: the final eval's test).
-        self._last_eval_all_step: Optional[int] = None
+        self._last_eval_all_step: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def _agree_run_identity(self, config: DistSplatTrainerConfig) -> tuple:
@@ -221,7 +221,7 @@ class DistSplatTrainer(Trainer):
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
         return Optimizers(configs, self.pipeline.get_param_groups())
 
-    def _load_checkpoint_state(self) -> Optional[Dict[str, Any]]:
+    def _load_checkpoint_state(self) -> dict[str, Any] | None:
         path = self._checkpoint_to_load()
         if path is None:
             if self.ctx.is_main:
@@ -238,7 +238,7 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
         return loaded
 
-    def _checkpoint_to_load(self) -> Optional[Path]:
+    def _checkpoint_to_load(self) -> Path | None:
         if self.config.load_dir is not None:
             load_dir = Path(self.config.load_dir)
             if not load_dir.is_dir():
@@ -310,14 +310,13 @@ class DistSplatTrainer(Trainer):
             self.step = step
             while self.training_state == "paused" and not self.stop_training and not signals.requested:
                 time.sleep(0.01)
-            with self.train_lock:
-                with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
-                    self.pipeline.train()
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
-                    loss, loss_dict, metrics_dict = self.train_iteration(step)
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+            with self.train_lock, TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
+                self.pipeline.train()
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+                loss, loss_dict, metrics_dict = self.train_iteration(step)
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
             last_step = step
             if step == self._start_step:
                 enter_phase(self.ctx, "training", watch=False)
@@ -355,7 +354,7 @@ class DistSplatTrainer(Trainer):
         report = self.pipeline.train_step(step, self.optimizers)
         self.record.add_step(report, self.pipeline.config.batch_size)
         loss_dict = {"main_loss": report.loss}
-        metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
+        metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
             loss_dict = {"main_loss": report.loss.clone(), "l1": report.l1.clone(), "dssim": report.dssim.clone()}
             for value in loss_dict.values():
@@ -395,7 +394,7 @@ class DistSplatTrainer(Trainer):
         if step_check(step, self.config.steps_per_eval_all_images, run_at_zero=True):
             self._eval_all(step)
 
-    def _eval_all(self, step: int) -> Optional[float]:
+    def _eval_all(self, step: int) -> float | None:
         metrics = self.pipeline.get_average_eval_image_metrics(step=step)
         self._last_eval_all_step = step
         if not self.ctx.is_main:
@@ -449,7 +448,7 @@ class DistSplatTrainer(Trainer):
         if step >= self._start_step and self._last_saved_step != step:
             self.save_checkpoint(step)
 
-    def _after_stop(self, last_step: int, signum: Optional[int]) -> None:
+    def _after_stop(self, last_step: int, signum: int | None) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,
         then exit ``128 + signal`` (a stop from the viewer ends normally)."""
         self._save_unless_saved(last_step)
@@ -465,9 +464,8 @@ class DistSplatTrainer(Trainer):
     def _after_train(self) -> None:
         self.training_state = "completed"
         self._save_unless_saved(self.step)
-        if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset:
-            if self._last_eval_all_step != self.step:
-                self._eval_all(self.step)
+        if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset and self._last_eval_all_step != self.step:
+            self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
@@ -480,7 +478,7 @@ class DistSplatTrainer(Trainer):
             self._train_complete_viewer()
         shutdown_distributed()
 
-    def collect_stats(self) -> Dict[str, Any]:
+    def collect_stats(self) -> dict[str, Any]:
         """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
         record = self.record
         return {

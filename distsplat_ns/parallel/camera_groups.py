@@ -14,7 +14,6 @@ Shape letters: B images in the batch, N Gaussians (all ranks').
 from __future__ import annotations
 
 import os
-from typing import List
 
 import torch
 
@@ -51,6 +50,6 @@ def group_size(budget_bytes: int, num_gaussians_total: int, world_size: int, ite
     return max(1, min(batch_size, budget_bytes // per_camera))
 
 
-def split_positions(batch_size: int, size: int) -> List[List[int]]:
+def split_positions(batch_size: int, size: int) -> list[list[int]]:
     """Batch positions ``0 .. B-1`` in consecutive groups of ``size`` (the last may be smaller)."""
     return [list(range(start, min(start + size, batch_size))) for start in range(0, batch_size, size)]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -58,8 +59,8 @@ class ShardedMode(ParallelMode):
         self._training_thread = threading.get_ident()
         self.view_requests = ViewRequests()
         #: Cameras per group when set (tests); otherwise from the memory budget (camera_groups).
-        self.group_cameras: Optional[int] = None
-        self._budget_bytes: Optional[int] = None
+        self.group_cameras: int | None = None
+        self._budget_bytes: int | None = None
         # At one rank the model is whole and renders views itself (ns-eval, ns-viewer, W = 1).
         model.view_renderer = self._render_view if ctx.is_distributed else None
 
@@ -75,7 +76,7 @@ class ShardedMode(ParallelMode):
         """Every rank adds its shard's part of the scale term; rank 0 the camera penalty."""
         return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=True, num_gaussians_total=num_gaussians_total)
 
-    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each rank projected its own Gaussians: the footprints of all of them are the sum.
 
         **Collective:** world group, one all-reduce of the row costs (none at one rank).
@@ -83,7 +84,7 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> List[List[int]]:
+    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> list[list[int]]:
         """Consecutive groups of as many cameras as the memory budget holds for a shard
         (``parallel/camera_groups.py``): a rank's live projections are O(N/W x group), not
         O(N/W x B). ``group_cameras``, when set, fixes the size instead (tests).
@@ -101,8 +102,8 @@ class ShardedMode(ParallelMode):
         return split_positions(batch_size, size)
 
     def projections(
-        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Optional[Sequence[int]] = None
-    ) -> Tuple[ProjectionSource, int]:
+        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+    ) -> tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands of the cameras at ``positions`` (the
         whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
         gradients return in backward).
@@ -112,7 +113,7 @@ class ShardedMode(ParallelMode):
         positions = list(range(len(cameras))) if positions is None else list(positions)
         group = cameras[torch.tensor(positions, dtype=torch.long)]
         # The shard into every camera of the group, each call's cameras named by batch position.
-        calls: List[ProjectionCall] = [
+        calls: list[ProjectionCall] = [
             ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)
         ]
         wanted = set(positions)
@@ -135,8 +136,8 @@ class ShardedMode(ParallelMode):
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
     def statistics(
-        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[Tuple[int, int]]
-    ) -> Tuple[Dict[str, Any], int]:
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
         assert all(isinstance(s, ReceivedProjections) for s in sources), "the sharded mode renders from the exchange"
         projections = [p for source in sources for p in source.shard_projections]  # type: ignore[attr-defined]
@@ -166,7 +167,7 @@ class ShardedMode(ParallelMode):
             return 0
         return rebalance_shards_(self.ctx, self.model, optimizers)
 
-    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+    def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]
 
     @property
@@ -185,7 +186,7 @@ class ShardedMode(ParallelMode):
         requests return at once (it shows the background). Local."""
         self.view_requests.close()
 
-    def _render_view(self, camera: Cameras) -> Optional[Dict[str, Any]]:
+    def _render_view(self, camera: Cameras) -> dict[str, Any] | None:
         """``DistSplatModel.get_outputs`` in sharded mode: from the training thread, the view
         rendered by every rank (the image on rank 0, None elsewhere); from any other thread
         (nerfstudio's viewer, rank 0 only), the camera is posted and the frame rendered at the next
@@ -202,7 +203,7 @@ class ShardedMode(ParallelMode):
         width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
         return self.model.get_empty_outputs(width, height, self.model._get_background_color())
 
-    def pending_view(self) -> Optional[Any]:
+    def pending_view(self) -> Any | None:
         """Rank 0: the viewer's pending ``(camera, crop box)``, taken (it is answered by
         :meth:`serve_view` at this boundary). Local."""
         return self.view_requests.take() if self.ctx.is_main else None
@@ -227,14 +228,14 @@ class ShardedMode(ParallelMode):
         if self.ctx.is_main:
             self.view_requests.answer(outputs)
 
-    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+    def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The shards in id order on rank 0 (``full_state.gather_full_state``).
 
         **Collective:** world group, one tensor at a time.
         """
         return gather_full_state(self.ctx, self.model, optimizers)
 
-    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Memory-mapped, cut to this rank's block: only the rows it owns are read into memory."""
         loaded = load_checkpoint_file(path, mmap=True)
         shard_loaded_checkpoint_(loaded, self.ctx.rank, self.ctx.world_size)

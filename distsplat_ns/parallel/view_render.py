@@ -20,7 +20,7 @@ Shape letters: N Gaussians on this rank, H/W pixels.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,7 +43,7 @@ NUM_PIXEL_CHANNELS = 5
 
 
 @torch.no_grad()
-def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Cameras) -> Optional[Dict[str, torch.Tensor]]:
+def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Cameras) -> dict[str, torch.Tensor] | None:
     """Render one whole camera from every rank's shard; the image on rank 0 (see the module docstring).
 
     Args:
@@ -111,7 +111,7 @@ def _render_band(received: ReceivedProjections, first_row_px: int, num_rows_px: 
     return torch.cat([rgb, colors[..., 3:4], alphas], dim=-1)
 
 
-def _outputs(image: torch.Tensor, background: torch.Tensor, height: int, width: int) -> Dict[str, torch.Tensor]:
+def _outputs(image: torch.Tensor, background: torch.Tensor, height: int, width: int) -> dict[str, torch.Tensor]:
     """``get_outputs``' dict from the stacked pixels `[H, W, 5]` (as ``model/eval_outputs.py``)."""
     alpha = image[..., _ALPHA]
     depth = image[..., _DEPTH]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -28,7 +28,7 @@ class _Request:
     camera: Any
     crop_box: Any
     done: threading.Event = field(default_factory=threading.Event)
-    outputs: Optional[Dict[str, torch.Tensor]] = None
+    outputs: dict[str, torch.Tensor] | None = None
 
 
 class ViewRequests:
@@ -41,8 +41,8 @@ class ViewRequests:
     def __init__(self, wait_s: float = DEFAULT_WAIT_S) -> None:
         self.wait_s = wait_s
         self._lock = threading.Lock()
-        self._pending: Optional[_Request] = None
-        self._taken: Optional[_Request] = None
+        self._pending: _Request | None = None
+        self._taken: _Request | None = None
         self._closed = False
         self.num_served = 0
 
@@ -54,7 +54,7 @@ class ViewRequests:
                 self._pending.done.set()
                 self._pending = None
 
-    def post_and_wait(self, camera: Any, crop_box: Any) -> Optional[Dict[str, torch.Tensor]]:
+    def post_and_wait(self, camera: Any, crop_box: Any) -> dict[str, torch.Tensor] | None:
         """Viewer thread: post ``camera`` (host-side) and wait for its frame; None when no step
         boundary came within ``wait_s`` or the requests are closed. A request not yet taken is
         updated to the newest camera (its waiters get that frame). Local: the training thread
@@ -73,7 +73,7 @@ class ViewRequests:
                 self._pending = None
         return request.outputs
 
-    def take(self) -> Optional[Any]:
+    def take(self) -> Any | None:
         """Training thread: the pending request's ``(camera, crop_box)`` to share with every rank
         (None when there is none); it stays owed an answer (:meth:`answer`). Local."""
         with self._lock:
@@ -81,7 +81,7 @@ class ViewRequests:
             self._taken = request
         return None if request is None else (request.camera, request.crop_box)
 
-    def answer(self, outputs: Optional[Dict[str, torch.Tensor]]) -> None:
+    def answer(self, outputs: dict[str, torch.Tensor] | None) -> None:
         """Training thread: hand the frame rendered for the last :meth:`take` to its waiter. Local."""
         with self._lock:
             request, self._taken = self._taken, None

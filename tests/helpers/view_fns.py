@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
@@ -20,7 +20,7 @@ def view_model(dtype: str) -> Any:
     return model
 
 
-def whole_model_view(dtype: str, camera_index: int) -> Dict[str, torch.Tensor]:
+def whole_model_view(dtype: str, camera_index: int) -> dict[str, torch.Tensor]:
     """One process's ``get_outputs`` of the whole model (no view renderer: nerfstudio's path)."""
     model = view_model(dtype)
     with torch.no_grad():
@@ -36,7 +36,7 @@ def sharded_view(ctx: Any, dtype: str, camera_index: int) -> Any:
     return None if out is None else {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
-def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> Dict[str, Any]:
+def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     """One sharded step's forward and backward (``DistSplatPipeline._forward_backward``) on a
     batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
     rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
@@ -98,7 +98,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
     plan = pipe.planner.plan([0], ctx.world_size, 1)
     mine = [(b.position, b.first_row, [1.0] * b.num_rows) for b in plan.bands[ctx.rank]]
-    frame: Dict[str, Any] = {}
+    frame: dict[str, Any] = {}
     viewer = None
     if ctx.rank == 0:
         camera = make_cameras(4)[camera_index : camera_index + 1]
@@ -116,7 +116,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
             "served": mode.view_requests.num_served - served_before}
 
 
-def eval_metrics(ctx: Any, dtype: str) -> Dict[str, Any]:
+def eval_metrics(ctx: Any, dtype: str) -> dict[str, Any]:
     """``DistSplatPipeline``'s eval on this rank's shard (sharded mode; at one rank the model is
     whole and renders itself): one eval image's metrics and the average over every eval image,
     on the eval cameras 1 and 3 with fixed target images."""

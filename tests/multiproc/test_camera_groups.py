@@ -19,7 +19,7 @@ def one_group() -> list:
 @pytest.mark.parametrize("group_cameras", [1, 2])
 def test_camera_groups_give_the_loss_and_gradients_of_one_group(one_group: list, group_cameras: int) -> None:
     grouped = run_ranks(view_fns.grouped_step, 2, group_cameras, "float64")
-    for got, want in zip(grouped, one_group):
+    for got, want in zip(grouped, one_group, strict=False):
         assert got["num_groups"] == -(-3 // group_cameras) and want["num_groups"] == 1
         assert torch.equal(got["ids"], want["ids"]) and got["num_tile_counts"] == want["num_tile_counts"]
         # float64; the groups' gradients are summed into .grad one group after the other instead

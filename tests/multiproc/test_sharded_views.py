@@ -5,7 +5,6 @@ exchange, only band pixels reach rank 0."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.helpers import view_fns
 from tests.helpers.multiproc import run_ranks
