@@ -6,16 +6,22 @@ it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole st
 -> fetch -> projections -> forward -> backward (with the SSIM-halo exchange) -> reduce ->
 statistics -> finite check -> optimizer -> refine -> after-refine -> observe costs -> replica
 check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
-(trainer.py); the eval and viewer paths of the model never enter a collective.
+(trainer.py). Eval images and viewer frames are rendered as the mode says: by rank 0 alone from the
+whole model (replicated), or by every rank from its shard (sharded: eval is then called on every
+rank, and a viewer frame rank 0's viewer thread posted is shared in the step's cost all-gather and
+rendered by all ranks at the end of the step).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torchvision.utils as vutils
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
@@ -28,7 +34,7 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import all_gather_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
-from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource
+from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import build_parallel_mode
 from distsplat_ns.utils.cameras import downscaled_px
@@ -219,18 +225,65 @@ class DistSplatPipeline(VanillaPipeline):
     def model(self) -> DistSplatModel:
         return self._model  # type: ignore[return-value]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Give rank 0 the whole model for eval and the viewer (``ParallelMode.refresh_full_view``:
-        a gather in sharded mode, nothing in replicated mode).
+    # ------------------------------------------------------------------ eval
+    def get_eval_image_metrics_and_images(self, step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """One eval image's metrics and images (nerfstudio's), on every rank ``mode.evaluates_here``
+        names; where the view is a collective only rank 0 gets metrics and images (the others
+        ``{"num_rays": ...}`` and ``{}``).
 
-        **Collective:** world group, on every rank at the same steps (the trainer calls it at the
-        steps rank 0 evaluates, and every few steps with the viewer).
+        **Collective:** where the mode's views are (sharded: every rank, the same eval image: the
+        eval order is seeded alike on every rank).
         """
-        self.mode.refresh_full_view(step)
+        self.eval()
+        try:
+            camera, batch = self.datamanager.next_eval_image(step)
+            outputs = self.model.get_outputs_for_camera(camera)
+            metrics, images = ({}, {}) if outputs is None else self.model.get_image_metrics_and_images(outputs, batch)
+            metrics["num_rays"] = int(camera.height.reshape(-1)[0]) * int(camera.width.reshape(-1)[0])
+        finally:
+            self.train()
+        return metrics, images
 
-    def drop_full_view(self) -> None:
-        """Free rank 0's copy of the whole model until the next refresh. Local: no collective."""
-        self.mode.drop_full_view()
+    def get_average_eval_image_metrics(
+        self, step: int | None = None, output_path: Path | None = None, get_std: bool = False
+    ) -> dict[str, float]:
+        """Every eval image's metrics averaged (nerfstudio's keys: the metrics, ``num_rays_per_sec``,
+        ``fps``, with ``_std`` when ``get_std``); ``{}`` on a rank whose mode renders views as
+        collectives but is not rank 0 (it took part in every render).
+
+        **Collective:** as :meth:`get_eval_image_metrics_and_images`, once per eval image in the
+        fixed eval order.
+        """
+        self.eval()
+        per_image: list[dict[str, float]] = []
+        try:
+            if output_path is not None:
+                output_path.mkdir(exist_ok=True, parents=True)
+            for idx, (camera, batch) in enumerate(self.datamanager.fixed_indices_eval_dataloader):
+                start = time.perf_counter()
+                outputs = self.model.get_outputs_for_camera(camera=camera)
+                if outputs is None:
+                    continue
+                num_rays = int(camera.height.reshape(-1)[0]) * int(camera.width.reshape(-1)[0])
+                metrics, images = self.model.get_image_metrics_and_images(outputs, batch)
+                if output_path is not None:
+                    for key, image in images.items():
+                        vutils.save_image(image.permute(2, 0, 1).cpu(), output_path / f"eval_{key}_{idx:04d}.png")
+                elapsed = max(time.perf_counter() - start, 1e-9)
+                metrics["num_rays_per_sec"] = num_rays / elapsed
+                metrics["fps"] = 1.0 / elapsed
+                per_image.append(metrics)
+        finally:
+            self.train()
+        averaged: dict[str, float] = {}
+        for key in per_image[0] if per_image else []:
+            values = torch.tensor([m[key] for m in per_image], dtype=torch.float64)
+            if get_std:
+                std, mean = torch.std_mean(values)
+                averaged[key], averaged[f"{key}_std"] = float(mean), float(std)
+            else:
+                averaged[key] = float(values.mean())
+        return averaged
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:
@@ -288,21 +341,13 @@ class DistSplatPipeline(VanillaPipeline):
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
         positions, images, masks = self._fetch_images(step, batch, bands, clock)
-        with clock.phase("forward"):
-            source, moved = self.mode.projections(self._host_cameras(batch), plan, step, lambda: clock.phase("all_reduce"))
-            # Host-side cameras: the model reads their sizes without a device sync, then moves them.
-            cameras = self._host_cameras([batch[p] for p in positions])
-            result = self.model.forward_bands(
-                cameras, positions, images, masks, bands, step, self.mode.regularizer_share(num_gaussians), source
-            )
-        with clock.phase("backward"):
-            self._backward(result, source, clock)
+        result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock)
         with clock.phase("all_reduce"):
             named = self._named_trainable_parameters()
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
             moved += self.mode.reduce_gradients(named)
-            info, statistics_bytes = self._statistics(step, source, sizes_px)
+            info, statistics_bytes = self._statistics(step, sources, sizes_px)
             verdict = self._finite_verdict(step, named)
         # The host copy of the costs carries the verdict: the check costs no extra sync.
         measured, bad = self._costs_to_host(result, verdict)
@@ -322,13 +367,56 @@ class DistSplatPipeline(VanillaPipeline):
             measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
 
+    def _forward_backward(
+        self, step: int, batch: Sequence[int], plan: StepPlan, positions: list[int], images: list[torch.Tensor],
+        masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock,
+    ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
+        """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
+        time, so that only one group's projections are live; the gradients accumulate. Returns the
+        whole batch's result (loss shares summed, every band's tile counts), each group's source
+        and the bytes moved. The batch-independent terms are added once (with the first group).
+
+        **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
+        all-gather, the source's backward.
+        """
+        whole = self._host_cameras(batch)
+        share = self.mode.regularizer_share(num_gaussians)
+        no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=num_gaussians)
+        total: BandRenderResult | None = None
+        sources: list[ProjectionSource] = []
+        moved = 0
+        for g, group in enumerate(self.mode.camera_groups(len(batch), num_gaussians)):
+            wanted = set(group)
+            mine = [i for i, p in enumerate(positions) if p in wanted]
+            with clock.phase("forward"):
+                source, sent = self.mode.projections(whole, plan, step, lambda: clock.phase("all_reduce"), group)
+                # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+                result = self.model.forward_bands(
+                    self._host_cameras([batch[positions[i]] for i in mine]), [positions[i] for i in mine],
+                    [images[i] for i in mine], [masks[i] for i in mine],
+                    [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
+                )
+            with clock.phase("backward"):
+                self._backward(result, source, clock)
+            sources.append(source)
+            moved += sent
+            if total is None:
+                total = result
+            else:
+                total.loss = total.loss.detach() + result.loss.detach()
+                total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
+                total.band_tile_counts.extend(result.band_tile_counts)
+            total.pixel_links = []  # consumed by the backward
+        assert total is not None, "a batch has at least one camera"
+        return total, sources, moved
+
     def _statistics(
-        self, step: int, source: ProjectionSource, sizes_px: Sequence[tuple[int, int]]
+        self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]
     ) -> tuple[dict[str, Any] | None, int]:
         """The mode's densification statistics while densification runs (None after)."""
         if step >= self.model.schedule.refine_stop_iter:
             return None, 0
-        return self.mode.statistics(source, self.config.batch_size, sizes_px)
+        return self.mode.statistics(sources, self.config.batch_size, sizes_px)
 
     def _finite_verdict(self, step: int, named: Sequence[tuple[str, torch.nn.Parameter]]) -> torch.Tensor | None:
         """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""
@@ -435,14 +523,19 @@ class DistSplatPipeline(VanillaPipeline):
 
     def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: list[Any], render_s: float) -> tuple[float, float]:
         """All-gather every rank's measured per-row costs (and render time) into the history;
-        returns ``(measured_imbalance, time_imbalance)``.
+        returns ``(measured_imbalance, time_imbalance)``. Rank 0's pending viewer frame
+        (``mode.pending_view``) rides along, and when there is one every rank renders it now
+        (``mode.serve_view``): no collective of its own, and at most one frame per step.
 
-        **Collective:** one all-gather of small Python lists per step, the same on every rank.
+        **Collective:** one all-gather of small Python lists per step, the same on every rank;
+        then, on steps with a viewer request in a mode whose views are collectives, the view's.
         """
-        gathered = all_gather_object(self.ctx, (mine, render_s))
+        gathered = all_gather_object(self.ctx, (mine, render_s, self.mode.pending_view()))
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
         time_imbalance = max_over_mean([g[1] for g in gathered])
         self.time_imbalance.append(time_imbalance)
+        if gathered[0][2] is not None:
+            self.mode.serve_view(gathered[0][2])
         return measured_imbalance, time_imbalance
 
     def balance_summary(self) -> dict[str, Any]:

@@ -4,10 +4,11 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 
 * it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
   process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;
-* rank 0 alone runs the viewer, writers, progress display, evaluation and checkpoints;
+* rank 0 alone runs the viewer, writers, progress display and checkpoints, and evaluation where
+  the parallel mode renders views on rank 0 alone (sharded: every rank renders each eval image);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
-  parallel mode changes around the loop -- the whole-model view for eval and the viewer, what a
+  parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
   checkpoint holds and what a rank loads of one -- is asked of the mode (``parallel/``);
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
 * checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
@@ -96,13 +97,8 @@ class DistSplatTrainer(Trainer):
 
     @report_user_errors
     def __init__(
-        self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1, viewer_refresh_every: int = 100
+        self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1
     ) -> None:
-        """``viewer_refresh_every``: in sharded mode with the viewer on, the steps between two
-        gathers of the whole model to rank 0 for the viewer (``DistSplatPipeline.refresh_full_view``).
-        100 keeps the gather (the whole parameter set, once) under about 1% of the per-step traffic
-        of replicated training, which moves a dense gradient of that size every step, while the
-        view is at most a few seconds old at 30-50 ms per step."""
         if config.mixed_precision:
             raise UserError("distsplat does not support --mixed-precision True")
         self.ctx: DistContext = init_distributed(
@@ -122,9 +118,8 @@ class DistSplatTrainer(Trainer):
         self._last_saved_step: int | None = None
         self.record = RunRecord()
         self.attempts = AttemptLog(self.base_dir, enabled=self.ctx.is_main)
-        if viewer_refresh_every < 1:
-            raise ValueError(f"viewer_refresh_every must be >= 1, got {viewer_refresh_every}")
-        self.viewer_refresh_every = viewer_refresh_every
+        # The last step every image was evaluated at (on every rank that evaluates: the final eval's test).
+        self._last_eval_all_step: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def _agree_run_identity(self, config: DistSplatTrainerConfig) -> tuple:
@@ -197,7 +192,7 @@ class DistSplatTrainer(Trainer):
                 datapath=datapath,
                 pipeline=self.pipeline,
                 trainer=self,
-                train_lock=self.train_lock,
+                train_lock=self.pipeline.mode.viewer_lock(self.train_lock),
                 share=self.config.viewer.make_share_url,
             )
             banner_messages = self.viewer_state.viewer_info
@@ -327,9 +322,8 @@ class DistSplatTrainer(Trainer):
 
         A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
         ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
-        rank leaves after the same step. Every rank also joins the refresh of the full view
-        (``DistSplatPipeline.refresh_full_view``, a gather where ranks hold shards) after the steps
-        :meth:`_needs_full_view` names, before rank 0 updates the viewer and evaluates.
+        rank leaves after the same step. Eval runs on the ranks ``mode.evaluates_here`` names (all
+        of them where a view is a collective), at the same steps.
         """
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):
@@ -356,20 +350,19 @@ class DistSplatTrainer(Trainer):
                     step=step,
                     avg_over_steps=True,
                 )
-            if self._needs_full_view(step):
-                self.pipeline.refresh_full_view(step)
             with rank0_work(self.ctx, f"updating the viewer after step {step}", active=self.config.is_viewer_enabled()):
                 self._update_viewer_state(step)
             if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
                 writer.put_scalar(name="Train Loss", scalar=loss, step=step)
                 writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
                 writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
-            with rank0_work(self.ctx, f"evaluating after step {step}", active=self._evaluates_at(step)):
-                if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
+            # Replicated, rank 0 evaluates alone and the others wait in a rank-0 window (not in a
+            # collective whose timeout the eval would exhaust); sharded, every rank renders the views.
+            eval_window = self._evaluates_at(step) and not self.pipeline.mode.views_are_collective
+            with rank0_work(self.ctx, f"evaluating after step {step}", active=eval_window):
+                if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset:
                     with self.train_lock:
                         self.eval_iteration(step)
-            if not self.config.is_viewer_enabled():
-                self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
             if step_check(step, self.config.steps_per_save):
                 self.save_checkpoint(step)
             writer.write_out_storage()
@@ -378,7 +371,7 @@ class DistSplatTrainer(Trainer):
         return last_step
 
     def _evaluates_at(self, step: int) -> bool:
-        """Whether rank 0 renders eval images after ``step`` (:meth:`eval_iteration`'s conditions:
+        """Whether eval images are rendered after ``step`` (:meth:`eval_iteration`'s conditions:
         config and step only, so every rank computes the same answer)."""
         config = self.config
         if not (config.is_wandb_enabled() or config.is_tensorboard_enabled() or config.is_comet_enabled()):
@@ -386,12 +379,6 @@ class DistSplatTrainer(Trainer):
         if not self.pipeline.datamanager.eval_dataset:
             return False
         return step_check(step, config.steps_per_eval_image) or step_check(step, config.steps_per_eval_all_images, run_at_zero=True)
-
-    def _needs_full_view(self, step: int) -> bool:
-        """Whether rank 0 needs the whole model after ``step`` (eval, or the viewer's
-        refresh every ``viewer_refresh_every`` steps and at the first step)."""
-        viewer = self.config.is_viewer_enabled() and (step % self.viewer_refresh_every == 0 or step == self._start_step)
-        return viewer or self._evaluates_at(step)
 
     def train_iteration(self, step: int):  # type: ignore[override]
         """One step (``DistSplatPipeline.train_step``), then what nerfstudio's loop logs.
@@ -418,13 +405,18 @@ class DistSplatTrainer(Trainer):
 
     @check_eval_enabled
     def eval_iteration(self, step: int) -> None:
-        """Rank 0 only: one eval image every ``steps_per_eval_image``, all of them every
-        ``steps_per_eval_all_images`` (recorded in the run summary). Never a collective."""
-        if not self.ctx.is_main:
+        """One eval image every ``steps_per_eval_image``, all of them every
+        ``steps_per_eval_all_images`` (recorded in the run summary), on the ranks
+        ``mode.evaluates_here`` names; rank 0 writes what it measured.
+
+        **Collective:** where the mode's views are (sharded: every rank, at the same steps).
+        """
+        if not self.pipeline.mode.evaluates_here:
             return
         if step_check(step, self.config.steps_per_eval_image):
             with TimeWriter(writer, EventName.TEST_RAYS_PER_SEC, write=False) as test_t:
                 metrics_dict, images_dict = self.pipeline.get_eval_image_metrics_and_images(step=step)
+        if step_check(step, self.config.steps_per_eval_image) and self.ctx.is_main:
             writer.put_time(
                 name=EventName.TEST_RAYS_PER_SEC,
                 duration=metrics_dict["num_rays"] / max(test_t.duration, 1e-9),
@@ -440,6 +432,9 @@ class DistSplatTrainer(Trainer):
 
     def _eval_all(self, step: int) -> float | None:
         metrics = self.pipeline.get_average_eval_image_metrics(step=step)
+        self._last_eval_all_step = step
+        if not self.ctx.is_main:
+            return None
         writer.put_dict(name="Eval Images Metrics Dict (all images)", scalar_dict=metrics, step=step)
         psnr = float(metrics["psnr"]) if "psnr" in metrics else None
         if psnr is not None:
@@ -508,12 +503,9 @@ class DistSplatTrainer(Trainer):
         self.training_state = "completed"
         self._save_unless_saved(self.step)
         self.attempts.end(self.step, "completed")
-        if self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled():
-            self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
-        with rank0_work(self.ctx, f"evaluating after the last step {self.step}"):
-            if self.ctx.is_main and self.pipeline.datamanager.eval_dataset and (
-                not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step
-            ):
+        final_eval = bool(self.pipeline.datamanager.eval_dataset) and self._last_eval_all_step != self.step
+        with rank0_work(self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.mode.views_are_collective):
+            if self.pipeline.mode.evaluates_here and final_eval:
                 self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
@@ -522,6 +514,7 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}")
         for callback in self.callbacks:
             callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
+        self.pipeline.mode.close_views()  # no more step boundaries to render viewer frames at
         if self.ctx.is_main and not self.config.viewer.quit_on_train_completion:
             self._train_complete_viewer()
         shutdown_distributed()

@@ -19,7 +19,7 @@ H/W pixels, K SH bases.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -152,8 +152,9 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         num_initial = int(self.gauss_params["means"].shape[0])
         self.strategy_state["gauss_ids"] = torch.arange(num_initial, dtype=torch.int64)
         self.next_gauss_id: int = num_initial
-        # The whole model, on rank 0 of a sharded run, for eval and the viewer (set_full_view).
-        self.full_view: dict[str, torch.Tensor] | None = None
+        # Set by a parallel mode whose views are collectives (parallel/sharded.py): get_outputs
+        # renders through it; None renders this model's own Gaussians.
+        self.view_renderer: Callable[[Cameras], dict[str, torch.Tensor] | None] | None = None
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
 
@@ -243,12 +244,6 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             "opacities": torch.sigmoid(raw["opacities"]).squeeze(-1),
             "colors": colors,
         }
-
-    def set_full_view(self, params: dict[str, torch.Tensor] | None) -> None:
-        """Render eval and viewer images from ``params``, the whole model's raw parameters gathered
-        from every shard (``DistSplatPipeline.refresh_full_view``), instead of this rank's shard;
-        None goes back to the model's own Gaussians. Training never reads it."""
-        self.full_view = None if params is None else {k: v.to(self.device) for k, v in params.items()}
 
     def training_background(self, step: int, position: int) -> torch.Tensor:
         """Background colour of image ``position`` of the batch at ``step``: the same on every rank.

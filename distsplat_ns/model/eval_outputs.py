@@ -1,5 +1,7 @@
-"""Eval, export and viewer rendering of ``DistSplatModel``: one whole camera at a time, never a
-collective (in sharded training rank 0 renders the full view the parallel mode gathered).
+"""Eval, export and viewer rendering of ``DistSplatModel``: one whole camera at a time. Where the
+model holds every Gaussian it renders them itself (never a collective); in sharded training the
+parallel mode's ``view_renderer`` renders the camera from every rank's shard
+(``parallel/view_render.py``).
 
 A mixin of ``DistSplatModel`` (``model/distsplat_model.py``), ahead of splatfacto's methods.
 """
@@ -19,18 +21,27 @@ LOGGER = get_logger(__name__)
 
 
 class EvalOutputs:
-    """``get_outputs`` and the eval metrics of ``DistSplatModel`` (its attributes: ``full_view``,
+    """``get_outputs`` and the eval metrics of ``DistSplatModel`` (its attributes: ``view_renderer``,
     ``gauss_params``, ``config``, ``render_inputs``, ...)."""
 
-    def get_outputs(self, camera: Cameras) -> dict[str, torch.Tensor | list]:
-        """Render one whole camera for eval, export and the viewer. Never enters a collective: in
-        sharded training it renders the full view the pipeline gathered (``set_full_view``)."""
+    def get_outputs(self, camera: Cameras) -> dict[str, torch.Tensor | list] | None:
+        """Render one whole camera for eval, export and the viewer.
+
+        Returns:
+            nerfstudio's outputs; None on a rank other than 0 whose mode renders views as
+            collectives (it took part, rank 0 holds the image).
+
+        **Collective:** only through ``view_renderer`` (sharded training: on every rank in the
+        same order from the training thread; a viewer thread's call posts the camera instead).
+        Without one, local.
+        """
         if not isinstance(camera, Cameras):
             raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
         if camera.shape[0] != 1:
             raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
-        # Sharded training: rank 0 renders the whole model gathered at the last refresh (set_full_view).
-        raw = self.full_view if self.full_view is not None else self.gauss_params
+        if self.view_renderer is not None:
+            return self.view_renderer(camera)
+        raw = self.gauss_params
         crop_ids = None
         if self.crop_box is not None and not self.training:
             crop_ids = self.crop_box.within(raw["means"]).squeeze()

@@ -70,8 +70,16 @@ class ParallelMode(ABC):
         """Cold-start row costs of every Gaussian from this rank's projections of its Gaussians
         (``balance/cost.py:footprint_row_costs``, concatenated over cameras); and the bytes moved."""
 
+    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> list[list[int]]:
+        """The batch positions projected, exchanged, rendered and back-propagated together, in
+        order (every rank the same groups): the whole batch, unless the mode bounds its live
+        projections (sharded: ``parallel/camera_groups.py``)."""
+        return [list(range(batch_size))]
+
     @abstractmethod
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
+    def projections(
+        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+    ) -> tuple[ProjectionSource, int]:
         """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
 
         Args:
@@ -79,6 +87,8 @@ class ParallelMode(ABC):
             plan: The step's plan (every rank's bands).
             step: The step.
             timer: Counts communication time (also the time spent in backward by the source).
+            positions: The camera group (:meth:`camera_groups`) whose bands the source renders;
+                the whole batch when None.
         """
 
     @abstractmethod
@@ -86,9 +96,12 @@ class ParallelMode(ABC):
         """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
 
     @abstractmethod
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
-        and the bytes moved. ``sizes_px``: each batch position's rendered ``(width, height)``."""
+        and the bytes moved. ``sources``: one per camera group, after its backward; ``sizes_px``:
+        each batch position's rendered ``(width, height)``."""
 
     @abstractmethod
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
@@ -108,14 +121,38 @@ class ParallelMode(ABC):
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         """The parameters every rank holds identically (for the replica check)."""
 
-    # ------------------------------------------------------------------ the whole model
+    # ------------------------------------------------------------------ views: eval and the viewer
+    @property
     @abstractmethod
-    def refresh_full_view(self, step: int) -> None:
-        """Give rank 0 the whole model to render eval and viewer images from (``DistSplatModel.set_full_view``)."""
+    def evaluates_here(self) -> bool:
+        """Whether this rank runs the eval renders (every rank where a view is a collective, rank 0
+        alone where it holds the whole model). The same answer at every step: the trainer calls
+        eval on exactly these ranks, at the same steps."""
 
-    def drop_full_view(self) -> None:
-        """Free rank 0's full view (until the next refresh). Local: no collective."""
-        self.model.set_full_view(None)
+    @property
+    @abstractmethod
+    def views_are_collective(self) -> bool:
+        """Whether every rank takes part in rendering an eval image or viewer frame (the same
+        answer on every rank): then eval is no rank-0-only work (``distributed/rank0_work.py``)."""
+
+    def viewer_lock(self, train_lock: Any) -> Any:
+        """The lock nerfstudio's viewer thread holds while it renders a frame: the trainer's
+        ``train_lock`` where the viewer thread renders the model itself (so never mid-step), or
+        None where frames are rendered by the training thread at step boundaries (holding the lock
+        while waiting for one would deadlock the step)."""
+        return train_lock
+
+    def close_views(self) -> None:  # noqa: B027 -- a default: nothing to close where rank 0 renders views alone
+        """Training is over on every rank (called before the viewer is kept open). Local."""
+
+    def pending_view(self) -> Any | None:
+        """Rank 0's viewer request to render at this step boundary (None: none, or not rank 0).
+        Shared in the step's cost all-gather (``DistSplatPipeline._observe_costs``). Local."""
+        return None
+
+    def serve_view(self, request: Any) -> None:  # noqa: B027 -- a default: no request is ever shared where rank 0 renders alone
+        """Render the viewer request rank 0 shared at this step boundary and hand it to rank 0's
+        viewer thread. **Collective** where views are (every rank calls it with the same request)."""
 
     @abstractmethod
     def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:

@@ -41,7 +41,9 @@ class ReplicatedMode(ParallelMode):
         """Already every Gaussian's (every rank projected all of them). Local."""
         return costs, 0
 
-    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
+    def projections(
+        self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Sequence[int] | None = None
+    ) -> tuple[ProjectionSource, int]:
         """This rank's own Gaussians, projected as its bands are rendered. Local."""
         return OwnProjections(), 0
 
@@ -52,14 +54,16 @@ class ReplicatedMode(ParallelMode):
         """
         return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
         **Collective:** world group, three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`,
         `[B, N]` (none at one rank).
         """
-        grads, absgrads, radii = batch_statistics(self.model, source.calls, batch_size)
+        grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.calls], batch_size)
         all_reduce_sum_(self.ctx, grads)
         all_reduce_sum_(self.ctx, absgrads)
         all_reduce_max_(self.ctx, radii)
@@ -82,8 +86,15 @@ class ReplicatedMode(ParallelMode):
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for _, p in named]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Nothing: the model is whole on every rank."""
+    @property
+    def evaluates_here(self) -> bool:
+        """Rank 0 alone: it holds the whole model and renders eval and viewer images by itself."""
+        return self.ctx.is_main
+
+    @property
+    def views_are_collective(self) -> bool:
+        """False: rank 0 renders views from its whole copy while the others wait."""
+        return False
 
     def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """None: rank 0's own state is the whole model's."""

@@ -5,13 +5,16 @@ Each rank projects its shard into every camera of the batch and the exchange
 (``parallel/exchange.py``) sends each band's rank the screen-space terms it needs; the exchange's
 backward returns their gradients, so each owner ends the backward with its Gaussians' complete
 gradients and densification statistics: nothing but the parameters every rank holds (camera
-adjustments) is reduced. After a refine the shards are rebalanced when they drift; eval, the
-viewer and checkpoints gather the whole model to rank 0 (``parallel/full_state.py``).
+adjustments) is reduced. After a refine the shards are rebalanced when they drift. Eval images and
+viewer frames are rendered by every rank from its shard (``parallel/view_render.py``; frames are
+posted by rank 0's viewer thread, ``parallel/view_requests.py``); checkpoints gather the whole
+model to rank 0 (``parallel/full_state.py``).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +32,13 @@ from distsplat_ns.distributed.collectives import (
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, grows_at
+from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
-from distsplat_ns.parallel.full_state import GatheredState, gather_full_params, gather_full_state, shard_loaded_checkpoint_
+from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
 from distsplat_ns.parallel.shard_rows import rebalance_shards_, take_initial_shard_
+from distsplat_ns.parallel.view_render import render_view_collectively
+from distsplat_ns.parallel.view_requests import ViewRequests
 
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
@@ -48,7 +54,15 @@ class ShardedMode(ParallelMode):
 
     def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         super().__init__(ctx, model)
-        self._full_view_step: int | None = None
+        # The thread that trains (and so makes the collectives); any other thread that asks for a
+        # view is the viewer's, and posts it instead (parallel/view_requests.py).
+        self._training_thread = threading.get_ident()
+        self.view_requests = ViewRequests()
+        #: Cameras per group when set (tests); otherwise from the memory budget (camera_groups).
+        self.group_cameras: int | None = None
+        self._budget_bytes: int | None = None
+        # At one rank the model is whole and renders views itself (ns-eval, ns-viewer, W = 1).
+        model.view_renderer = self._render_view if ctx.is_distributed else None
 
     def take_initial_gaussians_(self) -> None:
         """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
@@ -70,15 +84,42 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
-        """The terms every rank sent for this rank's bands (``exchange_screen_terms``); the bytes
-        count both directions (the gradients return in backward).
+    def camera_groups(self, batch_size: int, num_gaussians_total: int) -> list[list[int]]:
+        """Consecutive groups of as many cameras as the memory budget holds for a shard
+        (``parallel/camera_groups.py``): a rank's live projections are O(N/W x group), not
+        O(N/W x B). ``group_cameras``, when set, fixes the size instead (tests).
+
+        **Collective:** world group, at the first call only: the budget's minimum over ranks (one
+        all-gather of an int). **Host sync:** then (free memory).
+        """
+        if self.group_cameras is not None:
+            size = self.group_cameras
+        else:
+            if self._budget_bytes is None:
+                mine = int(BUDGET_FRACTION * free_memory_bytes(self.ctx.device))
+                self._budget_bytes = min(all_gather_counts(self.ctx, mine))
+            size = group_size(self._budget_bytes, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size)
+        return split_positions(batch_size, size)
+
+    def projections(
+        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+    ) -> tuple[ProjectionSource, int]:
+        """The terms every rank sent for this rank's bands of the cameras at ``positions`` (the
+        whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
+        gradients return in backward).
 
         **Collective:** world group: the exchange's three all-to-alls now, one in backward.
         """
-        calls: list[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
+        positions = list(range(len(cameras))) if positions is None else list(positions)
+        group = cameras[torch.tensor(positions, dtype=torch.long)]
+        # The shard into every camera of the group, each call's cameras named by batch position.
+        calls: list[ProjectionCall] = [
+            ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)
+        ]
+        wanted = set(positions)
+        bands = [[b for b in rank_bands if b.position in wanted] for rank_bands in plan.bands]
         with timer():
-            received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, plan.bands, len(cameras), timer)
+            received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, bands, len(cameras), timer)
         return received, received.route.payload_bytes(calls[0][1].means2d.element_size())
 
     def reduce_gradients(self, named: NamedParameters) -> int:
@@ -94,10 +135,13 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
-        assert isinstance(source, ReceivedProjections), "the sharded mode renders from the exchange"
-        grads, absgrads, radii = batch_statistics(self.model, source.shard_projections, batch_size)
+        assert all(isinstance(s, ReceivedProjections) for s in sources), "the sharded mode renders from the exchange"
+        projections = [p for source in sources for p in source.shard_projections]  # type: ignore[attr-defined]
+        grads, absgrads, radii = batch_statistics(self.model, projections, batch_size)
         return info_for(grads, absgrads, radii, sizes_px), 0
 
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
@@ -126,24 +170,68 @@ class ShardedMode(ParallelMode):
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]
 
-    def refresh_full_view(self, step: int) -> None:
-        """Gather the whole model's parameters (no optimizer state) to rank 0, where eval and the
-        viewer render from them; rank 0 then holds one extra copy. A second call at the same step
-        gathers nothing.
+    @property
+    def evaluates_here(self) -> bool:
+        """Every rank: an eval image is rendered by all of them (``render_view_collectively``)."""
+        return True
 
-        **Collective:** world group, on every rank at the same steps: one ``gather_rows`` of the
-        ids, then one per parameter. Nothing at ``world_size == 1`` (the model is whole). Rank 0
-        holding ids ``[0, 2]`` and rank 1 ``[1]``: rank 0 renders rows ``[0, 1, 2]``; rank 1 keeps
-        nothing. **Host sync:** the parameters pass through rank 0's host memory.
+    @property
+    def views_are_collective(self) -> bool:
+        """True on more than one rank: a view is rendered from every rank's shard."""
+        return self.ctx.is_distributed
+
+    def viewer_lock(self, train_lock: Any) -> Any:
+        """None on more than one rank: frames are rendered by the training thread at step
+        boundaries, so the viewer thread never touches the model (and must not hold the lock the
+        step takes while it waits). At one rank the viewer renders the whole model itself."""
+        return None if self.ctx.is_distributed else train_lock
+
+    def close_views(self) -> None:
+        """Training is over: the other ranks leave, so no frame will be rendered; the viewer's
+        requests return at once (it shows the background). Local."""
+        self.view_requests.close()
+
+    def _render_view(self, camera: Cameras) -> dict[str, Any] | None:
+        """``DistSplatModel.get_outputs`` in sharded mode: from the training thread, the view
+        rendered by every rank (the image on rank 0, None elsewhere); from any other thread
+        (nerfstudio's viewer, rank 0 only), the camera is posted and the frame rendered at the next
+        step boundary (:meth:`serve_view`); the background alone if none comes in time.
+
+        **Collective** from the training thread: ``render_view_collectively``'s, on every rank
+        with the same camera. None from another thread.
         """
-        if not self.ctx.is_distributed or self._full_view_step == step:
-            return
-        self.model.set_full_view(gather_full_params(self.ctx, self.model))
-        self._full_view_step = step
+        if threading.get_ident() == self._training_thread:
+            return render_view_collectively(self.ctx, self.model, camera)
+        outputs = self.view_requests.post_and_wait(camera.to("cpu"), self.model.crop_box)
+        if outputs is not None:
+            return outputs
+        width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
+        return self.model.get_empty_outputs(width, height, self.model._get_background_color())
 
-    def drop_full_view(self) -> None:
-        super().drop_full_view()
-        self._full_view_step = None
+    def pending_view(self) -> Any | None:
+        """Rank 0: the viewer's pending ``(camera, crop box)``, taken (it is answered by
+        :meth:`serve_view` at this boundary). Local."""
+        return self.view_requests.take() if self.ctx.is_main else None
+
+    def serve_view(self, request: Any) -> None:
+        """Render ``request`` (``(camera, crop box)``, rank 0's) as eval renders a camera, every
+        rank's shard at once, and hand the frame to rank 0's viewer thread.
+
+        **Collective:** world group: ``render_view_collectively``'s, on every rank with the same
+        request (it came from the all-gather every rank makes at the step boundary).
+        """
+        camera, crop_box = request
+        model = self.model
+        was_training, own_crop = model.training, model.crop_box
+        model.eval()
+        model.crop_box = crop_box
+        try:
+            outputs = render_view_collectively(self.ctx, model, camera.to(model.device))
+        finally:
+            model.train(was_training)
+            model.crop_box = own_crop
+        if self.ctx.is_main:
+            self.view_requests.answer(outputs)
 
     def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The shards in id order on rank 0 (``full_state.gather_full_state``).

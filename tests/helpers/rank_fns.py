@@ -188,7 +188,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
         backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
         named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
         mode.reduce_gradients(named)
-        info, _ = mode.statistics(source, 2, MIXED_SIZES)
+        info, _ = mode.statistics([source], 2, MIXED_SIZES)
         state = {"grad2d": None, "count": None, "radii": None}
         update_batch_statistics(model.strategy, model.gauss_params, state, info)
         grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()

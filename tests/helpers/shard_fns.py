@@ -168,8 +168,8 @@ LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
 def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: int) -> dict[str, Any]:
     """Set up a DistSplatTrainer on the shipped scene (from ``load_dir`` when given), take one Adam
     step with gradients drawn by global id when starting fresh, save checkpoint ``step`` through
-    ``DistSplatTrainer.save_checkpoint``, then refresh the full view. Returns this rank's ids, the
-    checkpoint folder and the full view (rank 0 of a sharded run; None elsewhere)."""
+    ``DistSplatTrainer.save_checkpoint``. Returns this rank's ids, the checkpoint folder and how many
+    Gaussians it holds (its shard: no rank gathers the model to render)."""
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     from distsplat_ns.registry import distsplat_trainer_config
@@ -192,9 +192,9 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
         num_total = sum(all_gather_counts(ctx, int(model.gauss_params["means"].shape[0])))
         adam_step(model, trainer.optimizers.optimizers, num_total, 0)
     trainer.save_checkpoint(step)
-    trainer.pipeline.refresh_full_view(step)
-    view = None if model.full_view is None else {k: v.cpu() for k, v in model.full_view.items()}
-    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "full_view": view}
+    # Eval and the viewer render from every shard (parallel/view_render.py): no rank holds more than its own.
+    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir),
+            "num_held": int(model.gauss_params["means"].shape[0])}
 
 
 def saved_model_state(path: Path) -> dict[str, Any]:

@@ -37,8 +37,10 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.mark.parametrize("launch", ["one-process", "sharded-two-ranks"])
 def test_live_viewer_shows_the_scene_while_training(tmp_path: Path, launch: str) -> None:
-    """Sharded: rank 0 holds half the Gaussians; the viewer renders the full view gathered from
-    both ranks at step boundaries (docs/sharded.md), while the training collectives go on."""
+    """Sharded: rank 0 holds half the Gaussians and no process gathers the model; rank 0's viewer
+    thread posts each frame's camera and both ranks render it at the next step boundary, from
+    their shards (docs/sharded.md, "Views rendered by all ranks"), while training goes on: a
+    frame showing the scene was rendered by both ranks."""
     port = free_port()
     cmd = [ns_bin("ns-train"), "distsplat", "--output-dir", str(tmp_path), "--experiment-name", "it", "--timestamp", "live",
            "--machine.device-type", "cpu", "--max-num-iterations", "100000", "--vis", "viewer",

@@ -1,5 +1,5 @@
-"""Which steps of a sharded run gather the full view to rank 0 (DistSplatTrainer._needs_full_view):
-a pure function of the config and the step, so every rank joins the same gathers."""
+"""Which ranks render eval images (ParallelMode.evaluates_here): rank 0 alone where it holds the
+whole model, every rank where a view is rendered from every shard; and no mode gathers a full view."""
 
 from __future__ import annotations
 
@@ -7,31 +7,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from distsplat_ns.registry import distsplat_trainer_config
-from distsplat_ns.trainer import DistSplatTrainer
+from distsplat_ns.parallel import ReplicatedMode, ShardedMode
+from distsplat_ns.parallel.mode import ParallelMode
+from tests.helpers.model_factory import make_model
 
 
-def _trainer(vis: str, start_step: int = 0, has_eval_images: bool = True) -> DistSplatTrainer:
-    trainer = object.__new__(DistSplatTrainer)  # no process group, pipeline or writers: only the step rule
-    trainer.config = distsplat_trainer_config()
-    trainer.config.vis = vis  # steps_per_eval_image 100, steps_per_eval_all_images 1000
-    trainer.pipeline = SimpleNamespace(datamanager=SimpleNamespace(eval_dataset=[0] if has_eval_images else []))
-    trainer.viewer_refresh_every = 100
-    trainer._start_step = start_step
-    return trainer
+@pytest.mark.parametrize(("mode", "rank", "expected"), [(ReplicatedMode, 0, True), (ReplicatedMode, 1, False), (ShardedMode, 0, True), (ShardedMode, 1, True)])
+def test_eval_runs_on_rank0_replicated_and_on_every_rank_sharded(mode: type, rank: int, expected: bool) -> None:
+    ctx = SimpleNamespace(rank=rank, is_main=rank == 0, world_size=2, is_distributed=True)
+    assert mode(ctx, make_model(1, num_points=10)).evaluates_here is expected
 
 
-@pytest.mark.parametrize(("step", "expected"), [(0, True), (37, False), (100, True), (1000, True), (1001, False)])
-def test_eval_steps_gather_the_full_view(step: int, expected: bool) -> None:
-    assert _trainer("tensorboard")._needs_full_view(step) is expected
+def test_the_viewer_thread_holds_the_train_lock_only_where_it_renders_the_model_itself() -> None:
+    ctx = SimpleNamespace(rank=0, is_main=True, world_size=2, is_distributed=True)
+    lock = object()
+    assert ReplicatedMode(ctx, make_model(1, num_points=10)).viewer_lock(lock) is lock
+    assert ShardedMode(ctx, make_model(1, num_points=10)).viewer_lock(lock) is None
 
 
-def test_no_eval_images_and_no_viewer_never_gather() -> None:
-    trainer = _trainer("tensorboard", has_eval_images=False)
-    assert not any(trainer._needs_full_view(s) for s in range(2001))
-
-
-@pytest.mark.parametrize(("step", "expected"), [(37, True), (38, False), (100, True), (150, False), (200, True)])
-def test_the_viewer_gathers_at_the_first_step_and_every_refresh_interval(step: int, expected: bool) -> None:
-    # The viewer alone enables no eval writer, so only the viewer's rule applies.
-    assert _trainer("viewer", start_step=37)._needs_full_view(step) is expected
+def test_no_mode_gathers_a_full_view() -> None:
+    assert not hasattr(ParallelMode, "refresh_full_view")

@@ -230,26 +230,6 @@ def test_checkpoint_without_ids_counts_as_ids_in_row_order() -> None:
     assert torch.equal(shard["pipeline"]["_model.gauss_params.means"], loaded["pipeline"]["_model.gauss_params.means"][lo:hi])
 
 
-# ---------------------------------------------------------------------- full view
-def test_a_shard_with_the_full_view_renders_what_the_whole_model_renders() -> None:
-    from distsplat_ns.parallel.shard_rows import take_initial_shard_
-    from tests.helpers.model_factory import make_cameras
-
-    whole, _ = make_state_model(with_optimizers=False)
-    shard, _ = make_state_model(with_optimizers=False)
-    take_initial_shard_(shard, 1, 3)
-    camera = make_cameras(3)[1:2]
-    whole.eval()
-    shard.eval()
-    shard.set_full_view({k: v.detach().clone() for k, v in whole.gauss_params.items()})
-    with torch.no_grad():
-        want, got = whole.get_outputs(camera), shard.get_outputs(camera)
-    assert torch.equal(got["rgb"], want["rgb"]) and torch.equal(got["depth"], want["depth"])
-    shard.set_full_view(None)
-    with torch.no_grad():
-        assert not torch.equal(shard.get_outputs(camera)["rgb"], want["rgb"])  # the shard alone renders less
-
-
 # ---------------------------------------------------------------------- when to rebalance
 def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
     from distsplat_ns.model.strategy import grows_at as rebalance_due

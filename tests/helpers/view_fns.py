@@ -1,0 +1,139 @@
+"""Rank functions for views rendered by every rank's shard (tests/multiproc/test_sharded_views.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from distsplat_ns.parallel.shard_rows import take_initial_shard_
+from distsplat_ns.parallel.view_render import render_view_collectively
+from tests.helpers.model_factory import make_cameras, make_model
+
+NUM_POINTS = 300
+
+
+def view_model(dtype: str) -> Any:
+    """The test scene's model, in eval mode (every rank builds the same one)."""
+    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference")
+    model.eval()
+    return model
+
+
+def whole_model_view(dtype: str, camera_index: int) -> dict[str, torch.Tensor]:
+    """One process's ``get_outputs`` of the whole model (no view renderer: nerfstudio's path)."""
+    model = view_model(dtype)
+    with torch.no_grad():
+        out = model.get_outputs(make_cameras(4)[camera_index : camera_index + 1])
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def sharded_view(ctx: Any, dtype: str, camera_index: int) -> Any:
+    """This rank's shard renders the camera with every other rank's (the image on rank 0)."""
+    model = view_model(dtype)
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    out = render_view_collectively(ctx, model, make_cameras(4)[camera_index : camera_index + 1])
+    return None if out is None else {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
+    """One sharded step's forward and backward (``DistSplatPipeline._forward_backward``) on a
+    batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
+    rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
+    from types import SimpleNamespace
+
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.utils.timing import PhaseClock
+    from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
+
+    batch = [0, 1, 2]
+    model = make_model(len(batch), num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference")
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    model.step = 5
+    mode = ShardedMode(ctx, model)
+    mode.group_cameras = group_cameras
+    pipe = object.__new__(DistSplatPipeline)  # only what _forward_backward reads
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
+    pipe.datamanager = SimpleNamespace(train_dataset=SimpleNamespace(cameras=make_cameras(len(batch))))
+    cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
+    plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank] for rank in cuts])
+    positions = sorted({b.position for b in plan.bands[ctx.rank]})
+    images = make_images(len(batch))
+    result, sources, _ = pipe._forward_backward(
+        5, batch, plan, positions, [images[p] for p in positions], [None] * len(positions), NUM_POINTS, PhaseClock()
+    )
+    info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
+    grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
+    return {
+        "loss": result.loss.detach(), "ids": model.gauss_ids.clone(), "grads": grads,
+        "means2d_grad": info["means2d"].grad.detach().clone(), "absgrad": info["means2d"].absgrad.detach().clone(),
+        "radii": info["radii"].clone(), "num_groups": len(sources),
+        "num_tile_counts": len(result.band_tile_counts),
+    }
+
+
+def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
+    """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
+    step boundary's cost all-gather (``DistSplatPipeline._observe_costs``), which carries the
+    request, and renders it. Returns, on rank 0, the frame the viewer thread got and whether the
+    model was back in training mode; on other ranks, whether they rendered (served) it."""
+    import threading
+    import time
+
+    from distsplat_ns.balance.planner import BandPlanner
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from tests.helpers.model_factory import HEIGHT
+
+    model = view_model(dtype)
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    model.train()  # mid-training
+    mode = ShardedMode(ctx, model)
+    pipe = object.__new__(DistSplatPipeline)  # only what _observe_costs reads
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model, pipe.time_imbalance = ctx, mode, model, []
+    pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
+    plan = pipe.planner.plan([0], ctx.world_size, 1)
+    mine = [(b.position, b.first_row, [1.0] * b.num_rows) for b in plan.bands[ctx.rank]]
+    frame: dict[str, Any] = {}
+    viewer = None
+    if ctx.rank == 0:
+        camera = make_cameras(4)[camera_index : camera_index + 1]
+        viewer = threading.Thread(target=lambda: frame.update(out=model.get_outputs(camera)))
+        viewer.start()
+        while mode.view_requests._pending is None:  # the viewer thread has posted its camera
+            time.sleep(0.01)
+    served_before = mode.view_requests.num_served
+    pipe._observe_costs(plan, [0], mine, 0.01)
+    if viewer is None:
+        return {"served_here": True}
+    viewer.join(timeout=60)
+    out = frame["out"]
+    return {"frame": {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}, "training": model.training,
+            "served": mode.view_requests.num_served - served_before}
+
+
+def eval_metrics(ctx: Any, dtype: str) -> dict[str, Any]:
+    """``DistSplatPipeline``'s eval on this rank's shard (sharded mode; at one rank the model is
+    whole and renders itself): one eval image's metrics and the average over every eval image,
+    on the eval cameras 1 and 3 with fixed target images."""
+    from types import SimpleNamespace
+
+    from distsplat_ns.parallel.sharded import ShardedMode
+    from distsplat_ns.pipeline import DistSplatPipeline
+    from tests.helpers.model_factory import make_images
+
+    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off")
+    take_initial_shard_(model, ctx.rank, ctx.world_size)
+    cameras, images = make_cameras(4), make_images(4, seed=3)
+    views = [(cameras[i : i + 1], {"image": images[i], "image_idx": i}) for i in (1, 3)]
+    pipe = object.__new__(DistSplatPipeline)  # only what the eval methods read
+    torch.nn.Module.__init__(pipe)
+    pipe.ctx, pipe.mode, pipe._model = ctx, ShardedMode(ctx, model), model
+    pipe.datamanager = SimpleNamespace(fixed_indices_eval_dataloader=views, next_eval_image=lambda step: views[1])
+    one, images_out = pipe.get_eval_image_metrics_and_images(step=7)
+    average = pipe.get_average_eval_image_metrics(step=7)
+    return {"one": one, "average": average, "has_image": "img" in images_out, "training": model.training}
