@@ -310,9 +310,9 @@ class DistSplatPipeline(VanillaPipeline):
             optimizers.optimizer_step_all()
             optimizers.scheduler_step_all(step)
         with clock.phase("densify"):
-            if info is not None:
-                self.model.refine(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
-                moved += self.mode.after_refine(step, optimizers.optimizers)
+            # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
+            self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
+            moved += self.mode.after_refine(step, optimizers.optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
         self._check_replicas(step, named)
         return StepReport(
@@ -324,8 +324,9 @@ class DistSplatPipeline(VanillaPipeline):
     def _statistics(
         self, step: int, source: ProjectionSource, sizes_px: Sequence[Tuple[int, int]]
     ) -> Tuple[Optional[Dict[str, Any]], int]:
-        """The mode's densification statistics while densification runs (None after)."""
-        if step >= self.model.schedule.refine_stop_iter:
+        """The mode's densification statistics on the steps the strategy reads them (None otherwise:
+        after the stop, and always under MCMC)."""
+        if not self.model.densifier.needs_statistics(step):
             return None, 0
         return self.mode.statistics(source, self.config.batch_size, sizes_px)
 

@@ -1,7 +1,8 @@
 """The ``distsplat`` methods for nerfstudio (entry point group ``nerfstudio.method_configs``).
 
 ``distsplat`` is splatfacto's settings, ``distsplat-big`` splatfacto-big's (nerfstudio 1.1.5's
-``method_configs.py``), each with the distsplat pipeline and trainer.
+``method_configs.py``) and ``distsplat-mcmc`` nerfstudio main's splatfacto-mcmc, each with the
+distsplat pipeline and trainer.
 
 Wiring only. Importing this module builds configuration objects and nothing else: no CUDA work, no
 network, no dataset access (every ``ns-*`` command imports every plugin).
@@ -94,4 +95,17 @@ def distsplat_big_trainer_config() -> DistSplatTrainerConfig:
 distsplat_big = MethodSpecification(
     config=distsplat_big_trainer_config(),
     description="distsplat with splatfacto-big's settings (more Gaussians, for quality).",
+)
+
+
+def distsplat_mcmc_trainer_config() -> DistSplatTrainerConfig:
+    """nerfstudio main's splatfacto-mcmc: MCMC densification (``--pipeline.model.strategy mcmc``,
+    docs/mcmc.md) with Gaussians dead below opacity 0.005 and relocation and addition stopping after
+    25000 images; everything else is ``distsplat``'s (main changes nothing else either)."""
+    return distsplat_trainer_config(DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000))
+
+
+distsplat_mcmc = MethodSpecification(
+    config=distsplat_mcmc_trainer_config(),
+    description="distsplat with MCMC densification (splatfacto-mcmc's settings): a hard cap on the Gaussians over all ranks, the same model on any number of processes.",
 )

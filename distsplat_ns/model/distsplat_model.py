@@ -40,7 +40,9 @@ from distsplat_ns.model.band_render import (
 )
 from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
+from distsplat_ns.model.densify import DefaultDensifier, Densifier, MCMCDensifier
 from distsplat_ns.model.losses import band_loss, halo_end_row
+from distsplat_ns.model.mcmc import MCMCConfig, mcmc_regularizers, mcmc_schedule_in_steps
 from distsplat_ns.model.strategy import (
     KEYED_GROWTH_KEY,
     ChildIds,
@@ -75,8 +77,33 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
+    strategy: Literal["default", "mcmc"] = "default"
+    """Densification (nerfstudio main's field): "default" (gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients) or "mcmc" (Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number of ranks: docs/mcmc.md). Under mcmc the DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto."""
+    max_gs_num: int = MCMCConfig.max_gs_num
+    """MCMC only: cap on the number of Gaussians over all ranks (main's default 1,000,000). Additions stop at it."""
+    noise_lr: float = MCMCConfig.noise_lr
+    """MCMC only: position-noise scale, multiplied by the means' current learning rate (main's and gsplat's 5e5)."""
+    mcmc_opacity_reg: float = MCMCConfig.mcmc_opacity_reg
+    """MCMC only: weight of the mean opacity in the loss (the paper's 0.01): pushes unused Gaussians towards death."""
+    mcmc_scale_reg: float = MCMCConfig.mcmc_scale_reg
+    """MCMC only: weight of the mean scale in the loss (the paper's 0.01)."""
+
+    def mcmc_config(self) -> MCMCConfig:
+        """The MCMC fields as ``model/mcmc.py`` takes them (validated there).
+
+        Raises:
+            ValueError, TypeError: a field is out of range (``MCMCConfig``).
+        """
+        return MCMCConfig(
+            max_gs_num=self.max_gs_num, noise_lr=self.noise_lr, mcmc_opacity_reg=self.mcmc_opacity_reg,
+            mcmc_scale_reg=self.mcmc_scale_reg, cull_alpha_thresh=self.cull_alpha_thresh, stop_split_at=self.stop_split_at,
+        )
 
     def __post_init__(self) -> None:
+        if self.strategy not in ("default", "mcmc"):
+            raise ValueError(f"--pipeline.model.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
+        if self.strategy == "mcmc":
+            self.mcmc_config()
         if self.use_bilateral_grid:
             raise ValueError("distsplat: --pipeline.model.use-bilateral-grid True is not supported yet (it is per image, not per band)")
         if self.rasterize_mode not in ("classic", "antialiased"):
@@ -146,6 +173,19 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             verbose=self.is_main_rank,
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        self.mcmc: Optional[MCMCConfig] = None
+        self.densifier: Densifier = DefaultDensifier(self.schedule)
+        if self.config.strategy == "mcmc":
+            # MCMC reads no statistics: its state is the ids alone (no grad2d/count/radii).
+            self.mcmc = self.config.mcmc_config()
+            self.densifier = MCMCDensifier(
+                self.mcmc,
+                mcmc_schedule_in_steps(
+                    warmup_images=self.config.warmup_length, stop_split_images=self.config.stop_split_at,
+                    refine_every_images=self.config.refine_every, batch_size=self.batch_size,
+                ),
+            )
+            self.strategy_state = {}
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): kept in the strategy state so gsplat's duplicate/split/remove carry it along.
         num_initial = int(self.gauss_params["means"].shape[0])
@@ -447,8 +487,18 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
 
     def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
         """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
-        scale term's mean over all ranks' Gaussians, and the camera optimizer's penalty."""
+        means over all ranks' Gaussians (the scale term; under MCMC main's opacity and scale terms,
+        every step), and the camera optimizer's penalty.
+
+        **Differentiable:** with respect to the scales and opacities (and camera adjustments).
+        """
         total = self.means.new_zeros(())
+        if self.mcmc is not None and share.scale_term:
+            terms = mcmc_regularizers(
+                self.opacities, self.scales, share.num_gaussians_total,
+                opacity_reg=self.mcmc.mcmc_opacity_reg, scale_reg=self.mcmc.mcmc_scale_reg,
+            )
+            total = total + terms.opacity + terms.scale
         if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
@@ -462,6 +512,16 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         return total
 
     # ------------------------------------------------------------------ densification
+    def densify(
+        self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Optional[Dict[str, Any]], gather_ids: IdGather = gather_local
+    ) -> None:
+        """What the strategy does after the optimizer and scheduler steps (``self.densifier``:
+        ``refine`` on the statistics ``info``, or an MCMC event and the position noise).
+
+        **Collective:** the strategy's ``gather_ids`` calls on its event steps, on every rank.
+        """
+        self.densifier.after_optimizer(self, step, optimizers, info, gather_ids)
+
     def refine(
         self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Dict[str, Any], gather_ids: IdGather = gather_local
     ) -> None:

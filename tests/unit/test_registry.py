@@ -17,7 +17,11 @@ def test_every_method_has_an_entry_point() -> None:
     declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]["nerfstudio.method_configs"]
     specs = {name for name, value in vars(registry).items() if isinstance(value, MethodSpecification)}
     assert {v.split(":")[1] for v in declared.values()} == specs
-    assert declared == {"distsplat": "distsplat_ns.registry:distsplat", "distsplat-big": "distsplat_ns.registry:distsplat_big"}
+    assert declared == {
+        "distsplat": "distsplat_ns.registry:distsplat",
+        "distsplat-big": "distsplat_ns.registry:distsplat_big",
+        "distsplat-mcmc": "distsplat_ns.registry:distsplat_mcmc",
+    }
 
 
 def test_big_carries_splatfacto_bigs_model_settings() -> None:
@@ -34,3 +38,16 @@ def test_big_keeps_distsplats_trainer_and_optimizers() -> None:
     assert big.method_name == base.method_name == "distsplat"  # nerfstudio's variants share the method name
     assert big.optimizers == base.optimizers and big.max_num_iterations == base.max_num_iterations
     assert type(big.pipeline) is type(base.pipeline) and type(big.pipeline.datamanager) is type(base.pipeline.datamanager)
+
+
+def test_mcmc_carries_main_splatfacto_mcmcs_model_settings() -> None:
+    """nerfstudio main's splatfacto-mcmc is ``SplatfactoModelConfig(strategy="mcmc",
+    cull_alpha_thresh=0.005, stop_split_at=25000)`` (not in 1.1.5, so written out here)."""
+    mcmc, base = registry.distsplat_mcmc.config, registry.distsplat.config
+    changed = {f for f in vars(base.pipeline.model) if f != "_target" and getattr(base.pipeline.model, f) != getattr(mcmc.pipeline.model, f)}
+    assert changed == {"strategy", "cull_alpha_thresh", "stop_split_at"}
+    assert (mcmc.pipeline.model.strategy, mcmc.pipeline.model.cull_alpha_thresh, mcmc.pipeline.model.stop_split_at) == ("mcmc", 0.005, 25000)
+    # main's MCMC defaults.
+    model = mcmc.pipeline.model
+    assert (model.max_gs_num, model.noise_lr, model.mcmc_opacity_reg, model.mcmc_scale_reg) == (1_000_000, 5e5, 0.01, 0.01)
+    assert mcmc.method_name == "distsplat" and mcmc.optimizers == base.optimizers
