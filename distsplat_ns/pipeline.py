@@ -292,7 +292,8 @@ class DistSplatPipeline(VanillaPipeline):
             # Host-side cameras: the model reads their sizes without a device sync, then moves them.
             cameras = self._host_cameras([batch[p] for p in positions])
             result = self.model.forward_bands(
-                cameras, positions, images, masks, bands, step, self.mode.regularizer_share(num_gaussians), source
+                cameras, positions, images, masks, bands, step, self.mode.regularizer_share(num_gaussians), source,
+                camera_ids=[batch[p] for p in positions],
             )
         with clock.phase("backward"):
             self._backward(result, source, clock)

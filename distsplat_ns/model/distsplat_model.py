@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
 import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
+from nerfstudio.model_components.lib_bilagrid import BilateralGrid, color_affine_transform, total_variation_loss
 from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig, resize_image
 from nerfstudio.utils.colors import get_color
 
@@ -104,8 +105,13 @@ class DistSplatModelConfig(SplatfactoModelConfig):
             raise ValueError(f"--pipeline.model.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
         if self.strategy == "mcmc":
             self.mcmc_config()
-        if self.use_bilateral_grid:
-            raise ValueError("distsplat: --pipeline.model.use-bilateral-grid True is not supported yet (it is per image, not per band)")
+        if self.camera_optimizer.mode != "off":
+            # The training cameras of a batch carry no per-image index for nerfstudio's
+            # apply_to_camera (it would return them unadjusted): refuse rather than ignore.
+            raise ValueError(
+                f"distsplat: --pipeline.model.camera-optimizer.mode must be 'off' (got {self.camera_optimizer.mode!r}): "
+                "pose refinement is not applied to batched band cameras yet"
+            )
         if self.rasterize_mode not in ("classic", "antialiased"):
             raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
@@ -134,6 +140,12 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             # Twins at one position swap depth order with rounding (model/gaussians.py).
             seed_points = unique_seed_points(seed_points)
         self.gauss_params = initial_gaussians(self.config, seed_points, self.k_nearest_sklearn)
+        if self.config.use_bilateral_grid:
+            # One grid per training image (splatfacto's), held by every rank: a replicated
+            # parameter, summed like the camera adjustments; "bilateral_grid" optimizer group.
+            self.bil_grids = BilateralGrid(
+                num=self.num_train_data, grid_X=self.config.grid_shape[0], grid_Y=self.config.grid_shape[1], grid_W=self.config.grid_shape[2]
+            )
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
 
         from pytorch_msssim import SSIM
@@ -195,6 +207,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         self.full_view: Optional[Dict[str, torch.Tensor]] = None
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
+            if self.config.use_bilateral_grid:
+                self.bil_grids.to(torch.float64)
 
     @property
     def gauss_ids(self) -> torch.Tensor:
@@ -372,6 +386,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         step: int,
         regularizers: RegularizerShare,
         source: Optional[ProjectionSource] = None,
+        camera_ids: Optional[Sequence[int]] = None,
     ) -> BandRenderResult:
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
@@ -386,6 +401,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             regularizers: Which batch-independent loss terms this rank adds (``RegularizerShare``).
             source: What the bands are rasterized from; this rank's own Gaussians when None
                 (``OwnProjections``).
+            camera_ids: The training-camera index of each of ``positions`` (which bilateral grid
+                corrects it); required with ``use_bilateral_grid``.
 
         Returns:
             The rank's loss share and what the pipeline reduces after backward.
@@ -395,6 +412,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         """
         if len(cameras) != len(positions) or len(images) != len(positions):
             raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
+        if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
+            raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
         regularizer_loss = self._regularizers(step, regularizers)
         if not bands:
@@ -416,8 +435,9 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
                 )
                 for k, band in enumerate(call):
                     i = first + k
+                    grid = None if camera_ids is None or not self.config.use_bilateral_grid else camera_ids[i]
                     l1, dssim = self._band_terms(
-                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links
+                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, grid
                     )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     num_tile_rows_owned = -(-band.num_rows_px(height) // TILE_SIZE)  # the halo's belong to the next band
@@ -470,11 +490,14 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         band: Band,
         height: int,
         links: List[PixelLink],
+        grid_index: Optional[int] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         first, end = band.first_row_px, band.end_row_px(height)
         halo_end = halo_end_row(end, height)
         rows = halo_end - first
         pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
+        if grid_index is not None:
+            pred = self.apply_bilateral_grid_rows(pred, grid_index, first, height)
         # The loss sees a detached copy of the rendered pixels (model/band_backward.py explains why).
         link = link_pixels(pred, band.position, first, end)
         links.append(link)
@@ -484,6 +507,33 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             m = mask[first:halo_end]
             shown, target = shown * m, target * m
         return band_loss(shown, target, first, end, height)
+
+    def apply_bilateral_grid_rows(self, rgb: torch.Tensor, grid_index: int, first_row_px: int, height: int) -> torch.Tensor:
+        """Splatfacto's bilateral-grid correction (``_apply_bilateral_grid``) of rows
+        ``first_row_px ..`` of an image ``height`` rows tall: a band is a slice of the same
+        per-pixel operation, so its pixel coordinates are the whole image's (``linspace(0, 1, H)``
+        cut to the band's rows), and the grid is the image's (``grid_index``).
+
+        Args:
+            rgb: The band's composited colours. `[rows, W, 3]`, in [0, 1].
+            grid_index: The image's training-camera index.
+            first_row_px: The band's first row in the image.
+            height: The image's rendered height, px.
+
+        Returns:
+            The corrected colours, `[rows, W, 3]` (not clamped, as splatfacto's).
+
+        **Differentiable:** with respect to ``rgb`` and the grids. **Host sync:** none (the
+        grid index is a host int; nerfstudio's ``slice`` would call ``torch.unique``).
+        """
+        rows, width = rgb.shape[0], rgb.shape[1]
+        ys = torch.linspace(0, 1.0, height, device=rgb.device)[first_row_px : first_row_px + rows]
+        xs = torch.linspace(0, 1.0, width, device=rgb.device)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        xy = torch.stack([grid_x, grid_y], dim=-1).unsqueeze(0).to(rgb.dtype)  # [1, rows, W, 2]
+        idx = torch.tensor([grid_index], device=rgb.device, dtype=torch.long)
+        affine = self.bil_grids(xy, rgb.unsqueeze(0), idx)
+        return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)
 
     def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
         """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
@@ -504,6 +554,10 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
             excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
             total = total + 0.1 * (excess.sum() / max(share.num_gaussians_total, 1))
+        if share.camera_penalty and self.training and self.config.use_bilateral_grid:
+            # Splatfacto's 10 x total variation of every grid, once per step (batch-independent:
+            # one rank adds it, and it is not averaged over the batch's images or bands).
+            total = total + 10 * total_variation_loss(self.bil_grids.grids)
         if share.camera_penalty and self.training:
             extra: Dict[str, torch.Tensor] = {}
             self.camera_optimizer.get_loss_dict(extra)
