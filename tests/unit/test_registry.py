@@ -36,8 +36,23 @@ def test_big_carries_splatfacto_bigs_model_settings() -> None:
 def test_big_keeps_distsplats_trainer_and_optimizers() -> None:
     big, base = registry.distsplat_big.config, registry.distsplat.config
     assert big.method_name == base.method_name == "distsplat"  # nerfstudio's variants share the method name
-    assert big.optimizers == base.optimizers and big.max_num_iterations == base.max_num_iterations
+    assert big.max_num_iterations == base.max_num_iterations
+    others = set(base.optimizers) - {"bilateral_grid"}
+    assert {k: big.optimizers[k] for k in others} == {k: base.optimizers[k] for k in others}
     assert type(big.pipeline) is type(base.pipeline) and type(big.pipeline.datamanager) is type(base.pipeline.datamanager)
+
+
+def test_optimizer_groups_are_splatfactos() -> None:
+    """Every group of splatfacto's and splatfacto-big's (bilateral_grid included) with their settings."""
+    for ours, theirs in ((registry.distsplat, "splatfacto"), (registry.distsplat_big, "splatfacto-big")):
+        want = method_configs[theirs].optimizers
+        assert set(ours.config.optimizers) == set(want)
+        for group, entry in want.items():
+            got = ours.config.optimizers[group]
+            assert got["optimizer"].lr == entry["optimizer"].lr and got["optimizer"].eps == entry["optimizer"].eps, group
+            assert (got["scheduler"] is None) == (entry["scheduler"] is None), group
+            if entry["scheduler"] is not None:
+                assert vars(got["scheduler"]) == vars(entry["scheduler"]), group
 
 
 def test_mcmc_carries_main_splatfacto_mcmcs_model_settings() -> None:
@@ -51,3 +66,4 @@ def test_mcmc_carries_main_splatfacto_mcmcs_model_settings() -> None:
     model = mcmc.pipeline.model
     assert (model.max_gs_num, model.noise_lr, model.mcmc_opacity_reg, model.mcmc_scale_reg) == (1_000_000, 5e5, 0.01, 0.01)
     assert mcmc.method_name == "distsplat" and mcmc.optimizers == base.optimizers
+    assert registry.distsplat_big.config.optimizers["bilateral_grid"]["optimizer"].lr == 5e-3
