@@ -105,6 +105,17 @@ class DistSplatModelConfig(SplatfactoModelConfig):
             raise ValueError(f"--pipeline.model.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
         if self.strategy == "mcmc":
             self.mcmc_config()
+        # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
+        if self.n_split_samples != 2:
+            # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
+            raise ValueError(f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)")
+        if self.output_depth_during_training:
+            raise ValueError(
+                "distsplat: --pipeline.model.output-depth-during-training True is not supported: the training step renders "
+                "colour bands only (eval and the viewer render depth always)"
+            )
+        if self.color_corrected_metrics:
+            raise ValueError("distsplat: --pipeline.model.color-corrected-metrics True is not supported: eval reports psnr/ssim/lpips only")
         if self.camera_optimizer.mode != "off":
             # The training cameras of a batch carry no per-image index for nerfstudio's
             # apply_to_camera (it would return them unadjusted): refuse rather than ignore.

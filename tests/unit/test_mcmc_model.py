@@ -78,3 +78,32 @@ def test_mcmc_regularizers_sum_over_shares_to_one_process() -> None:
     assert off.item() == 0.0
     default = make_model(1, num_points=40, use_scale_regularization=False)
     assert default._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40)).item() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"n_split_samples": 3}, "--pipeline.model.n-split-samples"),
+        ({"output_depth_during_training": True}, "--pipeline.model.output-depth-during-training"),
+        ({"color_corrected_metrics": True}, "--pipeline.model.color-corrected-metrics"),
+    ],
+)
+def test_splatfacto_fields_not_honoured_are_refused_by_name(fields: dict, flag: str) -> None:
+    """docs/parity.md: a splatfacto field distsplat does not honour is refused, naming the flag."""
+    with pytest.raises(ValueError, match=flag):
+        DistSplatModelConfig(**fields)
+
+
+def test_camera_optimizer_other_than_off_is_refused() -> None:
+    from nerfstudio.cameras.camera_optimizers import CameraOptimizerConfig
+
+    with pytest.raises(ValueError, match="--pipeline.model.camera-optimizer.mode"):
+        DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode="SO3xR3"))
+    DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode="off"))
+
+
+def test_bilateral_grid_is_a_model_parameter_in_the_float64_mode() -> None:
+    model = make_model(1, num_points=20, use_bilateral_grid=True, grid_shape=(4, 4, 2), param_dtype="float64")
+    assert model.bil_grids.grids.shape[0] == 8 and model.bil_grids.grids.dtype == torch.float64
+    assert "bilateral_grid" in model.get_param_groups()
+    assert "bil_grids.grids" in model.state_dict()
