@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from typing_extensions import Self
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -92,7 +94,7 @@ class TreeMemorySampler:
             count += 1
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "TreeMemorySampler":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -124,11 +126,11 @@ def decode_rates(seconds: float) -> dict:
     """One-core decode rates of the fox JPEG bytes, per decoder, and decode + undistortion."""
     import cv2
     import torch
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
+    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
     from distsplat_ns.data.decode import DECODERS, decode_bytes, default_decoder
     from distsplat_ns.data.undistort import MapCache, undistort
-    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)
@@ -415,11 +417,11 @@ def run_part(args: argparse.Namespace, limit: int) -> dict:
             scene = fox_scene(Path(tmp) / "fox", args.small_frames, undistorted=True)
             runs: dict[str, list[dict]] = {"1": [], "4": []}
             for _ in range(args.repeats):
-                for d in runs:
+                for d, results in runs.items():
                     child_args = ["--child", "ours", "--scene", str(scene), "--num-workers", str(args.num_workers),
                                   "--batch-size", str(args.batch_size), "--drain-s", str(args.drain_s),
                                   "--consume-fraction", str(args.consume_fraction), "--train-downscale", d]
-                    runs[d].append(run_child(child_args, args.timeout_s, limit))
+                    results.append(run_child(child_args, args.timeout_s, limit))
             report["datamanager_train_downscale"] = runs
         else:
             scene = fox_scene(Path(tmp) / "fox", args.small_frames, undistorted=True)
@@ -496,9 +498,9 @@ def main() -> None:
         ours = {n: run_child(["--child", "ours", "--scene", str(s), *common], args.timeout_s, limit) for n, s in scenes.items()}
         first: dict[int, list[dict]] = {args.small_frames: [], args.large_frames: []}
         for _ in range(args.first_batch_repeats):
-            for n in first:
+            for n, results in first.items():
                 first_args = ["--child", "first", "--scene", str(scenes[n]), "--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size)]
-                first[n].append(run_child(first_args, args.timeout_s, limit))
+                results.append(run_child(first_args, args.timeout_s, limit))
         undistorted = fox_scene(Path(tmp) / "fox_undistorted", args.small_frames, undistorted=True)
         ours_no_undistort = run_child(["--child", "ours", "--scene", str(undistorted), *common], args.timeout_s, limit)
         theirs = {n: run_child(["--child", "nerfstudio", "--scene", str(s)], args.timeout_s, limit) for n, s in scenes.items()}

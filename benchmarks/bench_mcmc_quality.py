@@ -44,10 +44,10 @@ def run(method: str, seed: int, scene: Path, out: Path, images: int, warmup: int
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="2", PYTHONUNBUFFERED="1", NERFSTUDIO_METHOD_CONFIGS=VARIANTS)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"{method} seed {seed} failed:\n{proc.stderr[-4000:]}")
-    stats = json.loads((out / "q" / "distsplat" / f"{method}-{seed}" / "distsplat_stats.json").read_text())
+    stats = json.loads((out / "q" / method / f"{method}-{seed}" / "distsplat_stats.json").read_text())
     counts = [int(m.group(3)) for m in EVENT.finditer(proc.stdout + proc.stderr)]
     return {
         "method": method, "seed": seed, "final_eval_psnr": stats["final_eval_psnr"],

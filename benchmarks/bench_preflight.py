@@ -59,7 +59,7 @@ def _scene(kind: str, root: Path, num_frames: int) -> list[Path]:
     return paths
 
 
-def _time(fn) -> float:  # noqa: ANN001
+def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -123,13 +123,13 @@ def measure_setup(scene: Path, repeats: int) -> dict:
     times: dict[str, list[float]] = {"with_end_check_s": [], "without_end_check_s": []}
     disk_mode = None
     for _ in range(repeats):
-        for name in times:
+        for name, samples in times.items():
             if name == "without_end_check_s":
                 preflight.jpeg_is_complete = lambda path: True  # type: ignore[assignment]
             try:
                 start = time.perf_counter()
                 manager = config.setup(device="cpu")
-                times[name].append(time.perf_counter() - start)
+                samples.append(time.perf_counter() - start)
             finally:
                 preflight.jpeg_is_complete = end_check
             disk_mode = manager.stats()["disk_mode"]
@@ -147,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     if not FOX.is_dir():
         raise SystemExit(f"{FOX} is absent: this benchmark needs ../shared/data/fox")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
     result = {
         "command": " ".join(["benchmarks/bench_preflight.py", *sys.argv[1:]]),
         "commit": commit,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,12 +47,12 @@ def plain(value: Any) -> Any:
 def save_checkpoint_atomic(
     checkpoint_dir: Path,
     step: int,
-    pipeline_state: Dict[str, Any],
-    optimizers: Optional[Optimizers],
-    scalers: Dict[str, Any],
-    extra: Dict[str, Any],
+    pipeline_state: dict[str, Any],
+    optimizers: Optimizers | None,
+    scalers: dict[str, Any],
+    extra: dict[str, Any],
     keep_only_latest: bool,
-    optimizer_states: Optional[Dict[str, Any]] = None,
+    optimizer_states: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``step-{step:09d}.ckpt`` atomically and durably; optionally delete older checkpoints.
 
@@ -112,7 +112,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _step_of(path: Path) -> Optional[int]:
+def _step_of(path: Path) -> int | None:
     """The step in a ``step-XXXXXXXXX.ckpt`` file name, or None for other names."""
     name = Path(path).name
     if name.startswith("step-") and name.endswith(".ckpt") and name[5:-5].isdigit():
@@ -163,7 +163,7 @@ def register_numpy_safe_globals() -> None:
     add([scalar, np.dtype, *dtypes])
 
 
-def load_checkpoint_file(path: Path, mmap: bool = False) -> Dict[str, Any]:
+def load_checkpoint_file(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
 
     With ``mmap`` the tensors stay in the file (memory-mapped, copy-on-write) until read: a rank of

@@ -10,8 +10,6 @@ network, no dataset access (every ``ns-*`` command imports every plugin).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nerfstudio.configs.base_config import ViewerConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
@@ -32,18 +30,23 @@ def _adam(lr: float) -> AdamOptimizerConfig:
     return AdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
-def distsplat_trainer_config(model: Optional[DistSplatModelConfig] = None, bilateral_grid_lr: float = 2e-3) -> DistSplatTrainerConfig:
+def distsplat_trainer_config(
+    model: DistSplatModelConfig | None = None, method_name: str = "distsplat", bilateral_grid_lr: float = 2e-3
+) -> DistSplatTrainerConfig:
     """Splatfacto's schedule and learning rates, with the distsplat pipeline and trainer.
 
     ``max_num_iterations`` counts training images (at the default batch size of 1, steps).
 
     Args:
         model: The model's configuration; splatfacto's defaults when None.
+        method_name: The CLI name and output folder. Each variant needs its own: nerfstudio 1.1.5
+            keys plugin methods by ``method_name`` (``nerfstudio/plugins/registry.py``), so a
+            variant sharing ``distsplat`` would replace it.
         bilateral_grid_lr: The "bilateral_grid" group's initial learning rate (splatfacto's 2e-3,
             splatfacto-big's 5e-3); the group is used only with ``--pipeline.model.use-bilateral-grid True``.
     """
     return DistSplatTrainerConfig(
-        method_name="distsplat",
+        method_name=method_name,
         steps_per_eval_image=100,
         steps_per_eval_batch=0,
         steps_per_save=2000,
@@ -91,10 +94,13 @@ def distsplat_big_trainer_config() -> DistSplatTrainerConfig:
     """splatfacto-big's settings: more Gaussians kept (culled below opacity 0.005, not 0.1) and
     fewer grown (position-gradient threshold 0.0005, not 0.0002); everything else is ``distsplat``'s.
 
-    As nerfstudio's variants, the method name (the output folder) stays ``distsplat``. splatfacto-big's
-    other difference is the bilateral grid's learning rate (5e-3, not 2e-3).
+    Its method name (CLI name and output folder) is ``distsplat-big``: nerfstudio's built-in variants
+    share ``splatfacto``, but a plugin's variant must not share ``distsplat`` (it would replace it).
+    splatfacto-big's other difference is the bilateral grid's learning rate (5e-3, not 2e-3).
     """
-    return distsplat_trainer_config(DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), bilateral_grid_lr=5e-3)
+    return distsplat_trainer_config(
+        DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), "distsplat-big", bilateral_grid_lr=5e-3
+    )
 
 
 distsplat_big = MethodSpecification(
@@ -106,8 +112,9 @@ distsplat_big = MethodSpecification(
 def distsplat_mcmc_trainer_config() -> DistSplatTrainerConfig:
     """nerfstudio main's splatfacto-mcmc: MCMC densification (``--pipeline.model.strategy mcmc``,
     docs/mcmc.md) with Gaussians dead below opacity 0.005 and relocation and addition stopping after
-    25000 images; everything else is ``distsplat``'s (main changes nothing else either)."""
-    return distsplat_trainer_config(DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000))
+    25000 images; everything else is ``distsplat``'s (main changes nothing else either). Method name
+    ``distsplat-mcmc`` (its own, as ``distsplat-big``'s)."""
+    return distsplat_trainer_config(DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000), "distsplat-mcmc")
 
 
 distsplat_mcmc = MethodSpecification(

@@ -11,7 +11,7 @@ import os
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,16 +31,16 @@ PER_RANK_KEYS = ("bytes_communicated_mean_per_step", "parameter_bytes", "optimiz
 class RunRecord:
     """This rank's counters over the run (the steps it trained in this process, not a resumed run's)."""
 
-    step_times: List[float] = field(default_factory=list)
-    timing_totals: Dict[str, float] = field(default_factory=dict)
+    step_times: list[float] = field(default_factory=list)
+    timing_totals: dict[str, float] = field(default_factory=dict)
     bytes_per_step: int = 0
     bytes_total: int = 0
     #: Every shard's Gaussians in sharded mode (as of the last step's start); None before a step.
-    gaussian_count: Optional[int] = None
+    gaussian_count: int | None = None
     images_trained: int = 0
     steps_trained: int = 0
-    last_eval_psnr: Optional[float] = None
-    eval_psnr_history: List[Tuple[int, float]] = field(default_factory=list)
+    last_eval_psnr: float | None = None
+    eval_psnr_history: list[tuple[int, float]] = field(default_factory=list)
     train_wall_s: float = 0.0
 
     def add_step(self, report: StepReport, batch_size: int) -> None:
@@ -56,7 +56,7 @@ class RunRecord:
         self.last_eval_psnr = psnr
         self.eval_psnr_history.append((int(step), psnr))
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """The record's part of the run summary (the trainer adds the model's and the data's)."""
         step_total = sum(self.step_times) or 1e-9
         return {
@@ -74,7 +74,7 @@ class RunRecord:
         }
 
 
-def optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
+def optimizer_state_bytes(optimizers: Optimizers | None) -> int:
     """Bytes of every tensor in the optimizers' state (Adam's two moments per parameter)."""
     if optimizers is None:
         return 0
@@ -87,7 +87,7 @@ def optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
     )
 
 
-def write_run_summary(ctx: DistContext, stats: Dict[str, Any], path: Path) -> None:
+def write_run_summary(ctx: DistContext, stats: dict[str, Any], path: Path) -> None:
     """Add every rank's time breakdown and :data:`PER_RANK_KEYS` to ``stats``; rank 0 writes it to
     ``path`` (temporary file, then rename).
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Type
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,16 +43,18 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import probe_writable, save_checkpoint_atomic
-from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
+from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
     any_rank_true,
     enter_phase,
     finish_phase,
+    rank0_work,
     startup_phase,
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
+from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, elastic_run_id, previous_timestamp, restart_count
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
@@ -68,15 +71,21 @@ LOGGER = get_logger(__name__)
 class DistSplatTrainerConfig(TrainerConfig):
     """nerfstudio's trainer configuration plus the distributed lifecycle's settings."""
 
-    _target: Type = field(default_factory=lambda: DistSplatTrainer)
+    _target: type = field(default_factory=lambda: DistSplatTrainer)
     collective_timeout_s: float = 600.0
     """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend under torchrun: "auto" is NCCL on GPUs and gloo on CPUs; gloo on GPUs lets several ranks share one GPU."""
+    rank0_work_timeout_s: float = 3600.0
+    """Seconds the other ranks wait for rank 0's own work (evaluation, checkpoint writing, viewer pause) while its heartbeat says it is alive; that work never counts against --collective-timeout-s, and a dead rank 0 is still found within it."""
+    existing_checkpoints: Literal["resume", "refuse"] = "resume"
+    """A fresh launch (no --load-dir/--load-checkpoint) into a run folder that already holds checkpoints (same --output-dir, --experiment-name, --timestamp): "resume" continues from the latest, "refuse" stops with an error. A torchrun restart always resumes: starting over would write over the run's checkpoints."""
 
     def __post_init__(self) -> None:
         if self.collective_timeout_s <= 0:
             raise ValueError(f"--collective-timeout-s must be > 0, got {self.collective_timeout_s}")
+        if self.rank0_work_timeout_s <= 0:
+            raise ValueError(f"--rank0-work-timeout-s must be > 0, got {self.rank0_work_timeout_s}")
 
 
 class DistSplatTrainer(Trainer):
@@ -101,6 +110,7 @@ class DistSplatTrainer(Trainer):
             timeout_s=config.collective_timeout_s,
             local_rank_hint=local_rank,
             backend=config.dist_backend,
+            rank0_work_timeout_s=config.rank0_work_timeout_s,
         )
         self.seed, self.timestamp = self._agree_run_identity(config)
         super().__init__(config, local_rank=self.ctx.local_rank, world_size=self.ctx.world_size)
@@ -109,8 +119,9 @@ class DistSplatTrainer(Trainer):
         self.checkpoint_dir = self.base_dir / config.relative_model_dir
         self.device = str(self.ctx.device)
         self._nothing_to_train = False
-        self._last_saved_step: Optional[int] = None
+        self._last_saved_step: int | None = None
         self.record = RunRecord()
+        self.attempts = AttemptLog(self.base_dir, enabled=self.ctx.is_main)
         if viewer_refresh_every < 1:
             raise ValueError(f"viewer_refresh_every must be >= 1, got {viewer_refresh_every}")
         self.viewer_refresh_every = viewer_refresh_every
@@ -126,7 +137,12 @@ class DistSplatTrainer(Trainer):
         Returns:
             ``(seed, timestamp)``.
         """
-        agreed = broadcast_object(self.ctx, {"timestamp": config.timestamp, "seed": config.machine.seed})
+        timestamp = config.timestamp
+        if self.ctx.is_main and restart_count() > 0:
+            # A torchrun restart re-runs ns-train, which stamps a new timestamp: continue the folder
+            # of this job's earlier attempt (found by torchrun's run id), as --timestamp would.
+            timestamp = previous_timestamp(config.get_base_dir().parent, elastic_run_id()) or timestamp
+        agreed = broadcast_object(self.ctx, {"timestamp": timestamp, "seed": config.machine.seed})
         if agreed["timestamp"] != config.timestamp:
             # ns-train already wrote this rank's config.yml under its own timestamp: remove that
             # folder if it holds nothing else (it was created by this same command moments ago).
@@ -226,11 +242,9 @@ class DistSplatTrainer(Trainer):
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
         return Optimizers(configs, self.pipeline.get_param_groups())
 
-    def _load_checkpoint_state(self) -> Optional[Dict[str, Any]]:
+    def _load_checkpoint_state(self) -> dict[str, Any] | None:
         path = self._checkpoint_to_load()
         if path is None:
-            if self.ctx.is_main:
-                CONSOLE.print("No checkpoint to load, so training from scratch.")
             return None
         # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
         loaded = self.pipeline.mode.read_checkpoint(path)
@@ -243,27 +257,32 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
         return loaded
 
-    def _checkpoint_to_load(self) -> Optional[Path]:
-        if self.config.load_dir is not None:
-            load_dir = Path(self.config.load_dir)
-            if not load_dir.is_dir():
-                raise UserError(f"--load-dir {load_dir} is not a directory")
-            if self.config.load_step is not None:
-                path = load_dir / f"step-{self.config.load_step:09d}.ckpt"
-            else:
-                found = sorted(load_dir.glob("step-*.ckpt"))
-                if not found:
-                    raise UserError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
-                path = found[-1]
-            if not path.exists():
-                raise UserError(f"checkpoint {path} does not exist (--load-dir/--load-step)")
-            return path
-        if self.config.load_checkpoint is not None:
-            path = Path(self.config.load_checkpoint)
-            if not path.exists():
-                raise UserError(f"--load-checkpoint {path} does not exist")
-            return path
-        return None
+    def _checkpoint_to_load(self) -> Path | None:
+        """Rank 0 decides (``distributed/restart.py:choose_checkpoint``: the run's latest checkpoint
+        on a restart or a re-launch, else the --load-* flags) and every rank learns it; every rank
+        must see the file (a shared output folder), or all fail naming it."""
+        decision: dict[str, Any] = {}
+        if self.ctx.is_main:
+            config = self.config
+            try:
+                choice = choose_checkpoint(self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint,
+                                           config.existing_checkpoints, restart_count())
+                decision = {"path": None if choice.path is None else str(choice.path), "reason": choice.reason}
+            except UserError as err:
+                decision = {"error": str(err)}
+        decision = broadcast_object(self.ctx, decision)
+        if "error" in decision:
+            raise UserError(decision["error"])
+        if self.ctx.is_main:
+            CONSOLE.print(decision["reason"][0].upper() + decision["reason"][1:] + ".")
+        if decision["path"] is None:
+            return None
+        path = Path(decision["path"])
+        missing = [r for r, seen in enumerate(all_gather_object(self.ctx, path.is_file())) if not seen]
+        if missing:
+            raise UserError(f"checkpoint {path} (rank 0's choice) is not readable on rank(s) {missing}: "
+                            "a resume needs the output folder shared by every host (--output-dir)")
+        return path
 
     # ------------------------------------------------------------------ training loop
     @report_user_errors
@@ -287,6 +306,7 @@ class DistSplatTrainer(Trainer):
         if self.ctx.is_main and hasattr(dm, "train_dataparser_outputs"):
             dm.train_dataparser_outputs.save_dataparser_transform(self.base_dir / "dataparser_transforms.json")
         self._init_viewer_state()
+        self.attempts.begin(self._start_step, self.ctx.world_size)
         self.pipeline.configure_training(start_step=self._start_step)
         enter_phase(self.ctx, "first step")  # watched like start-up: the first batch, the first collectives
         t_start = time.perf_counter()
@@ -314,16 +334,16 @@ class DistSplatTrainer(Trainer):
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):
             self.step = step
-            while self.training_state == "paused" and not self.stop_training and not signals.requested:
-                time.sleep(0.01)
-            with self.train_lock:
-                with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
-                    self.pipeline.train()
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
-                    loss, loss_dict, metrics_dict = self.train_iteration(step)
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+            with rank0_work(self.ctx, f"paused in the viewer before step {step}", active=self.config.is_viewer_enabled()):
+                while self.training_state == "paused" and not self.stop_training and not signals.requested:
+                    time.sleep(0.01)
+            with self.train_lock, TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
+                self.pipeline.train()
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+                loss, loss_dict, metrics_dict = self.train_iteration(step)
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
             last_step = step
             if step == self._start_step:
                 enter_phase(self.ctx, "training", watch=False)
@@ -338,14 +358,16 @@ class DistSplatTrainer(Trainer):
                 )
             if self._needs_full_view(step):
                 self.pipeline.refresh_full_view(step)
-            self._update_viewer_state(step)
+            with rank0_work(self.ctx, f"updating the viewer after step {step}", active=self.config.is_viewer_enabled()):
+                self._update_viewer_state(step)
             if step_check(step, self.config.logging.steps_per_log, run_at_zero=True) and self.ctx.is_main:
                 writer.put_scalar(name="Train Loss", scalar=loss, step=step)
                 writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
                 writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
-            if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
-                with self.train_lock:
-                    self.eval_iteration(step)
+            with rank0_work(self.ctx, f"evaluating after step {step}", active=self._evaluates_at(step)):
+                if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
+                    with self.train_lock:
+                        self.eval_iteration(step)
             if not self.config.is_viewer_enabled():
                 self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
             if step_check(step, self.config.steps_per_save):
@@ -381,7 +403,7 @@ class DistSplatTrainer(Trainer):
         report = self.pipeline.train_step(step, self.optimizers)
         self.record.add_step(report, self.pipeline.config.batch_size)
         loss_dict = {"main_loss": report.loss}
-        metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
+        metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
             loss_dict = {"main_loss": report.loss.clone(), "l1": report.l1.clone(), "dssim": report.dssim.clone()}
             for value in loss_dict.values():
@@ -416,7 +438,7 @@ class DistSplatTrainer(Trainer):
         if step_check(step, self.config.steps_per_eval_all_images, run_at_zero=True):
             self._eval_all(step)
 
-    def _eval_all(self, step: int) -> Optional[float]:
+    def _eval_all(self, step: int) -> float | None:
         metrics = self.pipeline.get_average_eval_image_metrics(step=step)
         writer.put_dict(name="Eval Images Metrics Dict (all images)", scalar_dict=metrics, step=step)
         psnr = float(metrics["psnr"]) if "psnr" in metrics else None
@@ -461,16 +483,18 @@ class DistSplatTrainer(Trainer):
             self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write
         )
         self._last_saved_step = step
+        self.attempts.saved(step)
 
     def _save_unless_saved(self, step: int) -> None:
         """Save ``step`` unless it was just saved or no step ran in this process."""
         if step >= self._start_step and self._last_saved_step != step:
             self.save_checkpoint(step)
 
-    def _after_stop(self, last_step: int, signum: Optional[int]) -> None:
+    def _after_stop(self, last_step: int, signum: int | None) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,
         then exit ``128 + signal`` (a stop from the viewer ends normally)."""
         self._save_unless_saved(last_step)
+        self.attempts.end(last_step, "stopped by " + ("the viewer" if signum is None else signal.Signals(signum).name))
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
@@ -483,10 +507,13 @@ class DistSplatTrainer(Trainer):
     def _after_train(self) -> None:
         self.training_state = "completed"
         self._save_unless_saved(self.step)
+        self.attempts.end(self.step, "completed")
         if self.pipeline.datamanager.eval_dataset or self.config.is_viewer_enabled():
             self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
-        if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
-            if not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step:
+        with rank0_work(self.ctx, f"evaluating after the last step {self.step}"):
+            if self.ctx.is_main and self.pipeline.datamanager.eval_dataset and (
+                not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step
+            ):
                 self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
@@ -499,11 +526,12 @@ class DistSplatTrainer(Trainer):
             self._train_complete_viewer()
         shutdown_distributed()
 
-    def collect_stats(self) -> Dict[str, Any]:
+    def collect_stats(self) -> dict[str, Any]:
         """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
         record = self.record
         return {
             **record.summary(),
+            "attempts": self.attempts.attempts,
             "batch_size": self.pipeline.config.batch_size,
             "world_size": self.ctx.world_size,
             "parallel": self.pipeline.config.parallel,

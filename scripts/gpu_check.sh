@@ -5,7 +5,9 @@
 #   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
 #   3. train distsplat (B=1, B=4, 2 processes on one GPU over gloo) and splatfacto on the same scene
 #      for the same number of images, recording step time, images/s, peak GPU memory, final PSNR;
-#   4. write summary.json, env.json, tests.json, bench.json (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
+#   3b. with the time left: benchmarks/bench_time_to_quality.py --quick (1 vs 2 ranks, PSNR vs wall time);
+#   4. write summary.json, env.json, tests.json, bench.json, time_to_quality.json (+ gpu_check.log,
+#      gsplat_cuda.so.gz) to OUTDIR.
 #
 # Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
 #   --dry-run (implied when torch sees no CUDA device): use the current Python environment instead of
@@ -20,6 +22,7 @@
 #   GPU_CHECK_RESUME=1         a second call on the same (warm) machine, or with .gpu_prebuilt/previous/
 #                              carried: reuse the previous call's tests.json and its finished runs,
 #                              run only what is missing (each call saves its results in .gpu_cache/previous)
+#   GPU_CHECK_SKIP_TTQ=1       leave out the time-to-quality step (3b); GPU_TTQ_DATA [.gpu_data/bird] its scene
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
 #   GPU_CHECK_INSTALL=1        with --dry-run: install as the real run does (the wheels of .whl with pip
 #                              --no-index --no-deps --target, the project, PYTHONPATH, the import check)
@@ -295,9 +298,41 @@ else
   step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
 fi
 
+# ------------------------------------------------------------------ 3b. time to quality (issue 21)
+# benchmarks/bench_time_to_quality.py --quick on the GPU: 1 rank vs 2 ranks (gloo, one GPU),
+# replicated and sharded, B = 1 and 2, eval PSNR per checkpoint. Last, and only with the time
+# left: the JSON comes back (time_to_quality.json; `--replot` draws its plot here).
+t0=$(date +%s)
+TTQ_DATA="${GPU_TTQ_DATA:-.gpu_data/bird}"
+if [[ -n "$PREV" && -f "$PREV/time_to_quality.json" ]]; then
+  cp "$PREV/time_to_quality.json" "$OUTDIR/time_to_quality.json"
+  step time_to_quality reused 0 "GPU_CHECK_RESUME=1: time_to_quality.json of the previous call ($PREV)"
+elif ((DRY)); then
+  step time_to_quality skipped 0 "dry run: its CPU path is validated with python benchmarks/bench_time_to_quality.py --quick"
+elif [[ "${GPU_CHECK_SKIP_TTQ:-0}" == 1 ]]; then
+  step time_to_quality skipped 0 "GPU_CHECK_SKIP_TTQ=1"
+elif ((GSPLAT_MISSING)); then
+  step time_to_quality skipped 0 "gsplat's extension is not built"
+elif [[ ! -d "$TTQ_DATA/sparse/0" ]]; then
+  step time_to_quality failed 0 "scene $TTQ_DATA not found (scripts/prepare_gpu_wheels.sh copies ../shared/data/bird into .gpu_data/bird; carry .gpu_data)"
+elif (($(left) < 200)); then
+  step time_to_quality skipped 0 "time budget: $(left) s left (needs about 200 s)"
+else
+  say "time to quality (--quick) on $TTQ_DATA, limit $(($(left) - 15)) s"
+  timeout -k 10 $(($(left) - 15)) "$PY" benchmarks/bench_time_to_quality.py --quick --device cuda --data "$TTQ_DATA" \
+    --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
+  RC=$?
+  if ((RC == 0)); then
+    cp "$WORK/time_to_quality.json" "$OUTDIR/time_to_quality.json"
+    step time_to_quality ok $(($(date +%s) - t0)) "ratios in time_to_quality.json (ratios_to_1_rank_final_psnr)"
+  else
+    step time_to_quality failed $(($(date +%s) - t0)) "exit code $RC (124: out of time); see gpu_check.log"
+  fi
+fi
+
 # ------------------------------------------------------------------ 4. summary
 "$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
 mkdir -p "$CACHE/previous"
-for f in tests.json bench.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done
+for f in tests.json bench.json time_to_quality.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done
 say "done in $(($(date +%s) - T_START)) s; results in $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"
 sleep 1  # let tee finish writing gpu_check.log

@@ -54,10 +54,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
-REPORT: Dict[str, Any] = {
+REPORT: dict[str, Any] = {
     "argv": [],
     "rank": 0,
     "world_size": 1,
@@ -73,10 +74,10 @@ REPORT: Dict[str, Any] = {
     "process_wall_s": None,
 }
 _T0 = time.perf_counter()
-_REPORT_PATH: Optional[Path] = None
+_REPORT_PATH: Path | None = None
 
 
-def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``argv`` into this launcher's options and the ns-train arguments after ``--``.
 
     Raises:
@@ -126,7 +127,7 @@ def write_report() -> None:
             REPORT["cuda_device"] = f"cuda:{device} {torch.cuda.get_device_name(device)}"
             REPORT["peak_cuda_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
             REPORT["peak_cuda_memory_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
-    except Exception as err:  # the report must still be written
+    except Exception as err:  # noqa: BLE001 -- the report must still be written
         REPORT["error"] = (REPORT["error"] or "") + f"\nmemory query failed: {err!r}"
     _REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
     tmp = _REPORT_PATH.with_suffix(".tmp")
@@ -178,7 +179,7 @@ def patch_timing() -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    cpu_start: List[float] = []
+    cpu_start: list[float] = []
 
     def start() -> None:
         sync()
@@ -223,7 +224,7 @@ def patch_count_ops() -> None:
     REPORT["ops_per_step"] = []
     REPORT["sync_ops_per_step"] = []
     REPORT["ops_by_name"] = {}
-    active: List[CountOps] = []
+    active: list[CountOps] = []
 
     def start() -> None:
         active.append(CountOps())
@@ -321,7 +322,7 @@ def patch_cpu_reference_renderer() -> None:
     )
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     global _REPORT_PATH
     args, ns_train_args = parse_args(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", "0"))

@@ -4,6 +4,7 @@
 #                              (git-ignored; pip download --no-deps: the list is the whole closure)
 #   .gpu_data/lund_door_x2/    the benchmark scene: ../shared/data/lund_door downscaled 2x (648x968),
 #                              made with scripts/make_shipped_scene.py (../shared does not travel)
+#   .gpu_data/bird/            ../shared/data/bird as it is (5 MB): bench_time_to_quality.py's scene
 # and check that the working tree plus these stays under the device call's 64 MiB.
 #
 # Usage: bash scripts/prepare_gpu_wheels.sh [--factor N] [--source DIR] [--no-data] [--verify]
@@ -94,6 +95,18 @@ if ((WANT_DATA)); then
   else
     echo "[prepare] error: $SOURCE is not the lund_door scene; pass --source DIR or --no-data" >&2
     exit 1
+  fi
+fi
+
+# The time-to-quality benchmark's scene (gpu_check.sh step 3b): bird, copied as it is (5 MB, MIT;
+# its PROVENANCE.txt and LICENSE.source_repo travel with it).
+BIRD_SOURCE="$ROOT/../shared/data/bird"
+if ((WANT_DATA)) && [[ ! -f .gpu_data/bird/PROVENANCE.txt ]]; then
+  if [[ -d "$BIRD_SOURCE/sparse/0" ]]; then
+    echo "[prepare] copying $BIRD_SOURCE to .gpu_data/bird"
+    mkdir -p .gpu_data && cp -r "$BIRD_SOURCE" .gpu_data/bird
+  else
+    echo "[prepare] warning: $BIRD_SOURCE not found; gpu_check.sh's time-to-quality step will fail" >&2
   fi
 fi
 

@@ -20,7 +20,10 @@ ns-train distsplat \
 RUN_DIR="$(ls -td "$OUT"/lund_door/distsplat/*/ | head -1)"
 RUN_DIR="${RUN_DIR%/}"
 ns-export gaussian-splat --load-config "$RUN_DIR/config.yml" --output-dir "$RUN_DIR/export"
-ns-eval --load-config "$RUN_DIR/config.yml" --output-path "$RUN_DIR/eval.json"
+# --render-output-path: ns-eval also saves, for every held-out (eval-split) image, the model's
+# ground truth beside its render (eval_img_NNNN.png); the first is the demo's picture.
+ns-eval --load-config "$RUN_DIR/config.yml" --output-path "$RUN_DIR/eval.json" --render-output-path "$RUN_DIR/eval_images"
+cp "$RUN_DIR/eval_images/eval_img_0000.png" "$RUN_DIR/demo_view.png"
 echo
 echo "== distsplat demo finished =="
 echo "run directory : $RUN_DIR"
@@ -28,4 +31,5 @@ echo "run summary   : $RUN_DIR/distsplat_stats.json"
 echo "checkpoints   : $RUN_DIR/nerfstudio_models/"
 echo "PLY           : $RUN_DIR/export/splat.ply"
 echo "eval metrics  : $RUN_DIR/eval.json"
+echo "picture       : $RUN_DIR/demo_view.png (held-out view: ground truth left, render right)"
 echo "view it       : ns-viewer --load-config $RUN_DIR/config.yml"

@@ -5,4 +5,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup_env.sh --test
+# Lint first (pyproject's [tool.ruff]: ruff's defaults + pyupgrade, isort, bugbear): seconds.
+.venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest "$@"

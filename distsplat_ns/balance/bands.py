@@ -10,8 +10,8 @@ partitioners live in ``partition.py``; this module holds what they and their cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 import numpy as np
 import torch
@@ -20,9 +20,9 @@ from distsplat_ns.utils.stats import max_over_mean
 from distsplat_ns.utils.validation import check_int
 
 __all__ = [
+    "TILE_SIZE",
     "ArrayLike",
     "Band",
-    "TILE_SIZE",
     "band_pixel_rows",
     "imbalance",
     "num_tile_rows",
@@ -30,7 +30,7 @@ __all__ = [
     "tile_rows_to_pixel_rows",
 ]
 
-ArrayLike = Union[torch.Tensor, np.ndarray, Sequence[float]]
+ArrayLike = torch.Tensor | np.ndarray | Sequence[float]
 """One camera's tile-row costs: a 1-D tensor (any device), ndarray or sequence of floats."""
 
 TILE_SIZE = 16

@@ -17,13 +17,16 @@ import datetime
 import os
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.utils.errors import UserError
+from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
+from distsplat_ns.distributed.restart import restart_count
+from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
+from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 LOGGER = get_logger(__name__)
 
@@ -39,14 +42,17 @@ class DistContext:
         device: The device this process computes on (``cuda:<local_rank>`` or ``cpu``).
         backend: ``"nccl"``, ``"gloo"`` or ``None`` when ``world_size == 1``.
         timeout_s: Collective timeout in seconds: a rank that stops answering ends the run.
+        rank0_work_timeout_s: How long the other ranks wait for rank 0's own work (evaluation,
+            checkpoint writing) while its heartbeat says it is alive (``lifecycle.rank0_work``).
     """
 
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None
     timeout_s: float = 600.0
+    rank0_work_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -75,7 +81,8 @@ def _env_int(name: str) -> int | None:
 
 
 def init_distributed(
-    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto"
+    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto",
+    rank0_work_timeout_s: float = 3600.0,
 ) -> DistContext:
     """Create (or adopt) the process group and bind this process to its device.
 
@@ -98,6 +105,27 @@ def init_distributed(
 
     **Collective:** creating the group is itself a rendezvous of all ranks.
     """
+    _check_launch_settings(device_type, timeout_s, backend)
+    rank, world_size, local_rank, backend = _join_group(device_type, timeout_s, local_rank_hint, backend)
+    device = _bind_device(device_type, local_rank, world_size)
+    set_log_rank(rank)
+    if local_rank == 0:
+        removed = remove_orphan_semaphores()  # what ranks SIGKILLed earlier on this host left
+        if removed:
+            LOGGER.info("removed %d semaphore(s) of processes that are gone from /dev/shm", removed)
+    if world_size > 1:
+        exit_with_launcher()
+    ctx = DistContext(
+        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s,
+        rank0_work_timeout_s=rank0_work_timeout_s,
+    )
+    if ctx.is_distributed:
+        LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
+    return ctx
+
+
+def _check_launch_settings(device_type: str, timeout_s: float, backend: str) -> None:
+    """Refuse settings no launch can honour, before any rendezvous (one line naming the flag)."""
     if device_type not in ("cuda", "cpu"):
         raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
@@ -109,53 +137,83 @@ def init_distributed(
     if backend == "nccl" and device_type != "cuda":
         raise UserError("--dist-backend nccl needs --machine.device-type cuda")
 
+
+def _join_group(device_type: str, timeout_s: float, local_rank_hint: int, backend: str) -> tuple[int, int, int, str | None]:
+    """Adopt the existing process group, create it from torchrun's environment, or run alone;
+    returns ``(rank, world_size, local_rank, backend)`` (backend None alone).
+
+    **Collective:** creating the group is a rendezvous of all ranks.
+    """
     env_world = _env_int("WORLD_SIZE")
     env_rank = _env_int("RANK")
     env_local = _env_int("LOCAL_RANK")
-
     if dist.is_available() and dist.is_initialized():
-        rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = env_local if env_local is not None else local_rank_hint
-        backend = dist.get_backend()
-    elif env_world is not None and env_world > 1:
-        if env_rank is None:
-            raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
-        rank, world_size = env_rank, env_world
-        local_rank = env_local if env_local is not None else 0
-        if backend == "auto":
-            backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
-        if device_type == "cuda":
-            torch.cuda.set_device(_device_index(local_rank))
+        return dist.get_rank(), dist.get_world_size(), local_rank, dist.get_backend()
+    if env_world is None or env_world <= 1:
+        return 0, 1, local_rank_hint, None
+    if env_rank is None:
+        raise UserError("WORLD_SIZE > 1 is set but RANK is not: launch with torchrun")
+    rank, world_size = env_rank, env_world
+    local_rank = env_local if env_local is not None else 0
+    if backend == "auto":
+        backend = auto_backend(device_type, _env_int("LOCAL_WORLD_SIZE"))
+    if device_type == "cuda":
+        torch.cuda.set_device(_device_index(local_rank))
+    choose_socket_interface(backend)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = attempt_store(world_size, timeout)
         dist.init_process_group(
             backend=backend,
-            init_method="env://",
+            init_method=None if store is not None else "env://",
+            store=store,
             world_size=world_size,
             rank=rank,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
         )
-    else:
-        rank, world_size, local_rank, backend = 0, 1, local_rank_hint, None
+    except (RuntimeError, dist.DistError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
+        raise RunFailure(
+            f"rank {rank}: could not join the process group through "
+            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({first}); "
+            f"every host must reach that address, and its sockets use the interface {ifnames}"
+        ) from err
+    return rank, world_size, local_rank, backend
 
+
+def _bind_device(device_type: str, local_rank: int, world_size: int) -> torch.device:
+    """This rank's device: its GPU (made current), or the CPU with the host's cores shared out."""
     if device_type == "cuda":
         index = _device_index(local_rank)
         torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
-        local_world = _env_int("LOCAL_WORLD_SIZE") or (world_size if world_size > 1 else 1)
-        if local_world > 1:
-            # CPU ranks on one host share its cores; torch's default of one thread per core in every
-            # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    set_log_rank(rank)
-    if world_size > 1:
-        exit_with_launcher()
-    ctx = DistContext(
-        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s
-    )
-    if ctx.is_distributed:
-        LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
-    return ctx
+        return torch.device("cuda", index)
+    local_world = _env_int("LOCAL_WORLD_SIZE") or (max(1, world_size))
+    if local_world > 1:
+        # CPU ranks on one host share its cores; torch's default of one thread per core in every
+        # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    return torch.device("cpu")
+
+
+def attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun, the agent's store with a prefix of this attempt's own: None elsewhere
+    (``env://`` then creates the store).
+
+    torchrun's workers are clients of the agent's store (``TORCHELASTIC_USE_AGENT_STORE``), and a
+    restart (``--max-restarts``) reuses that store and its keys: ``env://`` adds no prefix per
+    attempt, so the restarted ranks read the addresses gloo's full mesh published in the failed
+    attempt (measured: "Gloo connectFullMesh failed ... Connection refused", or both ranks waiting
+    in ``_create_gloo_process_group``; issue 20), and the lifecycle's barrier keys are already set.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    host, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if not host or port is None:
+        raise UserError("TORCHELASTIC_USE_AGENT_STORE is set but MASTER_ADDR/MASTER_PORT are not: launch with torchrun")
+    client = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    return dist.PrefixStore(f"distsplat/attempt-{restart_count()}", client)
 
 
 def auto_backend(device_type: str, local_world_size: int | None) -> str:
@@ -219,6 +277,7 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
 
 
 def shutdown_distributed() -> None:
-    """Destroy the process group if this process created or joined one."""
+    """Destroy the process group if this process created or joined one (the lifecycle's abort
+    watch then stops by itself)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -9,7 +9,10 @@ These are the collectives that keep every rank doing the same thing at the edges
 * :func:`agree_outcome` -- rank 0 does something alone (write a checkpoint, probe the output
   folder) and every rank learns whether it worked, so all fail with one message instead of the
   others seeing a broken collective;
-* :func:`first_report` -- print a failure once when every rank fails the same way.
+* :func:`first_report` -- print a failure once when every rank fails the same way;
+* :func:`rank0_work` -- the other ranks wait for rank 0's own work (evaluation, a checkpoint
+  write, the viewer) under its own bound while rank 0's heartbeat says it is alive, so that work
+  never counts against ``--collective-timeout-s``.
 
 The phase and error keys travel through the process group's key-value store (torchrun's or
 ``init_process_group``'s), not through collectives, so they work while a rank is stuck.
@@ -18,7 +21,10 @@ The phase and error keys travel through the process group's key-value store (tor
 from __future__ import annotations
 
 import datetime
+import functools
 import os
+import re
+import socket
 import sys
 import threading
 import time
@@ -31,6 +37,9 @@ import torch
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.interfaces import route_source_address
+from distsplat_ns.distributed.rank0_work import rank0_work, wait_for_rank0_frame
+from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
 
@@ -38,15 +47,7 @@ LOGGER = get_logger(__name__)
 
 T = TypeVar("T")
 
-_KEY_PREFIX = "distsplat/"
 _control_groups: dict = {}
-
-
-def _store() -> dist.Store | None:
-    """The default group's key-value store, or None without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.distributed_c10d._get_default_store()
 
 
 def _control_group(ctx: DistContext) -> dist.ProcessGroup | None:
@@ -101,7 +102,8 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
     outcome = "ok"
     if ctx.is_main:
         try:
-            result = fn()
+            with rank0_work(ctx, what, failure_told_later=True):
+                result = fn()
         except OSError as err:
             failure = err
             reason = f"{err.strerror} ({err.filename})" if err.strerror and err.filename else (err.strerror or str(err))
@@ -109,6 +111,9 @@ def agree_outcome(ctx: DistContext, what: str, fn: Callable[[], T]) -> T | None:
         except Exception as err:  # noqa: BLE001 -- told to the other ranks, then re-raised as is
             failure = err
             outcome = f"internal error on rank 0 while {what}"
+    else:
+        with rank0_work(ctx, what, failure_told_later=True):
+            pass
     if ctx.is_distributed:
         outcome = _broadcast_text(ctx, outcome)
     if outcome == "ok":
@@ -136,9 +141,13 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
 
     **Collective:** none (one store write); no-op at ``world_size == 1``.
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is not None:
-        store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
+        if ctx.rank not in _HOSTS_TOLD:
+            _HOSTS_TOLD.add(ctx.rank)
+            store.set(f"{KEY_PREFIX}host/{ctx.rank}", _this_host())
+            _ABORT_WATCH.start(ctx, store)
+        store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
         if watch:
             _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
         else:
@@ -157,18 +166,21 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
     No-op at ``world_size == 1``. Rank 1 sleeping in phase "model ready" past the timeout: rank 0
     raises "start-up phase 'model ready': rank(s) [1] did not finish within 5 s ...".
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is None:
         return
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
     _WATCH.stop()
-    store.set(f"{_KEY_PREFIX}done/{name}/{ctx.rank}", "1")
-    store.set(f"{_KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
-    keys = [f"{_KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
+    store.set(f"{KEY_PREFIX}done/{name}/{ctx.rank}", "1")
+    store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
+    keys = [f"{KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except RuntimeError as err:  # DistStoreError: the wait timed out
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        try:
+            missing = bounded(lambda: [r for r, key in enumerate(keys) if not store.check([key])])
+        except StoreUnreachable as lost:
+            raise RunFailure(f"start-up phase '{name}' on rank {ctx.rank}: {lost}") from err
         if not missing:  # arrived between the timeout and the check
             return
         raise RunFailure(
@@ -242,12 +254,84 @@ class _PhaseWatch:
                              + "".join(traceback.format_list(stack[-12:])))
             sys.stderr.flush()
             try:
-                store.set(f"{_KEY_PREFIX}where/{ctx.rank}", note)
+                bounded(functools.partial(store.set, f"{KEY_PREFIX}where/{ctx.rank}", note))
             except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
                 pass
 
 
 _WATCH = _PhaseWatch()
+
+#: Seconds a rank lets its own failure path run after another rank announced a failure (or after
+#: it lost the store past the collective timeout) before its abort watch ends it: enough for a
+#: rank blocked in a collective to fail and report itself, which it does within the timeout.
+ABORT_GRACE_S = 20.0
+_ABORT_KEY = f"{KEY_PREFIX}abort"
+
+
+class _AbortWatch:
+    """One daemon thread per rank, from its first phase to the end of the run: a rank that never
+    reaches a collective again (stuck in a loop, a hung file system, a deadlock) on a host whose
+    torchrun sees nothing wrong would otherwise run for ever after the others failed. Every
+    2 s it checks the store for :func:`announce_failure`'s key; once that key has been there for
+    :data:`ABORT_GRACE_S`, or the store has been unreachable for ``--collective-timeout-s`` plus
+    that grace, it prints one line and ends the process (``os._exit(1)``)."""
+
+    def __init__(self) -> None:
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, ctx: DistContext, store: dist.Store) -> None:
+        if self._thread is None:
+            self._stopped.clear()
+            self._thread = threading.Thread(target=self._run, args=(ctx, store), name="distsplat-abort-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self, ctx: DistContext, store: dist.Store) -> None:
+        seen_at: float | None = None
+        lost_at: float | None = None
+        message = ""
+        while not self._stopped.wait(2.0):
+            if not dist.is_initialized():
+                return  # the run ended (shutdown_distributed): its store may go away now
+            now = time.monotonic()
+            try:
+                if seen_at is None and bounded(lambda: store.check([_ABORT_KEY])):
+                    seen_at, message = now, bounded(lambda: store.get(_ABORT_KEY)).decode()
+                lost_at = None
+            except (RuntimeError, dist.DistError) as err:
+                if lost_at is None:
+                    lost_at, message = now, comm_error_summary(err)
+            if self._stopped.is_set():
+                return
+            if seen_at is not None and now - seen_at > ABORT_GRACE_S:
+                self._end(ctx, f"another rank failed ({message}) and this rank did not stop within {ABORT_GRACE_S:g} s")
+            if lost_at is not None and now - lost_at > ctx.timeout_s + ABORT_GRACE_S:
+                self._end(ctx, f"{message}, for {now - lost_at:.0f} s (--collective-timeout-s {ctx.timeout_s:g} + {ABORT_GRACE_S:g} s)")
+
+    @staticmethod
+    def _end(ctx: DistContext, why: str) -> None:
+        sys.stderr.write(f"distsplat error (rank {ctx.rank}): ending this rank: {why}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+_ABORT_WATCH = _AbortWatch()
+
+
+def announce_failure(ctx: DistContext, message: str) -> None:
+    """Tell every rank's abort watch that this rank failed (bounded store write; a lost store is
+    found by the watches themselves)."""
+    store = default_store() if ctx.is_distributed else None
+    if store is None:
+        return
+    try:
+        told = message if message.startswith(f"rank {ctx.rank}:") else f"rank {ctx.rank}: {message}"
+        bounded(lambda: store.compare_set(_ABORT_KEY, "", told[:400]))
+    except (RuntimeError, dist.DistError):
+        pass
 
 
 def stop_watching() -> None:
@@ -255,9 +339,10 @@ def stop_watching() -> None:
     _WATCH.stop()
 
 
+
 def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:
     """The main thread's stack when it is not waiting on other ranks (inside ``torch.distributed``
-    or in :func:`finish_phase`'s barrier), else None. Keeps no frame: a frame held here would keep
+    or in :func:`finish_phase`'s barrier or :func:`rank0_work`'s wait), else None. Keeps no frame: a frame held here would keep
     the main thread's locals (a DataLoader iterator, whose workers then outlive the process's exit)."""
     frame = sys._current_frames().get(main_ident)
     try:
@@ -266,8 +351,8 @@ def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary |
             code = probe.f_code
             if f"{os.sep}torch{os.sep}distributed{os.sep}" in code.co_filename:
                 return None
-            if code.co_filename == __file__ and code.co_name == "finish_phase":
-                return None
+            if (code.co_filename, code.co_name) in ((__file__, "finish_phase"), wait_for_rank0_frame()):
+                return None  # waiting for other ranks, as in a collective
             probe = probe.f_back
         return None if frame is None else traceback.extract_stack(frame)
     finally:
@@ -287,22 +372,48 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
     when ``err`` is not a communication failure."""
     if not ctx.is_distributed or not is_comm_failure(err):
         return None
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    store = _store()
+    first = comm_error_summary(err)
+    store = default_store()
     where = ""
     if store is not None:
         try:
-            where = "; " + _whereabouts(ctx, store)
+            where = "; " + bounded(lambda: _whereabouts(ctx, store))
+        except StoreUnreachable as lost:
+            where = f"; {lost}"
         except (RuntimeError, dist.DistError):
             where = ""
     return f"a collective failed ({first}){where} (--collective-timeout-s {ctx.timeout_s:g})"
 
 
+_GLOO_SOURCE = re.compile(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*")
+_GLOO_HINT = re.compile(r"\s*This is typically caused by.*$")
+
+
+def comm_error_summary(err: BaseException) -> str:
+    """A failed collective's first line without gloo's source location and generic advice:
+    "Read error [10.77.0.1]:41234: Connection reset by peer" (the peer's address kept)."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    return _GLOO_HINT.sub("", _GLOO_SOURCE.sub("", first)).rstrip(". ") or type(err).__name__
+
+
+_HOSTS_TOLD: set = set()
+
+
+def _this_host() -> str:
+    """This rank's host for messages: the address its traffic to the store leaves from."""
+    master = os.environ.get("MASTER_ADDR")
+    address = route_source_address(master, int(os.environ.get("MASTER_PORT", "29500") or 29500)) if master else None
+    return address or socket.gethostname()
+
+
 def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
+    """Where every rank was last seen, and on which host (store reads: call it through :func:`bounded`)."""
     parts = []
     for r in range(ctx.world_size):
-        key = f"{_KEY_PREFIX}where/{r}"
-        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}")
+        key, host_key = f"{KEY_PREFIX}where/{r}", f"{KEY_PREFIX}host/{r}"
+        host = f" (on {store.get(host_key).decode()})" if store.check([host_key]) else ""
+        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}{host}")
     return "last seen: " + ", ".join(parts)
 
 
@@ -314,19 +425,19 @@ def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
     **Collective:** through the store, never blocking longer than ``wait_s``; safe to call while
     other ranks are stuck or gone. Always True at ``world_size == 1`` or without a store.
     """
-    store = _store() if ctx.is_distributed else None
+    store = default_store() if ctx.is_distributed else None
     if store is None:
         return True
-    key = f"{_KEY_PREFIX}error/0"
+    key = f"{KEY_PREFIX}error/0"
     try:
         if ctx.is_main:
-            store.set(key, message)
+            bounded(lambda: store.set(key, message))
             return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if store.check([key]):
-                return store.get(key).decode() != message
+            if bounded(lambda: store.check([key])):
+                return bounded(lambda: store.get(key)).decode() != message
             time.sleep(0.05)
-    except (RuntimeError, dist.DistError):  # the store lived in a launcher that is gone
+    except (RuntimeError, dist.DistError):  # the store lived in a launcher or host that is gone
         pass
     return True

@@ -17,7 +17,7 @@ Shape letters: ``N`` Gaussians held here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -42,7 +42,7 @@ class Densifier(ABC):
 
     @abstractmethod
     def after_optimizer(
-        self, model: Any, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Optional[Dict[str, Any]], gather: IdGather
+        self, model: Any, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any] | None, gather: IdGather
     ) -> None:
         """Run after ``optimizer_step_all`` and ``scheduler_step_all``.
 
@@ -71,7 +71,7 @@ class DefaultDensifier(Densifier):
     def changes_shards_at(self, step: int) -> bool:
         return grows_at(self.schedule, step)
 
-    def after_optimizer(self, model, step, optimizers, info, gather) -> None:  # noqa: ANN001
+    def after_optimizer(self, model, step, optimizers, info, gather) -> None:
         if info is not None:
             model.refine(step, optimizers, info, gather_ids=gather)
 
@@ -95,7 +95,7 @@ class MCMCDensifier(Densifier):
     def changes_shards_at(self, step: int) -> bool:
         return self.schedule.is_event(step)
 
-    def after_optimizer(self, model, step, optimizers, info, gather) -> None:  # noqa: ANN001
+    def after_optimizer(self, model, step, optimizers, info, gather) -> None:
         """``mcmc_step_post_backward`` on this rank's Gaussians; ``model.next_gauss_id`` advances.
 
         **Collective:** ``mcmc_event``'s gathers on event steps. **Host sync:** event steps only

@@ -12,8 +12,9 @@ viewer and checkpoints gather the whole model to rank 0 (``parallel/full_state.p
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -47,7 +48,7 @@ class ShardedMode(ParallelMode):
 
     def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         super().__init__(ctx, model)
-        self._full_view_step: Optional[int] = None
+        self._full_view_step: int | None = None
 
     def take_initial_gaussians_(self) -> None:
         """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
@@ -61,7 +62,7 @@ class ShardedMode(ParallelMode):
         """Every rank adds its shard's part of the scale term; rank 0 the camera penalty."""
         return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=True, num_gaussians_total=num_gaussians_total)
 
-    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each rank projected its own Gaussians: the footprints of all of them are the sum.
 
         **Collective:** world group, one all-reduce of the row costs (none at one rank).
@@ -69,13 +70,13 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands (``exchange_screen_terms``); the bytes
         count both directions (the gradients return in backward).
 
         **Collective:** world group: the exchange's three all-to-alls now, one in backward.
         """
-        calls: List[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
+        calls: list[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
         with timer():
             received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, plan.bands, len(cameras), timer)
         return received, received.route.payload_bytes(calls[0][1].means2d.element_size())
@@ -93,7 +94,7 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
         assert isinstance(source, ReceivedProjections), "the sharded mode renders from the exchange"
         grads, absgrads, radii = batch_statistics(self.model, source.shard_projections, batch_size)
@@ -122,7 +123,7 @@ class ShardedMode(ParallelMode):
             return 0
         return rebalance_shards_(self.ctx, self.model, optimizers)
 
-    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+    def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]
 
     def refresh_full_view(self, step: int) -> None:
@@ -144,14 +145,14 @@ class ShardedMode(ParallelMode):
         super().drop_full_view()
         self._full_view_step = None
 
-    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+    def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The shards in id order on rank 0 (``full_state.gather_full_state``).
 
         **Collective:** world group, one tensor at a time.
         """
         return gather_full_state(self.ctx, self.model, optimizers)
 
-    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """Memory-mapped, cut to this rank's block: only the rows it owns are read into memory."""
         loaded = load_checkpoint_file(path, mmap=True)
         shard_loaded_checkpoint_(loaded, self.ctx.rank, self.ctx.world_size)

@@ -15,6 +15,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from typing_extensions import Self
+
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -46,11 +48,14 @@ class StopSignals:
         if self.signum is None:
             self.signum = signum
             self._first_at = now
-            LOGGER.warning("%s received: stopping at the end of this step and saving a checkpoint", signal.Signals(signum).name)
+            # Not "saving a checkpoint": under torchrun this signal usually means another rank died,
+            # and nothing can be saved then; the end of the run says what was saved (issue 20).
+            LOGGER.warning("%s received: asking every rank to stop after this step (the step is saved if they all can)",
+                           signal.Signals(signum).name)
         elif now - self._first_at > self._force_after_s:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # 100 images at B = 2: 50 steps. Refines (counted in images) at images 40, 60, 80 -> steps 20, 30,
 # 40, after the 10 + 20 = 30-image pause that follows an opacity reset in splatfacto's schedule.
 # float64 (reference backend): float32 summation-order differences between 1 and 2 processes
@@ -34,8 +33,8 @@ def assert_same_model(a: dict, b: dict) -> None:
     (1e-4 to 1e-1). Before the float64 mode raised every group's Adam eps, one Gaussian born at a
     refinement with a gradient of about 1e-9 took opposite +-lr first steps in the two runs (0.28).
     """
-    for name in a:
-        diff = (a[name] - b[name]).abs()
+    for name, value in a.items():
+        diff = (value - b[name]).abs()
         if diff.numel() == 0:
             continue
         assert diff.max() <= 1e-6, f"{name}: max |difference| {diff.max().item():.3g} > 1e-6"

@@ -125,3 +125,41 @@ def working_outside_collectives(ctx) -> str:
         time.sleep(1.0)  # rank 0 hosts the store: let rank 1 see the key
         return where
     return "no error"
+
+
+def slow_rank0_work(ctx, work_s: float) -> tuple:
+    """Rank 0 works ``work_s`` (longer than the collective timeout) alone; then every rank joins an
+    all-reduce. Returns (the sum, seconds this rank waited)."""
+    import torch
+    import torch.distributed as dist
+
+    from distsplat_ns.distributed.rank0_work import rank0_work
+
+    t0 = time.monotonic()
+    with rank0_work(ctx, "evaluating after step 0"):
+        if ctx.rank == 0:
+            time.sleep(work_s)
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return float(value.item()), time.monotonic() - t0
+
+
+def rank0_dies_in_its_work(ctx, out: str) -> str:
+    """Rank 0 (which hosts the store here) exits in the middle of its own work; rank 1 writes what
+    it raised and how long it waited to ``out`` (rank 0 never reports: run_ranks then fails)."""
+    import os
+    from pathlib import Path
+
+    from distsplat_ns.distributed.rank0_work import rank0_work
+
+    t0 = time.monotonic()
+    try:
+        with rank0_work(ctx, "writing checkpoint step-000000005.ckpt"):
+            if ctx.rank == 0:
+                time.sleep(1.0)
+                os._exit(0)
+        result = "no error"
+    except RunFailure as err:
+        result = f"RunFailure: {err}"
+    Path(out).write_text(f"{time.monotonic() - t0:.2f}\n{result}")
+    return result

@@ -7,7 +7,8 @@ import os
 import pickle
 import socket
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -34,13 +35,16 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         # that vanish when this process exits before the parent reads them.
         queue.put((rank, "ok", pickle.dumps(result)))
         shutdown_distributed()
-    except BaseException as err:  # report to the parent, which fails the test
+    except BaseException as err:  # noqa: BLE001 -- report to the parent, which fails the test
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, device_type: str = "cpu",
-              backend: str = "auto") -> list[Any]:
+              backend: str = "auto", deadline_s: float | None = None) -> list[Any]:
     """``[fn(ctx_rank0, *args), ..., fn(ctx_rankW-1, *args)]`` computed on W gloo processes.
+
+    ``timeout_s`` is the ranks' collective timeout; the ranks must finish within ``deadline_s``
+    (default twice that).
 
     ``fn`` must be a module-level function (it is pickled into spawned processes).
 
@@ -55,12 +59,13 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.
         p.start()
     results: dict[int, Any] = {}
     errors = []
-    deadline = datetime.datetime.now() + datetime.timedelta(seconds=timeout_s * 2)
+    deadline_s = timeout_s * 2 if deadline_s is None else deadline_s
+    deadline = datetime.datetime.now() + datetime.timedelta(seconds=deadline_s)
     try:
         while len(results) + len(errors) < world_size:
             remaining = (deadline - datetime.datetime.now()).total_seconds()
             if remaining <= 0:
-                raise RuntimeError(f"ranks did not finish within {timeout_s * 2:.0f}s")
+                raise RuntimeError(f"ranks did not finish within {deadline_s:.0f}s")
             rank, status, value = queue.get(timeout=remaining)
             if status == "ok":
                 results[rank] = pickle.loads(value)

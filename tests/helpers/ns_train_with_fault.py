@@ -1,5 +1,7 @@
 """ns-train with a fault on one rank at one step (fault-injection runs): a NaN written into its
-local gradient, or with ``DISTSPLAT_TEST_FAULT=raise`` an internal error (a RuntimeError).
+local gradient, with ``DISTSPLAT_TEST_FAULT=raise`` an internal error (a RuntimeError), with
+``DISTSPLAT_TEST_FAULT=sigkill`` a SIGKILL of the rank itself (first torchrun attempt only, so a
+restart trains on), with ``DISTSPLAT_TEST_FAULT=hang`` a rank stuck outside any collective for ever.
 
 Usage (plain or under torchrun): ``ns_train_with_fault.py STEP RANK <ns-train arguments>``. It sets
 the pipeline's test hook (``distsplat_ns/pipeline.py``: ``before_gradient_sum_hook``) and then runs
@@ -9,7 +11,9 @@ nerfstudio's ``ns-train`` entry point in this process.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -25,8 +29,17 @@ def main() -> None:
     del sys.argv[1:3]
     logger = get_logger("ns_train_with_fault")
 
-    def write_nan(step: int, rank: int, model) -> None:  # noqa: ANN001
+    def write_nan(step: int, rank: int, model) -> None:
         if step != fault_step or rank != fault_rank:
+            return
+        if os.environ.get("DISTSPLAT_TEST_FAULT") == "hang":
+            logger.warning("fault injection: this rank hangs at step %d", step)
+            while True:
+                time.sleep(60)
+        if os.environ.get("DISTSPLAT_TEST_FAULT") == "sigkill":
+            if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+                logger.warning("fault injection: SIGKILL of this rank at step %d", step)
+                os.kill(os.getpid(), signal.SIGKILL)
             return
         if os.environ.get("DISTSPLAT_TEST_FAULT") == "raise":
             raise RuntimeError(f"injected internal error at step {step}")

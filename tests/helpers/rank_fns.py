@@ -181,7 +181,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(2, param_dtype="float64", **(dict(use_bilateral_grid=True, grid_shape=(4, 4, 2)) if grid else {}))
+        model = make_model(2, param_dtype="float64", **({"use_bilateral_grid": True, "grid_shape": (4, 4, 2)} if grid else {}))
         if grid:  # perturbed from identity (an identity grid hides wrong coordinates)
             with torch.no_grad():
                 grids = model.bil_grids.grids

@@ -25,7 +25,7 @@ SPLITS = {
 }
 NAMES = list(SPLITS)
 CAMERA_IDS = [5, 2]  # batch position -> training camera (of make_model's 8)
-GRID = dict(use_bilateral_grid=True, grid_shape=(4, 4, 2))
+GRID = {"use_bilateral_grid": True, "grid_shape": (4, 4, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_the_batch_grids_learn(reference: dict) -> None:
 
 # Through the parallel modes (replicated and sharded: the sharded exchange, its reverse in backward,
 # the grids among the replicated parameters summed by mode.reduce_gradients), two camera sizes.
-from tests.helpers.model_factory import MIXED_SIZES  # noqa: E402
+from tests.helpers.model_factory import MIXED_SIZES
 
 (_, H0), (_, H1) = MIXED_SIZES
 MODE_WHOLE = [[(0, 0, H0), (1, 0, H1)]]

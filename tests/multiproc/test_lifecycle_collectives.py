@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,19 @@ def test_a_rank_busy_outside_collectives_names_itself_in_its_record() -> None:
     assert where1.startswith("in 'pipeline setup', outside any collective for "), where1
     assert "lifecycle_rank_fns.py" in where1, where1  # where its main thread was
     assert where0 == "in 'pipeline setup'", where0  # waiting in a collective: not flagged
+
+
+def test_rank0_work_longer_than_the_collective_timeout_does_not_fail_the_others() -> None:
+    # 7 s of rank-0 work at a 2 s collective timeout: rank 1 waits it out, then the all-reduce works.
+    (sum0, _), (sum1, waited1) = run_ranks(fns.slow_rank0_work, 2, 7.0, timeout_s=2.0, deadline_s=60.0)
+    assert sum0 == sum1 == 2.0
+    assert waited1 >= 6.5, waited1
+
+
+def test_rank0_lost_during_its_own_work_is_found_within_the_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "rank1.txt"
+    with pytest.raises((RuntimeError, queue.Empty)):  # rank 0 exited without a result
+        run_ranks(fns.rank0_dies_in_its_work, 2, str(out), timeout_s=5.0, deadline_s=30.0)
+    waited, result = out.read_text().split("\n", 1)
+    assert result.startswith("RunFailure: rank 1: lost rank 0 while it was writing checkpoint step-000000005.ckpt"), result
+    assert float(waited) < 5.0 + 3.0, waited  # the store's loss is seen at once; the heartbeat bound is 5 s

@@ -41,7 +41,7 @@ def test_default_strategy_is_default_and_mcmc_reads_no_statistics() -> None:
     assert [s for s in range(30) if mcmc.densifier.changes_shards_at(s)] == [4, 6, 8]
 
 
-def _optimizers(model) -> dict:  # noqa: ANN001
+def _optimizers(model) -> dict:
     return {k: torch.optim.Adam([p], lr=1e-3) for k, p in model.gauss_params.items()}
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from nerfstudio.configs.method_configs import method_configs
 from nerfstudio.plugins.types import MethodSpecification
 
-import distsplat_ns.registry as registry
+from distsplat_ns import registry
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -35,7 +35,7 @@ def test_big_carries_splatfacto_bigs_model_settings() -> None:
 
 def test_big_keeps_distsplats_trainer_and_optimizers() -> None:
     big, base = registry.distsplat_big.config, registry.distsplat.config
-    assert big.method_name == base.method_name == "distsplat"  # nerfstudio's variants share the method name
+    assert (base.method_name, big.method_name) == ("distsplat", "distsplat-big")
     assert big.max_num_iterations == base.max_num_iterations
     others = set(base.optimizers) - {"bilateral_grid"}
     assert {k: big.optimizers[k] for k in others} == {k: base.optimizers[k] for k in others}
@@ -65,5 +65,23 @@ def test_mcmc_carries_main_splatfacto_mcmcs_model_settings() -> None:
     # main's MCMC defaults.
     model = mcmc.pipeline.model
     assert (model.max_gs_num, model.noise_lr, model.mcmc_opacity_reg, model.mcmc_scale_reg) == (1_000_000, 5e5, 0.01, 0.01)
-    assert mcmc.method_name == "distsplat" and mcmc.optimizers == base.optimizers
+    assert mcmc.method_name == "distsplat-mcmc" and mcmc.optimizers == base.optimizers
     assert registry.distsplat_big.config.optimizers["bilateral_grid"]["optimizer"].lr == 5e-3
+
+
+def test_every_variant_is_listed_under_its_own_name() -> None:
+    """nerfstudio keys plugin methods by ``method_name``: a variant sharing one replaces the other."""
+    from nerfstudio.plugins.registry import discover_methods
+
+    methods, _descriptions = discover_methods()
+    assert {"distsplat", "distsplat-big"} <= set(methods)
+    # Every declared entry point's method_name is its own name (distsplat-mcmc's entry point is
+    # listed by discover_methods once the package is reinstalled with it).
+    declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]["nerfstudio.method_configs"]
+    assert {name: getattr(registry, value.split(":")[1]).config.method_name for name, value in declared.items()} == {
+        name: name for name in declared
+    }
+    assert methods["distsplat"].pipeline.model.cull_alpha_thresh == registry.distsplat.config.pipeline.model.cull_alpha_thresh
+    assert methods["distsplat-big"].pipeline.model.cull_alpha_thresh == 0.005
+    if "distsplat-mcmc" in methods:
+        assert methods["distsplat-mcmc"].pipeline.model.strategy == "mcmc"
