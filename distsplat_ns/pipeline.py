@@ -356,9 +356,9 @@ class DistSplatPipeline(VanillaPipeline):
             optimizers.optimizer_step_all()
             optimizers.scheduler_step_all(step)
         with clock.phase("densify"):
-            if info is not None:
-                self.model.refine(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
-                moved += self.mode.after_refine(step, optimizers.optimizers)
+            # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
+            self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
+            moved += self.mode.after_refine(step, optimizers.optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
         self._check_replicas(step, named)
         return StepReport(
@@ -395,6 +395,7 @@ class DistSplatPipeline(VanillaPipeline):
                     self._host_cameras([batch[positions[i]] for i in mine]), [positions[i] for i in mine],
                     [images[i] for i in mine], [masks[i] for i in mine],
                     [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
+                    camera_ids=[batch[positions[i]] for i in mine],
                 )
             with clock.phase("backward"):
                 self._backward(result, source, clock)
@@ -413,8 +414,9 @@ class DistSplatPipeline(VanillaPipeline):
     def _statistics(
         self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]
     ) -> tuple[dict[str, Any] | None, int]:
-        """The mode's densification statistics while densification runs (None after)."""
-        if step >= self.model.schedule.refine_stop_iter:
+        """The mode's densification statistics on the steps the strategy reads them (None otherwise:
+        after the stop, and always under MCMC)."""
+        if not self.model.densifier.needs_statistics(step):
             return None, 0
         return self.mode.statistics(sources, self.config.batch_size, sizes_px)
 

@@ -1,7 +1,8 @@
 """The ``distsplat`` methods for nerfstudio (entry point group ``nerfstudio.method_configs``).
 
 ``distsplat`` is splatfacto's settings, ``distsplat-big`` splatfacto-big's (nerfstudio 1.1.5's
-``method_configs.py``), each with the distsplat pipeline and trainer.
+``method_configs.py``) and ``distsplat-mcmc`` nerfstudio main's splatfacto-mcmc, each with the
+distsplat pipeline and trainer.
 
 Wiring only. Importing this module builds configuration objects and nothing else: no CUDA work, no
 network, no dataset access (every ``ns-*`` command imports every plugin).
@@ -29,7 +30,9 @@ def _adam(lr: float) -> AdamOptimizerConfig:
     return AdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
-def distsplat_trainer_config(model: DistSplatModelConfig | None = None, method_name: str = "distsplat") -> DistSplatTrainerConfig:
+def distsplat_trainer_config(
+    model: DistSplatModelConfig | None = None, method_name: str = "distsplat", bilateral_grid_lr: float = 2e-3
+) -> DistSplatTrainerConfig:
     """Splatfacto's schedule and learning rates, with the distsplat pipeline and trainer.
 
     ``max_num_iterations`` counts training images (at the default batch size of 1, steps).
@@ -39,6 +42,8 @@ def distsplat_trainer_config(model: DistSplatModelConfig | None = None, method_n
         method_name: The CLI name and output folder. Each variant needs its own: nerfstudio 1.1.5
             keys plugin methods by ``method_name`` (``nerfstudio/plugins/registry.py``), so a
             variant sharing ``distsplat`` would replace it.
+        bilateral_grid_lr: The "bilateral_grid" group's initial learning rate (splatfacto's 2e-3,
+            splatfacto-big's 5e-3); the group is used only with ``--pipeline.model.use-bilateral-grid True``.
     """
     return DistSplatTrainerConfig(
         method_name=method_name,
@@ -64,6 +69,10 @@ def distsplat_trainer_config(model: DistSplatModelConfig | None = None, method_n
             "opacities": {"optimizer": _adam(0.05), "scheduler": None},
             "scales": {"optimizer": _adam(0.005), "scheduler": None},
             "quats": {"optimizer": _adam(0.001), "scheduler": None},
+            "bilateral_grid": {
+                "optimizer": _adam(bilateral_grid_lr),
+                "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0),
+            },
             "camera_opt": {
                 "optimizer": _adam(1e-4),
                 "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0),
@@ -86,14 +95,29 @@ def distsplat_big_trainer_config() -> DistSplatTrainerConfig:
     fewer grown (position-gradient threshold 0.0005, not 0.0002); everything else is ``distsplat``'s.
 
     Its method name (CLI name and output folder) is ``distsplat-big``: nerfstudio's built-in variants
-    share ``splatfacto``, but a plugin's variant must not share ``distsplat`` (it would replace it). splatfacto-big's
-    other difference, the bilateral grid's learning rate (5e-3), has no group here while the grid is
-    refused (``DistSplatModelConfig``).
+    share ``splatfacto``, but a plugin's variant must not share ``distsplat`` (it would replace it).
+    splatfacto-big's other difference is the bilateral grid's learning rate (5e-3, not 2e-3).
     """
-    return distsplat_trainer_config(DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), "distsplat-big")
+    return distsplat_trainer_config(
+        DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), "distsplat-big", bilateral_grid_lr=5e-3
+    )
 
 
 distsplat_big = MethodSpecification(
     config=distsplat_big_trainer_config(),
     description="distsplat with splatfacto-big's settings (more Gaussians, for quality).",
+)
+
+
+def distsplat_mcmc_trainer_config() -> DistSplatTrainerConfig:
+    """nerfstudio main's splatfacto-mcmc: MCMC densification (``--pipeline.model.strategy mcmc``,
+    docs/mcmc.md) with Gaussians dead below opacity 0.005 and relocation and addition stopping after
+    25000 images; everything else is ``distsplat``'s (main changes nothing else either). Method name
+    ``distsplat-mcmc`` (its own, as ``distsplat-big``'s)."""
+    return distsplat_trainer_config(DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000), "distsplat-mcmc")
+
+
+distsplat_mcmc = MethodSpecification(
+    config=distsplat_mcmc_trainer_config(),
+    description="distsplat with MCMC densification (splatfacto-mcmc's settings): a hard cap on the Gaussians over all ranks, the same model on any number of processes.",
 )

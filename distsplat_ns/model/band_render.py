@@ -112,7 +112,8 @@ class RegularizerShare:
 
     Attributes:
         camera_penalty: This rank adds the camera optimizer's penalty (exactly one rank does).
-        scale_term: This rank adds its Gaussians' part of the scale regulariser.
+        scale_term: This rank adds its Gaussians' part of the per-Gaussian means (the scale
+            regulariser; under MCMC the opacity and scale terms).
         num_gaussians_total: Gaussians the scale regulariser's mean is taken over (all ranks').
     """
 

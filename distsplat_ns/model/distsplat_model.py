@@ -26,6 +26,7 @@ from typing import Any, Literal
 import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
+from nerfstudio.model_components.lib_bilagrid import BilateralGrid, color_affine_transform, total_variation_loss
 from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig, resize_image
 from nerfstudio.utils.colors import get_color
 
@@ -39,9 +40,11 @@ from distsplat_ns.model.band_render import (
     RenderInputs,
     rendered_sizes_px,
 )
+from distsplat_ns.model.densify import DefaultDensifier, Densifier, MCMCDensifier
 from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import band_loss, halo_end_row
+from distsplat_ns.model.mcmc import MCMCConfig, mcmc_regularizers, mcmc_schedule_in_steps
 from distsplat_ns.model.strategy import (
     KEYED_GROWTH_KEY,
     ChildIds,
@@ -76,10 +79,51 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
+    strategy: Literal["default", "mcmc"] = "default"
+    """Densification (nerfstudio main's field): "default" (gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients) or "mcmc" (Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number of ranks: docs/mcmc.md). Under mcmc the DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto."""
+    max_gs_num: int = MCMCConfig.max_gs_num
+    """MCMC only: cap on the number of Gaussians over all ranks (main's default 1,000,000). Additions stop at it."""
+    noise_lr: float = MCMCConfig.noise_lr
+    """MCMC only: position-noise scale, multiplied by the means' current learning rate (main's and gsplat's 5e5)."""
+    mcmc_opacity_reg: float = MCMCConfig.mcmc_opacity_reg
+    """MCMC only: weight of the mean opacity in the loss (the paper's 0.01): pushes unused Gaussians towards death."""
+    mcmc_scale_reg: float = MCMCConfig.mcmc_scale_reg
+    """MCMC only: weight of the mean scale in the loss (the paper's 0.01)."""
+
+    def mcmc_config(self) -> MCMCConfig:
+        """The MCMC fields as ``model/mcmc.py`` takes them (validated there).
+
+        Raises:
+            ValueError, TypeError: a field is out of range (``MCMCConfig``).
+        """
+        return MCMCConfig(
+            max_gs_num=self.max_gs_num, noise_lr=self.noise_lr, mcmc_opacity_reg=self.mcmc_opacity_reg,
+            mcmc_scale_reg=self.mcmc_scale_reg, cull_alpha_thresh=self.cull_alpha_thresh, stop_split_at=self.stop_split_at,
+        )
 
     def __post_init__(self) -> None:
-        if self.use_bilateral_grid:
-            raise ValueError("distsplat: --pipeline.model.use-bilateral-grid True is not supported yet (it is per image, not per band)")
+        if self.strategy not in ("default", "mcmc"):
+            raise ValueError(f"--pipeline.model.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
+        if self.strategy == "mcmc":
+            self.mcmc_config()
+        # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
+        if self.n_split_samples != 2:
+            # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
+            raise ValueError(f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)")
+        if self.output_depth_during_training:
+            raise ValueError(
+                "distsplat: --pipeline.model.output-depth-during-training True is not supported: the training step renders "
+                "colour bands only (eval and the viewer render depth always)"
+            )
+        if self.color_corrected_metrics:
+            raise ValueError("distsplat: --pipeline.model.color-corrected-metrics True is not supported: eval reports psnr/ssim/lpips only")
+        if self.camera_optimizer.mode != "off":
+            # The training cameras of a batch carry no per-image index for nerfstudio's
+            # apply_to_camera (it would return them unadjusted): refuse rather than ignore.
+            raise ValueError(
+                f"distsplat: --pipeline.model.camera-optimizer.mode must be 'off' (got {self.camera_optimizer.mode!r}): "
+                "pose refinement is not applied to batched band cameras yet"
+            )
         if self.rasterize_mode not in ("classic", "antialiased"):
             raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
@@ -108,6 +152,12 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             # Twins at one position swap depth order with rounding (model/gaussians.py).
             seed_points = unique_seed_points(seed_points)
         self.gauss_params = initial_gaussians(self.config, seed_points, self.k_nearest_sklearn)
+        if self.config.use_bilateral_grid:
+            # One grid per training image (splatfacto's), held by every rank: a replicated
+            # parameter, summed like the camera adjustments; "bilateral_grid" optimizer group.
+            self.bil_grids = BilateralGrid(
+                num=self.num_train_data, grid_X=self.config.grid_shape[0], grid_Y=self.config.grid_shape[1], grid_W=self.config.grid_shape[2]
+            )
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
 
         from pytorch_msssim import SSIM
@@ -147,6 +197,19 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             verbose=self.is_main_rank,
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        self.mcmc: MCMCConfig | None = None
+        self.densifier: Densifier = DefaultDensifier(self.schedule)
+        if self.config.strategy == "mcmc":
+            # MCMC reads no statistics: its state is the ids alone (no grad2d/count/radii).
+            self.mcmc = self.config.mcmc_config()
+            self.densifier = MCMCDensifier(
+                self.mcmc,
+                mcmc_schedule_in_steps(
+                    warmup_images=self.config.warmup_length, stop_split_images=self.config.stop_split_at,
+                    refine_every_images=self.config.refine_every, batch_size=self.batch_size,
+                ),
+            )
+            self.strategy_state = {}
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): kept in the strategy state so gsplat's duplicate/split/remove carry it along.
         num_initial = int(self.gauss_params["means"].shape[0])
@@ -157,6 +220,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         self.view_renderer: Callable[[Cameras], dict[str, torch.Tensor] | None] | None = None
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
+            if self.config.use_bilateral_grid:
+                self.bil_grids.to(torch.float64)
 
     @property
     def gauss_ids(self) -> torch.Tensor:
@@ -328,6 +393,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         step: int,
         regularizers: RegularizerShare,
         source: ProjectionSource | None = None,
+        camera_ids: Sequence[int] | None = None,
     ) -> BandRenderResult:
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
@@ -342,6 +408,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             regularizers: Which batch-independent loss terms this rank adds (``RegularizerShare``).
             source: What the bands are rasterized from; this rank's own Gaussians when None
                 (``OwnProjections``).
+            camera_ids: The training-camera index of each of ``positions`` (which bilateral grid
+                corrects it); required with ``use_bilateral_grid``.
 
         Returns:
             The rank's loss share and what the pipeline reduces after backward.
@@ -351,6 +419,8 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         """
         if len(cameras) != len(positions) or len(images) != len(positions):
             raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
+        if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
+            raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
         regularizer_loss = self._regularizers(step, regularizers)
         if not bands:
@@ -372,8 +442,9 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
                 )
                 for k, band in enumerate(call):
                     i = first + k
+                    grid = None if camera_ids is None or not self.config.use_bilateral_grid else camera_ids[i]
                     l1, dssim = self._band_terms(
-                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links
+                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, grid
                     )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     num_tile_rows_owned = -(-band.num_rows_px(height) // TILE_SIZE)  # the halo's belong to the next band
@@ -426,11 +497,14 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         band: Band,
         height: int,
         links: list[PixelLink],
+        grid_index: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         first, end = band.first_row_px, band.end_row_px(height)
         halo_end = halo_end_row(end, height)
         rows = halo_end - first
         pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
+        if grid_index is not None:
+            pred = self.apply_bilateral_grid_rows(pred, grid_index, first, height)
         # The loss sees a detached copy of the rendered pixels (model/band_backward.py explains why).
         link = link_pixels(pred, band.position, first, end)
         links.append(link)
@@ -441,15 +515,56 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             shown, target = shown * m, target * m
         return band_loss(shown, target, first, end, height)
 
+    def apply_bilateral_grid_rows(self, rgb: torch.Tensor, grid_index: int, first_row_px: int, height: int) -> torch.Tensor:
+        """Splatfacto's bilateral-grid correction (``_apply_bilateral_grid``) of rows
+        ``first_row_px ..`` of an image ``height`` rows tall: a band is a slice of the same
+        per-pixel operation, so its pixel coordinates are the whole image's (``linspace(0, 1, H)``
+        cut to the band's rows), and the grid is the image's (``grid_index``).
+
+        Args:
+            rgb: The band's composited colours. `[rows, W, 3]`, in [0, 1].
+            grid_index: The image's training-camera index.
+            first_row_px: The band's first row in the image.
+            height: The image's rendered height, px.
+
+        Returns:
+            The corrected colours, `[rows, W, 3]` (not clamped, as splatfacto's).
+
+        **Differentiable:** with respect to ``rgb`` and the grids. **Host sync:** none (the
+        grid index is a host int; nerfstudio's ``slice`` would call ``torch.unique``).
+        """
+        rows, width = rgb.shape[0], rgb.shape[1]
+        ys = torch.linspace(0, 1.0, height, device=rgb.device)[first_row_px : first_row_px + rows]
+        xs = torch.linspace(0, 1.0, width, device=rgb.device)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        xy = torch.stack([grid_x, grid_y], dim=-1).unsqueeze(0).to(rgb.dtype)  # [1, rows, W, 2]
+        idx = torch.tensor([grid_index], device=rgb.device, dtype=torch.long)
+        affine = self.bil_grids(xy, rgb.unsqueeze(0), idx)
+        return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)
+
     def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
         """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
-        scale term's mean over all ranks' Gaussians, and the camera optimizer's penalty."""
+        means over all ranks' Gaussians (the scale term; under MCMC main's opacity and scale terms,
+        every step), and the camera optimizer's penalty.
+
+        **Differentiable:** with respect to the scales and opacities (and camera adjustments).
+        """
         total = self.means.new_zeros(())
+        if self.mcmc is not None and share.scale_term:
+            terms = mcmc_regularizers(
+                self.opacities, self.scales, share.num_gaussians_total,
+                opacity_reg=self.mcmc.mcmc_opacity_reg, scale_reg=self.mcmc.mcmc_scale_reg,
+            )
+            total = total + terms.opacity + terms.scale
         if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
             excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
             total = total + 0.1 * (excess.sum() / max(share.num_gaussians_total, 1))
+        if share.camera_penalty and self.training and self.config.use_bilateral_grid:
+            # Splatfacto's 10 x total variation of every grid, once per step (batch-independent:
+            # one rank adds it, and it is not averaged over the batch's images or bands).
+            total = total + 10 * total_variation_loss(self.bil_grids.grids)
         if share.camera_penalty and self.training:
             extra: dict[str, torch.Tensor] = {}
             self.camera_optimizer.get_loss_dict(extra)
@@ -458,6 +573,16 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         return total
 
     # ------------------------------------------------------------------ densification
+    def densify(
+        self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any] | None, gather_ids: IdGather = gather_local
+    ) -> None:
+        """What the strategy does after the optimizer and scheduler steps (``self.densifier``:
+        ``refine`` on the statistics ``info``, or an MCMC event and the position noise).
+
+        **Collective:** the strategy's ``gather_ids`` calls on its event steps, on every rank.
+        """
+        self.densifier.after_optimizer(self, step, optimizers, info, gather_ids)
+
     def refine(
         self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local
     ) -> None:

@@ -31,7 +31,7 @@ from distsplat_ns.distributed.collectives import (
 )
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
-from distsplat_ns.model.strategy import IdGather, grows_at
+from distsplat_ns.model.strategy import IdGather
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
@@ -157,13 +157,13 @@ class ShardedMode(ParallelMode):
         return functools.partial(all_gather_rows, self.ctx)
 
     def after_refine(self, step: int, optimizers: Optimizers) -> int:
-        """Growth and pruning make shards drift: where densification grew or pruned
-        (``model/strategy.py:grows_at``), move rows (with their Adam and strategy state) when the
-        largest exceeds 1.10 x the mean.
+        """Growth, pruning and MCMC's relocations and additions make shards drift: on the steps
+        the strategy may change them (``Densifier.changes_shards_at``), move rows (with their Adam
+        and strategy state) when the largest exceeds 1.10 x the mean.
 
         **Collective:** world group, on those steps: ``rebalance_shards_``'s.
         """
-        if not grows_at(self.model.schedule, step):
+        if not self.model.densifier.changes_shards_at(step):
             return 0
         return rebalance_shards_(self.ctx, self.model, optimizers)
 

@@ -51,10 +51,13 @@ def band_gradients_dtype(ctx, splits: list, batch_size: int, step: int, dtype: s
     return band_gradients(ctx, splits, batch_size, step, dtype)
 
 
-def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "float32") -> list:
+def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "float32", camera_ids: list | None = None,
+                   overrides: dict | None = None) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros) and
-    the batch loss (the ranks' shares summed)."""
+    the batch loss (the ranks' shares summed). ``camera_ids``: each batch position's training
+    camera (which bilateral grid); ``overrides``: model config fields. With the bilateral grid, the
+    grids are perturbed from identity by a fixed generator (an identity grid hides wrong coordinates)."""
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
@@ -63,7 +66,12 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(batch_size, param_dtype=dtype)
+        overrides = overrides or {}
+        model = make_model(batch_size, param_dtype=dtype, **overrides)
+        if overrides.get("use_bilateral_grid"):
+            with torch.no_grad():
+                grids = model.bil_grids.grids
+                grids += 0.2 * torch.randn(grids.shape, generator=torch.Generator().manual_seed(7), dtype=grids.dtype)
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)
         # The splits are in pixel rows: bands of 1-px rows cut an image at any row.
@@ -74,6 +82,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
             result = model.forward_bands(
                 cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
                 bands, step, RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
+                camera_ids=None if camera_ids is None else [camera_ids[p] for p in positions],
             )
             backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
         else:
@@ -155,7 +164,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
     return out
 
 
-def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
+def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool = False) -> list:
     """One step's backward, reduction and densification statistics on a batch of two cameras of
     different sizes, through the parallel mode ``parallel`` (``parallel/``). Returns, per split,
     the batch loss and, keyed by global id (rows in this rank's order, with ``ids``), the Gaussians'
@@ -172,7 +181,11 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(2, param_dtype="float64")
+        model = make_model(2, param_dtype="float64", **({"use_bilateral_grid": True, "grid_shape": (4, 4, 2)} if grid else {}))
+        if grid:  # perturbed from identity (an identity grid hides wrong coordinates)
+            with torch.no_grad():
+                grids = model.bil_grids.grids
+                grids += 0.2 * torch.randn(grids.shape, generator=torch.Generator().manual_seed(7), dtype=grids.dtype)
         mode = build_parallel_mode(parallel, ctx, model)
         mode.take_initial_gaussians_()
         cameras, images = make_mixed_cameras(), make_mixed_images()
@@ -184,6 +197,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
         result = model.forward_bands(
             cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
+            camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )
         backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
         named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
@@ -195,5 +209,8 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5) -> list:
                  for n, p in model.gauss_params.items()}
         grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
         loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())
-        out.append({"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads})
+        entry = {"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads}
+        if grid:
+            entry["grid_grad"] = model.bil_grids.grids.grad.detach().clone()
+        out.append(entry)
     return out

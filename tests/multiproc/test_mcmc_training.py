@@ -1,0 +1,92 @@
+"""ns-train distsplat --pipeline.model.strategy mcmc on 1, 2 and 3 CPU processes, replicated and
+sharded (float64): the same Gaussians by global id and the same parameters (within the 1-vs-W
+tolerance of tests/helpers/equivalence.py) through two relocation events, both with additions,
+the second stopped by the global cap.
+
+40 images at B = 2 (20 steps), events every 10 images after a 10-image warm-up: steps 10 and 15
+(gsplat's strict bounds skip step 5). Dead below opacity 0.1 (splatfacto's initial opacity), so
+thousands relocate at each event; the cap (11700 of lund_door's 11384 seed points) lets the first
+event add 5% and the second only up to the cap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.equivalence import assert_same_model
+from tests.helpers.nsrun import latest_checkpoint, read_stats, run_ns_train, run_torchrun
+
+pytestmark = pytest.mark.slow
+
+CAP = 11700
+NUM_SEED_POINTS = 11384
+MCMC_EXTRA = [
+    "--pipeline.model.strategy", "mcmc",
+    "--pipeline.model.param-dtype", "float64",
+    "--pipeline.batch-size", "2",
+    "--pipeline.model.warmup-length", "10",
+    "--pipeline.model.refine-every", "10",
+    "--pipeline.model.cull-alpha-thresh", "0.1",
+    "--pipeline.model.max-gs-num", str(CAP),
+    "--pipeline.replica-check-every", "1",
+    "--steps-per-eval-all-images", "1000",
+    "--steps-per-save", "1000",
+]
+NUM_IMAGES = 40
+RUNS = {"one": (1, "replicated"), "rep2": (2, "replicated"), "rep3": (3, "replicated"), "sh2": (2, "sharded"), "sh3": (3, "sharded")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = {}
+    for name, (world, parallel) in RUNS.items():
+        path = tmp_path_factory.mktemp(name)
+        extra = [*MCMC_EXTRA, "--pipeline.parallel", parallel]
+        if world == 1:
+            run_ns_train(path, name, NUM_IMAGES, extra=extra)
+        else:
+            run_torchrun(path, name, NUM_IMAGES, world, extra=extra)
+        out[name] = path
+    return out
+
+
+def _by_id(ckpt: Path) -> dict:
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    extra = state["_model._extra_state"]
+    ids = extra["strategy_state"]["gauss_ids"]
+    order = torch.argsort(ids)
+    prefix = "_model.gauss_params."
+    out = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
+    out["ids"] = ids[order]
+    out["next_id"] = extra["next_gauss_id"]
+    out["state_keys"] = set(extra["strategy_state"])
+    return out
+
+
+def test_one_process_relocates_twice_adds_and_stops_at_the_cap(runs: dict) -> None:
+    one = _by_id(latest_checkpoint(runs["one"], "one"))
+    num = one["means"].shape[0]
+    assert num == CAP, "the second event should have grown the model exactly to the cap"
+    # Two events' relocations and additions took ids past the seed points: more than the growth alone.
+    num_added = CAP - NUM_SEED_POINTS
+    assert one["next_id"] > NUM_SEED_POINTS + num_added, "no Gaussian was relocated"
+    assert int((one["ids"] < NUM_SEED_POINTS).sum()) < NUM_SEED_POINTS - num_added, "relocations removed too few"
+    assert one["state_keys"] == {"gauss_ids"}  # MCMC keeps no densification statistics
+
+
+@pytest.mark.parametrize("name", ["rep2", "rep3", "sh2", "sh3"])
+def test_mcmc_on_w_ranks_equals_one_process(runs: dict, name: str) -> None:
+    one = _by_id(latest_checkpoint(runs["one"], "one"))
+    other = _by_id(latest_checkpoint(runs[name], name))
+    assert torch.equal(one["ids"], other["ids"]) and one["next_id"] == other["next_id"]
+    params = [k for k in one if k not in ("ids", "next_id", "state_keys")]
+    assert_same_model({k: one[k] for k in params}, {k: other[k] for k in params})
+    stats = read_stats(runs[name], name)
+    world, parallel = RUNS[name]
+    assert stats["world_size"] == world and stats["parallel"] == parallel
+    if parallel == "sharded":
+        local = [r["local_gaussian_count"] for r in stats["per_rank"]]
+        assert sum(local) == CAP and min(local) > 0
