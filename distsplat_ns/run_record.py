@@ -42,6 +42,8 @@ class RunRecord:
     last_eval_psnr: Optional[float] = None
     eval_psnr_history: List[Tuple[int, float]] = field(default_factory=list)
     train_wall_s: float = 0.0
+    #: Bytes of checkpoint rows this rank wrote (sharded mode: its own shard's files).
+    checkpoint_bytes_written: int = 0
 
     def add_step(self, report: StepReport, batch_size: int) -> None:
         self.steps_trained += 1

@@ -41,7 +41,15 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import probe_writable, save_checkpoint_atomic
+from distsplat_ns.checkpoint import (
+    SHARDED_SUFFIX,
+    checkpoint_payload,
+    checkpoints_by_step,
+    latest_checkpoint,
+    probe_writable,
+    save_checkpoint_atomic,
+    save_sharded_checkpoint_atomic,
+)
 from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
@@ -53,6 +61,7 @@ from distsplat_ns.distributed.lifecycle import (
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
+from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, write_run_summary
@@ -248,13 +257,14 @@ class DistSplatTrainer(Trainer):
             load_dir = Path(self.config.load_dir)
             if not load_dir.is_dir():
                 raise UserError(f"--load-dir {load_dir} is not a directory")
+            # Either format (checkpoint.py); a step's DCP folder before its params-only file.
             if self.config.load_step is not None:
-                path = load_dir / f"step-{self.config.load_step:09d}.ckpt"
+                path = checkpoints_by_step(load_dir).get(self.config.load_step, load_dir / f"step-{self.config.load_step:09d}.ckpt")
             else:
-                found = sorted(load_dir.glob("step-*.ckpt"))
-                if not found:
-                    raise UserError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
-                path = found[-1]
+                found = latest_checkpoint(load_dir)
+                if found is None:
+                    raise UserError(f"--load-dir {load_dir} holds no complete step-*.ckpt / step-*.dcp checkpoint")
+                path = found
             if not path.exists():
                 raise UserError(f"checkpoint {path} does not exist (--load-dir/--load-step)")
             return path
@@ -426,20 +436,36 @@ class DistSplatTrainer(Trainer):
 
     # ------------------------------------------------------------------ checkpoints and end
     def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; every rank learns whether it worked.
+        """Write checkpoint ``step`` atomically; every rank learns whether it worked.
 
-        The parallel mode first gathers what rank 0 does not hold (sharded: the shards, in id order,
-        ``parallel/full_state.py:gather_full_state``) and the whole model is written, in
-        nerfstudio's format: a shard's own ``state_dict()`` is never written as it is.
+        Sharded (``mode.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
+        (``checkpoint.py:save_sharded_checkpoint_atomic``, ``parallel/shard_checkpoint.py``); the
+        whole model is never gathered. Replicated: rank 0 writes nerfstudio's ``step-XXXXXXXXX.ckpt``.
 
         Raises:
-            RunFailure: on every rank when rank 0 could not write (full or read-only disk); the
-                previous checkpoint is kept.
+            RunFailure: on every rank when a rank could not write (full or read-only disk, a
+                failed rank's DCP write); the previous checkpoint is kept.
 
-        **Collective:** world group: in sharded mode the gather (one tensor at a time), then the
-        outcome broadcast (it replaces a barrier).
+        **Collective:** world group: sharded, the DCP save and two outcome broadcasts; replicated,
+        the outcome broadcast (it replaces a barrier).
         """
-        gathered = self.pipeline.mode.gather_full_state(self.optimizers.optimizers)
+        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
+                 "parallel": self.pipeline.config.parallel}
+        mode = self.pipeline.mode
+        if mode.writes_shards:
+            payload = checkpoint_payload(step, self.pipeline.state_dict(), self.optimizers, self.grad_scaler.state_dict(),
+                                         extra) if self.ctx.is_main else {}
+
+            def write_shard(folder: Path) -> int:
+                written = mode.write_shards(folder, self.optimizers.optimizers, payload)
+                self.record.checkpoint_bytes_written += written
+                return written
+
+            save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard,
+                                           self.config.save_only_latest_checkpoint)
+            self._last_saved_step = step
+            return
+        gathered = mode.gather_full_state(self.optimizers.optimizers)
 
         def write() -> Path:
             pipeline_state = self.pipeline.state_dict()
@@ -451,8 +477,7 @@ class DistSplatTrainer(Trainer):
                 pipeline_state=pipeline_state,
                 optimizers=self.optimizers,
                 scalers=self.grad_scaler.state_dict(),
-                extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
-                       "parallel": self.pipeline.config.parallel},
+                extra=extra,
                 keep_only_latest=self.config.save_only_latest_checkpoint,
                 optimizer_states=None if gathered is None else gathered.optimizers,
             )
@@ -463,9 +488,25 @@ class DistSplatTrainer(Trainer):
         self._last_saved_step = step
 
     def _save_unless_saved(self, step: int) -> None:
-        """Save ``step`` unless it was just saved or no step ran in this process."""
+        """Save ``step`` unless it was just saved or no step ran in this process; then, where
+        ranks write shards, give nerfstudio's tools the last checkpoint as their single file."""
         if step >= self._start_step and self._last_saved_step != step:
             self.save_checkpoint(step)
+        self._consolidate_last_checkpoint()
+
+    def _consolidate_last_checkpoint(self) -> None:
+        """Sharded: rank 0 writes the params-only ``step-N.ckpt`` of this launch's last
+        ``step-N.dcp`` (``shard_checkpoint.consolidate_params``: parameters streamed from the
+        shards' files, no Adam state), which ``ns-export``/``ns-eval``/``ns-render``/``ns-viewer`` load.
+
+        **Collective:** world group, one outcome broadcast (rank 0 reads and writes alone).
+        """
+        step = self._last_saved_step
+        if not self.pipeline.mode.writes_shards or step is None:
+            return
+        folder = self.checkpoint_dir / f"step-{step:09d}{SHARDED_SUFFIX}"
+        agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
+                      functools.partial(consolidate_params, folder, self.checkpoint_dir, step))
 
     def _after_stop(self, last_step: int, signum: Optional[int]) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,

@@ -29,12 +29,14 @@ Shape letters: N rows on this rank, R ranks.
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
@@ -49,6 +51,7 @@ from torch.distributed.checkpoint.planner_helpers import _create_read_items, cre
 
 from distsplat_ns.distributed.collectives import all_gather_counts
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.utils.errors import RunFailure
 
 #: Key of the blob in the DCP state dict; row keys are prefixed with :data:`ROWS_PREFIX`.
 BLOB_KEY = "blob"
@@ -144,8 +147,8 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
         Bytes of row data this rank wrote.
 
     Raises:
-        torch.distributed.checkpoint.api.CheckpointException: on every rank when any rank's
-            write failed (DCP gathers the failures); nothing is then complete in ``folder``.
+        RunFailure: on every rank when any rank's write failed (DCP gathers the failures and
+            raises on every rank); nothing is then complete in ``folder``.
 
     **Collective:** world group, every rank in the same order: one all-gather of the row count,
     then DCP's plan gather, its write-result gather and the coordinator's ``.metadata`` write; it
@@ -160,7 +163,11 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
     state: Dict[str, object] = {ROWS_PREFIX + k: v.detach() for k, v in rows.items()}
     state[BLOB_KEY] = blob if ctx.is_main and blob is not None else b""
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, single_file_per_rank=True)
-    dcp.save(state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed)
+    try:
+        dcp.save(state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed)
+    except CheckpointException as err:
+        failed = sorted(err.failures) if hasattr(err, "failures") else "?"
+        raise RunFailure(f"writing checkpoint {folder} failed on rank(s) {failed}: {err}") from err
     return sum(t.numel() * t.element_size() for t in rows.values())
 
 
@@ -199,6 +206,9 @@ def load_rows(
         state[ROWS_PREFIX + key] = torch.empty((hi - lo, *shape[1:]), dtype=dtype)
     state[BLOB_KEY] = b""
     no_dist = ctx is None or not ctx.is_distributed or not dist.is_initialized()
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
+    with warnings.catch_warnings():
+        # DCP warns that it reads in one process when no group is up: that is what ctx=None asks.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
     blob = state.pop(BLOB_KEY)
     return {k[len(ROWS_PREFIX):]: v for k, v in state.items()}, bytes(blob)  # type: ignore[misc]

@@ -116,6 +116,15 @@ class ParallelMode(ABC):
         """Free rank 0's full view (until the next refresh). Local: no collective."""
         self.model.set_full_view(None)
 
+    #: Whether checkpoints are written by every rank (``step-N.dcp``, :meth:`write_shards`) rather
+    #: than by rank 0 alone as nerfstudio's single file.
+    writes_shards: bool = False
+
+    def write_shards(self, folder: Path, optimizers: Optimizers, payload: Dict[str, Any]) -> int:
+        """Write this rank's part of a ``step-N.dcp`` checkpoint into ``folder``; returns its bytes.
+        Only where :attr:`writes_shards`."""
+        raise NotImplementedError(f"the {self.name} mode writes nerfstudio's single file")
+
     @abstractmethod
     def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
         """The whole model and optimizer state to save, on rank 0 (None where this rank's own
@@ -123,8 +132,9 @@ class ParallelMode(ABC):
 
     @abstractmethod
     def read_checkpoint(self, path: Path) -> Dict[str, Any]:
-        """A checkpoint as this rank loads it (``checkpoint.py:load_checkpoint_file``): the whole
-        model, or this rank's block of it. Local."""
+        """A checkpoint of either format as this rank loads it (``checkpoint.py:load_checkpoint_file``'s
+        dictionary): the whole model, or this rank's block of it. Local for a single file; a
+        collective for a ``step-N.dcp`` folder (``parallel/shard_checkpoint.py``), every rank."""
 
 
 def batch_statistics(
