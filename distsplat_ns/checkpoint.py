@@ -31,6 +31,7 @@ The optimizer configuration rules (batch-size scaling, float64 eps) are in ``opt
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -189,7 +190,7 @@ def save_sharded_checkpoint_atomic(
 
     def commit() -> Path:
         if not (partial / METADATA_FILE).is_file():
-            raise OSError(f"DCP wrote no {METADATA_FILE}", partial)
+            raise OSError(errno.ENOENT, f"DCP wrote no {METADATA_FILE}: not every rank finished", str(partial))
         _fsync_directory(partial)
         aside = partial.parent / f"{name}.replaced"
         if final.exists():  # the same step saved again: keep it until the new one is in place
