@@ -50,7 +50,7 @@ from distsplat_ns.checkpoint import (
     save_checkpoint_atomic,
     save_sharded_checkpoint_atomic,
 )
-from distsplat_ns.distributed.collectives import all_reduce_sum_, broadcast_object
+from distsplat_ns.distributed.collectives import broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
@@ -64,7 +64,7 @@ from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optim
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
-from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, write_run_summary
+from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
@@ -354,7 +354,7 @@ class DistSplatTrainer(Trainer):
                 writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
                 writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
             if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
-                with self.train_lock:
+                with self.train_lock, self.record.timing_eval():
                     self.eval_iteration(step)
             if not self.config.is_viewer_enabled():
                 self.pipeline.drop_full_view()  # only eval needed it: free rank 0's copy of the model
@@ -393,11 +393,15 @@ class DistSplatTrainer(Trainer):
         loss_dict = {"main_loss": report.loss}
         metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
-            loss_dict = {"main_loss": report.loss.clone(), "l1": report.l1.clone(), "dssim": report.dssim.clone()}
-            for value in loss_dict.values():
-                all_reduce_sum_(self.ctx, value)
+            # One all-reduce carries the losses and every rank's figures (run_record.py).
+            losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim], report,
+                                                  self.pipeline.model.num_points)
+            loss_dict = dict(zip(("main_loss", "l1", "dssim"), losses))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
+            if self.ctx.is_main and self.ctx.is_distributed:
+                writer.put_dict(name="Per-rank", scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank)
+                                                              for k, v in figures.items()}, step=step)
             metrics_dict["bytes_communicated"] = report.bytes_communicated
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
             metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
@@ -528,7 +532,8 @@ class DistSplatTrainer(Trainer):
             self.pipeline.refresh_full_view(self.step)  # the final eval and the viewer after training
         if self.ctx.is_main and self.pipeline.datamanager.eval_dataset:
             if not self.record.eval_psnr_history or self.record.eval_psnr_history[-1][0] != self.step:
-                self._eval_all(self.step)
+                with self.record.timing_eval():
+                    self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
@@ -554,6 +559,7 @@ class DistSplatTrainer(Trainer):
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(getattr(self, "optimizers", None)),
             "local_gaussian_count": int(self.pipeline.model.num_points),
+            "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
             "datamanager": self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {},
             "balance": self.pipeline.balance_summary(),
         }
