@@ -4,13 +4,15 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 
 * it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
   process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;
-* rank 0 alone runs the viewer, writers, progress display, evaluation and checkpoints;
+* rank 0 alone runs the viewer, writers, progress display and evaluation; checkpoints are
+  rank 0's single file (replicated) or every rank's shard (sharded, ``step-N.dcp``, consolidated
+  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools: ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
   parallel mode changes around the loop -- the whole-model view for eval and the viewer, what a
   checkpoint holds and what a rank loads of one -- is asked of the mode (``parallel/``);
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
-* checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
+* checkpoints are written atomically (temporary file or folder, then rename) and load under torch >= 2.6's
   ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
   a resumed run optimises the parameters it loaded -- on any number of processes;
 * the lifecycle never loses work: the output folder is probed before the first step, a resume
