@@ -13,9 +13,11 @@ What is saved (docs/sharded.md, "Checkpoints"):
   schedulers, scalers, RNG.
 
 Reading gives the same dictionary a whole-model single file gives after
-``full_state.shard_loaded_checkpoint_``: a sharded rank's block of :func:`owned_block` over the
-saved rows' rank order (one contiguous range per key, so DCP reads only the files that hold it),
-in id order within the rank; the replicated mode reads every row, in id order. Shape letters: N
+``full_state.shard_loaded_checkpoint_``: each sharded rank reads a block of :func:`owned_block`
+over the saved rows' rank order (one contiguous range per key, so DCP reads only the files that
+hold it), then the rows move to the rank owning their id's block (one all-to-all per key), so a
+rank ends with exactly the Gaussians, in id order, a single file would give it; the replicated
+mode reads every row, in id order. Shape letters: N
 Gaussians on this rank.
 """
 
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 import torch
 
 from distsplat_ns.checkpoint import FILE_SUFFIX, register_numpy_safe_globals, write_payload_atomic
+from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_rows, all_to_all_counts, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, save_rows
 from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, Optimizers, agree_layout, owned_block, row_tensors
@@ -143,7 +146,35 @@ def read_shard_checkpoint(ctx: Optional[DistContext], folder: Path, rank: int, w
     def row_range(num_total: int) -> Tuple[int, int]:
         return owned_block(num_total, rank, world) if sharded else (0, num_total)
 
-    return _assemble(*_read(ctx, folder, row_range, only_params=False))
+    rows, rest = _read(ctx, folder, row_range, only_params=False)
+    if sharded and ctx is not None and ctx.is_distributed:
+        rows = _route_to_id_blocks(ctx, rows)
+    return _assemble(rows, rest)
+
+
+def _route_to_id_blocks(ctx: DistContext, rows: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Move rows read as a block of the saved rank order to the rank owning their id's block
+    (``owned_block`` of the id-ordered Gaussians), as a single file's load gives them: the
+    ownership a fresh run starts with, whatever the saving ranks held. Returned in id order.
+
+    **Collective:** world group: one all-gather of the ids (8 bytes per Gaussian on every rank,
+    as a single file's id sort reads), one all-to-all of counts, one all-to-all per row key.
+    Rank 0 reading ids ``[3, 0]`` and rank 1 ``[1, 2]`` (N = 4): rank 0 ends with ``[0, 1]``,
+    rank 1 with ``[2, 3]``.
+    """
+    ids = rows[IDS_KEY]
+    everyone = torch.cat(all_gather_rows(ctx, ids))
+    position = torch.empty_like(everyone)
+    position[torch.sort(everyone, stable=True).indices] = torch.arange(everyone.numel())
+    offset = sum(all_gather_counts(ctx, int(ids.numel()))[: ctx.rank])
+    bounds = torch.tensor([owned_block(everyone.numel(), r, ctx.world_size)[1] for r in range(ctx.world_size)])
+    dest = torch.searchsorted(bounds, position[offset: offset + ids.numel()], right=True)
+    order = torch.sort(dest, stable=True).indices
+    send_counts = torch.bincount(dest, minlength=ctx.world_size).tolist()
+    recv_counts = all_to_all_counts(ctx, send_counts)
+    moved = {key: all_to_all_rows(ctx, value[order], send_counts, recv_counts)[0] for key, value in sorted(rows.items())}
+    by_id = torch.sort(moved[IDS_KEY], stable=True).indices
+    return {key: value[by_id] for key, value in moved.items()}
 
 
 def consolidate_params(folder: Path, checkpoint_dir: Path, step: int) -> Path:
