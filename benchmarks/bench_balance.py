@@ -45,8 +45,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,21 +63,21 @@ DEFAULT_SCENES = [
     # name, dataparser, data folder, downscale of the copy, images to train, dataparser args
     # fox has no point cloud: splatfacto's 50k random Gaussians cost ~30 s per 67x120 image here
     f"name=fox parser=nerfstudio-data data={SHARED / 'fox'} downscale=16 images=2000 train='--pipeline.model.num-random 5000'",
-    f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 "
-    "args='--colmap-path sparse/0 --load-3D-points True'",
-    f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 "
-    "args='--colmap-path sparse/0 --load-3D-points True'",
+    (f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 "
+    "args='--colmap-path sparse/0 --load-3D-points True'"),
+    (f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 "
+    "args='--colmap-path sparse/0 --load-3D-points True'"),
 ]
 DEFAULT_CONFIGS = "1x2,1x4,2x2,3x2,4x2,8x4"
 
 
 # ------------------------------------------------------------------------------------ scenes
-def parse_scene(spec: str) -> Dict[str, Any]:
+def parse_scene(spec: str) -> dict[str, Any]:
     """``name=.. parser=.. data=.. [downscale=N] [images=N] [args='...'] [train='...']`` -> dict.
 
     ``args`` go to the dataparser, ``train`` to ns-train (before the dataparser) for this scene.
     """
-    scene: Dict[str, Any] = {"downscale": 1, "images": 2000, "args": "", "train": ""}
+    scene: dict[str, Any] = {"downscale": 1, "images": 2000, "args": "", "train": ""}
     for token in shlex.split(spec):
         if "=" not in token:
             raise ValueError(f"--scene: expected key=value tokens, got {token!r} in {spec!r}")
@@ -91,7 +92,7 @@ def parse_scene(spec: str) -> Dict[str, Any]:
     return scene
 
 
-def prepare_scene(scene: Dict[str, Any], out: Path) -> Path:
+def prepare_scene(scene: dict[str, Any], out: Path) -> Path:
     """The data folder to train on: the original, or a copy with an ``images_N`` folder."""
     factor = scene["downscale"]
     src = Path(scene["data"])
@@ -122,7 +123,7 @@ def prepare_scene(scene: Dict[str, Any], out: Path) -> Path:
     return dst
 
 
-def train_command(scene: Dict[str, Any], data: Path, out: Path, save_every: int, extra: str) -> List[str]:
+def train_command(scene: dict[str, Any], data: Path, out: Path, save_every: int, extra: str) -> list[str]:
     return [
         shutil.which("ns-train") or "ns-train", "distsplat",
         "--output-dir", str(out / "runs"), "--experiment-name", scene["name"], "--timestamp", "bench",
@@ -137,11 +138,11 @@ def train_command(scene: Dict[str, Any], data: Path, out: Path, save_every: int,
     ]  # fmt: skip
 
 
-def run_dir(scene: Dict[str, Any], out: Path) -> Path:
+def run_dir(scene: dict[str, Any], out: Path) -> Path:
     return out / "runs" / scene["name"] / "distsplat" / "bench"
 
 
-def ensure_trained(scene: Dict[str, Any], out: Path, save_every: int, extra: str, log) -> Dict[str, Any]:
+def ensure_trained(scene: dict[str, Any], out: Path, save_every: int, extra: str, log) -> dict[str, Any]:
     """Train (unless cached) and return the run's facts."""
     data = prepare_scene(scene, out)
     rdir = run_dir(scene, out)
@@ -162,7 +163,7 @@ def ensure_trained(scene: Dict[str, Any], out: Path, save_every: int, extra: str
 
 
 # ------------------------------------------------------------------------------------ costs
-def checkpoint_steps(rdir: Path) -> List[Tuple[int, Path]]:
+def checkpoint_steps(rdir: Path) -> list[tuple[int, Path]]:
     ckpts = sorted((rdir / "nerfstudio_models").glob("step-*.ckpt"))
     return [(int(p.stem.split("-")[1]), p) for p in ckpts]
 
@@ -187,7 +188,7 @@ def load_step(pipeline, path: Path) -> int:
     return int(state["step"])
 
 
-def camera_row_costs(pipeline, scale: float, check_renderer: bool = False) -> Tuple[List["np.ndarray"], Dict[str, Any]]:
+def camera_row_costs(pipeline, scale: float, check_renderer: bool = False) -> tuple[list[np.ndarray], dict[str, Any]]:
     """Per training camera, Gaussian-tile intersections per tile row at resolution x ``1/scale``.
 
     The counts come from ``reference.intersect_tiles``, the function whose ``tile_counts``
@@ -203,7 +204,7 @@ def camera_row_costs(pipeline, scale: float, check_renderer: bool = False) -> Tu
     model = pipeline.model
     model.train()  # the training path of _cameras_to_render_inputs (camera optimizer applied)
     cameras = pipeline.datamanager.train_dataset.cameras
-    out: List[np.ndarray] = []
+    out: list[np.ndarray] = []
     sizes = set()
     checks = []
     with torch.no_grad():
@@ -231,14 +232,14 @@ def camera_row_costs(pipeline, scale: float, check_renderer: bool = False) -> Tu
 
 
 # ------------------------------------------------------------------------------------ imbalance
-def summarise(values: Sequence[float]) -> Dict[str, float]:
+def summarise(values: Sequence[float]) -> dict[str, float]:
     import numpy as np
 
     arr = np.asarray(values, dtype=np.float64)
     return {"mean": float(arr.mean()), "p95": float(np.percentile(arr, 95)), "max": float(arr.max())}
 
 
-def share_error(predicted: Sequence[float], measured: Sequence[float]) -> Tuple[float, float]:
+def share_error(predicted: Sequence[float], measured: Sequence[float]) -> tuple[float, float]:
     """(max, mean) over ranks of |predicted share - measured share| / measured share.
 
     The max is what ``BandPlanner.observe`` logs as the prediction error; ranks with no work
@@ -248,30 +249,30 @@ def share_error(predicted: Sequence[float], measured: Sequence[float]) -> Tuple[
     if mtot <= 0 or ptot <= 0:
         return 0.0, 0.0
     errs = []
-    for p, m in zip(predicted, measured):
+    for p, m in zip(predicted, measured, strict=False):
         ms, ps = m / mtot, p / ptot
         errs.append(0.0 if ms == 0 and ps == 0 else abs(ps - ms) / max(ms, 1e-12))
     return max(errs), sum(errs) / len(errs)
 
 
 def evaluate_config(
-    final: List["np.ndarray"],
-    earlier: List["np.ndarray"],
-    history: Optional[List["np.ndarray"]],
+    final: list[np.ndarray],
+    earlier: list[np.ndarray],
+    history: list[np.ndarray] | None,
     batch_size: int,
     world_size: int,
     num_batches: int,
     seed: int,
     snap_tolerance: float,
     min_band_rows: int,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     import numpy as np
 
     from distsplat_ns.balance import equal_rows_partition, imbalance, partition_rows, rank_costs, whole_image_partition
 
     rng = np.random.default_rng(seed)
     num_cams = len(final)
-    res: Dict[str, List[float]] = {k: [] for k in ("whole_images", "equal_rows", "balanced", "balanced_oracle", "err_max", "err_mean", "balanced_history", "hist_err_max", "hist_err_mean")}
+    res: dict[str, list[float]] = {k: [] for k in ("whole_images", "equal_rows", "balanced", "balanced_oracle", "err_max", "err_mean", "balanced_history", "hist_err_max", "hist_err_mean")}
     worse = 0
     for _ in range(num_batches):
         batch = rng.choice(num_cams, size=min(batch_size, num_cams), replace=False).tolist()
@@ -296,7 +297,7 @@ def evaluate_config(
             h_max, h_mean = share_error(rank_costs(hcut, hist_costs), rank_costs(hcut, fin))
             res["hist_err_max"].append(h_max)
             res["hist_err_mean"].append(h_mean)
-    summary: Dict[str, Any] = {"B": batch_size, "W": world_size, "num_batches": num_batches}
+    summary: dict[str, Any] = {"B": batch_size, "W": world_size, "num_batches": num_batches}
     summary["imbalance"] = {
         "a_whole_images": summarise(res["whole_images"]),
         "b_equal_rows": summarise(res["equal_rows"]),
@@ -319,7 +320,7 @@ def evaluate_config(
     return summary
 
 
-def analyse_scene(scene: Dict[str, Any], run: Dict[str, Any], configs: List[Tuple[int, int]], args, log) -> Dict[str, Any]:
+def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tuple[int, int]], args, log) -> dict[str, Any]:
     import numpy as np
 
     rdir = Path(run["run_dir"])
@@ -337,7 +338,7 @@ def analyse_scene(scene: Dict[str, Any], run: Dict[str, Any], configs: List[Tupl
         raise ValueError(f"{scene['name']}: only one checkpoint; train longer or save more often")
     early_step, early_path = min(earlier, key=lambda s: (abs(s[0] - target), -s[0]))
     train_downscale = int(pipeline.model.downscale_factor_at(final_step))
-    result: Dict[str, Any] = {
+    result: dict[str, Any] = {
         "name": scene["name"],
         "data": run["data"],
         "dataparser": scene["parser"],
@@ -380,12 +381,11 @@ def analyse_scene(scene: Dict[str, Any], run: Dict[str, Any], configs: List[Tupl
         res = result["resolutions"][label]
         res["busiest_row_over_mean_row"] = summarise(peak)
         res["camera_cost_max_over_mean"] = float(totals.max() / totals.mean())
-        res["camera_cost_change_earlier_to_final"] = summarise([abs(f.sum() / max(e.sum(), 1e-12) - 1) for f, e in zip(fin, ear)])
+        res["camera_cost_change_earlier_to_final"] = summarise([abs(f.sum() / max(e.sum(), 1e-12) - 1) for f, e in zip(fin, ear, strict=False)])
         hist = history if label == "training" else None
-        if hist is not None:
-            if any(len(h) != len(f) for h, f in zip(hist, fin)):
-                log(f"[{scene['name']}] history rows differ from measured rows; history not used")
-                hist = None
+        if hist is not None and any(len(h) != len(f) for h, f in zip(hist, fin, strict=False)):
+            log(f"[{scene['name']}] history rows differ from measured rows; history not used")
+            hist = None
         res["configs"] = []
         for b, w in configs:
             log(f"[{scene['name']}] {label} B={b} W={w}")
@@ -396,7 +396,7 @@ def analyse_scene(scene: Dict[str, Any], run: Dict[str, Any], configs: List[Tupl
 
 
 # ------------------------------------------------------------------------------------ wall clock
-def wallclock_runs(scene: Dict[str, Any], data: Path, args, log) -> List[Dict[str, Any]]:
+def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[str, Any]]:
     """``torchrun --nproc_per_node W ns-train distsplat`` (gloo, CPU) per partition mode and B."""
     runs = []
     torchrun = shutil.which("torchrun") or "torchrun"
@@ -444,7 +444,7 @@ def wallclock_runs(scene: Dict[str, Any], data: Path, args, log) -> List[Dict[st
 
 
 # ------------------------------------------------------------------------------------ main
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scene", action="append", default=None, help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args'] [train='ns-train args']; repeatable (default: fox, lund_door, bird)")
     parser.add_argument("--out", type=Path, required=True, help="cache folder for scene copies and trained runs")
@@ -488,11 +488,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         b, w = item.lower().split("x")
         configs.append((int(b), int(w)))
     t0 = time.perf_counter()
-    report: Dict[str, Any] = {
+    report: dict[str, Any] = {
         "benchmark": "bench_balance",
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip(),
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip(),
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "cost": "Gaussian-tile intersections per 16-px tile row (the renderer's tile_counts summed over columns)",
         "imbalance": "max / mean of per-rank cost over all W ranks, measured with the final checkpoint's costs",

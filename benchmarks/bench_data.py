@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from typing_extensions import Self
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -92,7 +94,7 @@ class TreeMemorySampler:
             count += 1
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "TreeMemorySampler":
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -124,11 +126,11 @@ def decode_rates(seconds: float) -> dict:
     """One-core decode rates of the fox JPEG bytes, per decoder, and decode + undistortion."""
     import cv2
     import torch
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
+    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
     from distsplat_ns.data.decode import DECODERS, decode_bytes, default_decoder
     from distsplat_ns.data.undistort import MapCache, undistort
-    from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 
     torch.set_num_threads(1)
     cv2.setNumThreads(1)

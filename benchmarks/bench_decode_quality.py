@@ -56,7 +56,7 @@ def run(variant: str, scene: Path, out: Path, steps: int, schedule_images: int, 
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} run failed:\n{proc.stderr[-4000:]}")
     stats = json.loads((out / "quality" / "distsplat" / variant / "distsplat_stats.json").read_text())

@@ -59,7 +59,7 @@ def _scene(kind: str, root: Path, num_frames: int) -> list[Path]:
     return paths
 
 
-def _time(fn) -> float:  # noqa: ANN001
+def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -147,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     if not FOX.is_dir():
         raise SystemExit(f"{FOX} is absent: this benchmark needs ../shared/data/fox")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
     result = {
         "command": " ".join(["benchmarks/bench_preflight.py", *sys.argv[1:]]),
         "commit": commit,

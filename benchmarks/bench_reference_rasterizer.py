@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distsplat_ns.rendering import rasterization  # noqa: E402
-from tests.helpers.scenes import random_scene  # noqa: E402
+from distsplat_ns.rendering import rasterization
+from tests.helpers.scenes import random_scene
 
 
 def _measure(num_gaussians: int, size: int, repeats: int) -> dict:

@@ -47,16 +47,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 sys.path.insert(0, str(REPO / "scripts"))
-import gpu_bench as bench  # noqa: E402  (scripts/ is not a package)
+import gpu_bench as bench
 
 
-def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, count_ops: bool = False) -> Dict[str, Any]:
+def run_one(run: bench.RunSpec, num_downscales: int, data: Path, work: Path, count_ops: bool = False) -> dict[str, Any]:
     """Train ``run`` on CPU through the GPU check's launcher; return its step statistics (or, with
     ``count_ops``, its ATen operators per step: such a run's times are not used)."""
     report = work / f"{run.name}.json"
@@ -71,7 +71,7 @@ def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, c
     # One intra-op thread: per-step CPU time then measures the work, not spinning threads that
     # wait for a core the other job holds.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env, check=False)
     wall = time.perf_counter() - t0
     data_report = json.loads(report.read_text()) if report.exists() else {}
     if proc.returncode != 0 or not data_report.get("completed"):
@@ -85,7 +85,7 @@ def run_one(run: "bench.RunSpec", num_downscales: int, data: Path, work: Path, c
             "steps_counted": len(data_report["ops_per_step"]) - half,
             "top_ops": dict(list(data_report["ops_by_name"].items())[:15]),
         }
-    result: Dict[str, Any] = dict(bench.step_time_stats(data_report["step_times_s"], run.batch_size))
+    result: dict[str, Any] = dict(bench.step_time_stats(data_report["step_times_s"], run.batch_size))
     cpu = bench.step_time_stats(data_report["step_cpu_times_s"], run.batch_size)
     result["cpu_time_s_median"] = cpu.get("step_time_s_median")
     result["process_wall_s"] = wall
@@ -111,11 +111,11 @@ def main() -> None:
         bench.RunSpec("distsplat_b1", "distsplat", 1, args.images),
         bench.RunSpec("distsplat_b4", "distsplat", 4, args.images),
     ]
-    results: Dict[str, Any] = {}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench_overhead_") as tmp:
         work = Path(tmp)
         for nd in args.num_downscales:
-            per_run: Dict[str, List[Dict[str, Any]]] = {s.name: [] for s in specs}
+            per_run: dict[str, list[dict[str, Any]]] = {s.name: [] for s in specs}
             for rep in range(args.repeats):
                 for spec in specs:
                     r = run_one(spec, nd, args.data, work)
@@ -126,7 +126,7 @@ def main() -> None:
                         flush=True,
                     )
 
-            def med(name: str, key: str, runs: Dict[str, List[Dict[str, Any]]] = per_run) -> float:
+            def med(name: str, key: str, runs: dict[str, list[dict[str, Any]]] = per_run) -> float:
                 return statistics.median(r[key] for r in runs[name])
 
             counted = {

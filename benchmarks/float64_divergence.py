@@ -31,14 +31,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _digest(tensors: List[torch.Tensor]) -> str:
+def _digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha1()
     for t in tensors:
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
@@ -53,7 +53,7 @@ def _install_dedup_seed_points() -> None:
 
     original = ColmapDataParser._load_3D_points
 
-    def load(self, colmap_path, transform_matrix, scale_factor):  # noqa: ANN001, ANN202
+    def load(self, colmap_path, transform_matrix, scale_factor):
         out = original(self, colmap_path, transform_matrix, scale_factor)
         xyz = out["points3D_xyz"]
         keep = first_occurrences(xyz)
@@ -73,11 +73,11 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         (trace_dir / "command.json").write_text(json.dumps({"argv": sys.argv, "world_size": world_size}))
     log = open(trace_dir / f"rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115 - lives as long as the run
-    current: Dict[str, Any] = {}
+    current: dict[str, Any] = {}
 
     original_gt = DistSplatModel.gt_image
 
-    def gt_image(self, image, background, downscale, size_px):  # noqa: ANN001, ANN202
+    def gt_image(self, image, background, downscale, size_px):
         out = original_gt(self, image, background, downscale, size_px)
         current.setdefault("gt", []).append(_digest([out]))
         return out
@@ -86,7 +86,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     original_sum = pipeline_module.sum_gradients_
 
-    def sum_gradients_(ctx, params):  # noqa: ANN001, ANN202
+    def sum_gradients_(ctx, params):
         out = original_sum(ctx, params)
         current["grad"] = _digest([p.grad if p.grad is not None else torch.zeros(0) for p in params])
         if save_grads and rank == 0:
@@ -95,13 +95,13 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     original_batch_info = pipeline_module.batch_info
 
-    def batch_info(grads2d, absgrads2d, radii, width, height):  # noqa: ANN001, ANN202
+    def batch_info(grads2d, absgrads2d, radii, width, height):
         current["stats"] = _digest([grads2d, absgrads2d, radii])
         return original_batch_info(grads2d, absgrads2d, radii, width, height)
 
     original_refine = DistSplatModel.refine
 
-    def refine(self, step, optimizers, info):  # noqa: ANN001, ANN202
+    def refine(self, step, optimizers, info):
         strategy, sched = self.strategy, self.schedule
         refines_now = step > sched.refine_start_iter and step % sched.refine_every == 0 and (
             step % sched.reset_every >= sched.pause_refine_after_reset
@@ -127,7 +127,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     original_train_step = DistSplatPipeline.train_step
 
-    def train_step(self, step, optimizers):  # noqa: ANN001, ANN202
+    def train_step(self, step, optimizers):
         report = original_train_step(self, step, optimizers)
         params = {n: p.detach() for n, p in self.model.gauss_params.items()}
         record = {
@@ -145,7 +145,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
         grads = current.pop("grad_tensors", None)
         if grads is not None:
             names = [n for n, _ in self._named_trainable_parameters()]
-            torch.save(dict(zip(names, grads)), trace_dir / "params" / f"grad-{step:06d}.pt")
+            torch.save(dict(zip(names, grads, strict=False)), trace_dir / "params" / f"grad-{step:06d}.pt")
         return report
 
     from distsplat_ns.trainer import DistSplatTrainer
@@ -170,9 +170,9 @@ def _trace(args: argparse.Namespace) -> None:
     entrypoint()
 
 
-def _read(trace_dir: Path) -> Dict[int, Dict[str, Any]]:
+def _read(trace_dir: Path) -> dict[int, dict[str, Any]]:
     """Per step: rank 0's record, with the ground-truth digests of every rank merged (as a set)."""
-    steps: Dict[int, Dict[str, Any]] = {}
+    steps: dict[int, dict[str, Any]] = {}
     for path in sorted(trace_dir.glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
             rec = json.loads(line)
@@ -183,7 +183,7 @@ def _read(trace_dir: Path) -> Dict[int, Dict[str, Any]]:
     return steps
 
 
-def _flipped_decisions(ref_a: Path, ref_b: Path) -> Dict[str, Any]:
+def _flipped_decisions(ref_a: Path, ref_b: Path) -> dict[str, Any]:
     """At a refinement whose outcome differs: the Gaussians whose grow decision differs, and the
     relative distance of their statistic to the threshold in each run."""
     a, b = torch.load(ref_a), torch.load(ref_b)
@@ -219,7 +219,7 @@ def _compare(args: argparse.Namespace) -> None:
     rows, first = [], {}
     for step in sorted(set(a) & set(b)):
         ra, rb = a[step], b[step]
-        row: Dict[str, Any] = {"step": step, "num_points": [ra["num_points"], rb["num_points"]]}
+        row: dict[str, Any] = {"step": step, "num_points": [ra["num_points"], rb["num_points"]]}
         for key in ("gt", "grad", "stats", "params", "batch"):
             same = ra.get(key) == rb.get(key)
             row[f"{key}_same"] = same
@@ -240,7 +240,7 @@ def _compare(args: argparse.Namespace) -> None:
     for name, d in (("a", dir_a), ("b", dir_b)):
         path = d / "command.json"
         commands[name] = json.loads(path.read_text()) if path.exists() else str(d)
-    report: Dict[str, Any] = {
+    report: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "traces": commands,
         "first_step_differing": first,

@@ -35,8 +35,9 @@ import errno
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,12 +74,12 @@ def plain(value: Any) -> Any:
 def save_checkpoint_atomic(
     checkpoint_dir: Path,
     step: int,
-    pipeline_state: Dict[str, Any],
-    optimizers: Optional[Optimizers],
-    scalers: Dict[str, Any],
-    extra: Dict[str, Any],
+    pipeline_state: dict[str, Any],
+    optimizers: Optimizers | None,
+    scalers: dict[str, Any],
+    extra: dict[str, Any],
     keep_only_latest: bool,
-    optimizer_states: Optional[Dict[str, Any]] = None,
+    optimizer_states: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``step-{step:09d}.ckpt`` atomically and durably; optionally delete older checkpoints.
 
@@ -102,12 +103,12 @@ def save_checkpoint_atomic(
 
 def checkpoint_payload(
     step: int,
-    pipeline_state: Dict[str, Any],
-    optimizers: Optional[Optimizers],
-    scalers: Dict[str, Any],
-    extra: Dict[str, Any],
-    optimizer_states: Optional[Dict[str, Any]] = None,
-) -> Dict[str, Any]:
+    pipeline_state: dict[str, Any],
+    optimizers: Optimizers | None,
+    scalers: dict[str, Any],
+    extra: dict[str, Any],
+    optimizer_states: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """nerfstudio's checkpoint dictionary (``step``, ``pipeline``, ``optimizers``, ``schedulers``,
     ``scalers``) plus ``distsplat``'s entries, with numpy values made plain (:func:`plain`)."""
     return plain(
@@ -123,7 +124,7 @@ def checkpoint_payload(
     )
 
 
-def write_payload_atomic(checkpoint_dir: Path, step: int, payload: Dict[str, Any], keep_only_latest: bool) -> Path:
+def write_payload_atomic(checkpoint_dir: Path, step: int, payload: dict[str, Any], keep_only_latest: bool) -> Path:
     """Write ``payload`` as ``step-{step:09d}.ckpt`` atomically and durably (see
     :func:`save_checkpoint_atomic`); returns its path."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -221,28 +222,27 @@ def is_complete(path: Path) -> bool:
     return path.is_file() and path.stat().st_size > 0
 
 
-def checkpoints_by_step(folder: Path) -> Dict[int, Path]:
+def checkpoints_by_step(folder: Path) -> dict[int, Path]:
     """Every complete checkpoint in ``folder`` by step; where a step has both formats, the DCP
     folder (it holds the Adam state; the file beside it is its params-only consolidation)."""
     folder = Path(folder)
-    found: Dict[int, Path] = {}
+    found: dict[int, Path] = {}
     if not folder.is_dir():
         return found
     for path in sorted(folder.iterdir()):
         step = _step_of(path)
-        if step is not None and is_complete(path):
-            if step not in found or path.name.endswith(SHARDED_SUFFIX):
-                found[step] = path
+        if step is not None and is_complete(path) and (step not in found or path.name.endswith(SHARDED_SUFFIX)):
+            found[step] = path
     return found
 
 
-def checkpoint_steps(folder: Path) -> List[int]:
+def checkpoint_steps(folder: Path) -> list[int]:
     """Steps of the complete checkpoints in ``folder``, of both formats, ascending (for
     ``distributed/restart.py``: a launch resumes from the largest)."""
     return sorted(checkpoints_by_step(folder))
 
 
-def latest_checkpoint(folder: Path) -> Optional[Path]:
+def latest_checkpoint(folder: Path) -> Path | None:
     """The complete checkpoint of the largest step in ``folder`` (:func:`checkpoints_by_step`), or None."""
     found = checkpoints_by_step(folder)
     return found[max(found)] if found else None
@@ -257,7 +257,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _step_of(path: Path) -> Optional[int]:
+def _step_of(path: Path) -> int | None:
     """The step in a ``step-XXXXXXXXX.ckpt`` / ``.dcp`` name, or None for other names."""
     match = _NAME.match(Path(path).name)
     return int(match.group(1)) if match else None
@@ -306,7 +306,7 @@ def register_numpy_safe_globals() -> None:
     add([scalar, np.dtype, *dtypes])
 
 
-def load_checkpoint_file(path: Path, mmap: bool = False) -> Dict[str, Any]:
+def load_checkpoint_file(path: Path, mmap: bool = False) -> dict[str, Any]:
     """Load a checkpoint with ``weights_only=True`` (no arbitrary code runs).
 
     With ``mmap`` the tensors stay in the file (memory-mapped, copy-on-write) until read: a rank of

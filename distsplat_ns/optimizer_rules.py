@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple, Type
+from typing import Any
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
@@ -31,8 +31,8 @@ LOGGER = get_logger(__name__)
 class AdamWithBetasConfig(AdamOptimizerConfig):
     """nerfstudio's Adam configuration with explicit betas (scaled with the batch size)."""
 
-    _target: Type = torch.optim.Adam
-    betas: Tuple[float, float] = (0.9, 0.999)
+    _target: type = torch.optim.Adam
+    betas: tuple[float, float] = (0.9, 0.999)
 
 
 FLOAT64_ADAM_EPS = 1e-8
@@ -42,7 +42,7 @@ GAUSSIAN_PARAM_GROUPS = ("means", "scales", "quats", "opacities", "features_dc",
 """splatfacto's optimizer groups of the Gaussians' own parameters (one per ``gauss_params`` entry)."""
 
 
-def float64_optimizer_configs(configs: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+def float64_optimizer_configs(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The optimizers of the float64 mode: every Gaussian parameter group's Adam eps raised to at
     least 1e-8.
 
@@ -64,7 +64,7 @@ def float64_optimizer_configs(configs: Dict[str, Dict[str, Any]]) -> Dict[str, D
     return out
 
 
-def scaled_optimizer_configs(configs: Dict[str, Dict[str, Any]], batch_size: int) -> Dict[str, Dict[str, Any]]:
+def scaled_optimizer_configs(configs: dict[str, dict[str, Any]], batch_size: int) -> dict[str, dict[str, Any]]:
     """Optimizer and scheduler configurations for ``batch_size`` images per step.
 
     Grendel-GS's "sqrt" rule (docs/distributed.md, batch size): lr x sqrt(B), Adam eps / sqrt(B), betas -> beta^B,

@@ -11,8 +11,9 @@ check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Literal
 
 import torch
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
@@ -42,14 +43,14 @@ LOGGER = get_logger(__name__)
 
 #: Test hook (None in real runs): called as ``hook(step, rank, model)`` after backward, before the
 #: gradient sum; tests/helpers/ns_train_with_fault.py sets it to write a NaN into one rank's gradient.
-before_gradient_sum_hook: Optional[Callable[[int, int, DistSplatModel], None]] = None
+before_gradient_sum_hook: Callable[[int, int, DistSplatModel], None] | None = None
 
 
 @dataclass
 class DistSplatPipelineConfig(VanillaPipelineConfig):
     """The distsplat pipeline: batch size, how a batch is split over ranks, and the run's checks."""
 
-    _target: Type = field(default_factory=lambda: DistSplatPipeline)
+    _target: type = field(default_factory=lambda: DistSplatPipeline)
     datamanager: DataManagerConfig = field(default_factory=ParallelFullImageDatamanagerConfig)
     model: DistSplatModelConfig = field(default_factory=DistSplatModelConfig)
     batch_size: int = 1
@@ -87,7 +88,7 @@ class StepTimings:
     optimizer: float
     densify: float
 
-    def as_dict(self) -> Dict[str, float]:
+    def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
 
     @classmethod
@@ -121,7 +122,7 @@ class StepReport:
     time_imbalance: float
 
 
-def batch_sizes_px(image_sizes: Sequence[Tuple[int, int]], batch: Sequence[int], downscale: int) -> List[Tuple[int, int]]:
+def batch_sizes_px(image_sizes: Sequence[tuple[int, int]], batch: Sequence[int], downscale: int) -> list[tuple[int, int]]:
     """The rendered ``(width, height)`` of each camera of the batch, in batch order (cameras of
     one batch may differ in size: a multi-camera capture).
 
@@ -157,8 +158,8 @@ class DistSplatPipeline(VanillaPipeline):
         test_mode: Literal["test", "val", "inference"] = "val",
         world_size: int = 1,
         local_rank: int = 0,
-        grad_scaler: Optional[GradScaler] = None,
-        dist_ctx: Optional[DistContext] = None,
+        grad_scaler: GradScaler | None = None,
+        dist_ctx: DistContext | None = None,
         seed: int = 42,
     ):
         torch.nn.Module.__init__(self)
@@ -196,9 +197,9 @@ class DistSplatPipeline(VanillaPipeline):
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
-        self._image_sizes = list(zip([int(w) for w in train_cameras.width.reshape(-1).tolist()], heights))
+        self._image_sizes = list(zip([int(w) for w in train_cameras.width.reshape(-1).tolist()], heights, strict=False))
         self.planner = BandPlanner(config.partition, heights)
-        self.time_imbalance: List[float] = []
+        self.time_imbalance: list[float] = []
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
         self.viewer_start_view = StartAtTrainingView(
@@ -206,7 +207,7 @@ class DistSplatPipeline(VanillaPipeline):
         )
 
     # ------------------------------------------------------------------ checkpoint state
-    def get_extra_state(self) -> Dict[str, Any]:
+    def get_extra_state(self) -> dict[str, Any]:
         """The balancer's cost history travels with checkpoints (a resumed run balances at once)."""
         return {"planner": self.planner.state_dict()}
 
@@ -245,11 +246,11 @@ class DistSplatPipeline(VanillaPipeline):
         )
         self._training_configured = True
 
-    def trainable_parameters(self) -> List[torch.nn.Parameter]:
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """Every parameter the optimizers update, in the same order on every rank."""
         return [p for _, p in self._named_trainable_parameters()]
 
-    def _named_trainable_parameters(self) -> List[Tuple[str, torch.nn.Parameter]]:
+    def _named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [
             (name.removeprefix("gauss_params."), p) for name, p in self.model.named_parameters() if p.requires_grad
         ]
@@ -322,19 +323,19 @@ class DistSplatPipeline(VanillaPipeline):
         )
 
     def _statistics(
-        self, step: int, source: ProjectionSource, sizes_px: Sequence[Tuple[int, int]]
-    ) -> Tuple[Optional[Dict[str, Any]], int]:
+        self, step: int, source: ProjectionSource, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any] | None, int]:
         """The mode's densification statistics while densification runs (None after)."""
         if step >= self.model.schedule.refine_stop_iter:
             return None, 0
         return self.mode.statistics(source, self.config.batch_size, sizes_px)
 
-    def _finite_verdict(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> Optional[torch.Tensor]:
+    def _finite_verdict(self, step: int, named: Sequence[tuple[str, torch.nn.Parameter]]) -> torch.Tensor | None:
         """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""
         every = self.config.check_finite_every
         return self.mode.finite_verdict(named) if every and step % every == 0 else None
 
-    def _check_replicas(self, step: int, named: Sequence[Tuple[str, torch.nn.Parameter]]) -> None:
+    def _check_replicas(self, step: int, named: Sequence[tuple[str, torch.nn.Parameter]]) -> None:
         """Every ``replica_check_every`` steps, prove the parameters every rank holds bitwise identical.
 
         **Collective:** world group, on those steps with more than one rank: one digest all-gather.
@@ -353,18 +354,18 @@ class DistSplatPipeline(VanillaPipeline):
         downscale = self.model.downscale_factor_at(step)
         need_prior = self.planner.cameras_needing_prior(downscale, batch)
         if need_prior:
-            for camera_index, costs in zip(need_prior, self._footprint_priors(need_prior, step)):
+            for camera_index, costs in zip(need_prior, self._footprint_priors(need_prior, step), strict=False):
                 self.planner.set_prior(downscale, camera_index, costs)
         return self.planner.plan(batch, self.ctx.world_size, downscale)
 
     @torch.no_grad()
-    def _footprint_priors(self, camera_indices: Sequence[int], step: int) -> List[torch.Tensor]:
+    def _footprint_priors(self, camera_indices: Sequence[int], step: int) -> list[torch.Tensor]:
         """Cold-start costs: how many tiles each projected Gaussian's 3-sigma footprint covers, per
         tile row (projection only, no rasterization; identical on every rank).
 
         **Collective:** the mode's ``reduce_footprint_costs`` (sharded: one all-reduce).
         """
-        costs: List[torch.Tensor] = [torch.empty(0)] * len(camera_indices)
+        costs: list[torch.Tensor] = [torch.empty(0)] * len(camera_indices)
         for group, proj in self.model.project_cameras(self._host_cameras(camera_indices), step):
             for k, i in enumerate(group):
                 costs[i] = footprint_row_costs(proj.means2d[k].detach(), proj.radii[k], proj.height, proj.width)
@@ -373,7 +374,7 @@ class DistSplatPipeline(VanillaPipeline):
 
     def _fetch_images(
         self, step: int, batch: Sequence[int], bands: Sequence[Band], clock: PhaseClock
-    ) -> Tuple[List[int], List[torch.Tensor], List[Optional[torch.Tensor]]]:
+    ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor | None]]:
         """This rank's images of the step: ``(positions, images, masks)``, in batch order; the
         wait goes to ``clock``'s ``data_wait``.
 
@@ -383,13 +384,13 @@ class DistSplatPipeline(VanillaPipeline):
         needed = sorted({b.position for b in bands})
         train_batch = self.datamanager.next_train_batch(step)
         clock.add("data_wait", train_batch.wait_s)
-        images = dict(zip(train_batch.positions, train_batch.images))
-        masks = dict(zip(train_batch.positions, train_batch.masks))
+        images = dict(zip(train_batch.positions, train_batch.images, strict=False))
+        masks = dict(zip(train_batch.positions, train_batch.masks, strict=False))
         missing = [p for p in needed if p not in images]
         if missing:
             self.images_fetched_on_demand += len(missing)
             with clock.phase("data_wait"):
-                images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step)))
+                images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step), strict=False))
         return needed, [images[p] for p in needed], [masks.get(p) for p in needed]
 
     def _backward(self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock) -> None:
@@ -404,7 +405,7 @@ class DistSplatPipeline(VanillaPipeline):
         **Collective:** one all-gather of the SSIM halo rows' pixel gradients, then the source's backward.
         """
 
-        def exchange(msgs):  # noqa: ANN001, ANN202
+        def exchange(msgs):
             with clock.phase("all_reduce"):
                 return all_gather_object(self.ctx, msgs)
 
@@ -414,7 +415,7 @@ class DistSplatPipeline(VanillaPipeline):
         return self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
 
     @staticmethod
-    def _costs_to_host(result: BandRenderResult, verdict: Optional[torch.Tensor]) -> Tuple[List[Any], bool]:
+    def _costs_to_host(result: BandRenderResult, verdict: torch.Tensor | None) -> tuple[list[Any], bool]:
         """This rank's measured costs, ``(position, first tile row, row costs)`` per band, and the
         finite verdict (False when none was computed), in one device-to-host copy.
 
@@ -432,7 +433,7 @@ class DistSplatPipeline(VanillaPipeline):
             start += rows
         return mine, bad
 
-    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: List[Any], render_s: float) -> Tuple[float, float]:
+    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: list[Any], render_s: float) -> tuple[float, float]:
         """All-gather every rank's measured per-row costs (and render time) into the history;
         returns ``(measured_imbalance, time_imbalance)``.
 
@@ -444,11 +445,11 @@ class DistSplatPipeline(VanillaPipeline):
         self.time_imbalance.append(time_imbalance)
         return measured_imbalance, time_imbalance
 
-    def balance_summary(self) -> Dict[str, Any]:
+    def balance_summary(self) -> dict[str, Any]:
         """Balance figures for the run summary (measured after the first epoch: before it, most
         cameras have only a footprint prior)."""
         warmup = steps_to_cover(len(self.datamanager.train_dataset), self.config.batch_size)
-        summary: Dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
+        summary: dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
         tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
         if tail:
             summary["time_imbalance_mean"], summary["time_imbalance_p95"] = mean_and_p95(tail)

@@ -9,8 +9,6 @@ network, no dataset access (every ``ns-*`` command imports every plugin).
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nerfstudio.configs.base_config import ViewerConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
@@ -31,7 +29,7 @@ def _adam(lr: float) -> AdamOptimizerConfig:
     return AdamOptimizerConfig(lr=lr, eps=1e-15)
 
 
-def distsplat_trainer_config(model: Optional[DistSplatModelConfig] = None) -> DistSplatTrainerConfig:
+def distsplat_trainer_config(model: DistSplatModelConfig | None = None) -> DistSplatTrainerConfig:
     """Splatfacto's schedule and learning rates, with the distsplat pipeline and trainer.
 
     ``max_num_iterations`` counts training images (at the default batch size of 1, steps).

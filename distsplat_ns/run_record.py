@@ -10,10 +10,11 @@ import json
 import os
 import resource
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,16 +40,16 @@ LOG_FIGURES = ("bytes_communicated", "local_gaussian_count", "peak_memory_bytes"
 class RunRecord:
     """This rank's counters over the run (the steps it trained in this process, not a resumed run's)."""
 
-    step_times: List[float] = field(default_factory=list)
-    timing_totals: Dict[str, float] = field(default_factory=dict)
+    step_times: list[float] = field(default_factory=list)
+    timing_totals: dict[str, float] = field(default_factory=dict)
     bytes_per_step: int = 0
     bytes_total: int = 0
     #: Every shard's Gaussians in sharded mode (as of the last step's start); None before a step.
-    gaussian_count: Optional[int] = None
+    gaussian_count: int | None = None
     images_trained: int = 0
     steps_trained: int = 0
-    last_eval_psnr: Optional[float] = None
-    eval_psnr_history: List[Tuple[int, float]] = field(default_factory=list)
+    last_eval_psnr: float | None = None
+    eval_psnr_history: list[tuple[int, float]] = field(default_factory=list)
     train_wall_s: float = 0.0
     #: Bytes of checkpoint rows this rank wrote (sharded mode: its own shard's files).
     checkpoint_bytes_written: int = 0
@@ -77,7 +78,7 @@ class RunRecord:
         self.last_eval_psnr = psnr
         self.eval_psnr_history.append((int(step), psnr))
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """The record's part of the run summary (the trainer adds the model's and the data's)."""
         step_total = sum(self.step_times) or 1e-9
         return {
@@ -107,7 +108,7 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 def reduce_log_figures(
     ctx: DistContext, losses: Sequence[torch.Tensor], report: StepReport, local_gaussian_count: int
-) -> Tuple[List[float], List[Dict[str, float]]]:
+) -> tuple[list[float], list[dict[str, float]]]:
     """The batch's losses (the ranks' shares summed) and every rank's figures of this step, in
     one all-reduce: each rank fills its own row of a `[R, K]` block after the losses, zeros
     elsewhere, so the sum is every rank's row (issue 21 item 4: which rank waits).
@@ -139,11 +140,11 @@ def reduce_log_figures(
     packed[start:start + len(names)] = torch.tensor(mine, dtype=torch.float64, device=device)
     all_reduce_sum_(ctx, packed)
     values = packed.tolist()  # host sync: log steps only, to write the figures
-    per_rank = [dict(zip(names, values[len(losses) + r * len(names): len(losses) + (r + 1) * len(names)])) for r in range(ctx.world_size)]
+    per_rank = [dict(zip(names, values[len(losses) + r * len(names): len(losses) + (r + 1) * len(names)], strict=False)) for r in range(ctx.world_size)]
     return values[: len(losses)], per_rank
 
 
-def optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
+def optimizer_state_bytes(optimizers: Optimizers | None) -> int:
     """Bytes of every tensor in the optimizers' state (Adam's two moments per parameter)."""
     if optimizers is None:
         return 0
@@ -156,7 +157,7 @@ def optimizer_state_bytes(optimizers: Optional[Optimizers]) -> int:
     )
 
 
-def write_run_summary(ctx: DistContext, stats: Dict[str, Any], path: Path) -> None:
+def write_run_summary(ctx: DistContext, stats: dict[str, Any], path: Path) -> None:
     """Add every rank's time breakdown and :data:`PER_RANK_KEYS` to ``stats``; rank 0 writes it to
     ``path`` (temporary file, then rename).
 

@@ -30,7 +30,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Type
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -79,7 +79,7 @@ LOGGER = get_logger(__name__)
 class DistSplatTrainerConfig(TrainerConfig):
     """nerfstudio's trainer configuration plus the distributed lifecycle's settings."""
 
-    _target: Type = field(default_factory=lambda: DistSplatTrainer)
+    _target: type = field(default_factory=lambda: DistSplatTrainer)
     collective_timeout_s: float = 600.0
     """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
     dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
@@ -120,7 +120,7 @@ class DistSplatTrainer(Trainer):
         self.checkpoint_dir = self.base_dir / config.relative_model_dir
         self.device = str(self.ctx.device)
         self._nothing_to_train = False
-        self._last_saved_step: Optional[int] = None
+        self._last_saved_step: int | None = None
         self.record = RunRecord()
         if viewer_refresh_every < 1:
             raise ValueError(f"viewer_refresh_every must be >= 1, got {viewer_refresh_every}")
@@ -237,7 +237,7 @@ class DistSplatTrainer(Trainer):
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
         return Optimizers(configs, self.pipeline.get_param_groups())
 
-    def _load_checkpoint_state(self) -> Optional[Dict[str, Any]]:
+    def _load_checkpoint_state(self) -> dict[str, Any] | None:
         path = self._checkpoint_to_load()
         if path is None:
             if self.ctx.is_main:
@@ -254,7 +254,7 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
         return loaded
 
-    def _checkpoint_to_load(self) -> Optional[Path]:
+    def _checkpoint_to_load(self) -> Path | None:
         if self.config.load_dir is not None:
             load_dir = Path(self.config.load_dir)
             if not load_dir.is_dir():
@@ -328,14 +328,13 @@ class DistSplatTrainer(Trainer):
             self.step = step
             while self.training_state == "paused" and not self.stop_training and not signals.requested:
                 time.sleep(0.01)
-            with self.train_lock:
-                with TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
-                    self.pipeline.train()
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
-                    loss, loss_dict, metrics_dict = self.train_iteration(step)
-                    for callback in self.callbacks:
-                        callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+            with self.train_lock, TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
+                self.pipeline.train()
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+                loss, loss_dict, metrics_dict = self.train_iteration(step)
+                for callback in self.callbacks:
+                    callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
             last_step = step
             if step == self._start_step:
                 enter_phase(self.ctx, "training", watch=False)
@@ -393,12 +392,12 @@ class DistSplatTrainer(Trainer):
         report = self.pipeline.train_step(step, self.optimizers)
         self.record.add_step(report, self.pipeline.config.batch_size)
         loss_dict = {"main_loss": report.loss}
-        metrics_dict: Dict[str, Any] = {"gaussian_count": report.num_gaussians}
+        metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
             # One all-reduce carries the losses and every rank's figures (run_record.py).
             losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim], report,
                                                   self.pipeline.model.num_points)
-            loss_dict = dict(zip(("main_loss", "l1", "dssim"), losses))
+            loss_dict = dict(zip(("main_loss", "l1", "dssim"), losses, strict=False))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
             if self.ctx.is_main and self.ctx.is_distributed:
@@ -432,7 +431,7 @@ class DistSplatTrainer(Trainer):
         if step_check(step, self.config.steps_per_eval_all_images, run_at_zero=True):
             self._eval_all(step)
 
-    def _eval_all(self, step: int) -> Optional[float]:
+    def _eval_all(self, step: int) -> float | None:
         metrics = self.pipeline.get_average_eval_image_metrics(step=step)
         writer.put_dict(name="Eval Images Metrics Dict (all images)", scalar_dict=metrics, step=step)
         psnr = float(metrics["psnr"]) if "psnr" in metrics else None
@@ -514,7 +513,7 @@ class DistSplatTrainer(Trainer):
         agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
                       functools.partial(consolidate_params, folder, self.checkpoint_dir, step))
 
-    def _after_stop(self, last_step: int, signum: Optional[int]) -> None:
+    def _after_stop(self, last_step: int, signum: int | None) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,
         then exit ``128 + signal`` (a stop from the viewer ends normally)."""
         self._save_unless_saved(last_step)
@@ -547,7 +546,7 @@ class DistSplatTrainer(Trainer):
             self._train_complete_viewer()
         shutdown_distributed()
 
-    def collect_stats(self) -> Dict[str, Any]:
+    def collect_stats(self) -> dict[str, Any]:
         """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
         record = self.record
         return {

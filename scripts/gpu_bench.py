@@ -32,9 +32,10 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "scripts" / "gpu_launch.py"
@@ -105,14 +106,14 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def parse_wheel_list(text: str) -> List[Tuple[str, str]]:
+def parse_wheel_list(text: str) -> list[tuple[str, str]]:
     """``(name, version)`` pairs of a wheel list: one ``name==version`` a line, ``#`` comments.
 
     Raises:
         ValueError: a line that is not ``name==version``, or a project listed twice.
     """
-    pins: List[Tuple[str, str]] = []
-    seen: Dict[str, int] = {}
+    pins: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -128,7 +129,7 @@ def parse_wheel_list(text: str) -> List[Tuple[str, str]]:
     return pins
 
 
-def wheel_name_version(filename: str) -> Tuple[str, str]:
+def wheel_name_version(filename: str) -> tuple[str, str]:
     """``(canonical name, version)`` from a wheel file name (PEP 427).
 
     Raises:
@@ -142,14 +143,14 @@ def wheel_name_version(filename: str) -> Tuple[str, str]:
     return canonical_name(parts[0]), parts[1]
 
 
-def check_wheels(pins: Sequence[Tuple[str, str]], wheel_dir: Path) -> Dict[str, Any]:
+def check_wheels(pins: Sequence[tuple[str, str]], wheel_dir: Path) -> dict[str, Any]:
     """Compare a wheel folder with the pins: missing, wrong version, duplicated, unlisted.
 
     ``ok`` is True when every pin has exactly one wheel of its version and nothing else is there
     (two versions of one project stop pip's whole install).
     """
     files = sorted(p.name for p in Path(wheel_dir).glob("*.whl")) if Path(wheel_dir).is_dir() else []
-    found: Dict[str, List[Tuple[str, str]]] = {}
+    found: dict[str, list[tuple[str, str]]] = {}
     unparsable = []
     for name in files:
         try:
@@ -184,7 +185,7 @@ def check_wheels(pins: Sequence[Tuple[str, str]], wheel_dir: Path) -> Dict[str, 
 
 
 # -------------------------------------------------------------------------------------- summary file
-def record_step(summary_path: Path, name: str, status: str, seconds: Optional[float], detail: Any, dry_run: bool) -> None:
+def record_step(summary_path: Path, name: str, status: str, seconds: float | None, detail: Any, dry_run: bool) -> None:
     """Add or replace step ``name`` in the summary JSON (created if absent)."""
     summary = read_json(summary_path, default=None) or {"dry_run": dry_run, "steps": {}}
     summary["dry_run"] = bool(summary.get("dry_run", False) or dry_run)
@@ -193,19 +194,19 @@ def record_step(summary_path: Path, name: str, status: str, seconds: Optional[fl
 
 
 # ---------------------------------------------------------------------------------------------- env
-def _run_text(cmd: Sequence[str], timeout: float = 30.0) -> Optional[str]:
+def _run_text(cmd: Sequence[str], timeout: float = 30.0) -> str | None:
     try:
-        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout + out.stderr).strip() or None
 
 
-def collect_env(dry_run: bool) -> Dict[str, Any]:
+def collect_env(dry_run: bool) -> dict[str, Any]:
     """What ran the check: host, Python, torch/CUDA/GPU, compiler and the packages that matter."""
     import importlib.metadata as md
 
-    env: Dict[str, Any] = {
+    env: dict[str, Any] = {
         "dry_run": dry_run,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "hostname": platform.node(),
@@ -251,7 +252,7 @@ def collect_env(dry_run: bool) -> Dict[str, Any]:
 
 # -------------------------------------------------------------------------------------------- junit
 #: What the CUDA tests must cover (docs/gpu.md), and the words that identify such a test in its id.
-COVERAGE_KEYWORDS: Dict[str, Tuple[str, ...]] = {
+COVERAGE_KEYWORDS: dict[str, tuple[str, ...]] = {
     "rasterization_parity": ("parity", "gsplat"),
     "training_step": ("train_step", "training_step", "train_iteration", "training"),
     "nccl_collectives": ("nccl",),
@@ -259,7 +260,7 @@ COVERAGE_KEYWORDS: Dict[str, Tuple[str, ...]] = {
 }
 
 
-def parse_junit(xml_text: str) -> Dict[str, Any]:
+def parse_junit(xml_text: str) -> dict[str, Any]:
     """pytest's JUnit XML as ``{"counts": ..., "tests": [{id, outcome, seconds, message}]}``."""
     root = ET.fromstring(xml_text)
     tests = []
@@ -273,7 +274,7 @@ def parse_junit(xml_text: str) -> Dict[str, Any]:
                 message = tail((child.get("message") or "") + "\n" + (child.text or ""), 2000).strip()
                 break
         tests.append({"id": test_id, "outcome": outcome, "seconds": float(case.get("time", 0) or 0), "message": message})
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     for t in tests:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
     coverage = {
@@ -313,14 +314,14 @@ class BenchConfig:
     dry_run: bool
     run_timeout_s: float = 240.0
     min_run_s: float = 40.0
-    only: Tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
     python: str = sys.executable
     """Interpreter of the runs (scripts/gpu_simulate.py passes a wrapper that adds ``-S``)."""
-    previous: Optional[Dict[str, Any]] = None
+    previous: dict[str, Any] | None = None
     """bench.json of an earlier call on the same machine: its finished runs are kept, not re-run."""
 
 
-def plan_runs(cfg: BenchConfig) -> List[RunSpec]:
+def plan_runs(cfg: BenchConfig) -> list[RunSpec]:
     """The runs in priority order: the B=1 comparison first, then B=4, then 2 processes."""
     runs = [
         RunSpec("distsplat_b1", "distsplat", 1, cfg.num_images),
@@ -333,7 +334,7 @@ def plan_runs(cfg: BenchConfig) -> List[RunSpec]:
     return runs
 
 
-def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> List[str]:
+def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> list[str]:
     """ns-train arguments for ``run``: same scene, schedule and logging for both methods.
 
     ``max_num_iterations`` counts images for distsplat (steps = images / B) and steps (= images,
@@ -368,7 +369,7 @@ def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> Li
     return args
 
 
-def launch_command(run: RunSpec, report: Path, output_dir: Path, data: Path, device: str, python: str = sys.executable) -> List[str]:
+def launch_command(run: RunSpec, report: Path, output_dir: Path, data: Path, device: str, python: str = sys.executable) -> list[str]:
     """The full command of ``run``: scripts/gpu_launch.py, under torchrun for several processes."""
     launcher = [str(LAUNCHER), "--report", str(report), "--final-eval"]
     if run.method == "splatfacto" and device == "cpu":
@@ -380,7 +381,7 @@ def launch_command(run: RunSpec, report: Path, output_dir: Path, data: Path, dev
     return prefix + launcher + ["--"] + ns_train_args(run, output_dir, data, device)
 
 
-def step_time_stats(step_times: Sequence[float], batch_size: int) -> Dict[str, Any]:
+def step_time_stats(step_times: Sequence[float], batch_size: int) -> dict[str, Any]:
     """Steady-state step time and throughput: the first max(5, 10%) steps are dropped as warm-up.
 
     With too few steps to drop any (dry runs), every step is used and ``warmup_dropped`` is 0.
@@ -403,11 +404,11 @@ def step_time_stats(step_times: Sequence[float], batch_size: int) -> Dict[str, A
     }
 
 
-def summarize_run(run: RunSpec, reports: List[Dict[str, Any]], stats: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def summarize_run(run: RunSpec, reports: list[dict[str, Any]], stats: dict[str, Any] | None) -> dict[str, Any]:
     """Measurements of one finished run from the launcher's per-rank reports and distsplat's stats."""
     by_rank = sorted(reports, key=lambda r: r.get("rank", 0))
     main = by_rank[0] if by_rank else {}
-    result: Dict[str, Any] = dict(step_time_stats(main.get("step_times_s", []), run.batch_size))
+    result: dict[str, Any] = dict(step_time_stats(main.get("step_times_s", []), run.batch_size))
     result["peak_cuda_memory_allocated_bytes"] = [r.get("peak_cuda_memory_allocated_bytes") for r in by_rank]
     result["peak_cuda_memory_reserved_bytes"] = [r.get("peak_cuda_memory_reserved_bytes") for r in by_rank]
     result["patches"] = main.get("patches", [])
@@ -437,9 +438,9 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
         proc.wait()
 
 
-def execute_run(run: RunSpec, cfg: BenchConfig) -> Dict[str, Any]:
+def execute_run(run: RunSpec, cfg: BenchConfig) -> dict[str, Any]:
     """Run one benchmark (or record why not) and return its JSON record."""
-    record: Dict[str, Any] = dataclasses.asdict(run)
+    record: dict[str, Any] = dataclasses.asdict(run)
     if run.num_procs > 1:
         record["note"] = TWO_PROCS_NOTE
     if run.method == "splatfacto" and cfg.device != "cuda":
@@ -490,24 +491,24 @@ def execute_run(run: RunSpec, cfg: BenchConfig) -> Dict[str, Any]:
     return record
 
 
-def compare(runs: Dict[str, Dict[str, Any]], dry_run: bool) -> Dict[str, Any]:
+def compare(runs: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, Any]:
     """The GPU speed targets (docs/gpu.md) from the runs: ratio, target and verdict (or why none)."""
 
-    def measured(name: str, key: str) -> Optional[float]:
+    def measured(name: str, key: str) -> float | None:
         run = runs.get(name) or {}
         if run.get("status") != "ok":
             return None
         value = (run.get("measurements") or {}).get(key)
         return float(value) if isinstance(value, (int, float)) else None
 
-    def verdict(ratio: Optional[float], ok: bool, why_missing: str) -> str:
+    def verdict(ratio: float | None, ok: bool, why_missing: str) -> str:
         if dry_run:
             return "not measured (dry run)"
         if ratio is None:
             return f"not measured ({why_missing})"
         return "pass" if ok else "fail"
 
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     d1, s1 = measured("distsplat_b1", "step_time_s_mean"), measured("splatfacto", "step_time_s_mean")
     ratio = d1 / s1 if d1 is not None and s1 else None
     out["b1_step_time"] = {
@@ -533,7 +534,7 @@ def compare(runs: Dict[str, Dict[str, Any]], dry_run: bool) -> Dict[str, Any]:
     return out
 
 
-def reusable_record(run: RunSpec, cfg: BenchConfig) -> Optional[Dict[str, Any]]:
+def reusable_record(run: RunSpec, cfg: BenchConfig) -> dict[str, Any] | None:
     """The finished record of the same run (same spec, data, device, dry-run flag) in ``cfg.previous``."""
     previous = cfg.previous or {}
     if previous.get("dry_run") != cfg.dry_run or previous.get("device") != cfg.device or previous.get("data") != str(cfg.data):
@@ -546,9 +547,9 @@ def reusable_record(run: RunSpec, cfg: BenchConfig) -> Optional[Dict[str, Any]]:
     return dict(record, reused_from_previous_call=True)
 
 
-def run_bench(cfg: BenchConfig) -> Dict[str, Any]:
+def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """All runs of :func:`plan_runs`, written to ``cfg.out`` after each one (a timeout keeps the rest)."""
-    result: Dict[str, Any] = {
+    result: dict[str, Any] = {
         "dry_run": cfg.dry_run,
         "device": cfg.device,
         "data": str(cfg.data),
@@ -578,11 +579,11 @@ def run_bench(cfg: BenchConfig) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ summary
-def summarize(summary_path: Path, tests: Optional[Dict[str, Any]], bench: Optional[Dict[str, Any]], dry_run: bool) -> Dict[str, Any]:
+def summarize(summary_path: Path, tests: dict[str, Any] | None, bench: dict[str, Any] | None, dry_run: bool) -> dict[str, Any]:
     """Write the targets section of the summary JSON from the tests and bench results."""
     summary = read_json(summary_path, default=None) or {"dry_run": dry_run, "steps": {}}
     summary["dry_run"] = bool(summary.get("dry_run", False) or dry_run)
-    targets: Dict[str, Any] = {}
+    targets: dict[str, Any] = {}
     if bench and bench.get("comparison"):
         targets.update({k: v for k, v in bench["comparison"].items() if k in ("b1_step_time", "b4_images_per_s")})
     parity_tests = [t for t in (tests or {}).get("tests", []) if "parity" in t["id"].lower()]
@@ -665,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "check-wheels":
         result = check_wheels(parse_wheel_list(args.list.read_text()), args.dir)

@@ -54,10 +54,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
-REPORT: Dict[str, Any] = {
+REPORT: dict[str, Any] = {
     "argv": [],
     "rank": 0,
     "world_size": 1,
@@ -73,10 +74,10 @@ REPORT: Dict[str, Any] = {
     "process_wall_s": None,
 }
 _T0 = time.perf_counter()
-_REPORT_PATH: Optional[Path] = None
+_REPORT_PATH: Path | None = None
 
 
-def parse_args(argv: List[str]) -> tuple[argparse.Namespace, List[str]]:
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``argv`` into this launcher's options and the ns-train arguments after ``--``.
 
     Raises:
@@ -178,7 +179,7 @@ def patch_timing() -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    cpu_start: List[float] = []
+    cpu_start: list[float] = []
 
     def start() -> None:
         sync()
@@ -223,7 +224,7 @@ def patch_count_ops() -> None:
     REPORT["ops_per_step"] = []
     REPORT["sync_ops_per_step"] = []
     REPORT["ops_by_name"] = {}
-    active: List[CountOps] = []
+    active: list[CountOps] = []
 
     def start() -> None:
         active.append(CountOps())
@@ -321,7 +322,7 @@ def patch_cpu_reference_renderer() -> None:
     )
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     global _REPORT_PATH
     args, ns_train_args = parse_args(sys.argv[1:] if argv is None else argv)
     rank = int(os.environ.get("RANK", "0"))

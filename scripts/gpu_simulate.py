@@ -31,18 +31,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from gpu_bench import canonical_name, parse_wheel_list, tail  # noqa: E402
+from gpu_bench import canonical_name, parse_wheel_list, tail
 
 
-def machine_package_names(path: Path) -> Set[str]:
+def machine_package_names(path: Path) -> set[str]:
     return {canonical_name(line.strip()) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
 
 
-def top_level_entries(dist: md.Distribution) -> Set[str]:
+def top_level_entries(dist: md.Distribution) -> set[str]:
     """The site-packages entries (folders and modules) that a distribution installed."""
     entries = set()
     for file in dist.files or []:
@@ -53,10 +52,10 @@ def top_level_entries(dist: md.Distribution) -> Set[str]:
     return entries
 
 
-def link_machine_packages(dest: Path, names: Set[str], skip: Set[str]) -> Dict[str, str]:
+def link_machine_packages(dest: Path, names: set[str], skip: set[str]) -> dict[str, str]:
     """Symlink every installed distribution named in ``names`` (but not in ``skip``) into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    linked: Dict[str, str] = {}
+    linked: dict[str, str] = {}
     for dist in md.distributions():
         name = canonical_name(dist.metadata["Name"] or "")
         if name not in names or name in skip or name in linked:
@@ -87,7 +86,7 @@ def main() -> int:
     shutil.rmtree(work / "project", ignore_errors=True)
     pins = parse_wheel_list((ROOT / "scripts" / "gpu_wheels.txt").read_text())
     names = machine_package_names(ROOT / "scripts" / "gpu_machine_packages.txt")
-    report: Dict[str, object] = {"python": sys.version.split()[0], "numpy_stand_in": args.numpy}
+    report: dict[str, object] = {"python": sys.version.split()[0], "numpy_stand_in": args.numpy}
 
     linked = link_machine_packages(work / "machine", names, skip={"numpy"} | {n for n, _ in pins})
     report["machine_packages_linked"] = linked
@@ -103,11 +102,11 @@ def main() -> int:
     env["PYTHONPATH"] = os.pathsep.join(str(work / p) for p in ("project", "carried", "machine"))
     env["PYTHONUNBUFFERED"] = "1"
     python = [sys.executable, "-S"]  # no site-packages: only PYTHONPATH above
-    checks: List[Dict[str, object]] = []
+    checks: list[dict[str, object]] = []
 
-    def check(name: str, cmd: List[str], timeout_s: float) -> bool:
+    def check(name: str, cmd: list[str], timeout_s: float) -> bool:
         t0 = time.time()
-        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
         ok = result.returncode == 0
         checks.append({"check": name, "ok": ok, "seconds": round(time.time() - t0, 1),
                        "output_tail": tail(result.stdout + result.stderr, 2500 if not ok else 300)})

@@ -23,10 +23,10 @@ from distsplat_ns.balance.partition import (
 )
 
 __all__ = [
-    "Band",
-    "CostHistory",
     "DEFAULT_SNAP_TOLERANCE",
     "TILE_SIZE",
+    "Band",
+    "CostHistory",
     "band_pixel_rows",
     "equal_rows_partition",
     "footprint_row_costs",

@@ -10,8 +10,9 @@ partitioners live in ``partition.py``; this module holds what they and their cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 import torch
@@ -20,9 +21,9 @@ from distsplat_ns.utils.stats import max_over_mean
 from distsplat_ns.utils.validation import check_int
 
 __all__ = [
+    "TILE_SIZE",
     "ArrayLike",
     "Band",
-    "TILE_SIZE",
     "band_pixel_rows",
     "imbalance",
     "num_tile_rows",

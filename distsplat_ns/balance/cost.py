@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,6 @@ from torch import Tensor
 
 from distsplat_ns.balance.bands import ArrayLike
 from distsplat_ns.utils.validation import check_int
-
 
 __all__ = ["CostHistory", "footprint_row_costs"]
 
@@ -278,7 +277,7 @@ class CostHistory:
                 f"{len(counts)} in the saved cost history"
             )
         if tuple(counts) != self._row_counts:
-            camera = next(i for i, (a, b) in enumerate(zip(counts, self._row_counts)) if a != b)
+            camera = next(i for i, (a, b) in enumerate(zip(counts, self._row_counts, strict=False)) if a != b)
             raise ValueError(
                 f"row_counts[{camera}]: expected {self._row_counts[camera]} tile rows, got "
                 f"{counts[camera]} in the saved cost history"

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -75,9 +75,9 @@ from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.validation import check_int
 
 __all__ = [
-    "Band",
     "DEFAULT_SNAP_TOLERANCE",
     "TILE_SIZE",
+    "Band",
     "band_pixel_rows",
     "equal_rows_partition",
     "imbalance",

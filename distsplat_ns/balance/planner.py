@@ -13,8 +13,9 @@ Shape letters: B images in the batch, R ranks, T tile rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 import torch
 
@@ -59,10 +60,10 @@ class BalanceLog:
     measured_imbalance: list[float] = field(default_factory=list)
     prediction_error: list[float] = field(default_factory=list)
 
-    def summary(self, warmup_steps: int = 0) -> dict[str, Optional[float]]:
+    def summary(self, warmup_steps: int = 0) -> dict[str, float | None]:
         """Means and 95th percentiles over the steps after ``warmup_steps``."""
 
-        def stats(values: list[float]) -> tuple[Optional[float], Optional[float]]:
+        def stats(values: list[float]) -> tuple[float | None, float | None]:
             return mean_and_p95(values[warmup_steps:] if len(values) > warmup_steps else values)
 
         m_mean, m_p95 = stats(self.measured_imbalance)
@@ -222,7 +223,7 @@ class BandPlanner:
         # Relative error of the predicted share of each rank (costs of a camera's first step are
         # priors in other units, so shares, not absolute values, are what the cut relies on).
         pred_total = max(sum(plan.predicted_costs), 1e-12)
-        err = max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured)) if sum(measured) > 0 else 0.0
+        err = max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured, strict=False)) if sum(measured) > 0 else 0.0
         self.log.prediction_error.append(float(err))
         return measured_imb
 
@@ -243,7 +244,7 @@ class BandPlanner:
             hist = self.history(int(key))
             hist.load_state_dict(hist_state)
         for key, cams in state.get("with_prior", {}).items():
-            self._with_prior[int(key)] = set(int(c) for c in cams)
+            self._with_prior[int(key)] = {int(c) for c in cams}
         self._level = {int(d): float(v) for d, v in state.get("level", {}).items()}
         self._camera_level = {
             int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()

@@ -13,8 +13,6 @@ Shape letters: N Gaussians.
 
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 from torch import Tensor
 
@@ -26,7 +24,7 @@ MARGIN_PX = 1.0
 
 def footprint_tile_rows(
     means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """The tile rows ``[first, end)`` each Gaussian's footprint covers; ``end <= first`` for a
     Gaussian that covers no tile of the image (culled, or left/right/above/below of it).
 

@@ -27,20 +27,20 @@ import dataclasses
 import logging
 import os
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Literal, Optional, Tuple, Type, Union
+from typing import Literal
 
 import torch
-from torch.nn import Parameter
-from torch.utils.data import DataLoader
-
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.configs.dataparser_configs import AnnotatedDataParserUnion
 from nerfstudio.data.datamanagers.base_datamanager import DataManager, DataManagerConfig
 from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
+from torch.nn import Parameter
+from torch.utils.data import DataLoader
 
 from distsplat_ns.data import order, preflight
 from distsplat_ns.data.dataparse import DownscaledParse
@@ -72,7 +72,7 @@ def flag(field_name: str) -> str:
 class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """Configuration of ``ParallelFullImageDatamanager``."""
 
-    _target: Type = field(default_factory=lambda: ParallelFullImageDatamanager)
+    _target: type = field(default_factory=lambda: ParallelFullImageDatamanager)
     dataparser: AnnotatedDataParserUnion = field(default_factory=NerfstudioDataParserConfig)
     """Which dataparser reads the scene (nerfstudio-data, colmap, blender-data, ...)."""
     camera_res_scale_factor: float = 1.0
@@ -135,7 +135,7 @@ class ParallelFullImageDatamanager(DataManager):
     def __init__(
         self,
         config: ParallelFullImageDatamanagerConfig,
-        device: Union[torch.device, str] = "cpu",
+        device: torch.device | str = "cpu",
         test_mode: Literal["test", "val", "inference"] = "val",
         world_size: int = 1,
         local_rank: int = 0,
@@ -189,10 +189,10 @@ class ParallelFullImageDatamanager(DataManager):
         self.exclude_batch_keys_from_device = list(self.train_dataset.exclude_batch_keys_from_device)
         self.train_cameras = self.train_dataset.cameras
 
-        self._train_loader: Optional[ImageLoader] = None
-        self._eval_loader: Optional[ImageLoader] = None
-        self._reader: Optional[TrainBatchReader] = None
-        self._training: Optional[tuple[int, int, int, Optional[Assigner], Optional[Callable[[int], int]]]] = None
+        self._train_loader: ImageLoader | None = None
+        self._eval_loader: ImageLoader | None = None
+        self._reader: TrainBatchReader | None = None
+        self._training: tuple[int, int, int, Assigner | None, Callable[[int], int] | None] | None = None
         self._compat_mode = False
         self._logged_large_batch = False
         self._eval_rng = random.Random(seed)
@@ -288,8 +288,8 @@ class ParallelFullImageDatamanager(DataManager):
         rank: int,
         world_size: int,
         start_step: int = 0,
-        assigner: Optional[Assigner] = None,
-        downscale_at: Optional[Callable[[int], int]] = None,
+        assigner: Assigner | None = None,
+        downscale_at: Callable[[int], int] | None = None,
     ) -> None:
         """(Re)start the training stream: global batch size, this rank, the split, the first step.
 
@@ -375,7 +375,7 @@ class ParallelFullImageDatamanager(DataManager):
             assert self._reader is not None
         return self._reader.next_batch(step)
 
-    def get_images(self, camera_indices: List[int], step: Optional[int] = None) -> List[torch.Tensor]:
+    def get_images(self, camera_indices: list[int], step: int | None = None) -> list[torch.Tensor]:
         """Decode training images in this process (fallback for images the stream did not deliver).
 
         Args:
@@ -437,15 +437,15 @@ class ParallelFullImageDatamanager(DataManager):
         }
 
     # ------------------------------------------------------------------ nerfstudio interface
-    def _to_device_data(self, index: int, image: torch.Tensor, mask: Optional[torch.Tensor]) -> Dict:
+    def _to_device_data(self, index: int, image: torch.Tensor, mask: torch.Tensor | None) -> dict:
         # uint8 to the device: the model converts there (gt_image, splatfacto's get_gt_img), so the
         # host never runs a 1080p float conversion per image (it was 70% of the training process's CPU).
-        data: Dict = {"image_idx": index, "image": image.to(self.device)}
+        data: dict = {"image_idx": index, "image": image.to(self.device)}
         if mask is not None:
             data["mask"] = mask.to(self.device)
         return data
 
-    def next_train(self, step: int) -> Tuple[Cameras, Dict]:
+    def next_train(self, step: int) -> tuple[Cameras, dict]:
         """One training image per call, nerfstudio style (batch size 1, every rank the same images).
 
         Returns:
@@ -468,11 +468,11 @@ class ParallelFullImageDatamanager(DataManager):
         camera.metadata["cam_idx"] = index
         return camera, self._to_device_data(index, batch.images[0], batch.masks[0])
 
-    def next_eval(self, step: int) -> Tuple[Cameras, Dict]:
+    def next_eval(self, step: int) -> tuple[Cameras, dict]:
         """A random eval image (see ``next_eval_image``)."""
         return self.next_eval_image(step=step)
 
-    def next_eval_image(self, step: int) -> Tuple[Cameras, Dict]:
+    def next_eval_image(self, step: int) -> tuple[Cameras, dict]:
         """A random eval image, each once before any repeats (seeded), decoded in this process.
 
         Returns:
@@ -488,11 +488,11 @@ class ParallelFullImageDatamanager(DataManager):
         return camera, self._to_device_data(index, image, mask)
 
     @property
-    def fixed_indices_eval_dataloader(self) -> "EvalImages":
+    def fixed_indices_eval_dataloader(self) -> EvalImages:
         """Every eval image as ``(camera, data)``, decoded lazily by ``eval_num_workers`` workers."""
         return EvalImages(self)
 
-    def get_param_groups(self) -> Dict[str, List[Parameter]]:
+    def get_param_groups(self) -> dict[str, list[Parameter]]:
         """No trainable parameters."""
         return {}
 
@@ -520,7 +520,7 @@ class EvalImages:
     def __len__(self) -> int:
         return len(self.manager.eval_dataset)
 
-    def __iter__(self) -> Iterator[Tuple[Cameras, Dict]]:
+    def __iter__(self) -> Iterator[tuple[Cameras, dict]]:
         manager = self.manager
         dataset = IndexedImageDataset(manager._require_eval_loader(), list(range(len(self))))
         num_workers = min(manager.config.eval_num_workers, len(dataset))

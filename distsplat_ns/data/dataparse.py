@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from nerfstudio.data.dataparsers.base_dataparser import DataParser, DataparserOutputs
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
@@ -65,7 +65,7 @@ class DownscaledParse:
     def __init__(self, config: Any) -> None:
         self.config = config
         self.source_downscale = 1
-        self.missing_folder: Optional[str] = None
+        self.missing_folder: str | None = None
         self.dataparser: DataParser = config.setup()
         if not isinstance(config, (ColmapDataParserConfig, NerfstudioDataParserConfig)):
             return
@@ -92,7 +92,7 @@ class DownscaledParse:
         self.dataparser = full
         self.source_downscale = factor
         self.missing_folder = folder
-        self._train_outputs: Optional[DataparserOutputs] = full_train
+        self._train_outputs: DataparserOutputs | None = full_train
 
     @property
     def rounding_mode(self) -> str:
@@ -120,4 +120,4 @@ def parsed_size_hw(outputs: DataparserOutputs) -> list[tuple[int, int]]:
     """Each camera's ``(height, width)`` as the dataparser gives it (before ``camera_res_scale_factor``)."""
     heights = outputs.cameras.height.reshape(-1).tolist()
     widths = outputs.cameras.width.reshape(-1).tolist()
-    return [(int(h), int(w)) for h, w in zip(heights, widths)]
+    return [(int(h), int(w)) for h, w in zip(heights, widths, strict=False)]

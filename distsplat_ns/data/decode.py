@@ -15,7 +15,6 @@ Shape legend: ``H``, ``W``: pixels.
 from __future__ import annotations
 
 import io
-from typing import Optional
 
 import numpy as np
 import torch
@@ -80,7 +79,7 @@ def read_size_hw(data: memoryview | bytes) -> tuple[int, int]:
         return pil_image.size[1], pil_image.size[0]
 
 
-def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer: Optional[np.ndarray] = None) -> np.ndarray:
+def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer: np.ndarray | None = None) -> np.ndarray:
     """Decode one encoded image to RGB (or RGBA) uint8 pixels, for JPEGs at ``1 / scale`` in the DCT domain.
 
     JPEG goes through ``decoder``; any other format (PNG for Blender-style data, also when named
@@ -138,7 +137,7 @@ def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer:
     return decode_jpeg(encoded, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous().numpy()
 
 
-def decode_at_scale(data: memoryview | bytes, decoder: str, scale: int, buffer: Optional[np.ndarray] = None) -> tuple[np.ndarray, int]:
+def decode_at_scale(data: memoryview | bytes, decoder: str, scale: int, buffer: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """``decode_bytes`` at DCT scale ``1 / scale`` where the decoder can, and the scale it really used.
 
     Returns:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -59,11 +58,11 @@ class ImageSpec:
     height: int
     width: int
     scale_factor: float = 1.0
-    alpha_color: Optional[tuple[float, float, float]] = None
-    mask_color: Optional[tuple[float, float, float]] = None
-    undistort: Optional[UndistortSpec] = None
+    alpha_color: tuple[float, float, float] | None = None
+    mask_color: tuple[float, float, float] | None = None
+    undistort: UndistortSpec | None = None
     source_downscale: int = 1
-    parsed_size_hw: Optional[tuple[int, int]] = None
+    parsed_size_hw: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.source_downscale < 1:
@@ -96,9 +95,9 @@ def file_size_matches(spec: ImageSpec, file_hw: tuple[int, int]) -> bool:
     before ``scale_factor``: its size, or any rounding (floor, round, ceil: the dataparsers' options)
     of its size / ``spec.source_downscale`` when decoded at that scale."""
     if spec.parsed_size_hw is None:  # the file is the camera's size, then resized by scale_factor
-        return all(int(side * spec.scale_factor) == want for side, want in zip(file_hw, (spec.height, spec.width)))
+        return all(int(side * spec.scale_factor) == want for side, want in zip(file_hw, (spec.height, spec.width), strict=False))
     n = spec.source_downscale
-    return all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, spec.parsed_size_hw))
+    return all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, spec.parsed_size_hw, strict=False))
 
 
 def _composite_alpha(image: torch.Tensor, alpha_color: tuple[float, float, float]) -> torch.Tensor:
@@ -109,7 +108,7 @@ def _composite_alpha(image: torch.Tensor, alpha_color: tuple[float, float, float
     return torch.clamp(out, min=0, max=255).to(torch.uint8)
 
 
-def _load_mask(data: memoryview | bytes, scale_factor: float, base_size_hw: Optional[tuple[int, int]] = None) -> np.ndarray:
+def _load_mask(data: memoryview | bytes, scale_factor: float, base_size_hw: tuple[int, int] | None = None) -> np.ndarray:
     # Same as nerfstudio's get_image_mask_tensor_from_path; a mask file larger than its camera
     # (dataparser downscale without masks_N) is first resized with nearest neighbour, as nerfstudio
     # makes masks_N.
@@ -142,7 +141,7 @@ class ImageLoader:
         self,
         images: EncodedImageStore,
         specs: list[ImageSpec],
-        masks: Optional[EncodedImageStore] = None,
+        masks: EncodedImageStore | None = None,
         decoder: str = "simplejpeg",
     ) -> None:
         if len(specs) != len(images):
@@ -181,7 +180,7 @@ class ImageLoader:
             largest = max(largest, height * width * channels)
         return largest
 
-    def load(self, index: int, downscale: int = 1) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def load(self, index: int, downscale: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Decode and prepare image ``index`` (see ``load_array``) as tensors.
 
         Returns:
@@ -196,7 +195,7 @@ class ImageLoader:
         spec = self.specs[index]
         try:
             file_hw = read_size_hw(data)
-        except Exception as exc:  # noqa: BLE001 - every header error means a bad file here
+        except Exception as exc:
             raise UserError(
                 f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
             ) from exc
@@ -210,7 +209,7 @@ class ImageLoader:
         return file_hw
 
     def _decode_to(self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int],
-                   out: Optional[np.ndarray]) -> np.ndarray:
+                   out: np.ndarray | None) -> np.ndarray:
         """The file decoded and brought to ``size_hw`` = its size / ``factor`` (DCT scale, then box)."""
         scale = dct_scale(factor)
         file_hw = self._check_file_size(index, data) if factor > 1 or out is not None else None
@@ -218,7 +217,7 @@ class ImageLoader:
         direct = out is not None and file_hw is not None and (-(-file_hw[0] // scale), -(-file_hw[1] // scale)) == size_hw and scale == factor
         try:
             image, used = decode_at_scale(data, self.decoder, scale, out if direct else None)
-        except Exception as exc:  # noqa: BLE001 - every decoder error means a bad file here
+        except Exception as exc:
             raise UserError(
                 f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
             ) from exc
@@ -227,8 +226,8 @@ class ImageLoader:
         return fit_to_size(image, factor // used, size_hw)
 
     def load_array(
-        self, index: int, out: Optional[np.ndarray] = None, downscale: int = 1
-    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        self, index: int, out: np.ndarray | None = None, downscale: int = 1
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
 
         ``downscale`` is the step's render downscale (splatfacto's resolution schedule): the image
@@ -290,7 +289,7 @@ class ImageLoader:
                 mask = _load_mask(
                     self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None
                 )
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
             if mask.shape[:2] != (spec.height, spec.width):
                 raise UserError(
@@ -302,7 +301,7 @@ class ImageLoader:
                 fill = np.array([round(255 * c) for c in spec.mask_color], dtype=np.uint8)
                 image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
         if spec.undistort is not None:
-            x, y, w, h = spec.undistort.roi_xywh
+            _x, _y, w, h = spec.undistort.roi_xywh
             target = _view_of(out, (h, w, image.shape[2])) if late_downscale == 1 else None
             image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
         if late_downscale > 1:
@@ -315,7 +314,7 @@ class ImageLoader:
         return image, mask
 
 
-def _view_of(out: Optional[np.ndarray], shape: tuple[int, ...]) -> Optional[np.ndarray]:
+def _view_of(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
     """``out``'s first bytes as a C-contiguous array of ``shape``, or None when it is too small."""
     if out is None:
         return None

@@ -11,8 +11,6 @@ Shape legend: ``C``: cameras.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.datasets.base_dataset import InputDataset
@@ -22,7 +20,7 @@ from distsplat_ns.data.image_loader import ImageSpec
 from distsplat_ns.data.undistort import UndistortSpec, undistort_intrinsics
 
 
-def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
+def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
     """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
 
     Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
@@ -73,7 +71,7 @@ def undistort_cameras(cameras: Cameras) -> list[Optional[UndistortSpec]]:
 
 def image_specs(
     dataset: InputDataset,
-    undistort: list[Optional[UndistortSpec]],
+    undistort: list[UndistortSpec | None],
     heights: list[int],
     widths: list[int],
     source_downscale: int = 1,

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
@@ -76,7 +76,7 @@ def header_size_wh(path: str | Path) -> tuple[int, int]:
         raise UserError(f"image {path} has no readable image header: {type(exc).__name__}: {exc}") from exc
 
 
-def jpeg_end_offset(data: bytes) -> Optional[int]:
+def jpeg_end_offset(data: bytes) -> int | None:
     """Where the primary image of a JPEG file ends: the offset just past its end-of-image marker.
 
     Walks the marker segments from the start-of-image by their lengths to the first start-of-scan
@@ -138,7 +138,7 @@ def jpeg_is_complete(path: str | Path) -> bool:
 def check_image_headers(
     image_paths: Sequence[str | Path],
     specs: Sequence[ImageSpec],
-    mask_paths: Optional[Sequence[str | Path]] = None,
+    mask_paths: Sequence[str | Path] | None = None,
     what: str = "image",
     truncated_ok: bool = False,
 ) -> None:
@@ -158,7 +158,7 @@ def check_image_headers(
     """
     if len(specs) != len(image_paths):
         raise ValueError(f"specs must have one entry per image ({len(image_paths)}), got {len(specs)}")
-    for index, (path, spec) in enumerate(zip(image_paths, specs)):
+    for index, (path, spec) in enumerate(zip(image_paths, specs, strict=False)):
         size_wh = header_size_wh(path)
         if not file_size_matches(spec, (size_wh[1], size_wh[0])):
             expected = f"{spec.width}x{spec.height}"

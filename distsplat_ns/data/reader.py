@@ -12,8 +12,8 @@ Shape legend: ``H``, ``W``: pixels.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -41,7 +41,7 @@ class TrainBatch:
     camera_indices: list[int]
     positions: list[int]
     images: list[torch.Tensor]
-    masks: list[Optional[torch.Tensor]]
+    masks: list[torch.Tensor | None]
     wait_s: float = 0.0
     skipped_indices: list[int] = field(default_factory=list)
 
@@ -67,7 +67,7 @@ def make_stream_loader(
     return DataLoader(stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers, start_method, prefetch_batches))
 
 
-def _copy_out_slots(part: StepPart, slots: Optional[DecodeSlots]) -> None:
+def _copy_out_slots(part: StepPart, slots: DecodeSlots | None) -> None:
     refs = [i for i, image in enumerate(part.images) if isinstance(image, SlotRef)]
     if not refs:
         return
@@ -88,7 +88,7 @@ def _copy_out_slots(part: StepPart, slots: Optional[DecodeSlots]) -> None:
     check()  # the pixels did not change while being copied
 
 
-def merge_parts(step: int, parts: list[StepPart], slots: Optional[DecodeSlots] = None) -> TrainBatch:
+def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = None) -> TrainBatch:
     """Join the workers' parts of one step into a ``TrainBatch`` ordered by batch position.
 
     Pixels left in decode slots are copied out into tensors the caller owns.
@@ -106,7 +106,7 @@ def merge_parts(step: int, parts: list[StepPart], slots: Optional[DecodeSlots] =
         (
             (p, i, img, m)
             for part in parts
-            for p, i, img, m in zip(part.positions, part.camera_indices, part.images, part.masks)
+            for p, i, img, m in zip(part.positions, part.camera_indices, part.images, part.masks, strict=False)
         ),
         key=lambda item: item[0],
     )
@@ -145,7 +145,7 @@ class TrainBatchReader:
         self.decode_s = 0.0
         self.wait_s = 0.0
         self.skipped_indices: list[int] = []
-        self.slots: Optional[DecodeSlots] = None
+        self.slots: DecodeSlots | None = None
         if num_workers > 0:
             # More parts than the DataLoader can have in flight per worker (prefetch_batches),
             # plus the one being consumed and one of margin.
@@ -154,7 +154,7 @@ class TrainBatchReader:
             )
         stream.slots = self.slots
         self._dataloader = make_stream_loader(stream, num_workers, prefetch_batches, start_method)
-        self._iterator: Optional[Iterator[StepPart]] = iter(self._dataloader)
+        self._iterator: Iterator[StepPart] | None = iter(self._dataloader)
 
     def next_batch(self, step: int) -> TrainBatch:
         """The batch of ``step``, which must be the reader's next step.

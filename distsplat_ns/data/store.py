@@ -35,9 +35,9 @@ import multiprocessing
 import os
 import threading
 import weakref
+from collections.abc import Sequence
 from multiprocessing import reduction
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

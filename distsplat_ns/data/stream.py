@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -56,11 +57,11 @@ class StepPart:
     positions: list[int]
     camera_indices: list[int]
     images: list  # torch.Tensor, or SlotRef for pixels left in a decode slot
-    masks: list[Optional[torch.Tensor]]
+    masks: list[torch.Tensor | None]
     skipped_indices: list[int]
     decode_s: float
     slot_index: int = -1
-    failure: Optional[WorkerFailure] = None
+    failure: WorkerFailure | None = None
 
 
 def worker_positions(positions: list[int], step: int, worker_id: int, num_workers: int) -> list[int]:
@@ -99,10 +100,10 @@ class ImageBatchStream(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start_step: int = 0,
-        assigner: Optional[Assigner] = None,
+        assigner: Assigner | None = None,
         skip_corrupt_images: bool = False,
-        num_steps: Optional[int] = None,
-        downscale_at: Optional[Callable[[int], int]] = None,
+        num_steps: int | None = None,
+        downscale_at: Callable[[int], int] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -121,7 +122,7 @@ class ImageBatchStream(IterableDataset):
         self.skip_corrupt_images = skip_corrupt_images
         self.num_steps = num_steps
         self.downscale_at = downscale_at
-        self.slots: Optional[DecodeSlots] = None
+        self.slots: DecodeSlots | None = None
 
     def downscale(self, step: int) -> int:
         """The render downscale of ``step`` (1 without a schedule)."""
@@ -210,7 +211,7 @@ class IndexedImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, Optional[torch.Tensor]] | WorkerFailure:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor | None] | WorkerFailure:
         index = self.indices[i]
         try:
             image, mask = self.loader.load(index)

@@ -23,8 +23,9 @@ Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -85,7 +86,7 @@ def undistort_intrinsics(
     widths: np.ndarray,
     heights: np.ndarray,
     distortion: np.ndarray,
-) -> list[Optional[Undistortion]]:
+) -> list[Undistortion | None]:
     """The undistortion of each camera, computed from K and the image size alone (no decoding).
 
     Computed once per distinct camera (model, intrinsics, size and distortion alike).
@@ -110,7 +111,7 @@ def undistort_intrinsics(
     for name, values in (("fx", fx), ("fy", fy), ("cx", cx), ("cy", cy), ("widths", widths), ("heights", heights), ("distortion", distortion)):
         if len(values) != num_cameras:
             raise ValueError(f"{name} must have one entry per camera ({num_cameras}), got {len(values)}")
-    results: list[Optional[Undistortion]] = [None] * num_cameras
+    results: list[Undistortion | None] = [None] * num_cameras
     cache: dict[tuple, Undistortion] = {}
     for i in range(num_cameras):
         params = distortion[i]
@@ -123,7 +124,7 @@ def undistort_intrinsics(
     return results
 
 
-def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:  # noqa: ANN001
+def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
     camera_model, fx, fy, cx, cy, width, height, _ = key
     # float32, like Cameras.get_intrinsics_matrices().numpy() in nerfstudio.
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
@@ -211,11 +212,11 @@ class MapCache:
 
 def undistort(
     image: np.ndarray,
-    mask: Optional[np.ndarray],
+    mask: np.ndarray | None,
     spec: UndistortSpec,
     cache: MapCache,
-    out: Optional[np.ndarray] = None,
-) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Undistort and crop an image and its mask, as nerfstudio's ``_undistort_image`` does.
 
     Args:

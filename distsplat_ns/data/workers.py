@@ -36,7 +36,6 @@ import select
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import torch.utils.data  # noqa: F401 - imported before _kill_workers_at_exit is registered (its docstring)
 
@@ -124,7 +123,7 @@ def exit_with_owner(owner_pid: int, worker_id: int = 0) -> None:
     del worker_id
     ignore_stop_signals()  # the rank, not its workers, handles a stop (utils/signals.py)
     try:
-        pidfd: Optional[int] = os.pidfd_open(owner_pid)
+        pidfd: int | None = os.pidfd_open(owner_pid)
     except ProcessLookupError:
         os._exit(1)
     except (AttributeError, OSError):
@@ -147,7 +146,7 @@ def exit_with_owner(owner_pid: int, worker_id: int = 0) -> None:
     threading.Thread(target=wait_then_exit, name="exit with owner", daemon=True).start()
 
 
-def worker_kwargs(num_workers: int, start_method: str = WORKER_START_METHOD, prefetch_batches: Optional[int] = None) -> dict:
+def worker_kwargs(num_workers: int, start_method: str = WORKER_START_METHOD, prefetch_batches: int | None = None) -> dict:
     """DataLoader keyword arguments for ``num_workers`` workers: start method, owner watch, prefetch."""
     if num_workers == 0:
         return {}

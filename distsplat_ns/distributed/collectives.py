@@ -8,8 +8,9 @@ order, with tensors of the same shape and dtype (see each **Collective** paragra
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -322,7 +323,7 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor) -> list[torch.Tensor
     padded[: staged.shape[0]] = staged
     out = [torch.empty_like(padded) for _ in range(ctx.world_size)]
     dist.all_gather(out, padded)
-    return [o[:c].to(tensor.device) for o, c in zip(out, counts)]
+    return [o[:c].to(tensor.device) for o, c in zip(out, counts, strict=False)]
 
 
 def all_to_all_counts(ctx: DistContext, counts: Sequence[int]) -> list[int]:
@@ -384,4 +385,4 @@ def gather_rows(ctx: DistContext, tensor: torch.Tensor, dst: int = 0) -> list[to
     dist.gather(padded, out, dst=dst)
     if out is None:
         return None
-    return [o[:c].to(tensor.device) for o, c in zip(out, counts)]
+    return [o[:c].to(tensor.device) for o, c in zip(out, counts, strict=False)]

@@ -142,7 +142,7 @@ def init_distributed(
         device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
-        local_world = _env_int("LOCAL_WORLD_SIZE") or (world_size if world_size > 1 else 1)
+        local_world = _env_int("LOCAL_WORLD_SIZE") or (max(1, world_size))
         if local_world > 1:
             # CPU ranks on one host share its cores; torch's default of one thread per core in every
             # rank oversubscribes them (measured 10x slower renders on 2 busy cores, docs/rendering.md).

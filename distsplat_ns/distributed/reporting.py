@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from distsplat_ns.distributed.collectives import NonFiniteGradientError, ReplicaDriftError
 from distsplat_ns.distributed.context import DistContext
@@ -23,7 +22,7 @@ REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError,
                    NonFiniteGradientError, ReplicaDriftError)
 
 
-def report_user_errors(method):  # noqa: ANN001, ANN202
+def report_user_errors(method):
     """Report bad input and run failures as their whole message and a non-zero exit.
 
     When every rank fails with the same message, rank 0 alone prints it; a rank whose message
@@ -33,7 +32,7 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
     """
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):  # noqa: ANN001, ANN202
+    def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
         except BaseException as err:
@@ -54,7 +53,7 @@ def report_user_errors(method):  # noqa: ANN001, ANN202
     return wrapper
 
 
-def remove_unused_run_dir(base_dir: Optional[Path]) -> None:
+def remove_unused_run_dir(base_dir: Path | None) -> None:
     """Remove ``base_dir`` when it holds nothing but ``config.yml`` (ns-train writes it before the
     trainer starts): a run that failed before doing anything leaves no empty run folder."""
     if base_dir is not None and base_dir.is_dir() and {p.name for p in base_dir.iterdir()} <= {"config.yml"}:

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -74,7 +74,7 @@ class _RowSavePlanner(DefaultSavePlanner):
         self.num_rows_total = num_rows_total
 
     def create_local_plan(self) -> SavePlan:
-        items: List[WriteItem] = []
+        items: list[WriteItem] = []
         for fqn, obj in self.state_dict.items():
             if fqn.startswith(ROWS_PREFIX):
                 if obj.shape[0] == 0:
@@ -97,7 +97,7 @@ class _RowSavePlanner(DefaultSavePlanner):
     def lookup_object(self, index: MetadataIndex) -> object:
         return self.state_dict[index.fqn]  # a row key is a plain tensor standing for its chunk
 
-    def transform_object(self, write_item: WriteItem, object: object):  # noqa: A002 -- DCP's name
+    def transform_object(self, write_item: WriteItem, object: object):
         if write_item.type == WriteItemType.BYTE_IO:
             return io.BytesIO(bytes(object))  # the caller's bytes as they are (no second pickle)
         return object
@@ -113,7 +113,7 @@ class _RowLoadPlanner(DefaultLoadPlanner):
 
     def create_local_plan(self) -> LoadPlan:
         assert self.metadata is not None
-        items: List[ReadItem] = []
+        items: list[ReadItem] = []
         for fqn, obj in self.state_dict.items():
             md = self.metadata.state_dict_metadata.get(fqn)
             if fqn.startswith(ROWS_PREFIX):
@@ -132,7 +132,7 @@ class _RowLoadPlanner(DefaultLoadPlanner):
         self.state_dict[read_item.dest_index.fqn] = value.read()
 
 
-def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], blob: Optional[bytes]) -> int:
+def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], blob: bytes | None) -> int:
     """Write this rank's rows of every row key, and rank 0's ``blob``, as one DCP checkpoint in
     ``folder`` (one ``__<rank>_0.distcp`` file per rank, fsynced, and DCP's ``.metadata``).
 
@@ -160,7 +160,7 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
     num = int(next(iter(rows.values())).shape[0]) if rows else 0
     counts = all_gather_counts(ctx, num)
     offset = sum(counts[: ctx.rank])
-    state: Dict[str, object] = {ROWS_PREFIX + k: v.detach() for k, v in rows.items()}
+    state: dict[str, object] = {ROWS_PREFIX + k: v.detach() for k, v in rows.items()}
     state[BLOB_KEY] = blob if ctx.is_main and blob is not None else b""
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, single_file_per_rank=True)
     try:
@@ -171,7 +171,7 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
     return sum(t.numel() * t.element_size() for t in rows.values())
 
 
-def read_row_layout(folder: Path) -> Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]:
+def read_row_layout(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """Each row key's dtype and global shape `[sum(N), ...]`, from DCP's metadata. Local (a file read)."""
     metadata: Metadata = dcp.FileSystemReader(str(folder)).read_metadata()
     out = {}
@@ -182,8 +182,8 @@ def read_row_layout(folder: Path) -> Dict[str, Tuple[torch.dtype, Tuple[int, ...
 
 
 def load_rows(
-    ctx: Optional[DistContext], folder: Path, keys: Sequence[str], row_range: Tuple[int, int]
-) -> Tuple[Dict[str, torch.Tensor], bytes]:
+    ctx: DistContext | None, folder: Path, keys: Sequence[str], row_range: tuple[int, int]
+) -> tuple[dict[str, torch.Tensor], bytes]:
     """Rows ``[lo, hi)`` of each global row tensor in ``keys``, and the blob, from ``folder``.
 
     Args:
@@ -198,7 +198,7 @@ def load_rows(
     """
     layout = read_row_layout(folder)
     lo, hi = row_range
-    state: Dict[str, object] = {}
+    state: dict[str, object] = {}
     for key in keys:
         dtype, shape = layout[key]
         if not 0 <= lo <= hi <= shape[0]:

@@ -18,12 +18,12 @@ Shape letters: h rows a band rendered (own rows plus halo), W pixels per row.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-HaloMessage = Tuple[int, int, torch.Tensor]
+HaloMessage = tuple[int, int, torch.Tensor]
 """(batch position, first image row (px), loss gradient of the rendered rows from there) `[h, W, 3]`."""
 
 
@@ -68,7 +68,7 @@ def link_pixels(pred: torch.Tensor, position: int, first_row_px: int, end_row_px
 def backward_bands(
     loss: torch.Tensor,
     links: Sequence[PixelLink],
-    exchange: Callable[[List[HaloMessage]], List[List[HaloMessage]]],
+    exchange: Callable[[list[HaloMessage]], list[list[HaloMessage]]],
     anchors: Sequence[torch.Tensor] = (),
 ) -> None:
     """Phase 2: backpropagate a rank's band loss with exact per-pixel gradients.
@@ -89,7 +89,7 @@ def backward_bands(
     """
     if loss.requires_grad:
         loss.backward()
-    outgoing: List[HaloMessage] = []
+    outgoing: list[HaloMessage] = []
     for link in links:
         own = link.num_rows_px
         if link.leaf.shape[0] > own and link.leaf.grad is not None:

@@ -10,8 +10,9 @@ Shape letters: N Gaussians, C cameras rendered by this rank, B images in the glo
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, Iterator, List, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -24,11 +25,11 @@ from distsplat_ns.utils.cameras import downscaled_px
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
-StatisticsProjection = Tuple[List[int], torch.Tensor, torch.Tensor]
+StatisticsProjection = tuple[list[int], torch.Tensor, torch.Tensor]
 """``(batch positions [C], means2d [C, N, 2], radii [C, N])`` of one projection call of this
 rank's own Gaussians: after backward ``means2d.grad``/``.absgrad`` hold its screen-space gradients."""
 
-RenderGroup = Tuple[int, Projection, List[List[Band]]]
+RenderGroup = tuple[int, Projection, list[list[Band]]]
 """``(first, projection, raster_calls)``: the projection covers the cameras
 ``positions[first : first + projection.num_cameras]``; each raster call holds one band per camera."""
 
@@ -48,7 +49,7 @@ class RenderInputs:
 
     viewmats: torch.Tensor
     Ks: torch.Tensor
-    sizes_px: List[Tuple[int, int]]
+    sizes_px: list[tuple[int, int]]
 
     @property
     def width(self) -> int:
@@ -60,7 +61,7 @@ class RenderInputs:
         """The rendered height, where every camera shares one size (``ValueError`` otherwise)."""
         return self._shared_size()[1]
 
-    def _shared_size(self) -> Tuple[int, int]:
+    def _shared_size(self) -> tuple[int, int]:
         if len(set(self.sizes_px)) != 1:
             raise ValueError(f"cameras rendered in one call must share width and height, got (width, height) {sorted(set(self.sizes_px))}")
         return self.sizes_px[0]
@@ -76,8 +77,8 @@ class ProjectionSource(Protocol):
             source whose backward is a collective names its output here.
     """
 
-    calls: List[StatisticsProjection]
-    anchors: Tuple[torch.Tensor, ...]
+    calls: list[StatisticsProjection]
+    anchors: tuple[torch.Tensor, ...]
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
@@ -91,8 +92,8 @@ class OwnProjections:
     """This rank's own Gaussians projected into the cameras it renders (``render_calls``'s
     grouping). ``calls`` collects the projections made, for the densification statistics."""
 
-    calls: List[StatisticsProjection] = field(default_factory=list)
-    anchors: Tuple[torch.Tensor, ...] = ()
+    calls: list[StatisticsProjection] = field(default_factory=list)
+    anchors: tuple[torch.Tensor, ...] = ()
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
@@ -139,25 +140,25 @@ class BandRenderResult:
     loss: torch.Tensor
     l1: torch.Tensor
     dssim: torch.Tensor
-    projections: List[StatisticsProjection] = field(default_factory=list)
-    band_tile_counts: List[Tuple[Band, torch.Tensor]] = field(default_factory=list)
-    pixel_links: List[PixelLink] = field(default_factory=list)
+    projections: list[StatisticsProjection] = field(default_factory=list)
+    band_tile_counts: list[tuple[Band, torch.Tensor]] = field(default_factory=list)
+    pixel_links: list[PixelLink] = field(default_factory=list)
 
 
-def rendered_sizes_px(cameras: Cameras, downscale: int) -> List[Tuple[int, int]]:
+def rendered_sizes_px(cameras: Cameras, downscale: int) -> list[tuple[int, int]]:
     """Each camera's rendered ``(width, height)`` at ``downscale`` (``utils/cameras.downscaled_px``).
 
     **Host sync:** only for device-side cameras (training passes host-side ones).
     """
     return [
         (downscaled_px(w, downscale), downscaled_px(h, downscale))
-        for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist())
+        for w, h in zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist(), strict=False)
     ]
 
 
 def render_calls(
-    bands: Sequence[Band], positions: List[int], sizes_px: Sequence[Tuple[int, int]]
-) -> List[Tuple[int, int, List[List[Band]]]]:
+    bands: Sequence[Band], positions: list[int], sizes_px: Sequence[tuple[int, int]]
+) -> list[tuple[int, int, list[list[Band]]]]:
     """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
 
     A projection call projects the cameras ``positions[first:stop]``; each of its raster calls
@@ -171,7 +172,7 @@ def render_calls(
         ValueError: A band of a position not in ``positions``, or one past the image's bottom.
     """
     local = {p: i for i, p in enumerate(positions)}
-    by_camera: Dict[int, List[Band]] = {}
+    by_camera: dict[int, list[Band]] = {}
     for band in bands:
         if band.position not in local:
             raise ValueError(f"band {band} refers to batch position {band.position}, which this rank was not given")

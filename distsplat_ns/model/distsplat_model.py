@@ -19,8 +19,9 @@ H/W pixels, K SH bases.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Any, Literal
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -68,7 +69,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     densification happens (Grendel-GS's convention; at B = 1 they equal splatfacto's steps).
     """
 
-    _target: Type = field(default_factory=lambda: DistSplatModel)
+    _target: type = field(default_factory=lambda: DistSplatModel)
     rendering_backend: Literal["auto", "gsplat", "reference"] = "auto"
     """Rasterizer: "auto" runs gsplat's CUDA kernels on CUDA tensors and the pure-PyTorch reference on CPU."""
     lpips: Literal["auto", "off"] = "auto"
@@ -152,7 +153,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         self.strategy_state["gauss_ids"] = torch.arange(num_initial, dtype=torch.int64)
         self.next_gauss_id: int = num_initial
         # The whole model, on rank 0 of a sharded run, for eval and the viewer (set_full_view).
-        self.full_view: Optional[Dict[str, torch.Tensor]] = None
+        self.full_view: dict[str, torch.Tensor] | None = None
         if self.config.param_dtype == "float64":
             self.gauss_params.to(torch.float64)
 
@@ -171,7 +172,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         return self.means.dtype
 
     # ------------------------------------------------------------------ checkpoint state
-    def get_extra_state(self) -> Dict[str, Any]:
+    def get_extra_state(self) -> dict[str, Any]:
         """Densification statistics, so a resumed run refines exactly as an uninterrupted one."""
         state = {}
         for key in ("grad2d", "count", "radii"):
@@ -212,12 +213,12 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
     def _get_downscale_factor(self) -> int:
         return self.downscale_factor_at(self.step) if self.training else 1
 
-    def sh_degree_at(self, step: int) -> Optional[int]:
+    def sh_degree_at(self, step: int) -> int | None:
         if self.config.sh_degree == 0:
             return None
         return min(self.images_seen(step) // self.config.sh_degree_interval, self.config.sh_degree)
 
-    def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes) -> List[TrainingCallback]:
+    def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes) -> list[TrainingCallback]:
         # Densification is driven by the pipeline after the gradient reduction (``refine``), not
         # by a callback reading state a forward pass left on ``self``.
         return [
@@ -229,7 +230,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         ]
 
     # ------------------------------------------------------------------ rendering helpers
-    def _activated(self, raw: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+    def _activated(self, raw: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Rendering inputs from ``raw`` parameters (``gauss_params`` names; this model's own when None)."""
         raw = self.gauss_params if raw is None else raw
         colors = torch.cat((raw["features_dc"][:, None, :], raw["features_rest"]), dim=1)
@@ -243,7 +244,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             "colors": colors,
         }
 
-    def set_full_view(self, params: Optional[Dict[str, torch.Tensor]]) -> None:
+    def set_full_view(self, params: dict[str, torch.Tensor] | None) -> None:
         """Render eval and viewer images from ``params``, the whole model's raw parameters gathered
         from every shard (``DistSplatPipeline.refresh_full_view``), instead of this rank's shard;
         None goes back to the model's own Gaussians. Training never reads it."""
@@ -278,7 +279,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         Ks[:, :2, :] /= downscale
         return RenderInputs(viewmats, Ks, sizes)
 
-    def project_cameras(self, cameras: Cameras, step: int) -> List[Tuple[List[int], Projection]]:
+    def project_cameras(self, cameras: Cameras, step: int) -> list[tuple[list[int], Projection]]:
         """This model's Gaussians projected into every camera of ``cameras`` at ``step``'s
         resolution, as ``(camera indices, projection)`` calls: one call when the cameras share a
         rendered size, otherwise one per camera. ``means2d`` retains its gradient.
@@ -306,7 +307,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
         )
 
-    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
+    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: tuple[int, int]) -> torch.Tensor:
         """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.
 
         Args:
@@ -327,11 +328,11 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         cameras: Cameras,
         positions: Sequence[int],
         images: Sequence[torch.Tensor],
-        masks: Sequence[Optional[torch.Tensor]],
+        masks: Sequence[torch.Tensor | None],
         bands: Sequence[Band],
         step: int,
         regularizers: RegularizerShare,
-        source: Optional[ProjectionSource] = None,
+        source: ProjectionSource | None = None,
     ) -> BandRenderResult:
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
@@ -392,18 +393,18 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
     def _ground_truths(
         self,
         images: Sequence[torch.Tensor],
-        masks: Sequence[Optional[torch.Tensor]],
+        masks: Sequence[torch.Tensor | None],
         backgrounds: Sequence[torch.Tensor],
         downscale: int,
-        sizes_px: Sequence[Tuple[int, int]],
-    ) -> Tuple[List[torch.Tensor], List[Optional[torch.Tensor]]]:
+        sizes_px: Sequence[tuple[int, int]],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """Each image and mask at its camera's rendered ``(width, height)``, composited.
 
         Raises:
             ValueError: an image does not match its camera's size.
         """
         gts, gt_masks = [], []
-        for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px):
+        for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px, strict=False):
             gt = self.gt_image(img, bg, downscale, (height, width))
             if gt.shape[0] != height or gt.shape[1] != width:
                 raise ValueError(
@@ -414,7 +415,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             gt_masks.append(None if mask is None else self._downscale_mask(mask, downscale, (height, width)))
         return gts, gt_masks
 
-    def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: Tuple[int, int]) -> torch.Tensor:
+    def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: tuple[int, int]) -> torch.Tensor:
         mask = mask.to(self.device, self.compute_dtype)
         if downscale > 1 and tuple(mask.shape[:2]) != tuple(size_px):
             mask = resize_image(mask, downscale).to(self.compute_dtype)
@@ -425,12 +426,12 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         colors: torch.Tensor,
         alphas: torch.Tensor,
         gt: torch.Tensor,
-        mask: Optional[torch.Tensor],
+        mask: torch.Tensor | None,
         background: torch.Tensor,
         band: Band,
         height: int,
-        links: List[PixelLink],
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        links: list[PixelLink],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         first, end = band.first_row_px, band.end_row_px(height)
         halo_end = halo_end_row(end, height)
         rows = halo_end - first
@@ -455,7 +456,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
             total = total + 0.1 * (excess.sum() / max(share.num_gaussians_total, 1))
         if share.camera_penalty and self.training:
-            extra: Dict[str, torch.Tensor] = {}
+            extra: dict[str, torch.Tensor] = {}
             self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():
                 total = total + value
@@ -463,7 +464,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
 
     # ------------------------------------------------------------------ densification
     def refine(
-        self, step: int, optimizers: Dict[str, torch.optim.Optimizer], info: Dict[str, Any], gather_ids: IdGather = gather_local
+        self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local
     ) -> None:
         """Run the densification strategy (``model/strategy.py``) on statistics of the whole batch.
 

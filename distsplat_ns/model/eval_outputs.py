@@ -6,7 +6,7 @@ A mixin of ``DistSplatModel`` (``model/distsplat_model.py``), ahead of splatfact
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
@@ -22,7 +22,7 @@ class EvalOutputs:
     """``get_outputs`` and the eval metrics of ``DistSplatModel`` (its attributes: ``full_view``,
     ``gauss_params``, ``config``, ``render_inputs``, ...)."""
 
-    def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
+    def get_outputs(self, camera: Cameras) -> dict[str, torch.Tensor | list]:
         """Render one whole camera for eval, export and the viewer. Never enters a collective: in
         sharded training it renders the full view the pipeline gathered (``set_full_view``)."""
         if not isinstance(camera, Cameras):
@@ -85,8 +85,8 @@ class EvalOutputs:
         return self._lpips if self._lpips_state == "ready" else None
 
     def get_image_metrics_and_images(
-        self, outputs: Dict[str, torch.Tensor], batch: Dict[str, torch.Tensor]
-    ) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+        self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
         predicted_rgb = outputs["rgb"]
         combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)

@@ -5,14 +5,14 @@ Shape letters: N Gaussians, K SH bases.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from nerfstudio.models.splatfacto import RGB2SH, SplatfactoModelConfig, num_sh_bases, random_quat_tensor
 
 
-def unique_seed_points(seed_points: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def unique_seed_points(seed_points: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The point cloud with each repeated position kept once: its first occurrence, in order.
 
     Two Gaussians seeded at one position have equal depths, so which one is in front depends on
@@ -45,8 +45,8 @@ def first_occurrences(rows: torch.Tensor) -> torch.Tensor:
 
 def initial_gaussians(
     config: SplatfactoModelConfig,
-    seed_points: Optional[Tuple[torch.Tensor, torch.Tensor]],
-    k_nearest: Callable[[torch.Tensor, int], Tuple[np.ndarray, np.ndarray]],
+    seed_points: tuple[torch.Tensor, torch.Tensor] | None,
+    k_nearest: Callable[[torch.Tensor, int], tuple[np.ndarray, np.ndarray]],
 ) -> torch.nn.ParameterDict:
     """Splatfacto's initial Gaussians (same draws from the global generator, same order).
 

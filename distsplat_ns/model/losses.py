@@ -11,8 +11,6 @@ Shape letters: H, W pixels; D channels.
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
-
 import torch
 import torch.nn.functional as F
 
@@ -22,7 +20,7 @@ _SSIM_SIGMA = 1.5
 _K1, _K2 = 0.01, 0.03
 
 
-_WINDOWS: Dict[Tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_WINDOWS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def _gauss_window(device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -126,7 +126,7 @@ def mcmc_schedule_in_steps(*, warmup_images: int, stop_split_images: int, refine
 
 
 # ---------------------------------------------------------------------- relocation (Eq. 9)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _eq9_coefficients() -> torch.Tensor:
     """``a[n, k] = (-1)^k C(n, k+1) / sqrt(k+1)`` for n <= 51 (0 for k >= n). `[52, 51]`, float64.
 
@@ -185,10 +185,10 @@ class MCMCEvent(NamedTuple):
 
 def _rewrite_rows(
     params: Any,
-    optimizers: Dict[str, torch.optim.Optimizer],
-    state: Dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
     *,
-    keep: Optional[torch.Tensor],
+    keep: torch.Tensor | None,
     source_rows: torch.Tensor,
     new_opacity_logits: torch.Tensor,
     new_log_scales: torch.Tensor,
@@ -240,8 +240,8 @@ def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min
 
 
 def _apply_draws(
-    params: Any, optimizers: Dict[str, torch.optim.Optimizer], state: Dict[str, Any], draws: Draws, first_id: int,
-    min_opacity: float, dead_here: Optional[torch.Tensor],
+    params: Any, optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any], draws: Draws, first_id: int,
+    min_opacity: float, dead_here: torch.Tensor | None,
 ) -> torch.Tensor:
     """Act on the draws whose source this rank holds; returns the distinct sources' ids held here."""
     held, rows = rows_of(state["gauss_ids"], draws.source_ids)
@@ -258,8 +258,8 @@ def _apply_draws(
 @torch.no_grad()
 def mcmc_event(
     params: Any,
-    optimizers: Dict[str, torch.optim.Optimizer],
-    state: Dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
     *,
     step: int,
     seed: int,
@@ -405,14 +405,14 @@ class MCMCStep(NamedTuple):
     """What ``mcmc_step_post_backward`` did."""
 
     next_id: int
-    event: Optional[MCMCEvent]
+    event: MCMCEvent | None
     """None on steps without an event."""
 
 
 def mcmc_step_post_backward(
     params: Any,
-    optimizers: Dict[str, torch.optim.Optimizer],
-    state: Dict[str, Any],
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
     *,
     step: int,
     seed: int,

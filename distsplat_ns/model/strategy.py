@@ -15,8 +15,9 @@ Shape letters: ``N`` Gaussians held here, ``R`` ranks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, List, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,7 +27,7 @@ from distsplat_ns.utils.steps import images_to_steps
 
 logger = get_logger(__name__)
 
-IdGather = Callable[[torch.Tensor], List[torch.Tensor]]
+IdGather = Callable[[torch.Tensor], list[torch.Tensor]]
 """Every rank's rows of a tensor, by rank: ``lambda t: [t]`` where one process (or every replica)
 holds all Gaussians, ``functools.partial(all_gather_rows, ctx)`` where each rank holds a shard."""
 
@@ -66,7 +67,7 @@ class KeyedGrowth:
     so the strategy keeps gsplat's signature."""
 
     seed: int
-    allocate: Callable[[torch.Tensor, torch.Tensor], "ChildIds"]
+    allocate: Callable[[torch.Tensor, torch.Tensor], ChildIds]
 
 
 #: Strategy-state key of the :class:`KeyedGrowth` of the current call (never saved: not a tensor).
@@ -123,12 +124,12 @@ def build_default_strategy(
     from gsplat.strategy.ops import reset_opa
 
     class BatchDefaultStrategy(DefaultStrategy):
-        def _update_state(self, params, state, info, packed=False):  # noqa: ANN001, ANN202
+        def _update_state(self, params, state, info, packed=False):
             if packed:
                 raise ValueError("distsplat renders with packed=False only")
             update_batch_statistics(self, params, state, info)
 
-        def step_post_backward(self, params, optimizers, state, step, info, packed=False):  # noqa: ANN001, ANN202
+        def step_post_backward(self, params, optimizers, state, step, info, packed=False):
             # gsplat 1.4.0's signature and schedule (grows_at), with the grow/prune of this module;
             # the seed and id allocator come in state[KEYED_GROWTH_KEY].
             if step >= self.refine_stop_iter:

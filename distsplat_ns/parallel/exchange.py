@@ -25,8 +25,9 @@ Gaussians of this rank's shard.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager, Dict, Iterator, List, Sequence, Tuple
+from typing import ContextManager
 
 import torch
 from torch import Tensor
@@ -58,7 +59,7 @@ def exchange_grad_bytes(item_bytes: int) -> int:
     return NUM_GRAD_COLUMNS * item_bytes
 
 
-ProjectionCall = Tuple[List[int], Projection]
+ProjectionCall = tuple[list[int], Projection]
 """Batch positions of a projection call's cameras and the projection of this rank's shard."""
 
 Timer = Callable[[], ContextManager[None]]
@@ -88,11 +89,11 @@ class Route:
     call_of_row: Tensor
     camera_of_row: Tensor
     gaussian_of_row: Tensor
-    send_counts: List[int]
-    recv_counts: List[int]
-    calls: List[ProjectionCall]
-    rows_of_position: Dict[int, Tensor]
-    rendered_from: Dict[int, Projection] = field(default_factory=dict)
+    send_counts: list[int]
+    recv_counts: list[int]
+    calls: list[ProjectionCall]
+    rows_of_position: dict[int, Tensor]
+    rendered_from: dict[int, Projection] = field(default_factory=dict)
     timer: Timer = contextlib.nullcontext
 
     @property
@@ -120,7 +121,7 @@ class _ScreenTermExchange(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(fn_ctx, rows: Tensor, fixed: Tensor, route: Route) -> Tensor:  # noqa: ANN001
+    def forward(fn_ctx, rows: Tensor, fixed: Tensor, route: Route) -> Tensor:
         fn_ctx.route = route
         fn_ctx.sent_dtype = rows.dtype
         payload = torch.cat([rows.detach(), fixed], dim=-1)
@@ -128,7 +129,7 @@ class _ScreenTermExchange(torch.autograd.Function):
         return recv
 
     @staticmethod
-    def backward(fn_ctx, grad_recv: Tensor):  # noqa: ANN001, ANN205
+    def backward(fn_ctx, grad_recv: Tensor):
         route: Route = fn_ctx.route
         grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
         grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
@@ -171,17 +172,17 @@ class ReceivedProjections:
     leaf: Tensor
     ids: Tensor
     route: Route
-    sizes_px: Dict[int, Tuple[int, int]]
+    sizes_px: dict[int, tuple[int, int]]
     backend: str
-    calls: List[StatisticsProjection] = field(default_factory=list)
+    calls: list[StatisticsProjection] = field(default_factory=list)
 
     @property
-    def anchors(self) -> Tuple[Tensor, ...]:
+    def anchors(self) -> tuple[Tensor, ...]:
         """The received rows: their backward (the reverse all-to-all) must run on every rank."""
         return (self.leaf,)
 
     @property
-    def shard_projections(self) -> List[StatisticsProjection]:
+    def shard_projections(self) -> list[StatisticsProjection]:
         """The shard's projection calls as ``(positions, means2d, radii)``: after backward their
         ``means2d`` hold the whole batch's gradients and absgrads of this rank's Gaussians."""
         return [(positions, proj.means2d, proj.radii) for positions, proj in self.route.calls]
@@ -222,7 +223,7 @@ class ReceivedProjections:
                 yield i, proj, own
 
 
-def render_tile_rows(band: Band, height_px: int) -> Tuple[int, int]:
+def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
     """The rasterizer's tile rows (``TILE_SIZE``, the whole image's grid) a band renders: its own
     rows and the SSIM halo below them."""
     end_px = halo_end_row(band.end_row_px(height_px), height_px)
@@ -230,11 +231,11 @@ def render_tile_rows(band: Band, height_px: int) -> Tuple[int, int]:
 
 
 def _destination_masks(
-    calls: Sequence[ProjectionCall], where: Dict[int, Tuple[int, int]], bands: Sequence[Band], footprints: Dict[int, Tuple[Tensor, Tensor]]
-) -> Dict[int, Tensor]:
+    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], bands: Sequence[Band], footprints: dict[int, tuple[Tensor, Tensor]]
+) -> dict[int, Tensor]:
     """Per batch position, which of the shard's Gaussians one destination's bands need (the
     union over its bands of the position). ``footprints`` caches each position's tile rows."""
-    masks: Dict[int, Tensor] = {}
+    masks: dict[int, Tensor] = {}
     for band in bands:
         c, k = where[band.position]
         proj = calls[c][1]
@@ -276,7 +277,7 @@ def exchange_screen_terms(
     world = ctx.world_size
     device = ids.device
     where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
-    footprints: Dict[int, Tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
+    footprints: dict[int, tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
     counts = torch.zeros(world, batch_size, dtype=torch.int64, device=device)
     pieces, fixed, row_ids, call_idx, cam_idx, gauss_idx = [], [], [], [], [], []
     empty = torch.zeros(0, dtype=torch.int64, device=device)
@@ -326,10 +327,10 @@ def exchange_screen_terms(
     )
 
 
-def _rows_by_position(recv_matrix: Tensor, recv_ids: Tensor) -> Dict[int, Tensor]:
+def _rows_by_position(recv_matrix: Tensor, recv_ids: Tensor) -> dict[int, Tensor]:
     """Per batch position, the received rows (source-major, then position-major, as sent)
     reordered by ascending global id."""
-    offsets: Dict[int, List[Tensor]] = {}
+    offsets: dict[int, list[Tensor]] = {}
     start = 0
     for source_counts in recv_matrix.tolist():  # host sync: the counts are host integers already (see above)
         for position, n in enumerate(source_counts):

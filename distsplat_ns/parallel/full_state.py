@@ -7,8 +7,9 @@ rank, R ranks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,9 +20,9 @@ from distsplat_ns.parallel.shard_rows import (
     MODEL_PREFIX,
     Optimizers,
     adam_state,
-    row_tensors,
     agree_layout,
     owned_block,
+    row_tensors,
 )
 
 if TYPE_CHECKING:
@@ -40,15 +41,15 @@ class GatheredState:
         optimizers: Every optimizer's ``state_dict()`` (moments in id order, ``step``, param groups).
     """
 
-    pipeline_entries: Dict[str, Any]
-    optimizers: Dict[str, Dict[str, Any]]
+    pipeline_entries: dict[str, Any]
+    optimizers: dict[str, dict[str, Any]]
 
-    def merged_into(self, pipeline_state: Mapping[str, Any]) -> Dict[str, Any]:
+    def merged_into(self, pipeline_state: Mapping[str, Any]) -> dict[str, Any]:
         """``pipeline_state`` (a shard's ``state_dict()``) with its model entries replaced by the whole model's."""
         return {**pipeline_state, **self.pipeline_entries}
 
 
-def _gather_in_id_order(ctx: DistContext, tensor: torch.Tensor, order: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def _gather_in_id_order(ctx: DistContext, tensor: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor | None:
     """Every rank's rows of ``tensor`` on rank 0, in id order (None elsewhere).
 
     **Collective:** world group, one :func:`gather_rows` (its row counts, then one gather).
@@ -60,7 +61,7 @@ def _gather_in_id_order(ctx: DistContext, tensor: torch.Tensor, order: Optional[
     return torch.cat([p.detach().cpu() for p in parts])[order]
 
 
-def _id_order(ctx: DistContext, model: DistSplatModel) -> Optional[torch.Tensor]:
+def _id_order(ctx: DistContext, model: DistSplatModel) -> torch.Tensor | None:
     """On rank 0, the permutation that puts the concatenation of every rank's rows (rank order)
     in id order; a stable sort, so equal ids keep rank then local order. None elsewhere.
 
@@ -72,7 +73,7 @@ def _id_order(ctx: DistContext, model: DistSplatModel) -> Optional[torch.Tensor]
     return torch.sort(torch.cat([i.cpu() for i in ids]), stable=True).indices
 
 
-def gather_full_params(ctx: DistContext, model: DistSplatModel) -> Optional[Dict[str, torch.Tensor]]:
+def gather_full_params(ctx: DistContext, model: DistSplatModel) -> dict[str, torch.Tensor] | None:
     """The whole model's raw parameters (``gauss_params`` names, no optimizer state), in id
     order, on rank 0 (host memory); None elsewhere. For rendering (eval, viewer).
 
@@ -84,7 +85,7 @@ def gather_full_params(ctx: DistContext, model: DistSplatModel) -> Optional[Dict
     return None if order is None else out  # type: ignore[return-value]
 
 
-def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers) -> Optional[GatheredState]:
+def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers) -> GatheredState | None:
     """The whole model and its optimizer state on rank 0, in id order (None on other ranks).
 
     What a single process training the same Gaussians would hold, bitwise: the Gaussians' entries
@@ -107,16 +108,16 @@ def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optim
     full = {key: _gather_in_id_order(ctx, rows[key], order) for key in layout.keys}
     if order is None:
         return None
-    entries: Dict[str, Any] = {}
-    for name in model.gauss_params.keys():
+    entries: dict[str, Any] = {}
+    for name in model.gauss_params:
         entries[f"{MODEL_PREFIX}gauss_params.{name}"] = full[f"param.{name}"]
     extra = dict(model.get_extra_state())
     extra["strategy_state"] = {key[len("state."):]: value for key, value in full.items() if key.startswith("state.")}
     entries[MODEL_EXTRA_KEY] = extra
-    opt_states: Dict[str, Dict[str, Any]] = {}
+    opt_states: dict[str, dict[str, Any]] = {}
     for name, opt in (optimizers or {}).items():
         saved = opt.state_dict()
-        if name in model.gauss_params.keys():
+        if name in model.gauss_params:
             prefix = f"opt.{name}."
             moments = {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
             own_step = adam_state(model, optimizers, name).get("step")
@@ -128,7 +129,7 @@ def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optim
 
 
 # ---------------------------------------------------------------------- checkpoints
-def shard_loaded_checkpoint_(loaded: Dict[str, Any], rank: int, world: int) -> None:
+def shard_loaded_checkpoint_(loaded: dict[str, Any], rank: int, world: int) -> None:
     """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
     Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
 

@@ -14,8 +14,9 @@ Shape letters: N Gaussians on this rank, B images in the global batch.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from distsplat_ns.balance.planner import StepPlan
     from distsplat_ns.model.distsplat_model import DistSplatModel
 
-NamedParameters = Sequence[Tuple[str, torch.nn.Parameter]]
+NamedParameters = Sequence[tuple[str, torch.nn.Parameter]]
 Optimizers = Mapping[str, torch.optim.Optimizer]
 
 
@@ -65,12 +66,12 @@ class ParallelMode(ABC):
 
     # ------------------------------------------------------------------ the step
     @abstractmethod
-    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Cold-start row costs of every Gaussian from this rank's projections of its Gaussians
         (``balance/cost.py:footprint_row_costs``, concatenated over cameras); and the bytes moved."""
 
     @abstractmethod
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
         """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
 
         Args:
@@ -85,7 +86,7 @@ class ParallelMode(ABC):
         """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
 
     @abstractmethod
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
         and the bytes moved. ``sizes_px``: each batch position's rendered ``(width, height)``."""
 
@@ -104,7 +105,7 @@ class ParallelMode(ABC):
         """What follows a refine (a shard rebalance, or nothing); returns the bytes moved."""
 
     @abstractmethod
-    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+    def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         """The parameters every rank holds identically (for the replica check)."""
 
     # ------------------------------------------------------------------ the whole model
@@ -120,18 +121,18 @@ class ParallelMode(ABC):
     #: than by rank 0 alone as nerfstudio's single file.
     writes_shards: bool = False
 
-    def write_shards(self, folder: Path, optimizers: Optimizers, payload: Dict[str, Any]) -> int:
+    def write_shards(self, folder: Path, optimizers: Optimizers, payload: dict[str, Any]) -> int:
         """Write this rank's part of a ``step-N.dcp`` checkpoint into ``folder``; returns its bytes.
         Only where :attr:`writes_shards`."""
         raise NotImplementedError(f"the {self.name} mode writes nerfstudio's single file")
 
     @abstractmethod
-    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+    def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The whole model and optimizer state to save, on rank 0 (None where this rank's own
         ``state_dict()`` is the whole model, or on other ranks)."""
 
     @abstractmethod
-    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """A checkpoint of either format as this rank loads it (``checkpoint.py:load_checkpoint_file``'s
         dictionary): the whole model, or this rank's block of it. Local for a single file; a
         collective for a ``step-N.dcp`` folder (``parallel/shard_checkpoint.py``), every rank."""
@@ -139,7 +140,7 @@ class ParallelMode(ABC):
 
 def batch_statistics(
     model: DistSplatModel, projections: Sequence[StatisticsProjection], batch_size: int
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's screen-space gradients, absgrads `[B, N, 2]` and radii `[B, N]` (int32) of the
     batch from ``(positions, means2d, radii)`` per projection call (zeros where it projected none).
     Local."""
@@ -169,8 +170,8 @@ def batch_statistics(
 
 
 def info_for(
-    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[Tuple[int, int]]
-) -> Dict[str, Any]:
+    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[tuple[int, int]]
+) -> dict[str, Any]:
     """``batch_info`` at each batch position's rendered ``(width, height)``: plain ints where the
     batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
     if len(set(sizes_px)) == 1:

@@ -6,8 +6,9 @@ summed over ranks, and every rank then takes the identical optimizer step and re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 
@@ -37,11 +38,11 @@ class ReplicatedMode(ParallelMode):
         """Rank 0 adds every term, for every Gaussian."""
         return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=self.ctx.is_main, num_gaussians_total=num_gaussians_total)
 
-    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Already every Gaussian's (every rank projected all of them). Local."""
         return costs, 0
 
-    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
         """This rank's own Gaussians, projected as its bands are rendered. Local."""
         return OwnProjections(), 0
 
@@ -52,7 +53,7 @@ class ReplicatedMode(ParallelMode):
         """
         return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
@@ -79,17 +80,17 @@ class ReplicatedMode(ParallelMode):
         """Nothing: every rank made the same decisions on the same Gaussians."""
         return 0
 
-    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+    def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for _, p in named]
 
     def refresh_full_view(self, step: int) -> None:
         """Nothing: the model is whole on every rank."""
 
-    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+    def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """None: rank 0's own state is the whole model's."""
         return None
 
-    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """The whole checkpoint; a sharded run's ``step-N.dcp`` folder read whole by every rank
         (**Collective**, world group: DCP's load)."""
         if Path(path).is_dir():

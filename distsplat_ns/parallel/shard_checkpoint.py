@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,13 +44,13 @@ IDS_KEY = "state.gauss_ids"
 PARAMS_PREFIX = "param."
 
 
-def _param_names(pipeline: Dict[str, Any]) -> list:
+def _param_names(pipeline: dict[str, Any]) -> list:
     head = MODEL_PREFIX + "gauss_params."
     return [k[len(head):] for k in pipeline if k.startswith(head)]
 
 
 def write_shard_checkpoint(
-    ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: Dict[str, Any]
+    ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]
 ) -> int:
     """Write this rank's rows and rank 0's ``payload`` without its rows into ``folder`` (DCP).
 
@@ -81,7 +81,7 @@ def write_shard_checkpoint(
         rest["pipeline"] = pipeline
         steps = layout.step_tensors()
         optimizer_states = dict(payload["optimizers"])
-        for name in model.gauss_params.keys():
+        for name in model.gauss_params:
             if name in optimizer_states:
                 saved = optimizer_states[name]
                 state = {0: {"step": steps[name]}} if name in steps else {}
@@ -94,13 +94,13 @@ def write_shard_checkpoint(
     return save_rows(ctx, folder, rows, blob)
 
 
-def _read(ctx: Optional[DistContext], folder: Path, row_range_of: Any, only_params: bool) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
+def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest."""
     if not Path(folder).is_dir():
         raise UserError(f"checkpoint {folder} does not exist")
     try:
         layout = read_row_layout(Path(folder))
-    except Exception as err:  # noqa: BLE001 -- any unreadable metadata is the user's file
+    except Exception as err:
         raise UserError(f"checkpoint {folder} is not a complete DCP checkpoint ({type(err).__name__}: {err})") from err
     num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
     keys = [k for k in layout if not only_params or k.startswith(PARAMS_PREFIX) or k == IDS_KEY]
@@ -116,7 +116,7 @@ def _read(ctx: Optional[DistContext], folder: Path, row_range_of: Any, only_para
     return rows, rest
 
 
-def _assemble(rows: Dict[str, torch.Tensor], rest: Dict[str, Any]) -> Dict[str, Any]:
+def _assemble(rows: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
     """``rest`` with the rows put back where nerfstudio's dictionary holds them."""
     pipeline = rest["pipeline"]
     extra = pipeline.setdefault(MODEL_EXTRA_KEY, {})
@@ -132,7 +132,7 @@ def _assemble(rows: Dict[str, torch.Tensor], rest: Dict[str, Any]) -> Dict[str, 
     return rest
 
 
-def read_shard_checkpoint(ctx: Optional[DistContext], folder: Path, rank: int, world: int, sharded: bool) -> Dict[str, Any]:
+def read_shard_checkpoint(ctx: DistContext | None, folder: Path, rank: int, world: int, sharded: bool) -> dict[str, Any]:
     """A ``step-N.dcp`` checkpoint as ``checkpoint.py:load_checkpoint_file`` gives a single file:
     the whole model (``sharded=False``), or this rank's block (``owned_block`` over the saved rank
     order), the rows in id order.
@@ -143,7 +143,7 @@ def read_shard_checkpoint(ctx: Optional[DistContext], folder: Path, rank: int, w
     **Collective:** with a distributed ``ctx``, world group (``load_rows``: DCP's plan gather and
     barrier); every rank calls it. With ``ctx=None``, local (tests, tools).
     """
-    def row_range(num_total: int) -> Tuple[int, int]:
+    def row_range(num_total: int) -> tuple[int, int]:
         return owned_block(num_total, rank, world) if sharded else (0, num_total)
 
     rows, rest = _read(ctx, folder, row_range, only_params=False)
@@ -152,7 +152,7 @@ def read_shard_checkpoint(ctx: Optional[DistContext], folder: Path, rank: int, w
     return _assemble(rows, rest)
 
 
-def _route_to_id_blocks(ctx: DistContext, rows: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def _route_to_id_blocks(ctx: DistContext, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Move rows read as a block of the saved rank order to the rank owning their id's block
     (``owned_block`` of the id-ordered Gaussians), as a single file's load gives them: the
     ownership a fresh run starts with, whatever the saving ranks held. Returned in id order.

@@ -14,8 +14,9 @@ Shape letters: N Gaussians on this rank, R ranks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
 
@@ -37,7 +38,7 @@ RowIndex = Union[slice, torch.Tensor]
 Optimizers = Optional[Mapping[str, torch.optim.Optimizer]]
 
 
-def owned_block(num: int, rank: int, world: int) -> Tuple[int, int]:
+def owned_block(num: int, rank: int, world: int) -> tuple[int, int]:
     """The block ``[lo, hi)`` of an id-ordered list of ``num`` Gaussians that ``rank`` owns.
 
     Blocks are contiguous, disjoint, cover ``[0, num)`` in rank order, and differ in size by at most
@@ -57,13 +58,13 @@ def _take(t: torch.Tensor, index: RowIndex) -> torch.Tensor:
     return out.clone() if isinstance(index, slice) else out
 
 
-def _state_keys(model: DistSplatModel) -> List[str]:
+def _state_keys(model: DistSplatModel) -> list[str]:
     """Strategy-state entries that hold one row per Gaussian (tensors, or None before the first
     statistics update; ``scene_scale`` and other scalars are not rows)."""
     return sorted(k for k, v in model.strategy_state.items() if v is None or isinstance(v, torch.Tensor))
 
 
-def _gauss_optimizer(model: DistSplatModel, optimizers: Optimizers, name: str) -> Optional[torch.optim.Optimizer]:
+def _gauss_optimizer(model: DistSplatModel, optimizers: Optimizers, name: str) -> torch.optim.Optimizer | None:
     """The optimizer of Gaussian parameter ``name`` (None when there are none yet)."""
     if optimizers is None or name not in optimizers:
         return None
@@ -74,15 +75,15 @@ def _gauss_optimizer(model: DistSplatModel, optimizers: Optimizers, name: str) -
     return opt
 
 
-def adam_state(model: DistSplatModel, optimizers: Optimizers, name: str) -> Dict[str, Any]:
+def adam_state(model: DistSplatModel, optimizers: Optimizers, name: str) -> dict[str, Any]:
     opt = _gauss_optimizer(model, optimizers, name)
     return {} if opt is None else opt.state.get(model.gauss_params[name], {})
 
 
-def row_tensors(model: DistSplatModel, optimizers: Optimizers) -> Dict[str, Optional[torch.Tensor]]:
+def row_tensors(model: DistSplatModel, optimizers: Optimizers) -> dict[str, torch.Tensor | None]:
     """Every per-Gaussian tensor of this rank by row key, as references (no copy). Adam moments
     are absent before the parameter's first step; strategy entries not yet built are None."""
-    rows: Dict[str, Optional[torch.Tensor]] = {}
+    rows: dict[str, torch.Tensor | None] = {}
     for name, p in model.gauss_params.items():
         rows[f"param.{name}"] = p.detach()
         for key, value in adam_state(model, optimizers, name).items():
@@ -94,7 +95,7 @@ def row_tensors(model: DistSplatModel, optimizers: Optimizers) -> Dict[str, Opti
     return rows
 
 
-def export_rows(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) -> Dict[str, Optional[torch.Tensor]]:
+def export_rows(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) -> dict[str, torch.Tensor | None]:
     """Copies of rows ``index`` of every per-Gaussian tensor, by row key.
 
     Args:
@@ -109,7 +110,7 @@ def export_rows(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) 
     return {k: None if v is None else _take(v, index) for k, v in row_tensors(model, optimizers).items()}
 
 
-def _install(model: DistSplatModel, optimizers: Optimizers, name: str, data: torch.Tensor, adam_state: Dict[str, Any]) -> None:
+def _install(model: DistSplatModel, optimizers: Optimizers, name: str, data: torch.Tensor, adam_state: dict[str, Any]) -> None:
     """Make ``data`` the new ``gauss_params[name]``, in the model and in its optimizer, with
     ``adam_state`` re-keyed to it (the same move as gsplat's ``strategy/ops.py``)."""
     opt = _gauss_optimizer(model, optimizers, name)
@@ -142,7 +143,7 @@ def keep_rows_(model: DistSplatModel, optimizers: Optimizers, index: RowIndex) -
             model.strategy_state[key] = _take(value, index)
 
 
-def _cat(own: Optional[torch.Tensor], incoming: Optional[torch.Tensor], num_own: int, num_new: int) -> Optional[torch.Tensor]:
+def _cat(own: torch.Tensor | None, incoming: torch.Tensor | None, num_own: int, num_new: int) -> torch.Tensor | None:
     """``own`` then ``incoming``; a missing side counts as zeros (a moment or statistic not yet
     accumulated is zero); None when both are missing."""
     if own is None and incoming is None:
@@ -160,8 +161,8 @@ def _cat(own: Optional[torch.Tensor], incoming: Optional[torch.Tensor], num_own:
 def append_rows_(
     model: DistSplatModel,
     optimizers: Optimizers,
-    rows: Mapping[str, Optional[torch.Tensor]],
-    adam_steps: Optional[Mapping[str, torch.Tensor]] = None,
+    rows: Mapping[str, torch.Tensor | None],
+    adam_steps: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """Append Gaussians (rows as :func:`export_rows` returns them) after this rank's, in place.
 
@@ -187,7 +188,7 @@ def append_rows_(
         prefix = f"opt.{name}."
         keys = {k for k, v in own_state.items() if k != "step" and isinstance(v, torch.Tensor) and v.dim() > 0}
         keys |= {k[len(prefix):] for k, v in rows.items() if k.startswith(prefix) and v is not None}
-        state: Dict[str, Any] = dict(own_state)
+        state: dict[str, Any] = dict(own_state)
         if keys and "step" not in state:
             if adam_steps is None or name not in adam_steps:
                 raise ValueError(f"append_rows_: Adam moments of {name} arrive where none exist, and no step was given")
@@ -209,7 +210,7 @@ def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
 
 
 # ---------------------------------------------------------------------- shard balance
-def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> List[Tuple[int, int, int]]:
+def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> list[tuple[int, int, int]]:
     """Row moves ``(src, dst, count)`` that even out shard sizes; pure and deterministic.
 
     Nothing moves while ``max(sizes) / mean(sizes) <= bound``. Past it, every rank's target is the
@@ -238,7 +239,7 @@ def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> List[Tuple[int, int
         target[r] += 1
     surplus = [(r, sizes[r] - target[r]) for r in range(world) if sizes[r] > target[r]]
     deficit = [[r, target[r] - sizes[r]] for r in range(world) if sizes[r] < target[r]]
-    moves: List[Tuple[int, int, int]] = []
+    moves: list[tuple[int, int, int]] = []
     j = 0
     for src, amount in surplus:
         while amount > 0:
@@ -258,10 +259,10 @@ class RowLayout:
     trailing shape (a rank without one fills zeros), and Adam's ``step`` per parameter name
     (the largest over ranks; ranks step together, so they are equal unless a rank skipped one)."""
 
-    keys: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]]
-    adam_steps: Dict[str, float]
+    keys: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    adam_steps: dict[str, float]
 
-    def filled(self, rows: Mapping[str, Optional[torch.Tensor]], num: int, device: torch.device) -> Dict[str, torch.Tensor]:
+    def filled(self, rows: Mapping[str, torch.Tensor | None], num: int, device: torch.device) -> dict[str, torch.Tensor]:
         """``rows`` with every layout key present (zeros `[num, ...]` where missing)."""
         out = {}
         for key, (dtype, trailing) in self.keys.items():
@@ -269,7 +270,7 @@ class RowLayout:
             out[key] = value if value is not None else torch.zeros((num, *trailing), dtype=dtype, device=device)
         return out
 
-    def step_tensors(self) -> Dict[str, torch.Tensor]:
+    def step_tensors(self) -> dict[str, torch.Tensor]:
         """Adam's ``step`` per name as torch stores it (a float32 scalar on the host)."""
         return {name: torch.tensor(step, dtype=torch.float32) for name, step in self.adam_steps.items()}
 
@@ -283,12 +284,12 @@ def agree_layout(ctx: DistContext, model: DistSplatModel, optimizers: Optimizers
     """
     mine_keys = {k: (v.dtype, tuple(v.shape[1:])) for k, v in row_tensors(model, optimizers).items() if v is not None}
     mine_steps = {}
-    for name in model.gauss_params.keys():
+    for name in model.gauss_params:
         step = adam_state(model, optimizers, name).get("step")
         if step is not None:
             mine_steps[name] = float(step)
-    keys: Dict[str, Tuple[torch.dtype, Tuple[int, ...]]] = {}
-    steps: Dict[str, float] = {}
+    keys: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {}
+    steps: dict[str, float] = {}
     gathered = all_gather_object(ctx, (mine_keys, mine_steps))
     for rank_keys, rank_steps in gathered:
         for k, v in rank_keys.items():

@@ -13,8 +13,9 @@ written by every rank (``parallel/shard_checkpoint.py``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,7 +50,7 @@ class ShardedMode(ParallelMode):
 
     def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         super().__init__(ctx, model)
-        self._full_view_step: Optional[int] = None
+        self._full_view_step: int | None = None
 
     def take_initial_gaussians_(self) -> None:
         """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
@@ -63,7 +64,7 @@ class ShardedMode(ParallelMode):
         """Every rank adds its shard's part of the scale term; rank 0 the camera penalty."""
         return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=True, num_gaussians_total=num_gaussians_total)
 
-    def reduce_footprint_costs(self, costs: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each rank projected its own Gaussians: the footprints of all of them are the sum.
 
         **Collective:** world group, one all-reduce of the row costs (none at one rank).
@@ -71,13 +72,13 @@ class ShardedMode(ParallelMode):
         moved = costs.numel() * costs.element_size() if self.ctx.is_distributed else 0
         return all_reduce_sum_(self.ctx, costs), moved
 
-    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> Tuple[ProjectionSource, int]:
+    def projections(self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer) -> tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands (``exchange_screen_terms``); the bytes
         count both directions (the gradients return in backward).
 
         **Collective:** world group: the exchange's three all-to-alls now, one in backward.
         """
-        calls: List[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
+        calls: list[ProjectionCall] = self.model.project_cameras(cameras, step)  # the shard into every camera
         with timer():
             received = exchange_screen_terms(self.ctx, calls, self.model.gauss_ids, plan.bands, len(cameras), timer)
         return received, received.route.payload_bytes(calls[0][1].means2d.element_size())
@@ -95,7 +96,7 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[Tuple[int, int]]) -> Tuple[Dict[str, Any], int]:
+    def statistics(self, source: ProjectionSource, batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients. Local."""
         assert isinstance(source, ReceivedProjections), "the sharded mode renders from the exchange"
         grads, absgrads, radii = batch_statistics(self.model, source.shard_projections, batch_size)
@@ -124,7 +125,7 @@ class ShardedMode(ParallelMode):
             return 0
         return rebalance_shards_(self.ctx, self.model, optimizers)
 
-    def replicated_parameters(self, named: NamedParameters) -> List[torch.Tensor]:
+    def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]
 
     def refresh_full_view(self, step: int) -> None:
@@ -146,7 +147,7 @@ class ShardedMode(ParallelMode):
         super().drop_full_view()
         self._full_view_step = None
 
-    def gather_full_state(self, optimizers: Optimizers) -> Optional[GatheredState]:
+    def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The shards in id order on rank 0 (``full_state.gather_full_state``).
 
         **Collective:** world group, one tensor at a time.
@@ -155,7 +156,7 @@ class ShardedMode(ParallelMode):
 
     writes_shards = True
 
-    def write_shards(self, folder: Path, optimizers: Optimizers, payload: Dict[str, Any]) -> int:
+    def write_shards(self, folder: Path, optimizers: Optimizers, payload: dict[str, Any]) -> int:
         """This rank's rows, and rank 0's rest (``shard_checkpoint.write_shard_checkpoint``): the
         whole model is never gathered.
 
@@ -163,7 +164,7 @@ class ShardedMode(ParallelMode):
         """
         return write_shard_checkpoint(self.ctx, folder, self.model, optimizers, payload)
 
-    def read_checkpoint(self, path: Path) -> Dict[str, Any]:
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
         """This rank's block: of a ``step-N.dcp`` folder, one row range per key read by DCP
         (**Collective**, world group); of a single file, memory-mapped and cut, so only the rows
         it owns are read into memory (local)."""

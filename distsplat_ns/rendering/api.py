@@ -15,8 +15,8 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``K`` SH bases, ``D`` channels, ``
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ from distsplat_ns.rendering import projection as _ref_projection
 from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
 
-__all__ = ["BACKENDS", "Projection", "RowRender", "resolve_backend", "project", "rasterize_rows"]
+__all__ = ["BACKENDS", "Projection", "RowRender", "project", "rasterize_rows", "resolve_backend"]
 
 BACKENDS = ("auto", "gsplat", "reference")
 _RENDER_MODES = ("RGB", "RGB+ED")
@@ -72,7 +72,7 @@ class Projection:
     render_mode: str
     num_cameras: int
     num_gaussians: int
-    compensations: Optional[Tensor] = None
+    compensations: Tensor | None = None
 
 
 @dataclass
@@ -97,10 +97,10 @@ class RowRender:
     colors: Tensor
     alphas: Tensor
     tile_counts: Tensor
-    row_starts: List[int]
+    row_starts: list[int]
     num_rows: int
     tile_size: int
-    tile_row_starts: List[int]
+    tile_row_starts: list[int]
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -125,8 +125,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _check_shape(name: str, tensor: Tensor, shape: Tuple[Optional[int], ...]) -> None:
-    ok = tensor.dim() == len(shape) and all(s is None or s == t for s, t in zip(shape, tensor.shape))
+def _check_shape(name: str, tensor: Tensor, shape: tuple[int | None, ...]) -> None:
+    ok = tensor.dim() == len(shape) and all(s is None or s == t for s, t in zip(shape, tensor.shape, strict=False))
     if not ok:
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name} must have shape {want}, got {list(tensor.shape)}")
@@ -134,7 +134,7 @@ def _check_shape(name: str, tensor: Tensor, shape: Tuple[Optional[int], ...]) ->
 
 def _validate_project_inputs(
     means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, colors: Tensor,
-    viewmats: Tensor, Ks: Tensor, width: int, height: int, sh_degree: Optional[int],
+    viewmats: Tensor, Ks: Tensor, width: int, height: int, sh_degree: int | None,
     rasterize_mode: str, render_mode: str,
 ) -> None:  # fmt: skip
     num_gaussians = means.shape[0] if means.dim() == 2 else None
@@ -185,7 +185,7 @@ def project(
     far_plane: float = 1e10,
     radius_clip: float = 0.0,
     eps2d: float = 0.3,
-    sh_degree: Optional[int] = None,
+    sh_degree: int | None = None,
     rasterize_mode: str = "classic",
     render_mode: str = "RGB",
     backend: str = "auto",
@@ -227,9 +227,9 @@ def project(
     chosen = resolve_backend(backend, means.device)
     num_cameras, num_gaussians = viewmats.shape[0], means.shape[0]
     antialiased = rasterize_mode == "antialiased"
-    kwargs = dict(
-        eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, calc_compensations=antialiased
-    )
+    kwargs = {
+        "eps2d": eps2d, "near_plane": near_plane, "far_plane": far_plane, "radius_clip": radius_clip, "calc_compensations": antialiased
+    }
     if chosen == "gsplat":
         from distsplat_ns.rendering import gsplat_backend
 
@@ -279,7 +279,7 @@ def project(
     )
 
 
-def _row_start_list(row_starts: Union[Sequence[int], Tensor], num_cameras: int) -> List[int]:
+def _row_start_list(row_starts: Sequence[int] | Tensor, num_cameras: int) -> list[int]:
     if isinstance(row_starts, Tensor):
         if row_starts.dim() != 1:
             raise ValueError(f"row_starts must be 1-D, got shape {list(row_starts.shape)}")
@@ -294,10 +294,10 @@ def _row_start_list(row_starts: Union[Sequence[int], Tensor], num_cameras: int) 
 
 def rasterize_rows(
     proj: Projection,
-    row_starts: Union[Sequence[int], Tensor],
+    row_starts: Sequence[int] | Tensor,
     num_rows: int,
     *,
-    backgrounds: Optional[Tensor] = None,
+    backgrounds: Tensor | None = None,
     tile_size: int = 16,
     absgrad: bool = False,
     chunk_elements: int = _ref_raster.DEFAULT_CHUNK_ELEMENTS,
@@ -349,7 +349,7 @@ def rasterize_rows(
             backgrounds = torch.cat([backgrounds, backgrounds.new_zeros(num_cameras, 1)], dim=-1)
 
     tile_row_starts = [s // tile_size for s in starts]
-    offsets = [s - t * tile_size for s, t in zip(starts, tile_row_starts)]
+    offsets = [s - t * tile_size for s, t in zip(starts, tile_row_starts, strict=False)]
     rows_rendered = num_rows + max(offsets)
     num_tile_rows = math.ceil(rows_rendered / tile_size)
     num_tile_cols = math.ceil(proj.width / tile_size)

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from distsplat_ns.rendering.projection import ProjectedGaussians
 
-__all__ = ["project_gaussians", "evaluate_sh", "rasterize_band", "rasterize_packed"]
+__all__ = ["evaluate_sh", "project_gaussians", "rasterize_band", "rasterize_packed"]
 
 
 def project_gaussians(
@@ -73,7 +72,7 @@ def evaluate_sh(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor) -> Ten
     return spherical_harmonics(degree, dirs, coeffs, masks=masks)
 
 
-def _absgrad_forwarder(band_ref: "weakref.ReferenceType[Tensor]", sink: Tensor):
+def _absgrad_forwarder(band_ref: weakref.ReferenceType[Tensor], sink: Tensor):
     def hook(grad: Tensor) -> None:
         # Runs once gsplat's backward has produced this band's gradient, after it set `.absgrad`.
         band = band_ref()
@@ -81,7 +80,6 @@ def _absgrad_forwarder(band_ref: "weakref.ReferenceType[Tensor]", sink: Tensor):
         if absgrad is not None:
             sink.add_(absgrad.to(sink.dtype))
             band.absgrad = None  # type: ignore[union-attr]  # consumed: a second backward re-sets it
-        return None
 
     return hook
 
@@ -96,12 +94,12 @@ def rasterize_band(
     width: int,
     num_rows: int,
     tile_size: int,
-    tile_row_starts: List[int],
+    tile_row_starts: list[int],
     *,
-    backgrounds: Optional[Tensor],
-    absgrad_sink: Optional[Tensor],
-    keepalive: Optional[list],
-) -> Tuple[Tensor, Tensor, Tensor]:
+    backgrounds: Tensor | None,
+    absgrad_sink: Tensor | None,
+    keepalive: list | None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Render rows ``tile_row_starts[c] * tile_size + [0, num_rows)`` of every camera with gsplat.
 
     Args:
@@ -187,13 +185,13 @@ def rasterize_packed(
     far_plane: float,
     radius_clip: float,
     eps2d: float,
-    sh_degree: Optional[int],
+    sh_degree: int | None,
     tile_size: int,
-    backgrounds: Optional[Tensor],
+    backgrounds: Tensor | None,
     render_mode: str,
     absgrad: bool,
     rasterize_mode: str,
-) -> Tuple[Tensor, Tensor, Dict[str, object]]:
+) -> tuple[Tensor, Tensor, dict[str, object]]:
     """gsplat 1.4.0's ``rasterization`` with ``packed=True`` (pinhole, not distributed).
 
     Args: as ``distsplat_ns.rendering.rasterization`` (validated there).
@@ -248,7 +246,7 @@ def rasterize_packed(
     if render_mode == "RGB+ED":
         depth = render_colors[..., -1:] / render_alphas.clamp(min=1e-10)  # as gsplat
         render_colors = torch.cat([render_colors[..., :-1], depth], dim=-1)
-    meta: Dict[str, object] = {
+    meta: dict[str, object] = {
         "camera_ids": camera_ids,
         "gaussian_ids": gaussian_ids,
         "radii": radii,

@@ -12,7 +12,7 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``H``, ``W`` pixel
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from torch import Tensor
 
@@ -43,10 +43,10 @@ def rasterization(
     far_plane: float = 1e10,
     radius_clip: float = 0.0,
     eps2d: float = 0.3,
-    sh_degree: Optional[int] = None,
+    sh_degree: int | None = None,
     packed: bool = True,
     tile_size: int = 16,
-    backgrounds: Optional[Tensor] = None,
+    backgrounds: Tensor | None = None,
     render_mode: str = "RGB",
     sparse_grad: bool = False,
     absgrad: bool = False,
@@ -54,10 +54,10 @@ def rasterization(
     channel_chunk: int = 32,
     distributed: bool = False,
     camera_model: str = "pinhole",
-    covars: Optional[Tensor] = None,
+    covars: Tensor | None = None,
     *,
     backend: str = "auto",
-) -> Tuple[Tensor, Tensor, Dict[str, Any]]:
+) -> tuple[Tensor, Tensor, dict[str, Any]]:
     """gsplat 1.4.0's ``rasterization`` (the subset splatfacto uses), on either backend.
 
     Same positional signature and defaults as gsplat. Arguments are those of ``project`` and
@@ -95,7 +95,7 @@ def rasterization(
     del channel_chunk  # gsplat's channel chunking is a speed knob, not a semantic one
     if tile_size < 1:
         raise ValueError(f"tile_size must be >= 1, got {tile_size}")
-    options = dict(near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip, eps2d=eps2d, sh_degree=sh_degree)
+    options = {"near_plane": near_plane, "far_plane": far_plane, "radius_clip": radius_clip, "eps2d": eps2d, "sh_degree": sh_degree}
     if packed and resolve_backend(backend, means.device) == "gsplat":
         _validate_project_inputs(
             means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, rasterize_mode, render_mode
@@ -119,10 +119,10 @@ def rasterization(
         out = rasterize_rows(
             proj, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad
         )
-        pairs = dict(
-            camera_ids=None, gaussian_ids=None, radii=proj.radii, means2d=proj.means2d, depths=proj.depths,
-            conics=proj.conics, opacities=proj.opacities, tile_counts=out.tile_counts,
-        )  # fmt: skip
+        pairs = {
+            "camera_ids": None, "gaussian_ids": None, "radii": proj.radii, "means2d": proj.means2d, "depths": proj.depths,
+            "conics": proj.conics, "opacities": proj.opacities, "tile_counts": out.tile_counts,
+        }  # fmt: skip
         return out.colors, out.alphas, _meta(pairs, tile_size, width, height, proj.num_cameras, proj.backend, proj)
 
     packed_pairs = _packed.pack(proj.radii, proj.means2d, proj.depths, proj.conics, proj.opacities, proj.colors)
@@ -136,18 +136,18 @@ def rasterization(
     out = rasterize_rows(dense, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad)
     if absgrad:
         _packed.forward_absgrad(packed_pairs, means2d.absgrad)
-    pairs = dict(
-        camera_ids=packed_pairs.camera_ids, gaussian_ids=packed_pairs.gaussian_ids, radii=packed_pairs.radii,
-        means2d=packed_pairs.means2d, depths=packed_pairs.depths, conics=packed_pairs.conics,
-        opacities=packed_pairs.opacities, tile_counts=out.tile_counts,
-    )  # fmt: skip
+    pairs = {
+        "camera_ids": packed_pairs.camera_ids, "gaussian_ids": packed_pairs.gaussian_ids, "radii": packed_pairs.radii,
+        "means2d": packed_pairs.means2d, "depths": packed_pairs.depths, "conics": packed_pairs.conics,
+        "opacities": packed_pairs.opacities, "tile_counts": out.tile_counts,
+    }  # fmt: skip
     return out.colors, out.alphas, _meta(pairs, tile_size, width, height, proj.num_cameras, proj.backend, None)
 
 
 def _meta(
-    pairs: Dict[str, Any], tile_size: int, width: int, height: int, num_cameras: int, backend: str,
-    projection: Optional[Projection],
-) -> Dict[str, Any]:  # fmt: skip
+    pairs: dict[str, Any], tile_size: int, width: int, height: int, num_cameras: int, backend: str,
+    projection: Projection | None,
+) -> dict[str, Any]:  # fmt: skip
     """``rasterization``'s ``meta``: gsplat's keys plus ``tile_counts``, ``backend``, ``projection``."""
     tile_counts = pairs["tile_counts"]
     return {

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -77,7 +76,7 @@ def _scatter(values: Tensor, packed: PackedGaussians, num_cameras: int, num_gaus
     return dense.index_put((packed.camera_ids, packed.gaussian_ids), values)
 
 
-def unpack(packed: PackedGaussians, num_cameras: int, num_gaussians: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def unpack(packed: PackedGaussians, num_cameras: int, num_gaussians: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(means2d, conics, opacities, colors)`` back as `[C, N, ...]`, zeros where culled.
 
     **Differentiable:** with respect to the packed tensors (the gradient is gathered back).
@@ -104,6 +103,5 @@ def forward_absgrad(packed: PackedGaussians, dense_sink: Tensor) -> None:
         target = means2d_ref()
         if target is not None:
             target.absgrad = dense_sink[camera_ids, gaussian_ids]  # type: ignore[attr-defined]
-        return None
 
     means2d.register_hook(hook)

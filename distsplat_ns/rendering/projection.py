@@ -12,12 +12,11 @@ Shape legend: ``C`` cameras, ``N`` Gaussians.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["ProjectedGaussians", "quats_to_rotmats", "project_gaussians"]
+__all__ = ["ProjectedGaussians", "project_gaussians", "quats_to_rotmats"]
 
 _FOV_MARGIN = 0.3
 """Fraction of tan(fov/2) by which ``x/z`` may leave the image before the Jacobian is clamped
@@ -46,7 +45,7 @@ class ProjectedGaussians:
     means2d: Tensor
     depths: Tensor
     conics: Tensor
-    compensations: Optional[Tensor]
+    compensations: Tensor | None
 
 
 def quats_to_rotmats(quats: Tensor) -> Tensor:

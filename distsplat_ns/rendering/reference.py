@@ -41,8 +41,8 @@ composited (pixel, Gaussian) pairs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -86,7 +86,7 @@ class TileIntersections:
     tile_offsets: Tensor
     tile_counts: Tensor
     tile_size: int
-    tile_row_starts: List[int]
+    tile_row_starts: list[int]
 
     @property
     def num_tile_rows(self) -> int:
@@ -105,7 +105,7 @@ def intersect_tiles(
     tile_size: int,
     num_tile_rows: int,
     num_tile_cols: int,
-    tile_row_starts: Optional[Sequence[int]] = None,
+    tile_row_starts: Sequence[int] | None = None,
 ) -> TileIntersections:
     """List the (tile, Gaussian) intersections, as gsplat's ``isect_tiles`` (sorted).
 
@@ -191,7 +191,7 @@ class _PairChunk:
     py: Tensor
 
 
-def _tile_pixel_centres(tiles: Tensor, isects: TileIntersections, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+def _tile_pixel_centres(tiles: Tensor, isects: TileIntersections, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Whole-image pixel centres (``+0.5``) of every pixel of the given global tiles. `[Tc, P]`."""
     ts = isects.tile_size
     tiles_per_cam = isects.num_tile_rows * isects.num_tile_cols
@@ -208,7 +208,7 @@ def _tile_pixel_centres(tiles: Tensor, isects: TileIntersections, dtype: torch.d
     return px, py
 
 
-def _alpha_of(feats: Tensor, px: Tensor, py: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _alpha_of(feats: Tensor, px: Tensor, py: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dx, dy, sigma, alpha)`` of pairs with packed features `[V, 6 + D]`, gsplat's formulas."""
     dx = feats[:, _X] - px
     dy = feats[:, _Y] - py
@@ -237,7 +237,7 @@ def _log_transmittance(log_keep: Tensor, first: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: int) -> List[_PairChunk]:
+def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: int) -> list[_PairChunk]:
     """Phase 1: the composited (pixel, Gaussian) pairs of every tile, grouped into chunks."""
     num_pixels = isects.tile_size**2
     device, dtype = feats.device, feats.dtype
@@ -258,7 +258,7 @@ def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: i
     dj = torch.div(offsets, ts, rounding_mode="floor").to(dtype) + (0.5 - ts / 2)
     basis = torch.stack([0.5 * di * di, di * dj, 0.5 * dj * dj, -di, -dj, torch.ones_like(di)], dim=-1)  # [P, 6]
     geometry = feats[:, :_COLOR].contiguous()  # x, y, a, b, c, o: all the find phase reads
-    found: List[_PairChunk] = []
+    found: list[_PairChunk] = []
     start = 0
     while start < num_nonempty:
         width = sorted_list[start]
@@ -304,10 +304,10 @@ def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: i
     return _group_pairs(found, max(1, chunk_elements // _PAIRS_PER_ELEMENT))
 
 
-def _group_pairs(parts: List[_PairChunk], max_pairs: int) -> List[_PairChunk]:
+def _group_pairs(parts: list[_PairChunk], max_pairs: int) -> list[_PairChunk]:
     """Concatenate per-block pair lists into chunks of about ``max_pairs`` (whole tiles each)."""
-    chunks: List[_PairChunk] = []
-    group: List[_PairChunk] = []
+    chunks: list[_PairChunk] = []
+    group: list[_PairChunk] = []
     size = 0
 
     def flush() -> None:
@@ -325,7 +325,7 @@ def _group_pairs(parts: List[_PairChunk], max_pairs: int) -> List[_PairChunk]:
     return chunks
 
 
-def _composite(feats: Tensor, chunk: _PairChunk, first: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _composite(feats: Tensor, chunk: _PairChunk, first: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Phase 2 on one chunk of composited pairs (packed features per pair `[V, 6 + D]`).
 
     Returns:
@@ -386,10 +386,10 @@ def rasterize_to_pixels(
     image_height: int,
     isects: TileIntersections,
     *,
-    backgrounds: Optional[Tensor] = None,
-    absgrad_sink: Optional[Tensor] = None,
+    backgrounds: Tensor | None = None,
+    absgrad_sink: Tensor | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Composite the Gaussians of each tile into pixels, as gsplat's ``rasterize_to_pixels``.
 
     The image covers rows ``tile_row_starts[c] * tile_size + [0, image_height)`` of camera ``c``'s
@@ -425,7 +425,7 @@ def rasterize_to_pixels(
 
     **Host sync:** once, to lay out the find phase's blocks.
     """
-    num_cameras, num_gaussians = opacities.shape
+    num_cameras, _num_gaussians = opacities.shape
     depth = colors.shape[-1]
     ts = isects.tile_size
     rows, cols = isects.num_tile_rows, isects.num_tile_cols

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["MAX_SH_DEGREE", "num_sh_bases", "sh_basis", "evaluate_sh"]
+__all__ = ["MAX_SH_DEGREE", "evaluate_sh", "num_sh_bases", "sh_basis"]
 
 MAX_SH_DEGREE = 3
 """Highest degree supported (what splatfacto trains with)."""

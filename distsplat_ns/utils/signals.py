@@ -15,6 +15,8 @@ import time
 from types import FrameType
 from typing import Any
 
+from typing_extensions import Self
+
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -50,7 +52,7 @@ class StopSignals:
         elif now - self._first_at > self._force_after_s:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -16,7 +16,7 @@ def max_over_mean(values: Sequence[float]) -> float:
     return float(max(values) / mean) if mean > 0 else 1.0
 
 
-def mean_and_p95(values: Sequence[float]) -> tuple[Optional[float], Optional[float]]:
+def mean_and_p95(values: Sequence[float]) -> tuple[float | None, float | None]:
     """Mean and 95th percentile (numpy's linear interpolation) of ``values``; ``(None, None)`` when
     empty."""
     if len(values) == 0:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Dict, Iterator, List
 
 
 class PhaseClock:
@@ -13,8 +13,8 @@ class PhaseClock:
     communication, not render time. Not thread-safe beyond one phase open per thread at a time."""
 
     def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-        self._nested: List[float] = []  # per open phase, the seconds of the phases inside it
+        self.seconds: dict[str, float] = {}
+        self._nested: list[float] = []  # per open phase, the seconds of the phases inside it
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig, _undistort_image
 from nerfstudio.data.dataparsers.blender_dataparser import BlenderDataParserConfig
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
@@ -49,7 +48,7 @@ def test_lund_door_rank_gets_its_contiguous_share(lund_door: ParallelFullImageDa
         assert batch.positions == list(range(start, end))
         assert batch.camera_indices == lund_door.batch_camera_ids(step)[start:end]
         cameras = lund_door.train_dataset.cameras
-        for index, image in zip(batch.camera_indices, batch.images):
+        for index, image in zip(batch.camera_indices, batch.images, strict=False):
             assert image.dtype == torch.uint8
             assert tuple(image.shape) == (int(cameras.height[index]), int(cameras.width[index]), 3)
 
@@ -67,13 +66,13 @@ def test_requesting_another_step_restarts_the_stream_there(lund_door: ParallelFu
     lund_door.configure_training(3, 0, 1, start_step=5)
     fresh = lund_door.next_train_batch(5)
     assert jumped.camera_indices == fresh.camera_indices == batch_camera_ids(42, 10, 3, 5)
-    assert all(torch.equal(a, b) for a, b in zip(jumped.images, fresh.images))
+    assert all(torch.equal(a, b) for a, b in zip(jumped.images, fresh.images, strict=False))
 
 
 def test_get_images_matches_the_stream(lund_door: ParallelFullImageDatamanager) -> None:
     lund_door.configure_training(4, 0, 1, start_step=2)
     batch = lund_door.next_train_batch(2)
-    assert all(torch.equal(a, b) for a, b in zip(lund_door.get_images(batch.camera_indices), batch.images))
+    assert all(torch.equal(a, b) for a, b in zip(lund_door.get_images(batch.camera_indices), batch.images, strict=False))
 
 
 def test_stats_report_store_and_counters(lund_door: ParallelFullImageDatamanager) -> None:
@@ -163,7 +162,7 @@ def test_synthetic_scene_matches_nerfstudio_pixel_for_pixel(tmp_path: Path, k1: 
     cached = reference.cached_train
     ours.configure_training(len(cached), 0, 1)
     batch = ours.next_train_batch(0)
-    for index, image, mask in zip(batch.camera_indices, batch.images, batch.masks):
+    for index, image, mask in zip(batch.camera_indices, batch.images, batch.masks, strict=False):
         assert torch.equal(image, cached[index]["image"])
         if masks:
             assert torch.equal(mask, cached[index]["mask"])
@@ -195,7 +194,7 @@ def test_lego_blender_rgba_composited_like_nerfstudio() -> None:
     manager.configure_training(3, 0, 1)
     batch = manager.next_train_batch(0)
     reference = InputDataset(manager.train_dataparser_outputs)
-    for index, image in zip(batch.camera_indices, batch.images):
+    for index, image in zip(batch.camera_indices, batch.images, strict=False):
         assert torch.equal(image, reference.get_data(index, image_type="uint8")["image"])
     manager.close()
 
@@ -208,6 +207,6 @@ def test_real_colmap_scenes_load(scene: str) -> None:
     batch = manager.next_train_batch(0)
     assert batch.positions == [2, 3]
     cameras = manager.train_dataset.cameras
-    for index, image in zip(batch.camera_indices, batch.images):
+    for index, image in zip(batch.camera_indices, batch.images, strict=False):
         assert tuple(image.shape) == (int(cameras.height[index]), int(cameras.width[index]), 3)
     manager.close()

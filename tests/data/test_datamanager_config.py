@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig

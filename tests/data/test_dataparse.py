@@ -73,7 +73,7 @@ def test_colmap_downscale_without_folder_trains_at_the_camera_size(lund_door_cop
         cameras = manager.train_dataset.cameras  # undistorted: the delivered pixels' size
         manager.configure_training(batch_size=3, rank=0, world_size=1)
         batch = manager.next_train_batch(0)
-        for index, image in zip(batch.camera_indices, batch.images):
+        for index, image in zip(batch.camera_indices, batch.images, strict=False):
             assert tuple(image.shape) == (int(cameras.height[index]), int(cameras.width[index]), 3)
         camera, data = manager.next_eval_image(0)
         assert tuple(data["image"].shape) == (int(camera.height), int(camera.width), 3)

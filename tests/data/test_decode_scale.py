@@ -155,7 +155,7 @@ def test_stream_decodes_each_step_at_its_scale(tmp_path: Path, num_workers: int)
         for step in range(6):
             batch = reader.next_batch(step)
             d = _schedule(step)
-            for index, image in zip(batch.camera_indices, batch.images):
+            for index, image in zip(batch.camera_indices, batch.images, strict=False):
                 full = loader.load_array(index)[0]
                 expected, _ = loader.load_array(index, downscale=d)
                 assert tuple(image.shape[:2]) == (downscaled_px(sizes[index][0], d), downscaled_px(sizes[index][1], d))
@@ -198,7 +198,7 @@ def test_resolution_schedule_is_the_models_and_pickles_small(batch_size: int, nu
 
     model = make_model(batch_size=batch_size, num_downscales=num_downscales, resolution_schedule=schedule)
     rule = ResolutionSchedule(num_downscales, schedule, batch_size)
-    steps = list(range(0, 4 * schedule // batch_size + 3))
+    steps = list(range(4 * schedule // batch_size + 3))
     assert [rule(t) for t in steps] == [model.downscale_factor_at(t) for t in steps]
     assert len(pickle.dumps(rule)) < 1024  # what forkserver/spawn workers receive
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from PIL import Image
-
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from PIL import Image
 
 from distsplat_ns.data import preflight
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig

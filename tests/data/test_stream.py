@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from distsplat_ns.data.order import batch_camera_ids
-from distsplat_ns.data.store import EncodedImageStore
 from distsplat_ns.data.reader import TrainBatchReader, make_stream_loader
+from distsplat_ns.data.store import EncodedImageStore
 from distsplat_ns.data.stream import ImageBatchStream, StepPart
 from tests.helpers.data_fixtures import LogRecords, make_loader
 
@@ -42,7 +42,7 @@ def _batches(loader, batch_size: int, rank: int, world_size: int, num_workers: i
 
 
 def test_no_collate_happens(jpeg_paths: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch.utils.data._utils.collate as collate
+    from torch.utils.data._utils import collate
 
     def _forbidden(*args, **kwargs):
         raise AssertionError("an image collate function was called")
@@ -88,7 +88,7 @@ def test_same_seed_same_sequence(jpeg_paths: list[Path]) -> None:
     first = _batches(loader, 3, 0, 1, 2, 6)
     second = _batches(loader, 3, 0, 1, 2, 6)
     assert [b.camera_indices for b in first] == [b.camera_indices for b in second]
-    assert all(torch.equal(x, y) for a, b in zip(first, second) for x, y in zip(a.images, b.images))
+    assert all(torch.equal(x, y) for a, b in zip(first, second, strict=False) for x, y in zip(a.images, b.images, strict=False))
 
 
 def test_resume_mid_epoch_matches_straight_run(jpeg_paths: list[Path]) -> None:
@@ -97,7 +97,7 @@ def test_resume_mid_epoch_matches_straight_run(jpeg_paths: list[Path]) -> None:
     resumed = _batches(loader, 5, 1, 2, 2, 3, start_step=4)
     assert [b.camera_indices for b in resumed] == [b.camera_indices for b in straight[4:]]
     assert [b.positions for b in resumed] == [b.positions for b in straight[4:]]
-    assert all(torch.equal(x, y) for a, b in zip(resumed, straight[4:]) for x, y in zip(a.images, b.images))
+    assert all(torch.equal(x, y) for a, b in zip(resumed, straight[4:], strict=False) for x, y in zip(a.images, b.images, strict=False))
 
 
 def test_images_of_different_sizes_in_one_batch(jpeg_paths: list[Path]) -> None:
@@ -152,7 +152,7 @@ def test_disk_mode_when_files_exceed_budget(jpeg_paths: list[Path], records: Log
     assert sum("DISK MODE" in m for m in records.messages) == 1
     disk_batch = _batches(disk, 6, 0, 1, 2, 2)
     ram_batch = _batches(ram, 6, 0, 1, 2, 2)
-    assert all(torch.equal(x, y) for a, b in zip(disk_batch, ram_batch) for x, y in zip(a.images, b.images))
+    assert all(torch.equal(x, y) for a, b in zip(disk_batch, ram_batch, strict=False) for x, y in zip(a.images, b.images, strict=False))
 
 
 def test_store_view_is_read_only_and_exact(jpeg_paths: list[Path]) -> None:
@@ -192,7 +192,7 @@ def test_started_workers_get_the_shared_buffer(jpeg_paths: list[Path], start_met
         got = [reader.next_batch(s) for s in range(2)]
     finally:
         reader.close()
-    assert all(torch.equal(x, y) for a, b in zip(got, expected) for x, y in zip(a.images, b.images))
+    assert all(torch.equal(x, y) for a, b in zip(got, expected, strict=False) for x, y in zip(a.images, b.images, strict=False))
 
 
 def test_store_is_never_pickled_by_value(jpeg_paths: list[Path]) -> None:
@@ -213,7 +213,7 @@ def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths:
         reader.close()
     in_process = _batches(loader, 5, 0, 1, 0, 4)
     assert [b.camera_indices for b in via_slots] == [b.camera_indices for b in in_process]
-    assert all(torch.equal(x, y) for a, b in zip(via_slots, in_process) for x, y in zip(a.images, b.images))
+    assert all(torch.equal(x, y) for a, b in zip(via_slots, in_process, strict=False) for x, y in zip(a.images, b.images, strict=False))
 
 
 def test_reused_decode_slot_is_an_error_not_wrong_pixels() -> None:

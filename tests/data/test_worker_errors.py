@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+from PIL import Image
 
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.reader import TrainBatchReader

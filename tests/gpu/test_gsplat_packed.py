@@ -76,7 +76,7 @@ def _render(scene, backend, packed, **kwargs):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(), dict(render_mode="RGB+ED"), dict(rasterize_mode="antialiased"), dict(sh_degree=3)],
+    [{}, {"render_mode": "RGB+ED"}, {"rasterize_mode": "antialiased"}, {"sh_degree": 3}],
     ids=["rgb", "rgb_ed", "antialiased", "sh3"],
 )
 def test_gsplat_packed_matches_reference(kwargs):

@@ -90,7 +90,7 @@ def _render_and_grads(scene, backend, absgrad=False, **kwargs):
 def test_projection_matches_reference():
     # Isolates the projection, so a failure below can be told apart from a rasterizer one.
     scene = _scene()
-    kw = dict(rasterize_mode="antialiased")
+    kw = {"rasterize_mode": "antialiased"}
     ours = project(**scene.kwargs(), backend="gsplat", **kw)
     theirs = project(**scene.kwargs(), backend="reference", **kw)
     # Radii are ceil(3 sqrt(lambda)): float32 op order may flip one by 1 px when 3 sqrt(lambda)
@@ -108,7 +108,7 @@ def test_projection_matches_reference():
 @pytest.mark.parametrize("rasterize_mode", ["classic", "antialiased"])
 def test_forward_matches_reference(render_mode, rasterize_mode):
     scene = _scene()
-    kw = dict(render_mode=render_mode, rasterize_mode=rasterize_mode)
+    kw = {"render_mode": render_mode, "rasterize_mode": rasterize_mode}
     c_gs, a_gs, _, meta = _render_and_grads(scene, "gsplat", **kw)
     c_ref, a_ref, _, _ = _render_and_grads(scene, "reference", **kw)
     assert meta["backend"] == "gsplat"
@@ -155,7 +155,7 @@ def _render_bands(scene, starts):
     cot = torch.randn(2, HEIGHT, WIDTH, 3, generator=gen, device="cuda")
     proj = project(**scene.kwargs(), backend="gsplat")
     bands, loss = [], 0.0
-    for start, stop in zip(starts, starts[1:] + [HEIGHT]):
+    for start, stop in zip(starts, starts[1:] + [HEIGHT], strict=False):
         out = rasterize_rows(proj, [start, start], stop - start, absgrad=True)
         bands.append(out.colors)
         loss = loss + (out.colors * cot[:, start:stop]).sum()

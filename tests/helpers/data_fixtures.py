@@ -11,8 +11,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -23,15 +24,15 @@ SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").r
 
 __all__ = [
     "SHARED_DATA",
-    "shared_scene",
-    "write_images",
+    "START_LOCK",
+    "hold_stream_workers",
+    "lock_checking_loader",
     "make_loader",
     "make_repeated_fox",
     "process_tree_memory",
-    "START_LOCK",
-    "lock_checking_loader",
-    "hold_stream_workers",
+    "shared_scene",
     "stress_rank",
+    "write_images",
 ]
 
 
@@ -87,7 +88,7 @@ def make_loader(
     paths: Sequence[Path],
     ram_budget_bytes: int = 1 << 30,
     decoder: str = "simplejpeg",
-    masks: Optional[Sequence[Path]] = None,
+    masks: Sequence[Path] | None = None,
 ):
     """An ``ImageLoader`` over ``paths`` with sizes read from the files (no undistortion)."""
     from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
@@ -130,7 +131,7 @@ def make_repeated_fox(fox: Path, out: Path, num_frames: int) -> Path:
     return out
 
 
-def process_tree_memory(pid: Optional[int] = None) -> dict[str, int]:
+def process_tree_memory(pid: int | None = None) -> dict[str, int]:
     """Memory of a process and all its descendants, in bytes.
 
     Returns:
@@ -257,8 +258,8 @@ class LockCheckingLoader(ImageLoader):
     thread of its parent held the lock inherits it held, and fails here instead of decoding."""
 
     def load_array(
-        self, index: int, out: Optional[np.ndarray] = None, downscale: int = 1
-    ) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        self, index: int, out: np.ndarray | None = None, downscale: int = 1
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         if not START_LOCK.acquire(timeout=2.0):
             raise RuntimeError("this worker inherited START_LOCK held: it was forked while another thread held it")
         START_LOCK.release()
@@ -296,9 +297,8 @@ def stress_rank(ctx: Any, scene: str, num_steps: int) -> list[list[list[int]]]:
     """
     import tempfile
 
-    from torch.utils.tensorboard import SummaryWriter
-
     from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+    from torch.utils.tensorboard import SummaryWriter
 
     from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
     from distsplat_ns.distributed.collectives import all_gather_object

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 # 100 images at B = 2: 50 steps. Refines (counted in images) at images 40, 60, 80 -> steps 20, 30,
 # 40, after the 10 + 20 = 30-image pause that follows an opacity reset in splatfacto's schedule.
 # float64 (reference backend): float32 summation-order differences between 1 and 2 processes

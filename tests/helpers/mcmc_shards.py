@@ -8,13 +8,14 @@ kills) is a function of its global id, so the shards and one process see the sam
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from distsplat_ns.model.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
 from distsplat_ns.utils.keyed_random import keyed_normal
-from tests.helpers.strategy_shards import N, SEED, by_id, make_gaussians, take_shard
+from tests.helpers.strategy_shards import SEED, N, by_id, make_gaussians, take_shard
 
 __all__ = ["FIRST_ID", "PARTITIONS", "BarrierGather", "by_id", "kill_by_id", "mcmc_gaussians", "mcmc_rank_shard", "mcmc_sequence", "run_ranks", "set_moments_by_id", "shards_of"]
 

@@ -20,7 +20,7 @@ def make_model(batch_size: int, num_points: int = 400, seed: int = 0, **config_o
     xyz = torch.randn(num_points, 3, generator=gen)
     xyz = xyz / xyz.norm(dim=-1, keepdim=True) * (0.8 + 0.4 * torch.rand(num_points, 1, generator=gen))
     rgb = (torch.rand(num_points, 3, generator=gen) * 255).to(torch.uint8)
-    defaults = dict(num_downscales=0, background_color="black", sh_degree=1, sh_degree_interval=1)
+    defaults = {"num_downscales": 0, "background_color": "black", "sh_degree": 1, "sh_degree_interval": 1}
     defaults.update(config_overrides)
     config = DistSplatModelConfig(**defaults)
     model = config.setup(

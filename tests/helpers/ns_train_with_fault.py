@@ -25,7 +25,7 @@ def main() -> None:
     del sys.argv[1:3]
     logger = get_logger("ns_train_with_fault")
 
-    def write_nan(step: int, rank: int, model) -> None:  # noqa: ANN001
+    def write_nan(step: int, rank: int, model) -> None:
         if step != fault_step or rank != fault_rank:
             return
         if os.environ.get("DISTSPLAT_TEST_FAULT") == "raise":

@@ -10,8 +10,9 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``K`` SH bases, ``D`` channels.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,7 +50,7 @@ class Scene:
     Ks: Tensor
     width: int
     height: int
-    sh_degree: Optional[int] = None
+    sh_degree: int | None = None
 
     @property
     def num_cameras(self) -> int:
@@ -59,11 +60,11 @@ class Scene:
     def num_gaussians(self) -> int:
         return int(self.means.shape[0])
 
-    def params(self) -> Dict[str, Tensor]:
+    def params(self) -> dict[str, Tensor]:
         """The Gaussian tensors, keyed as ``project``/``rasterization`` name them."""
         return {name: getattr(self, name) for name in _PARAM_NAMES}
 
-    def kwargs(self) -> Dict[str, Any]:
+    def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``project`` / ``rasterization`` (without backend/modes)."""
         return dict(
             **self.params(),
@@ -74,7 +75,7 @@ class Scene:
             sh_degree=self.sh_degree,
         )
 
-    def to(self, device: Optional[torch.device | str] = None, dtype: Optional[torch.dtype] = None) -> "Scene":
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Scene:
         """A copy with every tensor moved/cast (fresh leaves, no grad)."""
         moved = {}
         for f in fields(self):
@@ -84,16 +85,16 @@ class Scene:
             moved[f.name] = value
         return replace(self, **moved)
 
-    def with_grad(self) -> "Scene":
+    def with_grad(self) -> Scene:
         """A copy whose Gaussian tensors are fresh leaves requiring grad."""
         return replace(self, **{n: getattr(self, n).detach().clone().requires_grad_(True) for n in _PARAM_NAMES})
 
-    def select_cameras(self, index: Sequence[int] | slice) -> "Scene":
+    def select_cameras(self, index: Sequence[int] | slice) -> Scene:
         """A copy with a subset of the cameras (Gaussian tensors are shared)."""
         return replace(self, viewmats=self.viewmats[index], Ks=self.Ks[index])
 
 
-def look_at_viewmat(eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0.0), up: Sequence[float] = (0.0, -1.0, 0.0), dtype: torch.dtype = torch.float32) -> Tensor:  # noqa: E501
+def look_at_viewmat(eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0.0), up: Sequence[float] = (0.0, -1.0, 0.0), dtype: torch.dtype = torch.float32) -> Tensor:
     """World-to-camera matrix (OpenCV) of a camera at ``eye`` looking at ``target``.
 
     Args:
@@ -117,7 +118,7 @@ def look_at_viewmat(eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0
     return w2c.to(dtype)
 
 
-def pinhole_K(width: int, height: int, fov_x_deg: float = 60.0, dtype: torch.dtype = torch.float32, principal: Optional[Tuple[float, float]] = None) -> Tensor:  # noqa: E501
+def pinhole_K(width: int, height: int, fov_x_deg: float = 60.0, dtype: torch.dtype = torch.float32, principal: tuple[float, float] | None = None) -> Tensor:
     """Pinhole intrinsics with square pixels and the given horizontal field of view. `[3, 3]`."""
     focal = 0.5 * width / math.tan(math.radians(fov_x_deg) / 2)
     cx, cy = principal if principal is not None else (width / 2, height / 2)
@@ -139,10 +140,10 @@ def random_scene(
     device: torch.device | str = "cpu",
     extent: float = 1.0,
     camera_distance: float = 4.0,
-    scale_range: Tuple[float, float] = (0.02, 0.12),
-    opacity_range: Tuple[float, float] = (0.05, 0.95),
+    scale_range: tuple[float, float] = (0.02, 0.12),
+    opacity_range: tuple[float, float] = (0.05, 0.95),
     num_channels: int = 3,
-    sh_degree: Optional[int] = None,
+    sh_degree: int | None = None,
     fov_x_deg: float = 60.0,
 ) -> Scene:
     """Gaussians in a cube of half-side ``extent`` at the origin, seen by cameras on a small arc.
@@ -207,7 +208,7 @@ def single_gaussian_scene(
     opacity: float = 0.8,
     color: Sequence[float] = (1.0, 0.5, 0.25),
     focal: float = 40.0,
-    center_px: Optional[Tuple[float, float]] = None,
+    center_px: tuple[float, float] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Scene:
     """One isotropic Gaussian on the optical axis of an identity camera.
@@ -230,7 +231,7 @@ def single_gaussian_scene(
 
 
 def two_gaussian_scene(
-    depths: Tuple[float, float] = (2.0, 4.0),
+    depths: tuple[float, float] = (2.0, 4.0),
     *,
     width: int = 32,
     height: int = 32,

@@ -4,7 +4,7 @@ tests (tests/unit/test_shard_state.py, tests/multiproc/test_shard_moves.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 
@@ -22,12 +22,12 @@ NUM_POINTS = 31  # odd, so no world size here splits it evenly
 SEED = 3
 
 
-def make_optimizers(model: Any) -> Dict[str, torch.optim.Adam]:
+def make_optimizers(model: Any) -> dict[str, torch.optim.Adam]:
     """One Adam per Gaussian parameter, as nerfstudio's ``Optimizers`` builds them."""
     return {name: torch.optim.Adam([p], lr=1e-3, eps=1e-15) for name, p in model.gauss_params.items()}
 
 
-def adam_step(model: Any, optimizers: Dict[str, torch.optim.Adam], num_total: int, step: int) -> None:
+def adam_step(model: Any, optimizers: dict[str, torch.optim.Adam], num_total: int, step: int) -> None:
     """One optimizer step with gradients drawn per global id (the same whatever the sharding)."""
     for name, p in model.gauss_params.items():
         gen = torch.Generator().manual_seed(1000 * step + len(name))
@@ -58,7 +58,7 @@ def make_state_model(num_points: int = NUM_POINTS, with_optimizers: bool = True)
     return model, optimizers
 
 
-def single_process_state(model: Any, optimizers: Dict[str, torch.optim.Adam]) -> Dict[str, Any]:
+def single_process_state(model: Any, optimizers: dict[str, torch.optim.Adam]) -> dict[str, Any]:
     """What one process holding the whole model saves: the Gaussians' pipeline entries, the
     model's extra state and every optimizer's state dict (copies: state dicts hold references)."""
     import copy
@@ -80,14 +80,14 @@ def _shard_unevenly_(ctx: Any, model: Any, optimizers: Any) -> None:
     keep_rows_(model, optimizers, torch.nonzero(owner == ctx.rank).squeeze(1))
 
 
-def gather_rebalance_and_save(ctx: Any, checkpoint_dir: Optional[str]) -> Dict[str, Any]:
+def gather_rebalance_and_save(ctx: Any, checkpoint_dir: str | None) -> dict[str, Any]:
     """Shard unevenly, gather; rebalance, gather again; take one more Adam step and gather; on
     rank 0 write the rebalanced gathered state as a checkpoint (when ``checkpoint_dir`` is set)."""
     from distsplat_ns.checkpoint import save_checkpoint_atomic
 
     model, optimizers = make_state_model()
     _shard_unevenly_(ctx, model, optimizers)
-    out: Dict[str, Any] = {"sizes_before": int(model.gauss_params["means"].shape[0])}
+    out: dict[str, Any] = {"sizes_before": int(model.gauss_params["means"].shape[0])}
     out["gathered"] = _comparable(gather_full_state(ctx, model, optimizers))
     out["moved"] = rebalance_shards_(ctx, model, optimizers)
     out["sizes_after"] = int(model.gauss_params["means"].shape[0])
@@ -103,7 +103,7 @@ def gather_rebalance_and_save(ctx: Any, checkpoint_dir: Optional[str]) -> Dict[s
     return out
 
 
-def resume_and_gather(ctx: Any, checkpoint: str, modes: List[str]) -> Dict[str, Any]:
+def resume_and_gather(ctx: Any, checkpoint: str, modes: list[str]) -> dict[str, Any]:
     """For each mode ("sharded" or "replicated"), load a whole-model checkpoint the way the trainer
     does (sharded: mmap, slice to the owned block, then nerfstudio's loads), then gather it back
     (sharded) or take the state as it is (replicated)."""
@@ -130,14 +130,14 @@ def resume_and_gather(ctx: Any, checkpoint: str, modes: List[str]) -> Dict[str, 
     return out
 
 
-def _optimizers_hold_params(model: Any, optimizers: Dict[str, torch.optim.Adam]) -> bool:
+def _optimizers_hold_params(model: Any, optimizers: dict[str, torch.optim.Adam]) -> bool:
     return all(
         o.param_groups[0]["params"][0] is model.gauss_params[n] and model.gauss_params[n] in o.state
         for n, o in optimizers.items()
     )
 
 
-def _comparable(gathered: Any) -> Optional[Dict[str, Any]]:
+def _comparable(gathered: Any) -> dict[str, Any] | None:
     if gathered is None:
         return None
     return {"pipeline": gathered.pipeline_entries, "optimizers": gathered.optimizers}
@@ -155,7 +155,7 @@ def assert_same(got: Any, want: Any, path: str = "") -> None:
             assert_same(got[k], want[k], f"{path}.{k}")
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), f"{path}: length"
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=False)):
             assert_same(g, w, f"{path}[{i}]")
     else:
         assert got == want, f"{path}: {got!r} vs {want!r}"
@@ -165,7 +165,7 @@ def assert_same(got: Any, want: Any, path: str = "") -> None:
 LUND_DOOR = Path(__file__).resolve().parents[2] / "scenes" / "lund_door"
 
 
-def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], step: int) -> Dict[str, Any]:
+def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: int) -> dict[str, Any]:
     """Set up a DistSplatTrainer on the shipped scene (from ``load_dir`` when given), take one Adam
     step with gradients drawn by global id when starting fresh, save checkpoint ``step`` through
     ``DistSplatTrainer.save_checkpoint``, then refresh the full view. Returns this rank's ids, the
@@ -197,7 +197,7 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: Optional[str], ste
     return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "full_view": view}
 
 
-def saved_model_state(path: Path) -> Dict[str, Any]:
+def saved_model_state(path: Path) -> dict[str, Any]:
     """The per-Gaussian content of a checkpoint: Gaussian parameters, strategy state and ids,
     ``next_gauss_id``, and the Gaussian parameters' optimizer states."""
     if Path(path).is_dir():  # a sharded run's step-N.dcp, read whole in this process

@@ -17,7 +17,7 @@ SCHEDULE = StrategySchedule(
     refine_start_iter=500, refine_stop_iter=15000, reset_every=3000, refine_every=100,
     pause_refine_after_reset=108, refine_scale2d_stop_iter=4000,
 )
-THRESHOLDS = dict(prune_opa=0.005, grow_grad2d=0.0002, grow_scale3d=0.01, grow_scale2d=0.12, prune_scale3d=0.1, prune_scale2d=0.15)
+THRESHOLDS = {"prune_opa": 0.005, "grow_grad2d": 0.0002, "grow_scale3d": 0.01, "grow_scale2d": 0.12, "prune_scale3d": 0.1, "prune_scale2d": 0.15}
 PARTITIONS = {
     "blocks2": lambda n: [torch.arange(0, n // 2), torch.arange(n // 2, n)],
     "blocks3": lambda n: [torch.arange(0, 101), torch.arange(101, 250), torch.arange(250, n)],
@@ -25,7 +25,7 @@ PARTITIONS = {
 }
 
 
-def make_strategy():  # noqa: ANN202
+def make_strategy():
     return build_default_strategy(SCHEDULE, **THRESHOLDS, absgrad=True, verbose=False)
 
 
@@ -79,7 +79,7 @@ def take_shard(params: dict, optimizers: dict, state: dict, idx: torch.Tensor) -
 class IdCounter:
     """``next_gauss_id`` and the allocator bound to a gather, as DistSplatModel.allocate_gauss_ids."""
 
-    def __init__(self, next_id: int, gather) -> None:  # noqa: ANN001
+    def __init__(self, next_id: int, gather) -> None:
         self.next_id, self.gather, self.calls = next_id, gather, 0
 
     def allocate(self, dup: torch.Tensor, split: torch.Tensor) -> ChildIds:
@@ -113,7 +113,7 @@ def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:  # noqa: ANN001
+def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:
     """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
     gather (``all_gather_rows``); returns its tensors by global id and its ``next_gauss_id``."""
     from distsplat_ns.distributed.collectives import all_gather_rows

@@ -25,7 +25,7 @@ def test_splatfacto_trains_on_cpu_with_the_reference_rasterizer(tmp_path: Path) 
     run = bench.RunSpec("splatfacto", "splatfacto", 1, 3)
     report = tmp_path / "report.json"
     cmd = bench.launch_command(run, report, tmp_path / "runs", SCENE, "cpu", python=sys.executable)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     data = json.loads(report.read_text())
     assert proc.returncode == 0 and data["completed"], (data.get("error"), proc.stderr[-2000:])
     assert len(data["step_times_s"]) == 3

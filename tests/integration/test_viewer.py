@@ -22,7 +22,7 @@ pytestmark = [
 MIN_DISTINCT_COLOURS = 200
 
 
-def _shows_scene(pixels) -> bool:  # noqa: ANN001
+def _shows_scene(pixels) -> bool:
     return distinct_colours(scene_region(pixels)) >= MIN_DISTINCT_COLOURS
 
 

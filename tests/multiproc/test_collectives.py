@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.multiproc import run_ranks
 from tests.helpers import rank_fns
+from tests.helpers.multiproc import run_ranks
 
 
 @pytest.mark.parametrize("bucket_bytes", [1024, 25 * 1024 * 1024])

@@ -33,7 +33,7 @@ def test_rank_killed_during_save_leaves_the_previous_checkpoint_the_one_resumed(
 def test_older_checkpoint_is_pruned_only_after_the_newer_is_renamed_and_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     models = tmp_path / "run" / "nerfstudio_models"
     ctx = DistContext()
-    write = lambda step: lambda folder: save_rows(ctx, folder, rows_of(0, step), b"")  # noqa: E731
+    write = lambda step: lambda folder: save_rows(ctx, folder, rows_of(0, step), b"")
     save_sharded_checkpoint_atomic(ctx, models, 5, write(5), keep_only_latest=True)
     events = []
     fsync = checkpoint._fsync_directory

@@ -61,9 +61,9 @@ def test_rebalance_evens_out_the_shards(sharded_run: list) -> None:
     assert max(before) * world > 1.10 * NUM_POINTS, "the test's shards must start past the bound"
     assert sum(after) == NUM_POINTS and all(NUM_POINTS // world <= s <= -(-NUM_POINTS // world) for s in after)
     # The bytes a rank reports are those it sent: a whole number of equal-sized rows from a donor, none from a receiver.
-    sent_rows = [b - a for b, a in zip(before, after)]
-    assert all(r["moved"] == 0 for r, n in zip(sharded_run, sent_rows) if n <= 0)
-    per_row = {r["moved"] / n for r, n in zip(sharded_run, sent_rows) if n > 0}
+    sent_rows = [b - a for b, a in zip(before, after, strict=False)]
+    assert all(r["moved"] == 0 for r, n in zip(sharded_run, sent_rows, strict=False) if n <= 0)
+    per_row = {r["moved"] / n for r, n in zip(sharded_run, sent_rows, strict=False) if n > 0}
     assert len(per_row) == 1 and per_row.pop() > 0
     assert all(r["aligned"] for r in sharded_run)
 

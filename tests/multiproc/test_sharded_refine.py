@@ -8,7 +8,7 @@ import torch
 
 from distsplat_ns.model.strategy import gather_local
 from tests.helpers.multiproc import run_ranks
-from tests.helpers.strategy_shards import N, STEPS, IdCounter, by_id, make_gaussians, refine_event, refine_rank_shard
+from tests.helpers.strategy_shards import STEPS, IdCounter, N, by_id, make_gaussians, refine_event, refine_rank_shard
 
 
 @pytest.mark.parametrize(("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "interleaved3", "float32")])

@@ -12,8 +12,8 @@ import psutil
 import pytest
 import torch
 
-from tests.helpers.multiproc import free_port
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
+from tests.helpers.multiproc import free_port
 from tests.helpers.nsrun import (
     REPO,
     cpu_env,

@@ -12,7 +12,6 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``H``, ``W`` pixels, ``D`` channel
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,15 +27,15 @@ def naive_rasterize(
     width: int,
     height: int,
     tile_size: int = 16,
-    backgrounds: Optional[Tensor] = None,
-    pixel_means2d: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
+    backgrounds: Tensor | None = None,
+    pixel_means2d: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Render ``[C, H, W, D]`` colours and ``[C, H, W, 1]`` alphas from a projection.
 
     ``pixel_means2d`` (`[C, N, H, W, 2]`), if given, replaces ``means2d`` pixel by pixel so that
     its ``.grad`` holds every pixel's own contribution (for absgrad).
     """
-    num_cameras, num_gaussians = opacities.shape
+    num_cameras, _num_gaussians = opacities.shape
     dtype, device = means2d.dtype, means2d.device
     rows = torch.arange(height, device=device)
     cols = torch.arange(width, device=device)

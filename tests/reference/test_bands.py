@@ -14,7 +14,7 @@ WIDTH, HEIGHT = 45, 61  # neither a multiple of 16
 
 # Band pixels are computed by the same float ops as the whole image's; only the padding width of
 # the reference's chunks (and so the BLAS blocking of one bmm) can differ: ~1 ulp.
-_PIXEL_TOL = dict(rtol=1e-6, atol=1e-6)
+_PIXEL_TOL = {"rtol": 1e-6, "atol": 1e-6}
 # Gradients are sums over pixels in a different grouping (per band, then across bands): float32
 # reassociation of ~1e3 mixed-sign terms. Checked at 1e-5 relative to each tensor's largest entry
 # (see assert_grads_close), the budget docs/distributed.md states for distributed vs single-process gradients.
@@ -36,7 +36,7 @@ def _scene(num_cameras: int = 2):
 
 def _bands(starts):
     ends = starts[1:] + [HEIGHT]
-    return list(zip(starts, ends))
+    return list(zip(starts, ends, strict=False))
 
 
 def _cotangent(shape, seed):
@@ -79,7 +79,7 @@ def test_band_gradients_sum_to_whole_image_gradients(split):
     proj = project(**scene.kwargs(), backend="reference")
     _, _, loss = _band_loss_and_images(proj, _bands(split), cot_c, cot_a)
     got = torch.autograd.grad(loss, params + [proj.means2d])
-    for name, g, w in zip(list(scene.params()) + ["means2d"], got, want):
+    for name, g, w in zip(list(scene.params()) + ["means2d"], got, want, strict=False):
         assert_grads_close(g, w, _GRAD_REL, name)
 
 
@@ -128,7 +128,7 @@ def test_batch_of_cameras_equals_single_camera_calls():
     torch.testing.assert_close(colors, torch.cat([s[0] for s in singles]), **_PIXEL_TOL)
     torch.testing.assert_close(alphas, torch.cat([s[1] for s in singles]), **_PIXEL_TOL)
     got = torch.autograd.grad(sum((s[0] * cot[c : c + 1]).sum() for c, s in enumerate(singles)), params)
-    for name, g, w in zip(scene.params(), got, want):
+    for name, g, w in zip(scene.params(), got, want, strict=False):
         assert_grads_close(g, w, _GRAD_REL, name)
 
 

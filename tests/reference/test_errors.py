@@ -39,11 +39,11 @@ def test_auto_backend_on_cpu_is_reference():
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
-        (dict(render_mode="D"), "render_mode"),
-        (dict(rasterize_mode="fancy"), "rasterize_mode"),
-        (dict(sh_degree=1), "colors"),
-        (dict(opacities=torch.ones(9)), "opacities"),
-        (dict(Ks=torch.eye(3)[None]), "Ks"),
+        ({"render_mode": "D"}, "render_mode"),
+        ({"rasterize_mode": "fancy"}, "rasterize_mode"),
+        ({"sh_degree": 1}, "colors"),
+        ({"opacities": torch.ones(9)}, "opacities"),
+        ({"Ks": torch.eye(3)[None]}, "Ks"),
     ],
     ids=["render_mode", "rasterize_mode", "sh_without_coeffs", "opacities_shape", "Ks_count"],
 )

@@ -80,7 +80,7 @@ def _render(starts, backend_name):
     proj.backend = backend_name  # route rasterize_rows through gsplat_backend.rasterize_band
     cot = torch.randn(2, HEIGHT, WIDTH, 3, generator=torch.Generator().manual_seed(9))
     bands, counts, loss = [], [], 0.0
-    for start, stop in zip(starts, starts[1:] + [HEIGHT]):
+    for start, stop in zip(starts, starts[1:] + [HEIGHT], strict=False):
         out = rasterize_rows(proj, [start, start], stop - start, absgrad=True)
         bands.append(out.colors)
         counts.append(out.tile_counts)
@@ -96,7 +96,7 @@ def test_gsplat_glue_matches_reference_path(fake_gsplat, starts):
     want_img, want_counts, want = _render(starts, "reference")
     got_img, got_counts, got = _render(starts, "gsplat")
     torch.testing.assert_close(got_img, want_img, atol=1e-5, rtol=0)  # band shift rounds (<= 2e-6 px)
-    for g, w in zip(got_counts, want_counts):
+    for g, w in zip(got_counts, want_counts, strict=False):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert float(want["absgrad"].sum()) > 0
     for name in want:
@@ -123,7 +123,7 @@ def test_gsplat_absgrad_survives_dropping_the_projection(fake_gsplat):
 def test_empty_band_gives_zero_tile_counts(fake_gsplat):
     scene = random_scene(num_gaussians=0, width=WIDTH, height=HEIGHT)
     proj = project(**scene.kwargs(), backend="reference")
-    colors, alphas, counts = gsplat_backend.rasterize_band(
+    _colors, alphas, counts = gsplat_backend.rasterize_band(
         proj.means2d, proj.conics, proj.colors, proj.opacities, proj.radii, proj.depths, WIDTH, 20, 16, [0],
         backgrounds=None, absgrad_sink=None, keepalive=None,
     )  # fmt: skip

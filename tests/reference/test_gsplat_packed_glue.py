@@ -130,9 +130,9 @@ def fake_gsplat(monkeypatch):
 def _render(scene, packed_glue, **kwargs):
     leaves = {name: getattr(scene, name).detach().clone().requires_grad_() for name in _PARAMS}
     bg = torch.tensor([[0.2, 0.5, 0.9]] * scene.num_cameras)
-    common = dict(viewmats=scene.viewmats, Ks=scene.Ks, width=scene.width, height=scene.height, near_plane=0.01,
-                  far_plane=1e10, radius_clip=0.0, eps2d=0.3, sh_degree=scene.sh_degree, tile_size=16,
-                  backgrounds=bg, absgrad=True)  # fmt: skip
+    common = {"viewmats": scene.viewmats, "Ks": scene.Ks, "width": scene.width, "height": scene.height, "near_plane": 0.01,
+                  "far_plane": 1e10, "radius_clip": 0.0, "eps2d": 0.3, "sh_degree": scene.sh_degree, "tile_size": 16,
+                  "backgrounds": bg, "absgrad": True}  # fmt: skip
     render_mode = kwargs.get("render_mode", "RGB")
     rasterize_mode = kwargs.get("rasterize_mode", "classic")
     if packed_glue:
@@ -151,7 +151,7 @@ def _render(scene, packed_glue, **kwargs):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(), dict(render_mode="RGB+ED"), dict(rasterize_mode="antialiased"), dict(sh_degree=2)],
+    [{}, {"render_mode": "RGB+ED"}, {"rasterize_mode": "antialiased"}, {"sh_degree": 2}],
     ids=["rgb", "rgb_ed", "antialiased", "sh2"],
 )
 def test_packed_glue_matches_reference_unpacked(fake_gsplat, kwargs):

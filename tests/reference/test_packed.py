@@ -48,11 +48,11 @@ def _run(scene, packed, **kwargs):
 @pytest.mark.parametrize(
     "case",
     [
-        dict(),
-        dict(render_mode="RGB+ED"),
-        dict(rasterize_mode="antialiased"),
-        dict(sh_degree=2),
-        dict(per_camera_colors=True),
+        {},
+        {"render_mode": "RGB+ED"},
+        {"rasterize_mode": "antialiased"},
+        {"sh_degree": 2},
+        {"per_camera_colors": True},
     ],
     ids=["rgb", "rgb_ed", "antialiased", "sh2", "per_camera_colors"],
 )

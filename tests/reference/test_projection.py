@@ -14,7 +14,7 @@ from tests.helpers.scenes import random_scene
 
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
 
-_F64_TOL = dict(rtol=1e-10, atol=1e-10)
+_F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
 
 
 def _wide_scene(seed: int):
@@ -106,7 +106,7 @@ def test_projection_gradients_match_gsplat_torch_impl():
     weight_comp = torch.randn(ours.depths.shape, generator=gen, dtype=torch.float64)
 
     def functional(means2d, depths, conics, comps):
-        terms = [(w * t)[kept].sum() for w, t in zip(weights, (means2d, depths, conics))]
+        terms = [(w * t)[kept].sum() for w, t in zip(weights, (means2d, depths, conics), strict=False)]
         return sum(terms) + (weight_comp * comps)[kept].sum()
 
     params = [scene.means, scene.quats, scene.scales]
@@ -116,5 +116,5 @@ def test_projection_gradients_match_gsplat_torch_impl():
         scene.means, covars, scene.viewmats, scene.Ks, scene.width, scene.height, eps2d=0.3, calc_compensations=True
     )
     want = torch.autograd.grad(functional(means2d, depths, conics, comps), params)
-    for name, g, w in zip(("means", "quats", "scales"), got, want):
+    for name, g, w in zip(("means", "quats", "scales"), got, want, strict=False):
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10, msg=lambda m: f"{name}: {m}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from distsplat_ns.model.band_render import render_calls
 from distsplat_ns.balance.bands import Band
+from distsplat_ns.model.band_render import render_calls
 from distsplat_ns.parallel.mode import info_for
 from distsplat_ns.pipeline import batch_sizes_px
 

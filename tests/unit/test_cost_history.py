@@ -220,7 +220,7 @@ def _brute_force_footprint(means2d, radii_xy, height, width, tile_size):
 
     tiles_high, tiles_wide = -(-height // tile_size), -(-width // tile_size)
     rows = [0] * tiles_high
-    for (x, y), (rx, ry) in zip(means2d.tolist(), radii_xy.tolist()):
+    for (x, y), (rx, ry) in zip(means2d.tolist(), radii_xy.tolist(), strict=False):
         if rx <= 0 or ry <= 0:
             continue
         x0 = min(max(0, math.floor(x / tile_size - rx / tile_size)), tiles_wide)

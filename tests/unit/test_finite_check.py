@@ -39,6 +39,6 @@ def test_empty_gradients_are_skipped() -> None:
 
 
 def test_check_names_the_step_and_parameter() -> None:
-    named = list(zip(["means", "scales"], _params(torch.ones(2), torch.tensor([float("nan")]))))
+    named = list(zip(["means", "scales"], _params(torch.ones(2), torch.tensor([float("nan")])), strict=False))
     with pytest.raises(NonFiniteGradientError, match=r"step 7 \(parameters scales\)"):
         check_finite_gradients(DistContext(device=torch.device("cpu")), named, 7)

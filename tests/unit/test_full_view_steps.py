@@ -28,7 +28,7 @@ def test_eval_steps_gather_the_full_view(step: int, expected: bool) -> None:
 
 def test_no_eval_images_and_no_viewer_never_gather() -> None:
     trainer = _trainer("tensorboard", has_eval_images=False)
-    assert not any(trainer._needs_full_view(s) for s in range(0, 2001))
+    assert not any(trainer._needs_full_view(s) for s in range(2001))
 
 
 @pytest.mark.parametrize(("step", "expected"), [(37, True), (38, False), (100, True), (150, False), (200, True)])

@@ -43,7 +43,7 @@ def test_a_draw_does_not_depend_on_the_batch_it_is_drawn_in() -> None:
     gen = torch.Generator().manual_seed(0)
     ids = torch.randperm(5000, generator=gen)[:1003] * 7919  # sparse, unordered global ids
     whole = keyed_normal(5, 1200, ids, 6)
-    for i in range(0, 40):  # alone: every position of numpy's SIMD body and tail
+    for i in range(40):  # alone: every position of numpy's SIMD body and tail
         assert torch.equal(keyed_normal(5, 1200, ids[i : i + 1], 6), whole[i : i + 1])
     for start, length in [(0, 2), (1, 3), (3, 5), (7, 9), (10, 17), (100, 333), (500, 503)]:
         assert torch.equal(keyed_normal(5, 1200, ids[start : start + length], 6), whole[start : start + length])
@@ -134,7 +134,7 @@ def test_a_device_draw_does_not_depend_on_the_batch_it_is_drawn_in() -> None:
     from distsplat_ns.utils.keyed_random import keyed_normal_device
 
     whole = keyed_normal_device(5, 1200, _IDS, 3, stream=1)
-    for i in range(0, 40):  # alone and in short runs: every position of a vectorised body and tail
+    for i in range(40):  # alone and in short runs: every position of a vectorised body and tail
         assert torch.equal(keyed_normal_device(5, 1200, _IDS[i : i + 1], 3, stream=1), whole[i : i + 1])
         assert torch.equal(keyed_normal_device(5, 1200, _IDS[i : i + 7], 3, stream=1), whole[i : i + 7])
     order = torch.randperm(len(_IDS), generator=torch.Generator().manual_seed(2))
@@ -148,10 +148,10 @@ def test_device_draws_never_read_a_value_back() -> None:
     assert keyed_normal_device(1, 2, _IDS.to("meta"), 3, stream=1).shape == (len(_IDS), 3)
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(draws=-1), "draws"), (dict(stream=-2), "stream"), (dict(draws=2.0), "draws")])
+@pytest.mark.parametrize("kwargs, match", [({"draws": -1}, "draws"), ({"stream": -2}, "stream"), ({"draws": 2.0}, "draws")])
 def test_device_generator_refuses_bad_arguments(kwargs: dict, match: str) -> None:
     from distsplat_ns.utils.keyed_random import keyed_bits_device
 
-    args = dict(seed=1, step=2, ids=_IDS, draws=3) | kwargs
+    args = {"seed": 1, "step": 2, "ids": _IDS, "draws": 3} | kwargs
     with pytest.raises(ValueError, match=match):
         keyed_bits_device(**args)

@@ -16,13 +16,13 @@ import torch
 from distsplat_ns.model.strategy import StrategySchedule, allocate_child_ids, gather_local, grow_masks, refine_keyed
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.strategy_shards import (
-    N,
     PARTITIONS,
     SCHEDULE,
     SEED,
     STEPS,
     THRESHOLDS,
     IdCounter,
+    N,
     by_id,
     make_gaussians,
     make_strategy,
@@ -35,14 +35,14 @@ from tests.helpers.strategy_shards import (
 def _sharded_refine(shards: list, step: int, dtype: torch.dtype, next_ids: list[int]) -> list[IdCounter]:
     """One refine event on every shard, each seeing the others' parent rows as a real gather would."""
     recorded = []
-    for shard, next_id in zip(shards, next_ids):  # dry run: what each rank contributes to the gather
+    for shard, next_id in zip(shards, next_ids, strict=False):  # dry run: what each rank contributes to the gather
         def record(rows: torch.Tensor) -> list[torch.Tensor]:
             recorded.append(rows.clone())
             return [rows]
 
         refine_event(copy.deepcopy(shard), step, dtype, IdCounter(next_id, record))
     counters = []
-    for rank, (shard, next_id) in enumerate(zip(shards, next_ids)):
+    for rank, (shard, next_id) in enumerate(zip(shards, next_ids, strict=False)):
         def gather(rows: torch.Tensor, rank: int = rank) -> list[torch.Tensor]:
             assert torch.equal(rows, recorded[rank])
             return recorded

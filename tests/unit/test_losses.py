@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from pytorch_msssim import SSIM
@@ -30,7 +32,7 @@ def test_band_shares_sum_to_whole_image_loss(cuts: list[int]) -> None:
     whole_l1, whole_ssim = band_loss(pred, gt, 0, height, height)
     l1_sum = torch.zeros((), dtype=torch.float64)
     ssim_sum = torch.zeros((), dtype=torch.float64)
-    for first, end in zip(cuts[:-1], cuts[1:]):
+    for first, end in itertools.pairwise(cuts):
         stop = halo_end_row(end, height)
         l1, dssim = band_loss(pred[first:stop], gt[first:stop], first, end, height)
         l1_sum, ssim_sum = l1_sum + l1, ssim_sum + dssim

@@ -27,7 +27,7 @@ from distsplat_ns.model.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_w
 from distsplat_ns.model.strategy import gather_local
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
-from tests.helpers.strategy_shards import N, SEED
+from tests.helpers.strategy_shards import SEED, N
 
 MIN_OPACITY = 0.005
 
@@ -58,7 +58,7 @@ def test_the_cap_holds_over_all_ranks() -> None:
     assert [e.num_gaussians for e in results[0]] == [420, 430, 430]
     assert sum(len(s[0]["means"]) for s in shards) == 430
     # The cap is global: the ranks grew unevenly (by where the draws fell), none to a per-rank cap.
-    growth = [len(s[0]["means"]) - b for s, b in zip(shards, sizes_before)]
+    growth = [len(s[0]["means"]) - b for s, b in zip(shards, sizes_before, strict=False)]
     assert growth[1] == 0 and growth[0] != growth[2]
 
 
@@ -83,12 +83,12 @@ def test_relocation_removes_the_dead_and_numbers_copies_by_draw() -> None:
             assert not bool(optimizers[k].state[p]["exp_avg"][rows[FIRST_ID + j]].any())
 
 
-def _patched_gsplat_op(monkeypatch, rows: torch.Tensor, op: str, params, optimizers, **kwargs):  # noqa: ANN001, ANN202
+def _patched_gsplat_op(monkeypatch, rows: torch.Tensor, op: str, params, optimizers, **kwargs):
     """gsplat 1.4.0's ``relocate`` / ``sample_add`` made to draw ``rows`` and run Eq. 9 on CPU."""
-    import gsplat.strategy.ops as ops
+    from gsplat.strategy import ops
 
     monkeypatch.setattr(ops, "_multinomial_sample", lambda weights, n, replacement=True: rows)
-    def on_cpu(opacities, scales, ratios, binoms):  # noqa: ANN001, ANN202 -- the kernel's shapes: opacities [J] or [J, 1]
+    def on_cpu(opacities, scales, ratios, binoms):
         new_opacities, new_scales = relocation_opacity_scale(opacities.flatten(), scales, ratios)
         return new_opacities.reshape(opacities.shape), new_scales
 
@@ -174,7 +174,7 @@ def test_eq9_equals_the_papers_double_sum(dtype: torch.dtype) -> None:
         tol = 1e-12 if dtype == torch.float64 else 1e-6  # float32: the inputs' and outputs' rounding
         assert math.isclose(float(new_o[i]), want_o, rel_tol=tol), i
         assert torch.allclose(new_s[i].double(), o / denom * scales[i].double(), rtol=max(tol, 1e-10)), i
-    alone = [relocation_opacity_scale(opacities[i : i + 3], scales[i : i + 3], ratios[i : i + 3]) for i in range(0, 40)]
+    alone = [relocation_opacity_scale(opacities[i : i + 3], scales[i : i + 3], ratios[i : i + 3]) for i in range(40)]
     assert all(torch.equal(a[0], new_o[i : i + 3]) and torch.equal(a[1], new_s[i : i + 3]) for i, a in enumerate(alone))
 
 
@@ -215,7 +215,7 @@ def test_noise_never_reads_a_value_back() -> None:
 def test_regularizers_sum_over_shards_with_one_process_gradients(partition: str) -> None:
     full = mcmc_gaussians(torch.float64)
     shards = shards_of(full, partition)
-    kw = dict(opacity_reg=0.01, scale_reg=0.01)
+    kw = {"opacity_reg": 0.01, "scale_reg": 0.01}
     whole = mcmc_regularizers(full[0]["opacities"], full[0]["scales"], N, **kw)
     (whole.opacity + whole.scale).backward()
     parts = [mcmc_regularizers(p["opacities"], p["scales"], N, **kw) for p, _, _ in shards]
@@ -312,7 +312,7 @@ def test_a_bad_id_on_one_rank_fails_every_rank_after_the_gather() -> None:
 
     ids = [torch.tensor([1, 2]), torch.tensor([ID_LIMIT + 5])]
 
-    def table(rank: int, gather) -> str:  # noqa: ANN001
+    def table(rank: int, gather) -> str:
         n = len(ids[rank])
         try:
             gather_weight_table(ids[rank], torch.ones(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool), gather)

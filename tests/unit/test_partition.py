@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -106,7 +108,7 @@ def test_ranks_take_consecutive_ranges_of_the_laid_out_rows(batch):
     partition, heights = _run(batch)
     flat = [r for ranges in _laid_out_ranges(partition, heights) for r in ranges]
     assert flat[0][0] == 0 and flat[-1][1] == sum(heights)
-    assert all(prev[1] == nxt[0] for prev, nxt in zip(flat, flat[1:]))
+    assert all(prev[1] == nxt[0] for prev, nxt in itertools.pairwise(flat))
 
 
 @PROPERTY_SETTINGS
@@ -148,7 +150,7 @@ def test_ranks_are_empty_only_when_rows_are_fewer_than_ranks(batch):
 @PROPERTY_SETTINGS
 @given(_batches())
 def test_max_rank_cost_is_within_the_stated_bound(batch):
-    costs, world_size, min_band_rows, snap_tolerance = batch
+    costs, _world_size, min_band_rows, snap_tolerance = batch
     partition, _ = _run(batch)
     total = float(sum(c.sum() for c in costs))
     num_used = sum(len(bands) > 0 for bands in partition)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner
@@ -27,7 +29,7 @@ def test_plan_covers_every_row_of_every_image_once(mode: str) -> None:
     for position, height in enumerate(plan.heights_px):
         spans = sorted(covered[position])
         assert spans[0][0] == 0 and spans[-1][1] == height
-        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_measured_costs_balance_the_next_plan() -> None:

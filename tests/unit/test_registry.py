@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from nerfstudio.configs.method_configs import method_configs
 from nerfstudio.plugins.types import MethodSpecification
 
-import distsplat_ns.registry as registry
+from distsplat_ns import registry
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -32,7 +33,7 @@ from tests.helpers.shard_fns import (
 def test_owned_blocks_tile_the_list_in_rank_order_with_sizes_within_one(num: int, world: int) -> None:
     blocks = [owned_block(num, r, world) for r in range(world)]
     assert blocks[0][0] == 0 and blocks[-1][1] == num
-    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
     sizes = [hi - lo for lo, hi in blocks]
     assert min(sizes) >= 0 and max(sizes) - min(sizes) <= 1
 
@@ -87,7 +88,7 @@ def test_plan_moves_the_fewest_rows_and_no_rank_both_sends_and_receives() -> Non
         base, extra = divmod(total, world)
         ceil_holders = sorted(range(world), key=lambda r: (-sizes[r], r))[:extra]
         target = [base + (r in ceil_holders) for r in range(world)]
-        assert sum(m[2] for m in moves) == sum(max(0, s - t) for s, t in zip(sizes, target)), sizes
+        assert sum(m[2] for m in moves) == sum(max(0, s - t) for s, t in zip(sizes, target, strict=False)), sizes
         assert plan_moves(sizes, 1.10) == moves  # deterministic
         checked += 1
     assert checked >= 20, "the random sizes stopped needing moves"
@@ -255,7 +256,7 @@ def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
 
     model, _ = make_state_model(with_optimizers=False)
     strategy, schedule = model.strategy, model.schedule
-    for step in range(0, schedule.refine_stop_iter + 2 * schedule.refine_every):
+    for step in range(schedule.refine_stop_iter + 2 * schedule.refine_every):
         grows = (
             step < strategy.refine_stop_iter
             and step > strategy.refine_start_iter
