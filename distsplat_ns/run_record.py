@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import resource
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +20,20 @@ import numpy as np
 import torch
 from nerfstudio.engine.optimizers import Optimizers
 
-from distsplat_ns.distributed.collectives import all_gather_object
+from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.pipeline import StepReport
 
 STATS_FILENAME = "distsplat_stats.json"
 
-#: Figures that differ between ranks; the summary lists them per rank.
-PER_RANK_KEYS = ("bytes_communicated_mean_per_step", "parameter_bytes", "optimizer_state_bytes", "local_gaussian_count", "peak_rss_bytes")
+#: Figures that differ between ranks; the summary lists them per rank. ``peak_memory_bytes`` is
+#: the device's peak allocation on CUDA and the peak RSS on CPU; ``local_gaussian_count`` is the
+#: shard's size (every Gaussian where replicated); ``eval_render_s`` the seconds this rank spent
+#: in eval renders; ``checkpoint_bytes_written`` its shard's checkpoint rows.
+PER_RANK_KEYS = ("bytes_communicated_mean_per_step", "bytes_communicated_total", "parameter_bytes", "optimizer_state_bytes",
+                 "local_gaussian_count", "peak_rss_bytes", "peak_memory_bytes", "eval_render_s", "checkpoint_bytes_written")
+#: What each rank adds to the loss all-reduce of a log step (:func:`reduce_log_figures`), after its phase timings.
+LOG_FIGURES = ("bytes_communicated", "local_gaussian_count", "peak_memory_bytes")
 
 
 @dataclass
@@ -42,6 +51,19 @@ class RunRecord:
     last_eval_psnr: float | None = None
     eval_psnr_history: list[tuple[int, float]] = field(default_factory=list)
     train_wall_s: float = 0.0
+    #: Bytes of checkpoint rows this rank wrote (sharded mode: its own shard's files).
+    checkpoint_bytes_written: int = 0
+    #: Seconds this rank spent rendering and scoring eval images.
+    eval_render_s: float = 0.0
+
+    @contextmanager
+    def timing_eval(self) -> Iterator[None]:
+        """Count the enclosed eval work in :attr:`eval_render_s`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.eval_render_s += time.perf_counter() - start
 
     def add_step(self, report: StepReport, batch_size: int) -> None:
         self.steps_trained += 1
@@ -70,8 +92,56 @@ class RunRecord:
             "time_breakdown_s": dict(self.timing_totals),
             "bytes_communicated_per_step": self.bytes_per_step,
             "bytes_communicated_mean_per_step": self.bytes_total / max(self.steps_trained, 1),
+            "bytes_communicated_total": self.bytes_total,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+            "eval_render_s": self.eval_render_s,
+            "checkpoint_bytes_written": self.checkpoint_bytes_written,
         }
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """This process's peak memory: the device's peak allocation on CUDA, the peak RSS on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def reduce_log_figures(
+    ctx: DistContext, losses: Sequence[torch.Tensor], report: StepReport, local_gaussian_count: int
+) -> tuple[list[float], list[dict[str, float]]]:
+    """The batch's losses (the ranks' shares summed) and every rank's figures of this step, in
+    one all-reduce: each rank fills its own row of a `[R, K]` block after the losses, zeros
+    elsewhere, so the sum is every rank's row (issue 21 item 4: which rank waits).
+
+    Args:
+        ctx: The process context.
+        losses: This rank's shares of the logged losses, 0-d each (on the training device).
+        report: This rank's step report (its phase timings and bytes).
+        local_gaussian_count: Gaussians this rank holds.
+
+    Returns:
+        ``(losses, per_rank)``: the summed losses, and per rank ``time_<phase>_s`` for each phase
+        of ``StepTimings`` plus :data:`LOG_FIGURES`.
+
+    **Collective:** world group, one all-reduce of ``len(losses) + R * K`` float64 values; it
+    replaces the losses' own all-reduces, so a log step makes no extra collective. At
+    ``world_size == 1`` nothing is sent. Rank 0 with ``forward`` 0.2 s and rank 1 with 0.5 s:
+    both get ``[{"time_forward_s": 0.2, ...}, {"time_forward_s": 0.5, ...}]``.
+    **Host sync:** one, on log steps only, to read the figures.
+    """
+    timings = report.timings.as_dict()
+    names = [f"time_{k}_s" for k in timings] + list(LOG_FIGURES)
+    mine = list(timings.values()) + [report.bytes_communicated, local_gaussian_count, peak_memory_bytes(ctx.device)]
+    device = losses[0].device if losses else ctx.device
+    packed = torch.zeros(len(losses) + ctx.world_size * len(names), dtype=torch.float64, device=device)
+    for i, loss in enumerate(losses):
+        packed[i] = loss.detach().to(torch.float64)
+    start = len(losses) + ctx.rank * len(names)
+    packed[start:start + len(names)] = torch.tensor(mine, dtype=torch.float64, device=device)
+    all_reduce_sum_(ctx, packed)
+    values = packed.tolist()  # host sync: log steps only, to write the figures
+    per_rank = [dict(zip(names, values[len(losses) + r * len(names): len(losses) + (r + 1) * len(names)], strict=False)) for r in range(ctx.world_size)]
+    return values[: len(losses)], per_rank
 
 
 def optimizer_state_bytes(optimizers: Optimizers | None) -> int:

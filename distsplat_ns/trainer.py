@@ -4,14 +4,16 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 
 * it creates or adopts the process group (torchrun, nerfstudio's launcher, or none), binds each
   process to its device (``set_device``), and makes all ranks agree on one run timestamp and seed;
-* rank 0 alone runs the viewer, writers, progress display and checkpoints, and evaluation where
-  the parallel mode renders views on rank 0 alone (sharded: every rank renders each eval image);
+* rank 0 alone runs the viewer, writers, progress display, and evaluation where the parallel mode
+  renders views on rank 0 alone (sharded: every rank renders each eval image); checkpoints are
+  rank 0's single file (replicated) or every rank's shard (sharded, ``step-N.dcp``, consolidated
+  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools: ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
   checkpoint holds and what a rank loads of one -- is asked of the mode (``parallel/``);
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
-* checkpoints are written atomically (temporary file, then rename) and load under torch >= 2.6's
+* checkpoints are written atomically (temporary file or folder, then rename) and load under torch >= 2.6's
   ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
   a resumed run optimises the parameters it loaded -- on any number of processes;
 * the lifecycle never loses work: the output folder is probed before the first step, a resume
@@ -43,8 +45,15 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import probe_writable, save_checkpoint_atomic
-from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_, broadcast_object
+from distsplat_ns.checkpoint import (
+    SHARDED_SUFFIX,
+    checkpoint_payload,
+    is_complete,
+    probe_writable,
+    save_checkpoint_atomic,
+    save_sharded_checkpoint_atomic,
+)
+from distsplat_ns.distributed.collectives import all_gather_object, broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
@@ -57,9 +66,10 @@ from distsplat_ns.distributed.lifecycle import (
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, elastic_run_id, previous_timestamp, restart_count
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
+from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
-from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, write_run_summary
+from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
@@ -273,7 +283,7 @@ class DistSplatTrainer(Trainer):
         if decision["path"] is None:
             return None
         path = Path(decision["path"])
-        missing = [r for r, seen in enumerate(all_gather_object(self.ctx, path.is_file())) if not seen]
+        missing = [r for r, seen in enumerate(all_gather_object(self.ctx, is_complete(path))) if not seen]
         if missing:
             raise UserError(f"checkpoint {path} (rank 0's choice) is not readable on rank(s) {missing}: "
                             "a resume needs the output folder shared by every host (--output-dir)")
@@ -361,7 +371,7 @@ class DistSplatTrainer(Trainer):
             eval_window = self._evaluates_at(step) and not self.pipeline.mode.views_are_collective
             with rank0_work(self.ctx, f"evaluating after step {step}", active=eval_window):
                 if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset:
-                    with self.train_lock:
+                    with self.train_lock, self.record.timing_eval():
                         self.eval_iteration(step)
             if step_check(step, self.config.steps_per_save):
                 self.save_checkpoint(step)
@@ -392,11 +402,15 @@ class DistSplatTrainer(Trainer):
         loss_dict = {"main_loss": report.loss}
         metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
-            loss_dict = {"main_loss": report.loss.clone(), "l1": report.l1.clone(), "dssim": report.dssim.clone()}
-            for value in loss_dict.values():
-                all_reduce_sum_(self.ctx, value)
+            # One all-reduce carries the losses and every rank's figures (run_record.py).
+            losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim], report,
+                                                  self.pipeline.model.num_points)
+            loss_dict = dict(zip(("main_loss", "l1", "dssim"), losses, strict=False))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
+            if self.ctx.is_main and self.ctx.is_distributed:
+                writer.put_dict(name="Per-rank", scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank)
+                                                              for k, v in figures.items()}, step=step)
             metrics_dict["bytes_communicated"] = report.bytes_communicated
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
             metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
@@ -443,20 +457,36 @@ class DistSplatTrainer(Trainer):
 
     # ------------------------------------------------------------------ checkpoints and end
     def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes ``step-XXXXXXXXX.ckpt`` atomically; every rank learns whether it worked.
+        """Write checkpoint ``step`` atomically; every rank learns whether it worked.
 
-        The parallel mode first gathers what rank 0 does not hold (sharded: the shards, in id order,
-        ``parallel/full_state.py:gather_full_state``) and the whole model is written, in
-        nerfstudio's format: a shard's own ``state_dict()`` is never written as it is.
+        Sharded (``mode.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
+        (``checkpoint.py:save_sharded_checkpoint_atomic``, ``parallel/shard_checkpoint.py``); the
+        whole model is never gathered. Replicated: rank 0 writes nerfstudio's ``step-XXXXXXXXX.ckpt``.
 
         Raises:
-            RunFailure: on every rank when rank 0 could not write (full or read-only disk); the
-                previous checkpoint is kept.
+            RunFailure: on every rank when a rank could not write (full or read-only disk, a
+                failed rank's DCP write); the previous checkpoint is kept.
 
-        **Collective:** world group: in sharded mode the gather (one tensor at a time), then the
-        outcome broadcast (it replaces a barrier).
+        **Collective:** world group: sharded, the DCP save and two outcome broadcasts; replicated,
+        the outcome broadcast (it replaces a barrier).
         """
-        gathered = self.pipeline.mode.gather_full_state(self.optimizers.optimizers)
+        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
+                 "parallel": self.pipeline.config.parallel}
+        mode = self.pipeline.mode
+        if mode.writes_shards:
+            payload = checkpoint_payload(step, self.pipeline.state_dict(), self.optimizers, self.grad_scaler.state_dict(),
+                                         extra) if self.ctx.is_main else {}
+
+            def write_shard(folder: Path) -> int:
+                written = mode.write_shards(folder, self.optimizers.optimizers, payload)
+                self.record.checkpoint_bytes_written += written
+                return written
+
+            save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard,
+                                           self.config.save_only_latest_checkpoint)
+            self._last_saved_step = step
+            return
+        gathered = mode.gather_full_state(self.optimizers.optimizers)
 
         def write() -> Path:
             pipeline_state = self.pipeline.state_dict()
@@ -468,8 +498,7 @@ class DistSplatTrainer(Trainer):
                 pipeline_state=pipeline_state,
                 optimizers=self.optimizers,
                 scalers=self.grad_scaler.state_dict(),
-                extra={"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
-                       "parallel": self.pipeline.config.parallel},
+                extra=extra,
                 keep_only_latest=self.config.save_only_latest_checkpoint,
                 optimizer_states=None if gathered is None else gathered.optimizers,
             )
@@ -481,9 +510,25 @@ class DistSplatTrainer(Trainer):
         self.attempts.saved(step)
 
     def _save_unless_saved(self, step: int) -> None:
-        """Save ``step`` unless it was just saved or no step ran in this process."""
+        """Save ``step`` unless it was just saved or no step ran in this process; then, where
+        ranks write shards, give nerfstudio's tools the last checkpoint as their single file."""
         if step >= self._start_step and self._last_saved_step != step:
             self.save_checkpoint(step)
+        self._consolidate_last_checkpoint()
+
+    def _consolidate_last_checkpoint(self) -> None:
+        """Sharded: rank 0 writes the params-only ``step-N.ckpt`` of this launch's last
+        ``step-N.dcp`` (``shard_checkpoint.consolidate_params``: parameters streamed from the
+        shards' files, no Adam state), which ``ns-export``/``ns-eval``/``ns-render``/``ns-viewer`` load.
+
+        **Collective:** world group, one outcome broadcast (rank 0 reads and writes alone).
+        """
+        step = self._last_saved_step
+        if not self.pipeline.mode.writes_shards or step is None:
+            return
+        folder = self.checkpoint_dir / f"step-{step:09d}{SHARDED_SUFFIX}"
+        agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
+                      functools.partial(consolidate_params, folder, self.checkpoint_dir, step))
 
     def _after_stop(self, last_step: int, signum: int | None) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,
@@ -506,7 +551,8 @@ class DistSplatTrainer(Trainer):
         final_eval = bool(self.pipeline.datamanager.eval_dataset) and self._last_eval_all_step != self.step
         with rank0_work(self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.mode.views_are_collective):
             if self.pipeline.mode.evaluates_here and final_eval:
-                self._eval_all(self.step)
+                with self.record.timing_eval():
+                    self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
@@ -534,6 +580,7 @@ class DistSplatTrainer(Trainer):
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(getattr(self, "optimizers", None)),
             "local_gaussian_count": int(self.pipeline.model.num_points),
+            "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
             "datamanager": self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {},
             "balance": self.pipeline.balance_summary(),
         }

@@ -28,9 +28,11 @@ from typing import Any
 from distsplat_ns.utils.errors import UserError
 
 ATTEMPTS_FILENAME = "distsplat_attempts.json"
-#: A checkpoint's final name (``checkpoint.py`` writes ``.step-...tmp-PID`` first, then renames):
-#: a file with this name is complete.
-_CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
+#: A checkpoint's final name (``checkpoint.py`` writes under a temporary name first, then renames):
+#: nerfstudio's single file ``.ckpt``, or a sharded run's DCP folder ``.dcp`` (every rank's part).
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.(ckpt|dcp)$")
+#: The file DCP writes last into a ``.dcp`` folder (its metadata): the folder is complete with it.
+DCP_METADATA_FILE = ".metadata"
 #: The cause written for an attempt that never recorded its end.
 UNRECORDED_END = "ended without a record (killed, or its host lost)"
 
@@ -49,21 +51,31 @@ def elastic_run_id() -> str | None:
     return os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
+def is_complete_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint of either format: a non-empty final-named file,
+    or a final-named folder holding DCP's metadata."""
+    path = Path(path)
+    match = _CHECKPOINT_NAME.match(path.name)
+    if match is None:
+        return False
+    if match.group(2) == "dcp":
+        return path.is_dir() and (path / DCP_METADATA_FILE).is_file()
+    return path.is_file() and path.stat().st_size > 0
+
+
 def checkpoint_steps(folder: Path) -> list[int]:
-    """Steps of the complete checkpoints in ``folder`` (final names only, non-empty), ascending."""
+    """Steps of the complete checkpoints in ``folder``, of both formats, ascending."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    steps = []
-    for path in folder.iterdir():
-        match = _CHECKPOINT_NAME.match(path.name)
-        if match and path.is_file() and path.stat().st_size > 0:
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+    return sorted({int(_CHECKPOINT_NAME.match(p.name).group(1)) for p in folder.iterdir() if is_complete_checkpoint(p)})
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
-    return Path(folder) / f"step-{step:09d}.ckpt"
+    """Step ``step``'s checkpoint in ``folder``: its DCP folder where one is complete (it holds the
+    Adam state; a ``.ckpt`` beside it is its params-only consolidation), else the single file."""
+    sharded = Path(folder) / f"step-{step:09d}.dcp"
+    return sharded if is_complete_checkpoint(sharded) else Path(folder) / f"step-{step:09d}.ckpt"
 
 
 def _same_folder(a: Path, b: Path) -> bool:
@@ -145,7 +157,7 @@ def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Path | None, load_s
             return path
         steps = checkpoint_steps(load_dir)
         if not steps:
-            raise UserError(f"--load-dir {load_dir} holds no step-*.ckpt checkpoint")
+            raise UserError(f"--load-dir {load_dir} holds no complete step-*.ckpt / step-*.dcp checkpoint")
         return checkpoint_path(load_dir, steps[-1])
     if load_checkpoint is not None:
         path = Path(load_checkpoint)

@@ -154,6 +154,15 @@ class ParallelMode(ABC):
         """Render the viewer request rank 0 shared at this step boundary and hand it to rank 0's
         viewer thread. **Collective** where views are (every rank calls it with the same request)."""
 
+    #: Whether checkpoints are written by every rank (``step-N.dcp``, :meth:`write_shards`) rather
+    #: than by rank 0 alone as nerfstudio's single file.
+    writes_shards: bool = False
+
+    def write_shards(self, folder: Path, optimizers: Optimizers, payload: dict[str, Any]) -> int:
+        """Write this rank's part of a ``step-N.dcp`` checkpoint into ``folder``; returns its bytes.
+        Only where :attr:`writes_shards`."""
+        raise NotImplementedError(f"the {self.name} mode writes nerfstudio's single file")
+
     @abstractmethod
     def gather_full_state(self, optimizers: Optimizers) -> GatheredState | None:
         """The whole model and optimizer state to save, on rank 0 (None where this rank's own
@@ -161,8 +170,9 @@ class ParallelMode(ABC):
 
     @abstractmethod
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
-        """A checkpoint as this rank loads it (``checkpoint.py:load_checkpoint_file``): the whole
-        model, or this rank's block of it. Local."""
+        """A checkpoint of either format as this rank loads it (``checkpoint.py:load_checkpoint_file``'s
+        dictionary): the whole model, or this rank's block of it. Local for a single file; a
+        collective for a ``step-N.dcp`` folder (``parallel/shard_checkpoint.py``), every rank."""
 
 
 def batch_statistics(

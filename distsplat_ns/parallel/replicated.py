@@ -19,6 +19,7 @@ from distsplat_ns.model.strategy import IdGather, gather_local
 from distsplat_ns.parallel.exchange import Timer
 from distsplat_ns.parallel.full_state import GatheredState
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
+from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 
 
 class ReplicatedMode(ParallelMode):
@@ -101,5 +102,8 @@ class ReplicatedMode(ParallelMode):
         return None
 
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
-        """The whole checkpoint."""
+        """The whole checkpoint; a sharded run's ``step-N.dcp`` folder read whole by every rank
+        (**Collective**, world group: DCP's load)."""
+        if Path(path).is_dir():
+            return read_shard_checkpoint(self.ctx, Path(path), self.ctx.rank, self.ctx.world_size, sharded=False)
         return load_checkpoint_file(path)

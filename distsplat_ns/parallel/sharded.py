@@ -7,8 +7,8 @@ backward returns their gradients, so each owner ends the backward with its Gauss
 gradients and densification statistics: nothing but the parameters every rank holds (camera
 adjustments) is reduced. After a refine the shards are rebalanced when they drift. Eval images and
 viewer frames are rendered by every rank from its shard (``parallel/view_render.py``; frames are
-posted by rank 0's viewer thread, ``parallel/view_requests.py``); checkpoints gather the whole
-model to rank 0 (``parallel/full_state.py``).
+posted by rank 0's viewer thread, ``parallel/view_requests.py``); checkpoints are written by every
+rank (``parallel/shard_checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_byt
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
+from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint, write_shard_checkpoint
 from distsplat_ns.parallel.shard_rows import rebalance_shards_, take_initial_shard_
 from distsplat_ns.parallel.view_render import render_view_collectively
 from distsplat_ns.parallel.view_requests import ViewRequests
@@ -240,8 +241,22 @@ class ShardedMode(ParallelMode):
         """
         return gather_full_state(self.ctx, self.model, optimizers)
 
+    writes_shards = True
+
+    def write_shards(self, folder: Path, optimizers: Optimizers, payload: dict[str, Any]) -> int:
+        """This rank's rows, and rank 0's rest (``shard_checkpoint.write_shard_checkpoint``): the
+        whole model is never gathered.
+
+        **Collective:** world group: the layout all-gather and DCP's save.
+        """
+        return write_shard_checkpoint(self.ctx, folder, self.model, optimizers, payload)
+
     def read_checkpoint(self, path: Path) -> dict[str, Any]:
-        """Memory-mapped, cut to this rank's block: only the rows it owns are read into memory."""
+        """This rank's block: of a ``step-N.dcp`` folder, one row range per key read by DCP
+        (**Collective**, world group); of a single file, memory-mapped and cut, so only the rows
+        it owns are read into memory (local)."""
+        if Path(path).is_dir():
+            return read_shard_checkpoint(self.ctx, Path(path), self.ctx.rank, self.ctx.world_size, sharded=True)
         loaded = load_checkpoint_file(path, mmap=True)
         shard_loaded_checkpoint_(loaded, self.ctx.rank, self.ctx.world_size)
         return loaded

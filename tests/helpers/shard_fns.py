@@ -200,7 +200,12 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
 def saved_model_state(path: Path) -> dict[str, Any]:
     """The per-Gaussian content of a checkpoint: Gaussian parameters, strategy state and ids,
     ``next_gauss_id``, and the Gaussian parameters' optimizer states."""
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if Path(path).is_dir():  # a sharded run's step-N.dcp, read whole in this process
+        from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
+
+        loaded = read_shard_checkpoint(None, Path(path), 0, 1, sharded=False)
+    else:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
     pipeline = loaded["pipeline"]
     extra = pipeline[MODEL_EXTRA_KEY]
     names = [k[len(MODEL_PREFIX + "gauss_params."):] for k in pipeline if k.startswith(MODEL_PREFIX + "gauss_params.")]

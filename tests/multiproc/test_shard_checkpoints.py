@@ -1,5 +1,6 @@
-"""Checkpoints through DistSplatTrainer in sharded mode: the file written from 2 shards equals the
-one a single process writes, and it resumes on 1 and 3 ranks sharded and on 2 ranks replicated."""
+"""Checkpoints through DistSplatTrainer in sharded mode: the DCP checkpoint 2 shards write (one
+file set per rank) holds what the single process's file holds, and it resumes on 1, 2 and 3 ranks
+sharded and on 1, 2 and 3 ranks replicated with the same ids and Adam moments."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import assert_same, saved_model_state, trainer_save
 
 
-def _checkpoint(result: list, step: int) -> Path:
-    return Path(result[0]["checkpoint_dir"]) / f"step-{step:09d}.ckpt"
+def _checkpoint(result: list, step: int, suffix: str = ".ckpt") -> Path:
+    return Path(result[0]["checkpoint_dir"]) / f"step-{step:09d}{suffix}"
 
 
 @pytest.fixture(scope="module")
@@ -38,22 +39,28 @@ def test_each_rank_starts_with_its_owned_block_of_the_initial_gaussians(two_shar
         assert result["ids"] == list(range(lo, hi))
 
 
+def test_two_shards_write_one_file_set_per_rank_and_dcp_metadata(two_shards: list) -> None:
+    folder = _checkpoint(two_shards, 5, ".dcp")
+    assert sorted(p.name for p in folder.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not _checkpoint(two_shards, 5).exists()  # only the run's last checkpoint is consolidated
+
+
 def test_checkpoint_of_two_shards_equals_the_single_process_checkpoint(two_shards: list, single_process: dict) -> None:
-    assert_same(saved_model_state(_checkpoint(two_shards, 5)), single_process)
+    assert_same(saved_model_state(_checkpoint(two_shards, 5, ".dcp")), single_process)
 
 
-@pytest.mark.parametrize(("world", "parallel"), [(1, "sharded"), (3, "sharded"), (2, "replicated")])
+@pytest.mark.parametrize(("world", "parallel"), [(1, "sharded"), (2, "sharded"), (3, "sharded"), (1, "replicated"), (2, "replicated"), (3, "replicated")])
 def test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes(
     root: Path, two_shards: list, single_process: dict, world: int, parallel: str
 ) -> None:
-    load_dir = _checkpoint(two_shards, 5).parent
+    load_dir = _checkpoint(two_shards, 5, ".dcp").parent
     result = run_ranks(trainer_save, world, str(root / f"resume-{world}-{parallel}"), parallel, str(load_dir), 6)
     num = single_process["params"]["means"].shape[0]
     for rank, r in enumerate(result):
         lo, hi = owned_block(num, rank, world) if parallel == "sharded" else (0, num)
         assert r["ids"] == list(range(lo, hi))
     # Saved again straight after the resume: nothing trained, so the state is the one loaded.
-    assert_same(saved_model_state(_checkpoint(result, 6)), single_process)
+    assert_same(saved_model_state(_checkpoint(result, 6, ".dcp" if parallel == "sharded" else ".ckpt")), single_process)
 
 
 def test_no_rank_holds_more_than_its_shard_after_a_save(two_shards: list, single_process: dict) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distsplat_ns.checkpoint import checkpoint_steps
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
 from tests.helpers.nsrun import REPO, latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
 
@@ -107,6 +108,9 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
     subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)],
                    check=True, capture_output=True, timeout=600)
     assert target.exists()
+    stats = read_stats(sharded_two_run, "sh2")
+    for rank, figures in enumerate(stats["per_rank"]):
+        assert figures["rank"] == rank and figures["checkpoint_bytes_written"] > 0 and figures["peak_memory_bytes"] > 0
 
 
 def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
@@ -120,4 +124,5 @@ def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_che
     assert proc.returncode != 0
     assert "non-finite gradient at step 12 (parameters means)" in text
     assert "non-finite gradient at step 12 (on another rank)" in text
-    assert latest_checkpoint(tmp_path, "nan").name == "step-000000010.ckpt"
+    # A failed run writes no consolidation: its last checkpoint is the shards' folder.
+    assert checkpoint_steps(run_dir(tmp_path, "nan") / "nerfstudio_models")[-1] == 10

@@ -1,0 +1,194 @@
+"""The sharded mode's checkpoint: every rank writes its own rows (``step-N.dcp``, DCP), any world
+size reads back the rows it owns, and rank 0 consolidates the last one into nerfstudio's file.
+
+What is saved (docs/sharded.md, "Checkpoints"):
+
+* Rows: every per-Gaussian tensor of ``parallel/shard_rows.py`` by row key (``param.<name>``,
+  ``opt.<name>.<adam key>``, ``state.<key>``, ids ``state.gauss_ids`` included), each one global
+  tensor in rank order (``distributed/row_checkpoint.py`` says why). The ranks agree the row keys
+  first (``agree_layout``), so a rank without a moment writes zeros, as a gathered save did.
+* The rest, rank 0's: nerfstudio's checkpoint dictionary (``checkpoint.py:checkpoint_payload``)
+  without the rows -- the pipeline's other entries, the model's extra state without its
+  per-Gaussian statistics, each Gaussian optimizer's param groups and agreed Adam ``step``,
+  schedulers, scalers, RNG.
+
+Reading gives the same dictionary a whole-model single file gives after
+``full_state.shard_loaded_checkpoint_``: each sharded rank reads a block of :func:`owned_block`
+over the saved rows' rank order (one contiguous range per key, so DCP reads only the files that
+hold it), then the rows move to the rank owning their id's block (one all-to-all per key), so a
+rank ends with exactly the Gaussians, in id order, a single file would give it; the replicated
+mode reads every row, in id order. Shape letters: N
+Gaussians on this rank.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from distsplat_ns.checkpoint import FILE_SUFFIX, register_numpy_safe_globals, write_payload_atomic
+from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_rows, all_to_all_counts, all_to_all_rows
+from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, save_rows
+from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, Optimizers, agree_layout, owned_block, row_tensors
+from distsplat_ns.utils.errors import UserError
+
+if TYPE_CHECKING:
+    from distsplat_ns.model.distsplat_model import DistSplatModel
+
+#: The row key of the global ids (``model.gauss_ids``).
+IDS_KEY = "state.gauss_ids"
+PARAMS_PREFIX = "param."
+
+
+def _param_names(pipeline: dict[str, Any]) -> list:
+    head = MODEL_PREFIX + "gauss_params."
+    return [k[len(head):] for k in pipeline if k.startswith(head)]
+
+
+def write_shard_checkpoint(
+    ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]
+) -> int:
+    """Write this rank's rows and rank 0's ``payload`` without its rows into ``folder`` (DCP).
+
+    Args:
+        ctx: The process context.
+        folder: The (partial) checkpoint folder, ``checkpoint.py:save_sharded_checkpoint_atomic``'s.
+        model: This rank's shard.
+        optimizers: Optimizer per parameter name (nerfstudio's ``Optimizers.optimizers``).
+        payload: ``checkpoint_payload`` of this rank's own state (only rank 0's is kept).
+
+    Returns:
+        Bytes of rows this rank wrote.
+
+    **Collective:** world group: ``agree_layout``'s all-gather, then ``save_rows``'s (the count,
+    DCP's plan and result gathers). At ``world_size == 1`` one rank writes one file set. Rank 0
+    with 3 Gaussians and rank 1 with 2: ``rows/param.means`` is `[5, 3]`, rows 0..2 rank 0's.
+    """
+    layout = agree_layout(ctx, model, optimizers)
+    num = int(model.gauss_params["means"].shape[0])
+    rows = layout.filled(row_tensors(model, optimizers), num, model.gauss_params["means"].device)
+    blob = None
+    if ctx.is_main:
+        rest = dict(payload)
+        pipeline = {k: v for k, v in payload["pipeline"].items() if not k.startswith(MODEL_PREFIX + "gauss_params.")}
+        extra = dict(pipeline.get(MODEL_EXTRA_KEY, {}))
+        extra.pop("strategy_state", None)
+        pipeline[MODEL_EXTRA_KEY] = extra
+        rest["pipeline"] = pipeline
+        steps = layout.step_tensors()
+        optimizer_states = dict(payload["optimizers"])
+        for name in model.gauss_params:
+            if name in optimizer_states:
+                saved = optimizer_states[name]
+                state = {0: {"step": steps[name]}} if name in steps else {}
+                optimizer_states[name] = {"state": state, "param_groups": saved["param_groups"]}
+        rest["optimizers"] = optimizer_states
+        rest["row_keys"] = {k: (str(dtype).replace("torch.", ""), list(trailing)) for k, (dtype, trailing) in layout.keys.items()}
+        buffer = io.BytesIO()
+        torch.save(rest, buffer)
+        blob = buffer.getvalue()
+    return save_rows(ctx, folder, rows, blob)
+
+
+def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest."""
+    if not Path(folder).is_dir():
+        raise UserError(f"checkpoint {folder} does not exist")
+    try:
+        layout = read_row_layout(Path(folder))
+    except Exception as err:
+        raise UserError(f"checkpoint {folder} is not a complete DCP checkpoint ({type(err).__name__}: {err})") from err
+    num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
+    keys = [k for k in layout if not only_params or k.startswith(PARAMS_PREFIX) or k == IDS_KEY]
+    rows, blob = load_rows(ctx, Path(folder), keys, row_range_of(num_total))
+    register_numpy_safe_globals()
+    rest = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    for key, (dtype, trailing) in rest.pop("row_keys", {}).items():
+        if key not in rows and (not only_params or key.startswith(PARAMS_PREFIX) or key == IDS_KEY):
+            rows[key] = torch.empty((0, *trailing), dtype=getattr(torch, dtype))  # no rank held any row
+    if IDS_KEY in rows and rows[IDS_KEY].numel():
+        order = torch.sort(rows[IDS_KEY], stable=True).indices
+        rows = {k: v[order] for k, v in rows.items()}
+    return rows, rest
+
+
+def _assemble(rows: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
+    """``rest`` with the rows put back where nerfstudio's dictionary holds them."""
+    pipeline = rest["pipeline"]
+    extra = pipeline.setdefault(MODEL_EXTRA_KEY, {})
+    extra["strategy_state"] = {k[len("state."):]: v for k, v in rows.items() if k.startswith("state.")}
+    for key, value in rows.items():
+        if key.startswith(PARAMS_PREFIX):
+            pipeline[MODEL_PREFIX + "gauss_params." + key[len(PARAMS_PREFIX):]] = value
+        elif key.startswith("opt."):
+            name, moment = key[len("opt."):].split(".", 1)
+            opt = rest["optimizers"].get(name)
+            if isinstance(opt, dict):
+                opt.setdefault("state", {}).setdefault(0, {})[moment] = value
+    return rest
+
+
+def read_shard_checkpoint(ctx: DistContext | None, folder: Path, rank: int, world: int, sharded: bool) -> dict[str, Any]:
+    """A ``step-N.dcp`` checkpoint as ``checkpoint.py:load_checkpoint_file`` gives a single file:
+    the whole model (``sharded=False``), or this rank's block (``owned_block`` over the saved rank
+    order), the rows in id order.
+
+    Raises:
+        UserError: naming the folder when it is missing or incomplete.
+
+    **Collective:** with a distributed ``ctx``, world group (``load_rows``: DCP's plan gather and
+    barrier); every rank calls it. With ``ctx=None``, local (tests, tools).
+    """
+    def row_range(num_total: int) -> tuple[int, int]:
+        return owned_block(num_total, rank, world) if sharded else (0, num_total)
+
+    rows, rest = _read(ctx, folder, row_range, only_params=False)
+    if sharded and ctx is not None and ctx.is_distributed:
+        rows = _route_to_id_blocks(ctx, rows)
+    return _assemble(rows, rest)
+
+
+def _route_to_id_blocks(ctx: DistContext, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Move rows read as a block of the saved rank order to the rank owning their id's block
+    (``owned_block`` of the id-ordered Gaussians), as a single file's load gives them: the
+    ownership a fresh run starts with, whatever the saving ranks held. Returned in id order.
+
+    **Collective:** world group: one all-gather of the ids (8 bytes per Gaussian on every rank,
+    as a single file's id sort reads), one all-to-all of counts, one all-to-all per row key.
+    Rank 0 reading ids ``[3, 0]`` and rank 1 ``[1, 2]`` (N = 4): rank 0 ends with ``[0, 1]``,
+    rank 1 with ``[2, 3]``.
+    """
+    ids = rows[IDS_KEY]
+    everyone = torch.cat(all_gather_rows(ctx, ids))
+    position = torch.empty_like(everyone)
+    position[torch.sort(everyone, stable=True).indices] = torch.arange(everyone.numel())
+    offset = sum(all_gather_counts(ctx, int(ids.numel()))[: ctx.rank])
+    bounds = torch.tensor([owned_block(everyone.numel(), r, ctx.world_size)[1] for r in range(ctx.world_size)])
+    dest = torch.searchsorted(bounds, position[offset: offset + ids.numel()], right=True)
+    order = torch.sort(dest, stable=True).indices
+    send_counts = torch.bincount(dest, minlength=ctx.world_size).tolist()
+    recv_counts = all_to_all_counts(ctx, send_counts)
+    moved = {key: all_to_all_rows(ctx, value[order], send_counts, recv_counts)[0] for key, value in sorted(rows.items())}
+    by_id = torch.sort(moved[IDS_KEY], stable=True).indices
+    return {key: value[by_id] for key, value in moved.items()}
+
+
+def consolidate_params(folder: Path, checkpoint_dir: Path, step: int) -> Path:
+    """Write ``step-N.ckpt`` in nerfstudio's format from the DCP checkpoint ``folder``: the whole
+    model's parameters and ids in id order, no Adam state (``ns-export``, ``ns-eval``,
+    ``ns-render`` and ``ns-viewer --load-config`` read it). This process holds the parameters once
+    (about a third of a row's bytes), never the moments.
+
+    Local: rank 0 calls it alone, inside the trainer's rank-0 window. Atomic, as every single file.
+    """
+    rows, rest = _read(None, folder, lambda n: (0, n), only_params=True)
+    payload = _assemble(rows, rest)
+    payload["optimizers"] = {}
+    payload["distsplat"] = {**payload.get("distsplat", {}), "params_only": True, "consolidated_from": Path(folder).name}
+    path = write_payload_atomic(checkpoint_dir, step, payload, keep_only_latest=False)
+    assert path.name.endswith(FILE_SUFFIX)
+    return path
