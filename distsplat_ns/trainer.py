@@ -367,7 +367,7 @@ class DistSplatTrainer(Trainer):
                 writer.put_dict(name="Train Loss Dict", scalar_dict=loss_dict, step=step)
                 writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
             # Replicated, rank 0 evaluates alone and the others wait in a rank-0 window (not in a
-            # collective whose timeout the eval would exhaust); sharded, every rank renders the views.
+            # collective whose timeout the eval would exhaust); where views are collective, every rank renders.
             eval_window = self._evaluates_at(step) and not self.pipeline.mode.views_are_collective
             with rank0_work(self.ctx, f"evaluating after step {step}", active=eval_window):
                 if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset:
