@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from distsplat_ns.distributed.restart import checkpoint_steps
 from tests.helpers.lifecycle import LONG_RUN_EXTRA
 from tests.helpers.netns import TwoHosts
 from tests.helpers.nsrun import REPO, cpu_env, ns_bin, read_stats, run_dir, train_args
@@ -81,7 +82,7 @@ def _wait_for_checkpoint(procs: list[subprocess.Popen], out: Path, timestamp: st
         for node, proc in enumerate(procs):
             if proc.poll() is not None:
                 raise AssertionError(f"host {node} exited early ({proc.returncode}):\n{(out / f'host{node}.log').read_text()[-5000:]}")
-        if list(models.glob("step-*.ckpt")):
+        if checkpoint_steps(models):  # either format: a sharded run writes step-N.dcp folders
             time.sleep(3.0)  # a few more steps
             return
         time.sleep(0.5)
@@ -164,7 +165,7 @@ def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resum
     assert any(hosts.addresses[0] in line for line in _error_lines(tmp_path, 1)), _error_lines(tmp_path, 1)
     # The run folder (shared by both "hosts" here) resumes on one host from its latest checkpoint.
     models = run_dir(tmp_path, "cut") / "nerfstudio_models"
-    last = max(int(p.name[5:14]) for p in models.glob("step-*.ckpt"))
+    last = max(checkpoint_steps(models))
     env = cpu_env()
     resume = hosts.popen(0, [ns_bin("ns-train"), *train_args(tmp_path, "cut", last + 3, [*LONG_RUN_EXTRA, "--pipeline.parallel", mode])],
                          env, str(tmp_path / "resume.log"))
@@ -172,7 +173,7 @@ def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resum
     attempts = read_stats(tmp_path, "cut")["attempts"]
     assert [a["start_step"] for a in attempts][-1] == last + 1 and attempts[-1]["cause"] == "completed", attempts
     assert attempts[0]["cause"].startswith("failed: "), attempts  # host 0's rank 0 recorded the partition
-    assert (models / f"step-{last + 2:09d}.ckpt").exists()
+    assert last + 2 in checkpoint_steps(models)
 
 
 def test_dead_host_ends_the_other_in_bounded_time(hosts: TwoHosts, tmp_path: Path) -> None:
