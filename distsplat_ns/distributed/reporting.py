@@ -55,6 +55,7 @@ def report_user_errors(method):
                 message = f"rank {ctx.rank}: {explained}"
             else:
                 _record_end(self, f"internal error: {type(err).__name__}: {err}"[:500])
+                remove_orphan_semaphores()  # on every failure path: a SIGKILLed rank of this host left its semaphores
                 if not isinstance(err, SystemExit):
                     announce_failure(ctx, f"internal error: {type(err).__name__}")
                 if many and not isinstance(err, SystemExit):
