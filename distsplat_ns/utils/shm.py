@@ -21,13 +21,19 @@ _LOKY_SEMAPHORE = re.compile(r"^sem\.loky-(\d+)-")
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process. A zombie is not: a SIGKILLed rank stays one until
+    torchrun reaps it, which may come after the surviving rank's clean-up."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no procfs (or it just ended): the signal said it exists
+        return True
+    return stat[stat.rfind(")") + 2:][:1] != "Z"  # the state field follows the command name's ')'
 
 
 def remove_orphan_semaphores(shm: Path = _SHM) -> int:
