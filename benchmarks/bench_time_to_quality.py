@@ -251,6 +251,26 @@ def _step_times(run_dir: Path) -> dict[int, float]:
     return times
 
 
+def params_checkpoints(checkpoint_dir: Path) -> list[int]:
+    """Steps of every checkpoint in ``checkpoint_dir``, each with a ``step-N.ckpt`` the eval can load.
+
+    A sharded run writes ``step-N.dcp/`` (every rank's shard) and consolidates only its last one
+    into nerfstudio's single file; the others are consolidated here (after training, untimed) with
+    the trainer's own ``shard_checkpoint.consolidate_params``.
+    """
+    from distsplat_ns.checkpoint import FILE_SUFFIX, SHARDED_SUFFIX
+    from distsplat_ns.parallel.shard_checkpoint import consolidate_params
+
+    steps = set()
+    for path in checkpoint_dir.glob("step-*"):
+        step = int(path.name.split("-")[1].split(".")[0])
+        if path.name.endswith(SHARDED_SUFFIX) and not (checkpoint_dir / f"step-{step:09d}{FILE_SUFFIX}").exists():
+            consolidate_params(path, checkpoint_dir, step)
+        if path.name.endswith((FILE_SUFFIX, SHARDED_SUFFIX)):
+            steps.add(step)
+    return sorted(steps)
+
+
 def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> dict:
     """Train one configuration; return its command, step times, checkpoints and summary."""
     cmd = _train_command(spec, size, out, data, device, seed)
@@ -265,7 +285,7 @@ def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, see
     run_dir = out / "ttq" / "distsplat" / spec.name
     stats = json.loads((run_dir / "distsplat_stats.json").read_text())
     step_times = _step_times(run_dir)
-    ckpts = sorted(int(p.stem.split("-")[1]) for p in (run_dir / "nerfstudio_models").glob("step-*.ckpt"))
+    ckpts = params_checkpoints(run_dir / "nerfstudio_models")
     walls = cumulative_step_times(step_times, ckpts)
     print(f"[ttq] {spec.name}: {command_s:.0f} s, {len(ckpts)} checkpoints, load {load_before} -> {_loadavg()}", flush=True)
     return {
