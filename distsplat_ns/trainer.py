@@ -7,7 +7,7 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 * rank 0 alone runs the viewer, writers, progress display, and evaluation where the parallel mode
   renders views on rank 0 alone (sharded: every rank renders each eval image); checkpoints are
   rank 0's single file (replicated) or every rank's shard (sharded, ``step-N.dcp``, consolidated
-  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools: ``checkpoint.py``);
+  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools: ``trainer_checkpoints.py``, ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
@@ -31,7 +31,6 @@ import functools
 import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -45,15 +44,8 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 from nerfstudio.utils.writer import EventName, TimeWriter
 
-from distsplat_ns.checkpoint import (
-    SHARDED_SUFFIX,
-    checkpoint_payload,
-    is_complete,
-    probe_writable,
-    save_checkpoint_atomic,
-    save_sharded_checkpoint_atomic,
-)
-from distsplat_ns.distributed.collectives import all_gather_object, broadcast_object
+from distsplat_ns.checkpoint import probe_writable
+from distsplat_ns.distributed.collectives import broadcast_object
 from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
@@ -64,12 +56,12 @@ from distsplat_ns.distributed.lifecycle import (
     startup_phase,
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
-from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, elastic_run_id, previous_timestamp, restart_count
+from distsplat_ns.distributed.restart import AttemptLog, elastic_run_id, previous_timestamp, restart_count
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
-from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
+from distsplat_ns.trainer_checkpoints import TrainerCheckpoints
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
@@ -99,8 +91,8 @@ class DistSplatTrainerConfig(TrainerConfig):
             raise ValueError(f"--rank0-work-timeout-s must be > 0, got {self.rank0_work_timeout_s}")
 
 
-class DistSplatTrainer(Trainer):
-    """See the module docstring."""
+class DistSplatTrainer(TrainerCheckpoints, Trainer):
+    """See the module docstring; loading and saving checkpoints are ``trainer_checkpoints.py``'s."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
@@ -246,48 +238,6 @@ class DistSplatTrainer(Trainer):
             configs = float64_optimizer_configs(configs)
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
         return Optimizers(configs, self.pipeline.get_param_groups())
-
-    def _load_checkpoint_state(self) -> dict[str, Any] | None:
-        path = self._checkpoint_to_load()
-        if path is None:
-            return None
-        # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
-        loaded = self.pipeline.mode.read_checkpoint(path)
-        self._start_step = int(loaded["step"]) + 1
-        self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
-        rng = loaded.get("distsplat", {}).get("torch_rng_state")
-        if isinstance(rng, torch.Tensor):
-            torch.set_rng_state(rng)
-        if self.ctx.is_main:
-            CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
-        return loaded
-
-    def _checkpoint_to_load(self) -> Path | None:
-        """Rank 0 decides (``distributed/restart.py:choose_checkpoint``: the run's latest checkpoint
-        on a restart or a re-launch, else the --load-* flags) and every rank learns it; every rank
-        must see the file (a shared output folder), or all fail naming it."""
-        decision: dict[str, Any] = {}
-        if self.ctx.is_main:
-            config = self.config
-            try:
-                choice = choose_checkpoint(self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint,
-                                           config.existing_checkpoints, restart_count())
-                decision = {"path": None if choice.path is None else str(choice.path), "reason": choice.reason}
-            except UserError as err:
-                decision = {"error": str(err)}
-        decision = broadcast_object(self.ctx, decision)
-        if "error" in decision:
-            raise UserError(decision["error"])
-        if self.ctx.is_main:
-            CONSOLE.print(decision["reason"][0].upper() + decision["reason"][1:] + ".")
-        if decision["path"] is None:
-            return None
-        path = Path(decision["path"])
-        missing = [r for r, seen in enumerate(all_gather_object(self.ctx, is_complete(path))) if not seen]
-        if missing:
-            raise UserError(f"checkpoint {path} (rank 0's choice) is not readable on rank(s) {missing}: "
-                            "a resume needs the output folder shared by every host (--output-dir)")
-        return path
 
     # ------------------------------------------------------------------ training loop
     @report_user_errors
@@ -455,81 +405,7 @@ class DistSplatTrainer(Trainer):
             self.record.add_eval(step, psnr)
         return psnr
 
-    # ------------------------------------------------------------------ checkpoints and end
-    def save_checkpoint(self, step: int) -> None:
-        """Write checkpoint ``step`` atomically; every rank learns whether it worked.
-
-        Sharded (``mode.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
-        (``checkpoint.py:save_sharded_checkpoint_atomic``, ``parallel/shard_checkpoint.py``); the
-        whole model is never gathered. Replicated: rank 0 writes nerfstudio's ``step-XXXXXXXXX.ckpt``.
-
-        Raises:
-            RunFailure: on every rank when a rank could not write (full or read-only disk, a
-                failed rank's DCP write); the previous checkpoint is kept.
-
-        **Collective:** world group: sharded, the DCP save and two outcome broadcasts; replicated,
-        the outcome broadcast (it replaces a barrier).
-        """
-        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
-                 "parallel": self.pipeline.config.parallel}
-        mode = self.pipeline.mode
-        if mode.writes_shards:
-            payload = checkpoint_payload(step, self.pipeline.state_dict(), self.optimizers, self.grad_scaler.state_dict(),
-                                         extra) if self.ctx.is_main else {}
-
-            def write_shard(folder: Path) -> int:
-                written = mode.write_shards(folder, self.optimizers.optimizers, payload)
-                self.record.checkpoint_bytes_written += written
-                return written
-
-            save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard,
-                                           self.config.save_only_latest_checkpoint)
-            self._last_saved_step = step
-            return
-        gathered = mode.gather_full_state(self.optimizers.optimizers)
-
-        def write() -> Path:
-            pipeline_state = self.pipeline.state_dict()
-            if gathered is not None:
-                pipeline_state = gathered.merged_into(pipeline_state)
-            return save_checkpoint_atomic(
-                checkpoint_dir=self.checkpoint_dir,
-                step=step,
-                pipeline_state=pipeline_state,
-                optimizers=self.optimizers,
-                scalers=self.grad_scaler.state_dict(),
-                extra=extra,
-                keep_only_latest=self.config.save_only_latest_checkpoint,
-                optimizer_states=None if gathered is None else gathered.optimizers,
-            )
-
-        agree_outcome(
-            self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write
-        )
-        self._last_saved_step = step
-        self.attempts.saved(step)
-
-    def _save_unless_saved(self, step: int) -> None:
-        """Save ``step`` unless it was just saved or no step ran in this process; then, where
-        ranks write shards, give nerfstudio's tools the last checkpoint as their single file."""
-        if step >= self._start_step and self._last_saved_step != step:
-            self.save_checkpoint(step)
-        self._consolidate_last_checkpoint()
-
-    def _consolidate_last_checkpoint(self) -> None:
-        """Sharded: rank 0 writes the params-only ``step-N.ckpt`` of this launch's last
-        ``step-N.dcp`` (``shard_checkpoint.consolidate_params``: parameters streamed from the
-        shards' files, no Adam state), which ``ns-export``/``ns-eval``/``ns-render``/``ns-viewer`` load.
-
-        **Collective:** world group, one outcome broadcast (rank 0 reads and writes alone).
-        """
-        step = self._last_saved_step
-        if not self.pipeline.mode.writes_shards or step is None:
-            return
-        folder = self.checkpoint_dir / f"step-{step:09d}{SHARDED_SUFFIX}"
-        agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
-                      functools.partial(consolidate_params, folder, self.checkpoint_dir, step))
-
+    # ------------------------------------------------------------------ end
     def _after_stop(self, last_step: int, signum: int | None) -> None:
         """End a run stopped early on every rank: checkpoint of the last completed step, summary,
         then exit ``128 + signal`` (a stop from the viewer ends normally)."""

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,17 +41,17 @@ from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
 from torch.nn import Parameter
-from torch.utils.data import DataLoader
 
 from distsplat_ns.data import order, preflight
 from distsplat_ns.data.dataparse import DownscaledParse
 from distsplat_ns.data.decode import DECODERS, default_decoder
+from distsplat_ns.data.eval_split import EvalSplit
 from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
-from distsplat_ns.data.stream import Assigner, ImageBatchStream, IndexedImageDataset
-from distsplat_ns.data.workers import WorkerFailure, identity_collate, start_worker_server, worker_kwargs
+from distsplat_ns.data.stream import Assigner, ImageBatchStream
+from distsplat_ns.data.workers import start_worker_server
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
 
@@ -113,8 +113,9 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
                 raise UserError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
 
 
-class ParallelFullImageDatamanager(DataManager):
-    """Full-image datamanager decoding encoded files in DataLoader workers, sharded across ranks.
+class ParallelFullImageDatamanager(EvalSplit, DataManager):
+    """Full-image datamanager decoding encoded files in DataLoader workers, sharded across ranks
+    (its eval split: ``data/eval_split.py``).
 
     Args:
         config: The configuration.
@@ -264,23 +265,11 @@ class ParallelFullImageDatamanager(DataManager):
             self.config.num_workers,
         )
 
-    def setup_eval(self) -> None:
-        """Check the eval files as the training files; they are read from disk when used (once per evaluation)."""
-        if self._eval_loader is None and len(self.eval_dataset) > 0:
-            self._eval_loader = self._build_loader(self.eval_dataset, self._eval_specs, 0, "eval images")
-
     def _require_train_loader(self) -> ImageLoader:
         if self._train_loader is None:
             self.setup_train()
         assert self._train_loader is not None
         return self._train_loader
-
-    def _require_eval_loader(self) -> ImageLoader:
-        if self._eval_loader is None:
-            self.setup_eval()
-        if self._eval_loader is None:
-            raise RuntimeError("the eval split has no images")
-        return self._eval_loader
 
     # ------------------------------------------------------------------ training stream
     def configure_training(
@@ -467,30 +456,6 @@ class ParallelFullImageDatamanager(DataManager):
         camera.metadata["cam_idx"] = index
         return camera, self._to_device_data(index, batch.images[0], batch.masks[0])
 
-    def next_eval(self, step: int) -> tuple[Cameras, dict]:
-        """A random eval image (see ``next_eval_image``)."""
-        return self.next_eval_image(step=step)
-
-    def next_eval_image(self, step: int) -> tuple[Cameras, dict]:
-        """A random eval image, each once before any repeats (seeded), decoded in this process.
-
-        Returns:
-            ``(camera, data)``: one camera on device, ``{"image": [H, W, C] uint8 on device,
-            "image_idx": int, ("mask")}``.
-        """
-        del step
-        index = self.eval_unseen_cameras.pop(self._eval_rng.randint(0, len(self.eval_unseen_cameras) - 1))
-        if not self.eval_unseen_cameras:
-            self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
-        image, mask = self._require_eval_loader().load(index)
-        camera = self.eval_dataset.cameras[index : index + 1].to(self.device)
-        return camera, self._to_device_data(index, image, mask)
-
-    @property
-    def fixed_indices_eval_dataloader(self) -> EvalImages:
-        """Every eval image as ``(camera, data)``, decoded lazily by ``eval_num_workers`` workers."""
-        return EvalImages(self)
-
     def get_param_groups(self) -> dict[str, list[Parameter]]:
         """No trainable parameters."""
         return {}
@@ -503,30 +468,3 @@ class ParallelFullImageDatamanager(DataManager):
     def get_datapath(self) -> Path:
         """The scene's data path (``--data`` when given, else the dataparser's)."""
         return self.data_path
-
-
-class EvalImages:
-    """Sized iterable of ``(camera, data)`` over all eval images (nerfstudio's fixed-indices loader).
-
-    Each iteration starts a DataLoader with the manager's ``eval_num_workers`` (started as the
-    training workers, ``workers.worker_kwargs``); only the small picklable ``ImageLoader`` reaches
-    the workers, never the datamanager. A decode error is raised with the worker's message.
-    """
-
-    def __init__(self, manager: ParallelFullImageDatamanager) -> None:
-        self.manager = manager
-
-    def __len__(self) -> int:
-        return len(self.manager.eval_dataset)
-
-    def __iter__(self) -> Iterator[tuple[Cameras, dict]]:
-        manager = self.manager
-        dataset = IndexedImageDataset(manager._require_eval_loader(), list(range(len(self))))
-        num_workers = min(manager.config.eval_num_workers, len(dataset))
-        loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers))
-        cameras = manager.eval_dataset.cameras
-        for item in loader:
-            if isinstance(item, WorkerFailure):
-                item.reraise()
-            index, image, mask = item
-            yield cameras[index : index + 1].to(manager.device), manager._to_device_data(index, image, mask)

@@ -27,6 +27,6 @@ def test_pure_data_module_does_not_import_nerfstudio(name: str) -> None:
     assert not any(n.split(".")[0] == "nerfstudio" for n in _imports(DATA / name))
 
 
-@pytest.mark.parametrize("name", PURE + ["datamanager.py", "image_specs.py"])
+@pytest.mark.parametrize("name", PURE + ["datamanager.py", "eval_split.py", "image_specs.py"])
 def test_data_module_does_not_import_torch_distributed(name: str) -> None:
     assert not any(n.startswith("torch.distributed") for n in _imports(DATA / name))

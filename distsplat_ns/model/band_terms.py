@@ -1,0 +1,160 @@
+"""What a band's loss is made of in ``DistSplatModel``: the ground truth at the rendered size, the
+band's L1 and D-SSIM terms (with splatfacto's bilateral-grid colour correction of the band's rows)
+and the batch-independent regularisers (MCMC's opacity and scale terms, the scale-ratio term, the
+grids' total variation and the camera optimizer's penalty).
+
+A mixin of ``DistSplatModel`` (``model/distsplat_model.py``), which calls it from ``forward_bands``;
+it reads the model's ``config``, ``device``, ``compute_dtype``, ``composite_with_background``,
+``bil_grids``, ``mcmc``, ``camera_optimizer`` and Gaussian parameters.
+
+Shape letters: H/W pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from nerfstudio.model_components.lib_bilagrid import color_affine_transform, total_variation_loss
+from nerfstudio.models.splatfacto import resize_image
+
+from distsplat_ns.balance.bands import Band
+from distsplat_ns.model.band_backward import PixelLink, link_pixels
+from distsplat_ns.model.band_render import RegularizerShare
+from distsplat_ns.model.losses import band_loss, halo_end_row
+from distsplat_ns.model.mcmc import mcmc_regularizers
+
+
+class BandTerms:
+    """The ground truth, per-band loss terms and regularisers of ``DistSplatModel`` (see the module docstring)."""
+
+    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: tuple[int, int]) -> torch.Tensor:
+        """Ground truth at the rendered resolution, composited over ``background`` if it has alpha.
+
+        Args:
+            image: `[H, W, 3 or 4]`, uint8 or float in [0, 1], at full size or already at the
+                rendered size ``size_px`` (the datamanager may decode at the training scale).
+            size_px: Rendered ``(height, width)``.
+        """
+        if image.dtype == torch.uint8:
+            image = image.to(self.device, self.compute_dtype) / 255.0
+        image = image.to(self.device, self.compute_dtype)
+        if downscale > 1 and tuple(image.shape[:2]) != tuple(size_px):
+            image = resize_image(image, downscale).to(self.compute_dtype)  # resize_image returns float32
+        return self.composite_with_background(image, background)
+
+    def _ground_truths(
+        self,
+        images: Sequence[torch.Tensor],
+        masks: Sequence[torch.Tensor | None],
+        backgrounds: Sequence[torch.Tensor],
+        downscale: int,
+        sizes_px: Sequence[tuple[int, int]],
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Each image and mask at its camera's rendered ``(width, height)``, composited.
+
+        Raises:
+            ValueError: an image does not match its camera's size.
+        """
+        gts, gt_masks = [], []
+        for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px, strict=False):
+            gt = self.gt_image(img, bg, downscale, (height, width))
+            if gt.shape[0] != height or gt.shape[1] != width:
+                raise ValueError(
+                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
+                    f"(after downscale {downscale})"
+                )
+            gts.append(gt)
+            gt_masks.append(None if mask is None else self._downscale_mask(mask, downscale, (height, width)))
+        return gts, gt_masks
+
+    def _downscale_mask(self, mask: torch.Tensor, downscale: int, size_px: tuple[int, int]) -> torch.Tensor:
+        mask = mask.to(self.device, self.compute_dtype)
+        if downscale > 1 and tuple(mask.shape[:2]) != tuple(size_px):
+            mask = resize_image(mask, downscale).to(self.compute_dtype)
+        return mask
+
+    def _band_terms(
+        self,
+        colors: torch.Tensor,
+        alphas: torch.Tensor,
+        gt: torch.Tensor,
+        mask: torch.Tensor | None,
+        background: torch.Tensor,
+        band: Band,
+        height: int,
+        links: list[PixelLink],
+        grid_index: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        first, end = band.first_row_px, band.end_row_px(height)
+        halo_end = halo_end_row(end, height)
+        rows = halo_end - first
+        pred = torch.clamp(colors[:rows, :, :3] + (1 - alphas[:rows]) * background, 0.0, 1.0)
+        if grid_index is not None:
+            pred = self.apply_bilateral_grid_rows(pred, grid_index, first, height)
+        # The loss sees a detached copy of the rendered pixels (model/band_backward.py explains why).
+        link = link_pixels(pred, band.position, first, end)
+        links.append(link)
+        target = gt[first:halo_end]
+        shown = link.leaf
+        if mask is not None:
+            m = mask[first:halo_end]
+            shown, target = shown * m, target * m
+        return band_loss(shown, target, first, end, height)
+
+    def apply_bilateral_grid_rows(self, rgb: torch.Tensor, grid_index: int, first_row_px: int, height: int) -> torch.Tensor:
+        """Splatfacto's bilateral-grid correction (``_apply_bilateral_grid``) of rows
+        ``first_row_px ..`` of an image ``height`` rows tall: a band is a slice of the same
+        per-pixel operation, so its pixel coordinates are the whole image's (``linspace(0, 1, H)``
+        cut to the band's rows), and the grid is the image's (``grid_index``).
+
+        Args:
+            rgb: The band's composited colours. `[rows, W, 3]`, in [0, 1].
+            grid_index: The image's training-camera index.
+            first_row_px: The band's first row in the image.
+            height: The image's rendered height, px.
+
+        Returns:
+            The corrected colours, `[rows, W, 3]` (not clamped, as splatfacto's).
+
+        **Differentiable:** with respect to ``rgb`` and the grids. **Host sync:** none (the
+        grid index is a host int; nerfstudio's ``slice`` would call ``torch.unique``).
+        """
+        rows, width = rgb.shape[0], rgb.shape[1]
+        ys = torch.linspace(0, 1.0, height, device=rgb.device)[first_row_px : first_row_px + rows]
+        xs = torch.linspace(0, 1.0, width, device=rgb.device)
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        xy = torch.stack([grid_x, grid_y], dim=-1).unsqueeze(0).to(rgb.dtype)  # [1, rows, W, 2]
+        idx = torch.tensor([grid_index], device=rgb.device, dtype=torch.long)
+        affine = self.bil_grids(xy, rgb.unsqueeze(0), idx)
+        return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)
+
+    def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
+        """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
+        means over all ranks' Gaussians (the scale term; under MCMC main's opacity and scale terms,
+        every step), and the camera optimizer's penalty.
+
+        **Differentiable:** with respect to the scales and opacities (and camera adjustments).
+        """
+        total = self.means.new_zeros(())
+        if self.mcmc is not None and share.scale_term:
+            terms = mcmc_regularizers(
+                self.opacities, self.scales, share.num_gaussians_total,
+                opacity_reg=self.mcmc.mcmc_opacity_reg, scale_reg=self.mcmc.mcmc_scale_reg,
+            )
+            total = total + terms.opacity + terms.scale
+        if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
+            scale_exp = torch.exp(self.scales)
+            ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
+            excess = torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio
+            total = total + 0.1 * (excess.sum() / max(share.num_gaussians_total, 1))
+        if share.camera_penalty and self.training and self.config.use_bilateral_grid:
+            # Splatfacto's 10 x total variation of every grid, once per step (batch-independent:
+            # one rank adds it, and it is not averaged over the batch's images or bands).
+            total = total + 10 * total_variation_loss(self.bil_grids.grids)
+        if share.camera_penalty and self.training:
+            extra: dict[str, torch.Tensor] = {}
+            self.camera_optimizer.get_loss_dict(extra)
+            for value in extra.values():
+                total = total + value
+        return total
