@@ -44,7 +44,7 @@ from distsplat_ns.model.densify import DefaultDensifier, Densifier, MCMCDensifie
 from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.mcmc import MCMCConfig, mcmc_regularizers, mcmc_schedule_in_steps
+from distsplat_ns.model.mcmc import MCMCConfig, MCMCRegularizers, mcmc_regularizers, mcmc_schedule_in_steps
 from distsplat_ns.model.strategy import (
     KEYED_GROWTH_KEY,
     ChildIds,
@@ -422,16 +422,16 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
             raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
-        regularizer_loss = self._regularizers(step, regularizers)
+        regularizer_loss, loss_terms = self._regularizers(step, regularizers)
         if not bands:
-            return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero)
+            return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero, loss_terms=loss_terms)
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
         inputs = self.render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
         gts, gt_masks = self._ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
 
-        result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls)
+        result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls, loss_terms=loss_terms)
         l1_total, dssim_total = zero, zero
         for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
             height = inputs.sizes_px[first][1]  # the cameras of one projection share one size
@@ -542,20 +542,29 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         affine = self.bil_grids(xy, rgb.unsqueeze(0), idx)
         return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)
 
-    def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
+    def _regularizers(self, step: int, share: RegularizerShare) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
         means over all ranks' Gaussians (the scale term; under MCMC main's opacity and scale terms,
         every step), and the camera optimizer's penalty.
 
-        **Differentiable:** with respect to the scales and opacities (and camera adjustments).
+        Returns:
+            ``(total, named)``: the terms' sum, and this rank's shares of the MCMC terms under
+            main's loss-dict keys (present, as there, when the weight is positive; zero on a
+            rank that adds no share), detached: summed over ranks, the whole model's values.
+
+        **Differentiable:** ``total``, with respect to the scales and opacities (and camera adjustments).
         """
         total = self.means.new_zeros(())
-        if self.mcmc is not None and share.scale_term:
-            terms = mcmc_regularizers(
-                self.opacities, self.scales, share.num_gaussians_total,
-                opacity_reg=self.mcmc.mcmc_opacity_reg, scale_reg=self.mcmc.mcmc_scale_reg,
+        named: dict[str, torch.Tensor] = {}
+        if self.mcmc is not None:
+            weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
+            terms = (
+                mcmc_regularizers(self.opacities, self.scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
+                if share.scale_term else MCMCRegularizers(total, total)
             )
             total = total + terms.opacity + terms.scale
+            keys = ("mcmc_opacity_reg", "mcmc_scale_reg")  # nerfstudio main's splatfacto get_loss_dict
+            named = {key: value.detach() for key, value, weight in zip(keys, terms, weights, strict=True) if weight > 0}
         if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
@@ -570,7 +579,7 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():
                 total = total + value
-        return total
+        return total, named
 
     # ------------------------------------------------------------------ densification
     def densify(

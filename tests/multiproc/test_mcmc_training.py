@@ -7,6 +7,9 @@ the second stopped by the global cap.
 (gsplat's strict bounds skip step 5). Dead below opacity 0.1 (splatfacto's initial opacity), so
 thousands relocate at each event; the cap (11700 of lund_door's 11384 seed points) lets the first
 event add 5% and the second only up to the cap.
+
+Every run's loss dict carries main's two MCMC terms, which must be the whole model's on any
+number of ranks.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, read_stats, run_ns_train, run_torchrun
+from tests.helpers.nsrun import latest_checkpoint, read_scalars, read_stats, run_ns_train, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +40,7 @@ MCMC_EXTRA = [
 ]
 NUM_IMAGES = 40
 RUNS = {"one": (1, "replicated"), "rep2": (2, "replicated"), "rep3": (3, "replicated"), "sh2": (2, "sharded"), "sh3": (3, "sharded")}
+MCMC_TERMS = ("mcmc_opacity_reg", "mcmc_scale_reg")
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +94,26 @@ def test_mcmc_on_w_ranks_equals_one_process(runs: dict, name: str) -> None:
     if parallel == "sharded":
         local = [r["local_gaussian_count"] for r in stats["per_rank"]]
         assert sum(local) == CAP and min(local) > 0
+
+
+def test_one_process_loss_dict_reports_main_s_mcmc_terms(runs: dict) -> None:
+    """Logged on the log steps (0 and 10) under main's keys. At step 0 every opacity is
+    splatfacto's initial 0.1, so main's term is 0.01 x 0.1 (rel 1e-6: tensorboard stores float32,
+    and the float32 logit of 0.1 is cast to the float64 mode)."""
+    opacity, scale = (read_scalars(runs["one"], "one", f"Train Loss Dict/{key}") for key in MCMC_TERMS)
+    assert sorted(opacity) == sorted(scale) == [0, 10]
+    assert opacity[0] == pytest.approx(0.01 * 0.1, rel=1e-6)
+    assert opacity[10] != opacity[0] and scale[10] > 0
+
+
+@pytest.mark.parametrize("name", ["rep2", "rep3", "sh2", "sh3"])
+@pytest.mark.parametrize("key", MCMC_TERMS)
+def test_mcmc_loss_terms_on_w_ranks_equal_one_process(runs: dict, name: str, key: str) -> None:
+    """The logged term is the whole model's, counted once (replicated: one replica's; sharded: the
+    shards' shares summed). rel 1e-5: the values are stored as float32 (6e-8) and the parameters
+    agree within assert_same_model's 1e-6; a term counted twice or a missing shard is off by ~2x."""
+    one = read_scalars(runs["one"], "one", f"Train Loss Dict/{key}")
+    other = read_scalars(runs[name], name, f"Train Loss Dict/{key}")
+    assert sorted(other) == sorted(one) == [0, 10]
+    for step, value in one.items():
+        assert other[step] == pytest.approx(value, rel=1e-5), f"step {step}"
