@@ -265,7 +265,15 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
         dict = {k: v for k, v in dict.items() if not k.startswith("lpips.")}
-        return super().load_state_dict(dict, **kwargs)
+        # Splatfacto's load re-creates the Gaussian parameters with torch.zeros in the default
+        # dtype before copying the checkpoint in: without this a float64-mode run resumed in
+        # float32 (tests/multiproc/test_mcmc_training.py, the resumed run).
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.compute_dtype)
+        try:
+            return super().load_state_dict(dict, **kwargs)
+        finally:
+            torch.set_default_dtype(previous_dtype)
 
     # ------------------------------------------------------------------ schedules (in images)
     def images_seen(self, step: int) -> int:
