@@ -108,6 +108,8 @@ class StepReport:
         loss: This rank's share of the batch loss (sum over ranks = batch loss), detached. 0-d.
         l1: This rank's share of the batch's mean L1, detached. 0-d.
         dssim: This rank's share of the batch's mean ``1 - SSIM``, detached. 0-d.
+        loss_terms: This rank's shares of the named terms inside ``loss``
+            (``BandRenderResult.loss_terms``: the same keys on every rank), detached.
         num_gaussians: Gaussians rendered this step (before densification).
         timings: Seconds per phase.
         bytes_communicated: Payload bytes this rank sent or reduced: gradients and statistics;
@@ -119,6 +121,7 @@ class StepReport:
     loss: torch.Tensor
     l1: torch.Tensor
     dssim: torch.Tensor
+    loss_terms: dict[str, torch.Tensor]
     num_gaussians: int
     timings: StepTimings
     bytes_communicated: int
@@ -300,7 +303,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
         self._check_replicas(step, named)
         return StepReport(
-            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, num_gaussians=num_gaussians,
+            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, loss_terms=result.loss_terms, num_gaussians=num_gaussians,
             timings=StepTimings.from_clock(clock), bytes_communicated=moved + statistics_bytes,
             measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
         )
@@ -344,6 +347,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             else:
                 total.loss = total.loss.detach() + result.loss.detach()
                 total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
+                total.loss_terms = {k: v + result.loss_terms[k] for k, v in total.loss_terms.items()}
                 total.band_tile_counts.extend(result.band_tile_counts)
             total.pixel_links = []  # consumed by the backward
         assert total is not None, "a batch has at least one camera"

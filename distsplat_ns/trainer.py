@@ -353,9 +353,11 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
         metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
             # One all-reduce carries the losses and every rank's figures (run_record.py).
-            losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim], report,
-                                                  self.pipeline.model.num_points)
-            loss_dict = dict(zip(("main_loss", "l1", "dssim"), losses, strict=False))
+            # The named terms (e.g. MCMC's regularizers) have the same keys on every rank: summed, the whole model's.
+            names = ("main_loss", "l1", "dssim", *report.loss_terms)
+            losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim, *report.loss_terms.values()],
+                                                  report, self.pipeline.model.num_points)
+            loss_dict = dict(zip(names, losses, strict=True))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
             if self.ctx.is_main and self.ctx.is_distributed:

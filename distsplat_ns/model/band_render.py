@@ -136,6 +136,10 @@ class BandRenderResult:
             `[tile_rows, tile_cols]`, int.
         pixel_links: Per band, its rendered pixels and their detached copy, for
             ``model/band_backward.py``'s ``backward_bands``.
+        loss_terms: This rank's shares of the named batch-independent terms that are part of
+            ``loss`` (splatfacto's loss-dict keys, e.g. ``mcmc_opacity_reg``), detached, 0-d each.
+            Every rank has the same keys (zero where it adds no share), so the shares can be
+            summed over ranks in one all-reduce.
     """
 
     loss: torch.Tensor
@@ -144,6 +148,7 @@ class BandRenderResult:
     projections: list[StatisticsProjection] = field(default_factory=list)
     band_tile_counts: list[tuple[Band, torch.Tensor]] = field(default_factory=list)
     pixel_links: list[PixelLink] = field(default_factory=list)
+    loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def rendered_sizes_px(cameras: Cameras, downscale: int) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from distsplat_ns.balance.bands import Band
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.band_render import RegularizerShare
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.mcmc import mcmc_regularizers
+from distsplat_ns.model.mcmc import MCMCRegularizers, mcmc_regularizers
 
 
 class BandTerms:
@@ -129,20 +129,29 @@ class BandTerms:
         affine = self.bil_grids(xy, rgb.unsqueeze(0), idx)
         return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)
 
-    def _regularizers(self, step: int, share: RegularizerShare) -> torch.Tensor:
+    def _regularizers(self, step: int, share: RegularizerShare) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The batch-independent loss terms this rank adds (``share``): its Gaussians' part of the
         means over all ranks' Gaussians (the scale term; under MCMC main's opacity and scale terms,
         every step), and the camera optimizer's penalty.
 
-        **Differentiable:** with respect to the scales and opacities (and camera adjustments).
+        Returns:
+            ``(total, named)``: the terms' sum, and this rank's shares of the MCMC terms under
+            main's loss-dict keys (present, as there, when the weight is positive; zero on a
+            rank that adds no share), detached: summed over ranks, the whole model's values.
+
+        **Differentiable:** ``total``, with respect to the scales and opacities (and camera adjustments).
         """
         total = self.means.new_zeros(())
-        if self.mcmc is not None and share.scale_term:
-            terms = mcmc_regularizers(
-                self.opacities, self.scales, share.num_gaussians_total,
-                opacity_reg=self.mcmc.mcmc_opacity_reg, scale_reg=self.mcmc.mcmc_scale_reg,
+        named: dict[str, torch.Tensor] = {}
+        if self.mcmc is not None:
+            weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
+            terms = (
+                mcmc_regularizers(self.opacities, self.scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
+                if share.scale_term else MCMCRegularizers(total, total)
             )
             total = total + terms.opacity + terms.scale
+            keys = ("mcmc_opacity_reg", "mcmc_scale_reg")  # nerfstudio main's splatfacto get_loss_dict
+            named = {key: value.detach() for key, value, weight in zip(keys, terms, weights, strict=True) if weight > 0}
         if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
@@ -157,4 +166,4 @@ class BandTerms:
             self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():
                 total = total + value
-        return total
+        return total, named

@@ -266,7 +266,15 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
         dict = {k: v for k, v in dict.items() if not k.startswith("lpips.")}
-        return super().load_state_dict(dict, **kwargs)
+        # Splatfacto's load re-creates the Gaussian parameters with torch.zeros in the default
+        # dtype before copying the checkpoint in: without this a float64-mode run resumed in
+        # float32 (tests/multiproc/test_mcmc_training.py, the resumed run).
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.compute_dtype)
+        try:
+            return super().load_state_dict(dict, **kwargs)
+        finally:
+            torch.set_default_dtype(previous_dtype)
 
     # ------------------------------------------------------------------ schedules (in images)
     def images_seen(self, step: int) -> int:
@@ -408,16 +416,16 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
             raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
-        regularizer_loss = self._regularizers(step, regularizers)
+        regularizer_loss, loss_terms = self._regularizers(step, regularizers)
         if not bands:
-            return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero)
+            return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero, loss_terms=loss_terms)
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
         inputs = self.render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
         gts, gt_masks = self._ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
 
-        result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls)
+        result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls, loss_terms=loss_terms)
         l1_total, dssim_total = zero, zero
         for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
             height = inputs.sizes_px[first][1]  # the cameras of one projection share one size

@@ -105,3 +105,17 @@ def load_gauss_ids(ckpt: Path):
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
     return state["_model._extra_state"]["strategy_state"]["gauss_ids"]
+
+
+def read_scalars(out: Path, timestamp: str, tag: str, method: str = "distsplat") -> dict[int, float]:
+    """A run's tensorboard scalar ``tag`` (e.g. ``Train Loss Dict/main_loss``) by step, from
+    every event file in its folder (rank 0 writes them)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, float] = {}
+    for path in sorted(run_dir(out, timestamp, method).glob("events.out.tfevents.*")):
+        events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        events.Reload()
+        if tag in events.Tags()["scalars"]:
+            values.update({e.step: e.value for e in events.Scalars(tag)})
+    return values

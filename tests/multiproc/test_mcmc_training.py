@@ -7,6 +7,10 @@ the second stopped by the global cap.
 (gsplat's strict bounds skip step 5). Dead below opacity 0.1 (splatfacto's initial opacity), so
 thousands relocate at each event; the cap (11700 of lund_door's 11384 seed points) lets the first
 event add 5% and the second only up to the cap.
+
+The 2-rank sharded run also keeps its step-12 checkpoint (after the first event): resumed there,
+a run goes through the second event and must end as the uninterrupted run. Every run's loss dict
+carries main's two MCMC terms, which must be the whole model's on any number of ranks.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, read_stats, run_ns_train, run_torchrun
+from tests.helpers.nsrun import latest_checkpoint, read_scalars, read_stats, run_dir, run_ns_train, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +38,15 @@ MCMC_EXTRA = [
     "--pipeline.model.max-gs-num", str(CAP),
     "--pipeline.replica-check-every", "1",
     "--steps-per-eval-all-images", "1000",
-    "--steps-per-save", "1000",
 ]
 NUM_IMAGES = 40
+NUM_STEPS = 20
+RESUME_STEP = 12
+"""sh2's kept checkpoint: after the event at step 10, before the one at step 15."""
 RUNS = {"one": (1, "replicated"), "rep2": (2, "replicated"), "rep3": (3, "replicated"), "sh2": (2, "sharded"), "sh3": (3, "sharded")}
+SAVES = {"sh2": ["--steps-per-save", str(RESUME_STEP), "--save-only-latest-checkpoint", "False"]}
+NO_SAVES = ["--steps-per-save", "1000"]
+MCMC_TERMS = ("mcmc_opacity_reg", "mcmc_scale_reg")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +54,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = {}
     for name, (world, parallel) in RUNS.items():
         path = tmp_path_factory.mktemp(name)
-        extra = [*MCMC_EXTRA, "--pipeline.parallel", parallel]
+        extra = [*MCMC_EXTRA, *SAVES.get(name, NO_SAVES), "--pipeline.parallel", parallel]
         if world == 1:
             run_ns_train(path, name, NUM_IMAGES, extra=extra)
         else:
@@ -53,8 +63,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sh2 resumed from its step-12 checkpoint on 2 sharded ranks, to the same end."""
+    path = tmp_path_factory.mktemp("resumed")
+    load = ["--load-dir", str(run_dir(runs["sh2"], "sh2") / "nerfstudio_models"), "--load-step", str(RESUME_STEP)]
+    run_torchrun(path, "resumed", NUM_IMAGES, 2, extra=[*MCMC_EXTRA, *NO_SAVES, "--pipeline.parallel", "sharded", *load])
+    return path
+
+
 def _by_id(ckpt: Path) -> dict:
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    if ckpt.is_dir():  # a sharded run's step-N.dcp, read whole in this process
+        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
+    else:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
     extra = state["_model._extra_state"]
     ids = extra["strategy_state"]["gauss_ids"]
     order = torch.argsort(ids)
@@ -90,3 +112,42 @@ def test_mcmc_on_w_ranks_equals_one_process(runs: dict, name: str) -> None:
     if parallel == "sharded":
         local = [r["local_gaussian_count"] for r in stats["per_rank"]]
         assert sum(local) == CAP and min(local) > 0
+
+
+@pytest.mark.parametrize("name", ["rep2", "sh2"])
+def test_sharded_mcmc_resumed_at_a_checkpoint_continues_as_the_uninterrupted_run(runs: dict, resumed: Path, name: str) -> None:
+    """Resumed at step 13 after sh2's step-12 checkpoint, through the capped event at step 15: the
+    same ids and next id (the keyed draws neither repeat nor skip) and parameters as the
+    uninterrupted 2-rank sharded run and as replicated 2 ranks."""
+    at_save = _by_id(run_dir(runs["sh2"], "sh2") / "nerfstudio_models" / f"step-{RESUME_STEP:09d}.dcp")
+    end = _by_id(latest_checkpoint(resumed, "resumed"))
+    full = _by_id(latest_checkpoint(runs[name], name))
+    assert read_stats(resumed, "resumed")["steps"] == NUM_STEPS - RESUME_STEP - 1
+    # The event after the resume relocated and added: new ids, and the count went to the cap.
+    assert end["next_id"] > at_save["next_id"] and at_save["means"].shape[0] < CAP == end["means"].shape[0]
+    assert torch.equal(end["ids"], full["ids"]) and end["next_id"] == full["next_id"]
+    params = [k for k in full if k not in ("ids", "next_id", "state_keys")]
+    assert_same_model({k: full[k] for k in params}, {k: end[k] for k in params})
+
+
+def test_one_process_loss_dict_reports_main_s_mcmc_terms(runs: dict) -> None:
+    """Logged on the log steps (0 and 10) under main's keys. At step 0 every opacity is
+    splatfacto's initial 0.1, so main's term is 0.01 x 0.1 (rel 1e-6: tensorboard stores float32,
+    and the float32 logit of 0.1 is cast to the float64 mode)."""
+    opacity, scale = (read_scalars(runs["one"], "one", f"Train Loss Dict/{key}") for key in MCMC_TERMS)
+    assert sorted(opacity) == sorted(scale) == [0, 10]
+    assert opacity[0] == pytest.approx(0.01 * 0.1, rel=1e-6)
+    assert opacity[10] != opacity[0] and scale[10] > 0
+
+
+@pytest.mark.parametrize("name", ["rep2", "rep3", "sh2", "sh3"])
+@pytest.mark.parametrize("key", MCMC_TERMS)
+def test_mcmc_loss_terms_on_w_ranks_equal_one_process(runs: dict, name: str, key: str) -> None:
+    """The logged term is the whole model's, counted once (replicated: one replica's; sharded: the
+    shards' shares summed). rel 1e-5: the values are stored as float32 (6e-8) and the parameters
+    agree within assert_same_model's 1e-6; a term counted twice or a missing shard is off by ~2x."""
+    one = read_scalars(runs["one"], "one", f"Train Loss Dict/{key}")
+    other = read_scalars(runs[name], name, f"Train Loss Dict/{key}")
+    assert sorted(other) == sorted(one) == [0, 10]
+    for step, value in one.items():
+        assert other[step] == pytest.approx(value, rel=1e-5), f"step {step}"

@@ -1,4 +1,5 @@
-"""The float64 mode's initial Gaussians (repeated seed positions kept once) and its Adam eps."""
+"""The float64 mode's initial Gaussians (repeated seed positions kept once), its Adam eps, and
+its dtype kept across a checkpoint load."""
 
 from __future__ import annotations
 
@@ -65,3 +66,19 @@ def test_float64_optimizers_raise_the_eps_of_the_gaussian_parameters_only() -> N
     # a larger eps chosen by the user is kept
     big = {"quats": {"optimizer": AdamOptimizerConfig(lr=1e-3, eps=1e-6), "scheduler": None}}
     assert float64_optimizer_configs(big)["quats"]["optimizer"].eps == 1e-6
+
+
+def test_loading_a_checkpoint_keeps_float64_parameters_bit_for_bit() -> None:
+    """Splatfacto's load re-creates the parameters for the checkpoint's count with torch.zeros in
+    the default dtype (float32): a float64-mode resume must not drop to float32 (a sharded MCMC
+    resume did, tests/multiproc/test_mcmc_training.py)."""
+    from tests.helpers.model_factory import make_model
+
+    saved = make_model(1, num_points=40, param_dtype="float64")
+    with torch.no_grad():
+        saved.gauss_params["means"] += 1e-12  # survives only in float64
+    resumed = make_model(1, num_points=30, param_dtype="float64")
+    resumed.load_state_dict(saved.state_dict())
+    for name, param in saved.gauss_params.items():
+        assert resumed.gauss_params[name].dtype == torch.float64 and torch.equal(resumed.gauss_params[name], param)
+    assert torch.get_default_dtype() == torch.float32
