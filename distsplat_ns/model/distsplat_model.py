@@ -565,8 +565,14 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
         total = self.means.new_zeros(())
         named: dict[str, torch.Tensor] = {}
         if self.mcmc is not None:
-            terms, named = self._mcmc_terms(share, total)
+            weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
+            terms = (
+                mcmc_regularizers(self.opacities, self.scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
+                if share.scale_term else MCMCRegularizers(total, total)
+            )
             total = total + terms.opacity + terms.scale
+            keys = ("mcmc_opacity_reg", "mcmc_scale_reg")  # nerfstudio main's splatfacto get_loss_dict
+            named = {key: value.detach() for key, value, weight in zip(keys, terms, weights, strict=True) if weight > 0}
         if self.config.use_scale_regularization and step % 10 == 0 and share.scale_term:
             scale_exp = torch.exp(self.scales)
             ratio = scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1)
@@ -582,22 +588,6 @@ class DistSplatModel(EvalOutputs, SplatfactoModel):
             for value in extra.values():
                 total = total + value
         return total, named
-
-    def _mcmc_terms(self, share: RegularizerShare, zero: torch.Tensor) -> tuple[MCMCRegularizers, dict[str, torch.Tensor]]:
-        """This rank's shares of main's two MCMC terms (``zero`` each where ``share`` adds none),
-        and the same detached under main's loss-dict keys (an entry only for a positive weight,
-        as nerfstudio main's splatfacto ``get_loss_dict``).
-
-        **Differentiable:** the terms, with respect to the scales and opacities.
-        """
-        assert self.mcmc is not None
-        weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
-        terms = (
-            mcmc_regularizers(self.opacities, self.scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
-            if share.scale_term else MCMCRegularizers(zero, zero)
-        )
-        keys = ("mcmc_opacity_reg", "mcmc_scale_reg")
-        return terms, {key: value.detach() for key, value, weight in zip(keys, terms, weights, strict=True) if weight > 0}
 
     # ------------------------------------------------------------------ densification
     def densify(
