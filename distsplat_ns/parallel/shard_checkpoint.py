@@ -95,7 +95,15 @@ def write_shard_checkpoint(
 
 
 def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest."""
+    """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest.
+
+    One key at a time: the ids first, then each key read and put in id order before the next
+    is read, so besides the rows kept only one key's rows are held twice (rank 0 consolidating a
+    model no device holds: docs/sharded.md, "Memory per rank").
+
+    **Collective:** with a distributed ``ctx``, :func:`load_rows` once per row key, every rank
+    the same keys in the layout's order; without one, local.
+    """
     if not Path(folder).is_dir():
         raise UserError(f"checkpoint {folder} does not exist")
     try:
@@ -104,15 +112,25 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
         raise UserError(f"checkpoint {folder} is not a complete DCP checkpoint ({type(err).__name__}: {err})") from err
     num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
     keys = [k for k in layout if not only_params or k.startswith(PARAMS_PREFIX) or k == IDS_KEY]
-    rows, blob = load_rows(ctx, Path(folder), keys, row_range_of(num_total))
+    row_range = row_range_of(num_total)
+    order = None
+    if IDS_KEY in keys:
+        rows, blob = load_rows(ctx, Path(folder), [IDS_KEY], row_range)
+        if rows[IDS_KEY].numel():
+            order = torch.sort(rows[IDS_KEY], stable=True).indices
+            rows[IDS_KEY] = rows[IDS_KEY][order]
+    else:
+        rows, blob = load_rows(ctx, Path(folder), [], row_range)
+    for key in keys:
+        if key != IDS_KEY:
+            value = load_rows(ctx, Path(folder), [key], row_range)[0][key]
+            rows[key] = value if order is None else value[order]
+            del value  # the unsorted rows, before the next key is read
     register_numpy_safe_globals()
     rest = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     for key, (dtype, trailing) in rest.pop("row_keys", {}).items():
         if key not in rows and (not only_params or key.startswith(PARAMS_PREFIX) or key == IDS_KEY):
             rows[key] = torch.empty((0, *trailing), dtype=getattr(torch, dtype))  # no rank held any row
-    if IDS_KEY in rows and rows[IDS_KEY].numel():
-        order = torch.sort(rows[IDS_KEY], stable=True).indices
-        rows = {k: v[order] for k, v in rows.items()}
     return rows, rest
 
 
