@@ -122,7 +122,14 @@ def main() -> None:
     parser.add_argument("--base-random", type=int, default=1_000, help="--memory: Gaussians of the base-RSS runs")
     parser.add_argument("--batch", type=int, default=2, help="--memory: images per step, every run")
     parser.add_argument("--with-replicated-w2", action="store_true", help="--memory: replicated W = 2 too")
+    parser.add_argument("--reanalyse", type=Path, default=None,
+                        help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it")
     args = parser.parse_args()
+    if args.reanalyse is not None:
+        from bench_sharded_memory import reanalyse
+
+        args.reanalyse.write_text(json.dumps(reanalyse(args.reanalyse), indent=2))
+        return
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     if args.memory:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from PIL import Image
+from projection_live_bytes import live_bytes
 
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, LIVE_ITEMS_PER_CAMERA_GAUSSIAN, group_size
 
@@ -53,16 +54,18 @@ def _available_bytes() -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group: int, mode: str) -> dict[str, int]:
+def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group: int, mode: str,
+                             projection_bytes: float) -> dict[str, int]:
     """README.md's formula, term by term: the base, the training state of the rank's Gaussians,
-    the live projections (one group of cameras, sharded; the rank's B / W images, replicated),
-    and the initial draw of all N on every rank. ``peak`` is the base plus the larger of the
-    training phase and the initial phase; received rows and the rasterizer's intersection lists
-    (O(pixels x depth complexity), not O(N)) are not in it."""
+    the live projections (``projection_bytes`` per (camera, Gaussian); one group of cameras,
+    sharded; the rank's B / W images, replicated), and the initial draw of all N on every rank.
+    ``peak`` is the base plus the larger of the training phase and the initial phase; the
+    transients of backward and Adam, received rows and the rasterizer's intersection lists are
+    not in it (README.md says which)."""
     local = -(-num // world) if mode == "sharded" else num
     cameras = group if mode == "sharded" else -(-batch // world)
     state = local * STATE_BYTES_PER_GAUSSIAN
-    projections = local * cameras * LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES
+    projections = int(local * cameras * projection_bytes)
     init = num * INIT_BYTES_PER_GAUSSIAN + (local * INIT_BYTES_PER_GAUSSIAN if mode == "sharded" and world > 1 else 0)
     return {"base": base, "state": state, "projections": projections, "initial_draw": init,
             "peak": base + max(state + projections, init)}
@@ -90,6 +93,8 @@ def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: i
         "checkpoint_bytes_written_per_rank": [r["checkpoint_bytes_written"] for r in per_rank],
         "save_s_per_rank": [t["save_s"] for t in timing],
         "consolidate_s_rank0": timing[0]["consolidate_s"],
+        "peak_rss_after_save_bytes_per_rank": [t.get("peak_rss_after_save_bytes") for t in timing],
+        "peak_rss_after_consolidate_bytes_rank0": timing[0].get("peak_rss_after_consolidate_bytes"),
         "gathered_save_s_per_rank": [t.get("gathered_save_s") for t in timing],
         "peak_rss_after_gathered_save_bytes_per_rank": [t.get("peak_rss_after_gathered_save_bytes") for t in timing],
         "available_bytes_at_launch": available,
@@ -122,17 +127,33 @@ def _targets(by: dict[tuple[str, int, int], dict[str, Any]], num: int, base_num:
 
 
 def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, batch: int) -> list[dict[str, Any]]:
+    # SH degree 0 throughout: the runs see fewer than sh_degree_interval (1000) images.
+    counted = live_bytes(100_000, 2, 0) - live_bytes(100_000, 1, 0)
+    projection_bytes = counted / 100_000
     out = []
     for (mode, world, num), run in sorted(by.items()):
         if num == base_num:
             continue
         base = max(by[(mode if world > 1 else "replicated", world, base_num)]["peak_rss_bytes_per_rank"])
         group = run["camera_group"] or batch
-        terms = predicted_peak_rss_bytes(base, num, world, batch, group, mode)
+        terms = predicted_peak_rss_bytes(base, num, world, batch, group, mode, projection_bytes)
+        estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES)
         measured = max(run["peak_rss_bytes_per_rank"])
-        out.append({"mode": mode, "world_size": world, "num_random": num, "predicted": terms, "measured_largest_rank": measured,
-                    "measured_over_predicted": measured / terms["peak"]})
+        local = max(run["local_gaussians_per_rank"])
+        out.append({"mode": mode, "world_size": world, "num_random": num, "batch_size": batch, "camera_group": group,
+                    "projection_bytes_counted": projection_bytes, "predicted": terms,
+                    "predicted_with_camera_groups_estimate": estimate["peak"], "measured_largest_rank": measured,
+                    "measured_over_predicted": measured / terms["peak"],
+                    "unexplained_bytes_per_local_gaussian": (measured - terms["peak"]) / local})
     return out
+
+
+def analyse(runs: list[dict[str, Any]], base_num: int, num: int, batch: int) -> dict[str, Any]:
+    """The targets and the formula check of a run set (``--reanalyse`` recomputes them from a
+    written JSON's runs)."""
+    by = {(r["mode"], r["world_size"], r["num_random"]): r for r in runs}
+    pixels = _image_pixels()
+    return {"image_pixels": pixels, "targets": _targets(by, num, base_num, pixels), "formula": _predictions(by, base_num, batch)}
 
 
 def memory_benchmark(args: Any, ns_train: Callable[..., dict[str, Any]]) -> dict[str, Any]:
@@ -141,16 +162,25 @@ def memory_benchmark(args: Any, ns_train: Callable[..., dict[str, Any]]) -> dict
     base_plan = [("replicated", 1), ("sharded", 2)] + ([("replicated", 2)] if args.with_replicated_w2 else [])
     runs = [_run(args, ns_train, mode, world, args.base_random) for mode, world in base_plan]
     runs += [_run(args, ns_train, mode, world, args.num_random) for mode, world in plan]
-    by = {(r["mode"], r["world_size"], r["num_random"]): r for r in runs}
-    pixels = _image_pixels()
     return {
         "command": "PYTHONPATH=$PWD nice -n 10 python benchmarks/bench_sharded.py " + " ".join(sys.argv[1:]),
-        "scene": "scenes/lund_door (random initialisation)", "image_pixels": pixels,
-        "torch": torch.__version__, "cpu_count": os.cpu_count(),
+        "scene": "scenes/lund_door (random initialisation)", "num_random": args.num_random, "base_random": args.base_random,
+        "batch_size": args.batch, "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "state_bytes_per_gaussian": STATE_BYTES_PER_GAUSSIAN,
-        "projection_bytes_per_camera_gaussian": LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES,
         "runs": runs,
-        "targets": _targets(by, args.num_random, args.base_random, pixels),
-        "formula": _predictions(by, args.base_random, args.batch),
+        **analyse(runs, args.base_random, args.num_random, args.batch),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def reanalyse(path: Path) -> dict[str, Any]:
+    """``path``'s JSON with its targets and formula check recomputed from its runs."""
+    result = json.loads(path.read_text())
+    if "num_random" not in result:  # written before these keys existed: the run set says them
+        nums = sorted({r["num_random"] for r in result["runs"]})
+        result.update(num_random=nums[-1], base_random=nums[0], batch_size=result["runs"][0]["batch_size"])
+    result.pop("projection_bytes_per_camera_gaussian", None)
+    result.update(analyse(result["runs"], result["base_random"], result["num_random"], result["batch_size"]))
+    result["reanalysed"] = {"command": "PYTHONPATH=$PWD python benchmarks/bench_sharded.py --reanalyse " + str(path.name),
+                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return result

@@ -6,6 +6,8 @@ Usage (plain or under torchrun): ``ns_train_timed_save.py <ns-train arguments>``
 
 - ``save_s``: seconds in each ``save_checkpoint`` (sharded: every rank writing its DCP shard),
 - ``consolidate_s``: seconds rank 0 spent writing the params-only ``step-N.ckpt`` (sharded),
+- ``peak_rss_after_save_bytes`` / ``peak_rss_after_consolidate_bytes``: this rank's peak RSS so far
+  after each save and each consolidation (where in the run's end the peak was reached),
 - ``gathered_save_s``: after the summary (so its peak RSS is not in it), the save the sharded mode
   made before DCP -- the whole state gathered to rank 0 (``parallel/full_state.py:gather_full_state``)
   and written as one file (``checkpoint.save_checkpoint_atomic``) into ``<run>/gathered_save/`` --
@@ -61,7 +63,8 @@ def _gathered_save(trainer, step: int) -> float:
 def main() -> None:
     from distsplat_ns.parallel import shard_checkpoint
 
-    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": []}
+    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": [], "peak_rss_after_save_bytes": [],
+                                       "peak_rss_after_consolidate_bytes": []}
     original_consolidate = shard_checkpoint.consolidate_params
 
     def timed_consolidate(*args, **kwargs):
@@ -70,6 +73,7 @@ def main() -> None:
             return original_consolidate(*args, **kwargs)
         finally:
             timings["consolidate_s"].append(time.perf_counter() - start)
+            timings["peak_rss_after_consolidate_bytes"].append(_peak_rss_bytes())
 
     shard_checkpoint.consolidate_params = timed_consolidate  # before any module imports the name
     from distsplat_ns.trainer import DistSplatTrainer
@@ -82,6 +86,7 @@ def main() -> None:
             original_save(self, step)
         finally:
             timings["save_s"].append(time.perf_counter() - start)
+            timings["peak_rss_after_save_bytes"].append(_peak_rss_bytes())
 
     def write_stats_then_gathered_save(self) -> None:
         original_write_stats(self)
