@@ -58,17 +58,18 @@ def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group:
                              projection_bytes: float) -> dict[str, int]:
     """README.md's formula, term by term: the base, the training state of the rank's Gaussians,
     the live projections (``projection_bytes`` per (camera, Gaussian); one group of cameras,
-    sharded; the rank's B / W images, replicated), and the initial draw of all N on every rank.
-    ``peak`` is the base plus the larger of the training phase and the initial phase; the
-    transients of backward and Adam, received rows and the rasterizer's intersection lists are
-    not in it (README.md says which)."""
+    sharded; the rank's B / W images, replicated), the gradients backward makes of them (as many
+    bytes: each saved intermediate's gradient has its shape), and the initial draw of all N on
+    every rank. ``peak`` is the base plus the larger of the training phase and the initial
+    phase; Adam's temporaries, received rows and the rasterizer's intersection lists are not in
+    it (README.md, "Memory per rank")."""
     local = -(-num // world) if mode == "sharded" else num
     cameras = group if mode == "sharded" else -(-batch // world)
     state = local * STATE_BYTES_PER_GAUSSIAN
     projections = int(local * cameras * projection_bytes)
     init = num * INIT_BYTES_PER_GAUSSIAN + (local * INIT_BYTES_PER_GAUSSIAN if mode == "sharded" and world > 1 else 0)
-    return {"base": base, "state": state, "projections": projections, "initial_draw": init,
-            "peak": base + max(state + projections, init)}
+    return {"base": base, "state": state, "projections": projections, "backward_gradients": projections, "initial_draw": init,
+            "peak": base + max(state + 2 * projections, init)}
 
 
 def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: int, num: int) -> dict[str, Any]:
