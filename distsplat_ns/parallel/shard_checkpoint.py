@@ -116,34 +116,43 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
         raise UserError(f"checkpoint {folder} is not a complete DCP checkpoint ({type(err).__name__}: {err})") from err
     num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
     keys = [k for k in layout if not only_params or k.startswith(PARAMS_PREFIX) or k == IDS_KEY]
-    lo, hi = row_range_of(num_total)
+    row_range = row_range_of(num_total)
     place = None  # place[j]: where saved row lo + j goes in id order
-    rows, blob = load_rows(ctx, Path(folder), [IDS_KEY] if IDS_KEY in keys else [], (lo, hi))
+    rows, blob = load_rows(ctx, Path(folder), [IDS_KEY] if IDS_KEY in keys else [], row_range)
     if IDS_KEY in rows and rows[IDS_KEY].numel():
         order = torch.sort(rows[IDS_KEY], stable=True).indices
         rows[IDS_KEY] = rows[IDS_KEY][order]
         place = torch.empty_like(order)
         place[order] = torch.arange(order.numel())
-    alone = ctx is None or not ctx.is_distributed
-    chunk = ALONE_CHUNK_ROWS if alone else max(hi - lo, 1)  # distributed: one read per key on every rank
     for key in keys:
-        if key == IDS_KEY:
-            continue
-        if place is None:
-            rows[key] = load_rows(ctx, Path(folder), [key], (lo, hi))[0][key]
-            continue
-        dtype, shape = layout[key]
-        out = torch.empty((hi - lo, *shape[1:]), dtype=dtype)
-        for start in range(lo, hi, chunk):
-            stop = min(start + chunk, hi)
-            out[place[start - lo:stop - lo]] = load_rows(ctx, Path(folder), [key], (start, stop))[0][key]
-        rows[key] = out
+        if key != IDS_KEY:
+            rows[key] = _read_key_in_id_order(ctx, Path(folder), key, layout[key], row_range, place)
     register_numpy_safe_globals()
     rest = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     for key, (dtype, trailing) in rest.pop("row_keys", {}).items():
         if key not in rows and (not only_params or key.startswith(PARAMS_PREFIX) or key == IDS_KEY):
             rows[key] = torch.empty((0, *trailing), dtype=getattr(torch, dtype))  # no rank held any row
     return rows, rest
+
+
+def _read_key_in_id_order(ctx: DistContext | None, folder: Path, key: str, dtype_shape: tuple, row_range: tuple[int, int],
+                          place: torch.Tensor | None) -> torch.Tensor:
+    """Saved rows ``row_range`` of ``key``, each at ``place`` (its id's place; None: as saved).
+
+    **Collective:** with a distributed ``ctx``, one :func:`load_rows` on every rank (the whole
+    range at once); without one, local, in reads of :data:`ALONE_CHUNK_ROWS` rows.
+    """
+    lo, hi = row_range
+    if place is None:
+        return load_rows(ctx, folder, [key], row_range)[0][key]
+    dtype, shape = dtype_shape
+    out = torch.empty((hi - lo, *shape[1:]), dtype=dtype)
+    alone = ctx is None or not ctx.is_distributed
+    chunk = ALONE_CHUNK_ROWS if alone else hi - lo  # place is set, so hi > lo
+    for start in range(lo, hi, chunk):
+        stop = min(start + chunk, hi)
+        out[place[start - lo:stop - lo]] = load_rows(ctx, folder, [key], (start, stop))[0][key]
+    return out
 
 
 def _assemble(rows: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
