@@ -129,6 +129,7 @@ def _targets(by: dict[tuple[str, int, int], dict[str, Any]], num: int, base_num:
 
 def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, batch: int) -> list[dict[str, Any]]:
     # SH degree 0 throughout: the runs see fewer than sh_degree_interval (1000) images.
+    live_bytes(1_000, 1, 0)  # a first projection in the process once counted 16 B more per (camera, Gaussian)
     counted = live_bytes(100_000, 2, 0) - live_bytes(100_000, 1, 0)
     projection_bytes = counted / 100_000
     out = []
@@ -136,7 +137,7 @@ def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, 
         if num == base_num:
             continue
         base = max(by[(mode if world > 1 else "replicated", world, base_num)]["peak_rss_bytes_per_rank"])
-        group = run["camera_group"] or batch
+        group = run["camera_group"] if mode == "sharded" else -(-batch // world)  # replicated: the rank's own images
         terms = predicted_peak_rss_bytes(base, num, world, batch, group, mode, projection_bytes)
         estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES)
         measured = max(run["peak_rss_bytes_per_rank"])
