@@ -15,6 +15,16 @@
 
 Usage (repository root): PYTHONPATH=$PWD python benchmarks/bench_sharded.py [--steps 4]
 Writes benchmarks/results/bench_sharded.json.
+
+``--memory`` (issue 18, "What must be shown"): memory, eval and save at scale instead. The shipped
+scene with splatfacto's random initialisation of ``--num-random`` Gaussians (densification off:
+every run holds the same N), B = ``--batch`` images a step, ``--steps`` steps, the final eval over
+the held-out images and a save, run through ``benchmarks/ns_train_timed_save.py`` (which times
+each save, and after the summary the gathered save on the same model): replicated W = 1 and
+sharded W = 2 (``--with-replicated-w2``: replicated W = 2 too), and the same at ``--base-random``
+Gaussians for each process's fixed base RSS. Peak RSS is ``ru_maxrss`` of each rank's process
+(``run_record.py``; children, the image-decoding workers, excluded). Writes
+benchmarks/results/bench_sharded_memory.json; docs/sharded.md reads it.
 """
 
 from __future__ import annotations
@@ -47,14 +57,17 @@ DENSIFY = [
 ]
 
 
-def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float) -> dict[str, Any]:
+def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float,
+              program: list[str] | None = None) -> dict[str, Any]:
+    """One ``ns-train distsplat`` run (``program`` replaces ``ns-train``: a Python script and its
+    leading arguments); returns its ``distsplat_stats.json`` with ``command_wall_s``."""
     args = ["distsplat", "--output-dir", str(out), "--experiment-name", "bench", "--timestamp", name,
             "--max-num-iterations", str(images), *COMMON, *extra, *DATA]
     if world == 1:
-        cmd = [str(BIN / "ns-train"), *args]
+        cmd = [sys.executable, *program, *args] if program else [str(BIN / "ns-train"), *args]
     else:
         cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000),
-               str(BIN / "ns-train"), *args]
+               *(program or [str(BIN / "ns-train")]), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -103,10 +116,32 @@ def main() -> None:
     parser.add_argument("--densify-images", type=int, default=120)
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_sharded"))
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "bench_sharded.json")
+    parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/bench_sharded[_memory].json")
+    parser.add_argument("--memory", action="store_true", help="memory, eval and save at --num-random Gaussians (see above)")
+    parser.add_argument("--num-random", type=int, default=2_000_000, help="--memory: Gaussians (random initialisation)")
+    parser.add_argument("--base-random", type=int, default=1_000, help="--memory: Gaussians of the base-RSS runs")
+    parser.add_argument("--batch", type=int, default=2, help="--memory: images per step, every run")
+    parser.add_argument("--with-replicated-w2", action="store_true", help="--memory: replicated W = 2 too")
+    parser.add_argument("--reanalyse", type=Path, default=None,
+                        help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it")
     args = parser.parse_args()
+    if args.reanalyse is not None:
+        from bench_sharded_memory import reanalyse
+
+        args.reanalyse.write_text(json.dumps(reanalyse(args.reanalyse), indent=2))
+        return
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
+    if args.memory:
+        from bench_sharded_memory import memory_benchmark
+
+        result = memory_benchmark(args, _ns_train)
+        out = args.out or REPO / "benchmarks" / "results" / "bench_sharded_memory.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(json.dumps(result["targets"], indent=2))
+        return
+    args.out = args.out or REPO / "benchmarks" / "results" / "bench_sharded.json"
     dense = densify(args.work, args.min_gaussians, args.densify_images)
     ckpt = _checkpoint_dir(args.work, "densify")
     (found,) = sorted(ckpt.glob("step-*.ckpt"))[-1:]

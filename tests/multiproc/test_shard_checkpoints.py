@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
-from distsplat_ns.parallel.shard_rows import owned_block
+from distsplat_ns.parallel.shard_checkpoint import consolidate_params
+from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, owned_block
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import assert_same, saved_model_state, trainer_save
 
@@ -66,3 +68,15 @@ def test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes(
 def test_no_rank_holds_more_than_its_shard_after_a_save(two_shards: list, single_process: dict) -> None:
     num = single_process["params"]["means"].shape[0]
     assert [r["num_held"] for r in two_shards] == [hi - lo for lo, hi in (owned_block(num, r, 2) for r in range(2))]
+
+
+def test_consolidation_holds_the_single_process_parameters_and_ids_and_no_adam_state(
+    two_shards: list, single_process: dict, tmp_path: Path
+) -> None:
+    loaded = torch.load(consolidate_params(_checkpoint(two_shards, 5, ".dcp"), tmp_path, 5), map_location="cpu", weights_only=True)
+    pipeline = loaded["pipeline"]
+    for name, value in single_process["params"].items():
+        assert torch.equal(pipeline[MODEL_PREFIX + "gauss_params." + name], value), name
+    ids = pipeline[MODEL_EXTRA_KEY]["strategy_state"]["gauss_ids"]
+    assert torch.equal(ids, single_process["strategy_state"]["gauss_ids"])
+    assert loaded["optimizers"] == {} and loaded["distsplat"]["params_only"]
