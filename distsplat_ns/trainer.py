@@ -417,7 +417,7 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
         writer.write_out_storage()
         if self.ctx.is_main:
             saved = f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}" if last_step >= self._start_step else "no step ran; nothing saved"
-            CONSOLE.print(f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}")
+            CONSOLE.print(f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}", soft_wrap=True)
         shutdown_distributed()
         if signum is not None:
             raise SystemExit(128 + signum)
@@ -434,8 +434,8 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
-            CONSOLE.print(f"[bold green]distsplat training finished[/bold green]: config {self.base_dir / 'config.yml'}")
-            CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}")
+            CONSOLE.print(f"[bold green]distsplat training finished[/bold green]: config {self.base_dir / 'config.yml'}", soft_wrap=True)
+            CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}", soft_wrap=True)
         for callback in self.callbacks:
             callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
         self.pipeline.mode.close_views()  # no more step boundaries to render viewer frames at

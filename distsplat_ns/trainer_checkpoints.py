@@ -44,7 +44,7 @@ class TrainerCheckpoints:
         if isinstance(rng, torch.Tensor):
             torch.set_rng_state(rng)
         if self.ctx.is_main:
-            CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)")
+            CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)", soft_wrap=True)
         return loaded
 
     def _checkpoint_to_load(self) -> Path | None:
@@ -64,7 +64,7 @@ class TrainerCheckpoints:
         if "error" in decision:
             raise UserError(decision["error"])
         if self.ctx.is_main:
-            CONSOLE.print(decision["reason"][0].upper() + decision["reason"][1:] + ".")
+            CONSOLE.print(decision["reason"][0].upper() + decision["reason"][1:] + ".", soft_wrap=True)  # paths stay whole (copyable)
         if decision["path"] is None:
             return None
         path = Path(decision["path"])
