@@ -182,9 +182,10 @@ def read_row_layout(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...
 
 
 def load_rows(
-    ctx: DistContext | None, folder: Path, keys: Sequence[str], row_range: tuple[int, int]
+    ctx: DistContext | None, folder: Path, keys: Sequence[str], row_range: tuple[int, int], with_blob: bool = True
 ) -> tuple[dict[str, torch.Tensor], bytes]:
-    """Rows ``[lo, hi)`` of each global row tensor in ``keys``, and the blob, from ``folder``.
+    """Rows ``[lo, hi)`` of each global row tensor in ``keys``, and the blob (``b""`` unless
+    ``with_blob``: a caller reading key by key reads it once), from ``folder``.
 
     Args:
         ctx: The process context, or None to read in this process alone (rank 0 consolidating).
@@ -204,11 +205,12 @@ def load_rows(
         if not 0 <= lo <= hi <= shape[0]:
             raise ValueError(f"load_rows: row range {row_range} outside {key}'s {shape[0]} rows in {folder}")
         state[ROWS_PREFIX + key] = torch.empty((hi - lo, *shape[1:]), dtype=dtype)
-    state[BLOB_KEY] = b""
+    if with_blob:
+        state[BLOB_KEY] = b""
     no_dist = ctx is None or not ctx.is_distributed or not dist.is_initialized()
     with warnings.catch_warnings():
         # DCP warns that it reads in one process when no group is up: that is what ctx=None asks.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
-    blob = state.pop(BLOB_KEY)
+    blob = state.pop(BLOB_KEY, b"")
     return {k[len(ROWS_PREFIX):]: v for k, v in state.items()}, bytes(blob)  # type: ignore[misc]

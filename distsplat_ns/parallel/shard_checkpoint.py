@@ -144,14 +144,14 @@ def _read_key_in_id_order(ctx: DistContext | None, folder: Path, key: str, dtype
     """
     lo, hi = row_range
     if place is None:
-        return load_rows(ctx, folder, [key], row_range)[0][key]
+        return load_rows(ctx, folder, [key], row_range, with_blob=False)[0][key]
     dtype, shape = dtype_shape
     out = torch.empty((hi - lo, *shape[1:]), dtype=dtype)
     alone = ctx is None or not ctx.is_distributed
     chunk = ALONE_CHUNK_ROWS if alone else hi - lo  # place is set, so hi > lo
     for start in range(lo, hi, chunk):
         stop = min(start + chunk, hi)
-        out[place[start - lo:stop - lo]] = load_rows(ctx, folder, [key], (start, stop))[0][key]
+        out[place[start - lo:stop - lo]] = load_rows(ctx, folder, [key], (start, stop), with_blob=False)[0][key]
     return out
 
 
