@@ -28,12 +28,12 @@ from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.distributed.collectives import all_gather_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
+from distsplat_ns.distributed.collectives import all_gather_object, broadcast_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
-from distsplat_ns.parallel import build_parallel_mode
+from distsplat_ns.parallel import parallel_mode_class
 from distsplat_ns.pipeline_eval import PipelineEval
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
@@ -182,6 +182,11 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             seed_pts = (outputs.metadata["points3D_xyz"], outputs.metadata["points3D_rgb"])
         if self.datamanager.train_dataset is None:
             raise UserError("the datamanager produced no training dataset; check --data")
+        mode_class = parallel_mode_class(config.parallel)
+        shard = mode_class.initial_shard(self.ctx)
+        # Every rank draws the initial Gaussians from rank 0's generator state: the same ones, or
+        # blocks of the same ones, by construction rather than by assumption.
+        torch.set_rng_state(broadcast_object(self.ctx, torch.get_rng_state()))
         self._model = config.model.setup(
             scene_box=self.datamanager.train_dataset.scene_box,
             num_train_data=len(self.datamanager.train_dataset),
@@ -192,15 +197,15 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             batch_size=config.batch_size,
             is_main_rank=self.ctx.is_main,
             seed=seed,
+            gaussian_shard=shard,
         )
         self.model.to(device)
         self.world_size = self.ctx.world_size
-        # Every rank builds the same initial Gaussians from the same seed; broadcasting rank 0's
-        # copy makes that a guarantee rather than an assumption.
-        broadcast_tensors_(self.ctx, [p.data for p in self.model.parameters()])
+        # The parameters every rank holds whole (the Gaussians unless sharded, the camera
+        # adjustments, the bilateral grids) are rank 0's: a guarantee, not an assumption.
+        broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
-        self.mode = build_parallel_mode(config.parallel, self.ctx, self.model)
-        self.mode.take_initial_gaussians_()
+        self.mode = mode_class(self.ctx, self.model)
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]

@@ -152,7 +152,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         if self.config.param_dtype == "float64" and seed_points is not None:
             # Twins at one position swap depth order with rounding (model/gaussians.py).
             seed_points = unique_seed_points(seed_points)
-        self.gauss_params = initial_gaussians(self.config, seed_points, self.k_nearest_sklearn)
+        initial = initial_gaussians(self.config, seed_points, shard=self.kwargs.get("gaussian_shard"))  # (rank, world): sharded
+        self.gauss_params = initial.params
         if self.config.use_bilateral_grid:
             # One grid per training image (splatfacto's), held by every rank: a replicated
             # parameter, summed like the camera adjustments; "bilateral_grid" optimizer group.
@@ -213,9 +214,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
             self.strategy_state = {}
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): kept in the strategy state so gsplat's duplicate/split/remove carry it along.
-        num_initial = int(self.gauss_params["means"].shape[0])
-        self.strategy_state["gauss_ids"] = torch.arange(num_initial, dtype=torch.int64)
-        self.next_gauss_id: int = num_initial
+        self.strategy_state["gauss_ids"] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
+        self.next_gauss_id: int = initial.num_total
         # Set by a parallel mode whose views are collectives (parallel/sharded.py): get_outputs
         # renders through it; None renders this model's own Gaussians.
         self.view_renderer: Callable[[Cameras], dict[str, torch.Tensor] | None] | None = None

@@ -15,15 +15,20 @@ if TYPE_CHECKING:
 MODES = {mode.name: mode for mode in (ReplicatedMode, ShardedMode)}
 
 
-def build_parallel_mode(name: str, ctx: DistContext, model: DistSplatModel) -> ParallelMode:
-    """The mode ``--pipeline.parallel name`` names, for this rank's model.
+def parallel_mode_class(name: str) -> type[ParallelMode]:
+    """The mode ``--pipeline.parallel name`` names.
 
     Raises:
         ValueError: an unknown name.
     """
     if name not in MODES:
         raise ValueError(f"--pipeline.parallel must be one of {sorted(MODES)}, got {name!r}")
-    return MODES[name](ctx, model)
+    return MODES[name]
 
 
-__all__ = ["MODES", "ParallelMode", "ReplicatedMode", "ShardedMode", "build_parallel_mode"]
+def build_parallel_mode(name: str, ctx: DistContext, model: DistSplatModel) -> ParallelMode:
+    """The mode ``--pipeline.parallel name`` names, for this rank's model (see :func:`parallel_mode_class`)."""
+    return parallel_mode_class(name)(ctx, model)
+
+
+__all__ = ["MODES", "ParallelMode", "ReplicatedMode", "ShardedMode", "build_parallel_mode", "parallel_mode_class"]

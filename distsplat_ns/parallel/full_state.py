@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.collectives import gather_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.parallel.shard_rows import (
@@ -21,7 +22,6 @@ from distsplat_ns.parallel.shard_rows import (
     Optimizers,
     adam_state,
     agree_layout,
-    owned_block,
     row_tensors,
 )
 

@@ -41,7 +41,7 @@ class ParallelMode(ABC):
 
     Args:
         ctx: The process context.
-        model: This rank's model (all Gaussians, or its shard once :meth:`take_initial_gaussians_` ran).
+        model: This rank's model: all Gaussians, or the shard it was built with (:meth:`initial_shard`).
     """
 
     #: ``--pipeline.parallel``'s value for this mode.
@@ -52,9 +52,12 @@ class ParallelMode(ABC):
         self.model = model
 
     # ------------------------------------------------------------------ set-up and the model's size
+    @classmethod
     @abstractmethod
-    def take_initial_gaussians_(self) -> None:
-        """Keep what this rank holds of the initial Gaussians (every rank built the same ones). Local."""
+    def initial_shard(cls, ctx: DistContext) -> tuple[int, int] | None:
+        """``(rank, world)`` when each rank builds only its block of the initial Gaussians
+        (``model/gaussians.py``), None when every rank builds them all. Local; asked before the
+        model (and so the mode) exists."""
 
     @abstractmethod
     def num_gaussians_total(self) -> int:

@@ -14,6 +14,7 @@ import torch
 
 from distsplat_ns.checkpoint import load_checkpoint_file
 from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_, nonfinite_verdict, sum_gradients_
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, gather_local
 from distsplat_ns.parallel.exchange import Timer
@@ -27,8 +28,9 @@ class ReplicatedMode(ParallelMode):
 
     name = "replicated"
 
-    def take_initial_gaussians_(self) -> None:
-        """Keep them all."""
+    @classmethod
+    def initial_shard(cls, ctx: DistContext) -> None:
+        """Every rank builds them all."""
 
     def num_gaussians_total(self) -> int:
         """This rank's count (every rank holds all). Local."""

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.checkpoint import FILE_SUFFIX, register_numpy_safe_globals, write_payload_atomic
 from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_rows, all_to_all_counts, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, save_rows
-from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, Optimizers, agree_layout, owned_block, row_tensors
+from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, Optimizers, agree_layout, row_tensors
 from distsplat_ns.utils.errors import UserError
 
 if TYPE_CHECKING:

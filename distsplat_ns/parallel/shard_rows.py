@@ -38,19 +38,6 @@ RowIndex = slice | torch.Tensor
 Optimizers = Mapping[str, torch.optim.Optimizer] | None
 
 
-def owned_block(num: int, rank: int, world: int) -> tuple[int, int]:
-    """The block ``[lo, hi)`` of an id-ordered list of ``num`` Gaussians that ``rank`` owns.
-
-    Blocks are contiguous, disjoint, cover ``[0, num)`` in rank order, and differ in size by at most
-    one (the first ``num % world`` ranks hold one more).
-    """
-    if world < 1 or not 0 <= rank < world or num < 0:
-        raise ValueError(f"owned_block: need num >= 0 and 0 <= rank < world, got num={num}, rank={rank}, world={world}")
-    base, extra = divmod(num, world)
-    lo = rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
-
-
 # ---------------------------------------------------------------------- local row operations
 def _take(t: torch.Tensor, index: RowIndex) -> torch.Tensor:
     """Rows ``index`` of ``t`` in their own storage (a slice view would keep the whole tensor alive)."""
@@ -198,15 +185,6 @@ def append_rows_(
         _install(model, optimizers, name, torch.cat([p.detach(), incoming.to(p.device, p.dtype)]), state)
     for key in _state_keys(model):
         model.strategy_state[key] = _cat(model.strategy_state[key], rows.get(f"state.{key}"), num_own, num_new)
-
-
-def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
-    """Keep this rank's :func:`owned_block` of the initial Gaussians (ids ``0..N-1`` in order, the
-    same on every rank), before any optimizer exists. Nothing changes at ``world == 1``."""
-    num = int(model.gauss_params["means"].shape[0])
-    lo, hi = owned_block(num, rank, world)
-    if (lo, hi) != (0, num):
-        keep_rows_(model, None, slice(lo, hi))
 
 
 # ---------------------------------------------------------------------- shard balance

@@ -37,7 +37,7 @@ from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, 
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
 from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint, write_shard_checkpoint
-from distsplat_ns.parallel.shard_rows import rebalance_shards_, take_initial_shard_
+from distsplat_ns.parallel.shard_rows import rebalance_shards_
 from distsplat_ns.parallel.view_render import render_view_collectively
 from distsplat_ns.parallel.view_requests import ViewRequests
 
@@ -65,9 +65,10 @@ class ShardedMode(ParallelMode):
         # At one rank the model is whole and renders views itself (ns-eval, ns-viewer, W = 1).
         model.view_renderer = self._render_view if ctx.is_distributed else None
 
-    def take_initial_gaussians_(self) -> None:
-        """Keep this rank's ``owned_block`` of the (identical) initial Gaussians."""
-        take_initial_shard_(self.model, self.ctx.rank, self.ctx.world_size)
+    @classmethod
+    def initial_shard(cls, ctx: DistContext) -> tuple[int, int]:
+        """Each rank builds its ``owned_block`` of the initial Gaussians, ids in rank order."""
+        return ctx.rank, ctx.world_size
 
     def num_gaussians_total(self) -> int:
         """Every shard's size, summed. **Collective:** world group, one all-gather of an int."""

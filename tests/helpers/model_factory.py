@@ -8,7 +8,9 @@ import torch
 from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.scene_box import SceneBox
 
+from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
+from distsplat_ns.parallel.shard_rows import keep_rows_
 
 HEIGHT, WIDTH = 48, 40
 
@@ -36,6 +38,16 @@ def make_model(batch_size: int, num_points: int = 400, seed: int = 0, **config_o
         model.gauss_params["scales"] += 0.4 * torch.randn(model.gauss_params["scales"].shape, generator=gen)
     model.train()
     return model
+
+
+def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
+    """Keep rank's ``owned_block`` of a whole model built in this process (ids ``0..N-1``), before
+    any optimizer exists: the whole-then-partitioned set-up of the tests that compare a shard with
+    the whole model after changing it (the trainer builds only the block: ``model/gaussians.py``)."""
+    num = int(model.gauss_params["means"].shape[0])
+    lo, hi = owned_block(num, rank, world)
+    if (lo, hi) != (0, num):
+        keep_rows_(model, None, slice(lo, hi))
 
 
 def make_cameras(num: int) -> Cameras:

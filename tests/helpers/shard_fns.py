@@ -15,8 +15,8 @@ from distsplat_ns.parallel.shard_rows import (
     MODEL_PREFIX,
     keep_rows_,
     rebalance_shards_,
-    take_initial_shard_,
 )
+from tests.helpers.model_factory import take_initial_shard_
 
 NUM_POINTS = 31  # odd, so no world size here splits it evenly
 SEED = 3

@@ -6,9 +6,8 @@ from typing import Any
 
 import torch
 
-from distsplat_ns.parallel.shard_rows import take_initial_shard_
 from distsplat_ns.parallel.view_render import render_view_collectively
-from tests.helpers.model_factory import make_cameras, make_model
+from tests.helpers.model_factory import make_cameras, make_model, take_initial_shard_
 
 NUM_POINTS = 300
 

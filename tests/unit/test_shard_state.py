@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.shard_rows import (
@@ -15,7 +16,6 @@ from distsplat_ns.parallel.shard_rows import (
     append_rows_,
     export_rows,
     keep_rows_,
-    owned_block,
     plan_moves,
 )
 from tests.helpers.shard_fns import (
