@@ -36,9 +36,12 @@ PARAM_ITEMS = 3 + 3 + 4 + 1 + 3 + 15 * 3
 #: parameters, their gradients, Adam's two moments; densification statistics (grad2d, count,
 #: radii: 3 x float32); the global id (int64).
 STATE_BYTES_PER_GAUSSIAN = 4 * PARAM_ITEMS * ITEM_BYTES + 3 * 4 + 8
-#: The initial Gaussians every rank draws whole before keeping its block (``ShardedMode.take_initial_gaussians_``):
-#: the 59 items, while the shard's copy of its rows (59 / W) exists beside them.
-INIT_BYTES_PER_GAUSSIAN = PARAM_ITEMS * ITEM_BYTES
+#: The initial draw's peak (``model/gaussians.py``), measured by ``benchmarks/bench_initial_draw.py`` at 2M
+#: (benchmarks/results/initial_draw.json): per Gaussian drawn whole (one process, a replicated rank), and,
+#: sharded, per Gaussian of all N (positions, random streams, the neighbour search) and of the rank's block.
+INIT_WHOLE_BYTES_PER_GAUSSIAN = 328
+INIT_ALL_BYTES_PER_GAUSSIAN = 76
+INIT_BLOCK_BYTES_PER_GAUSSIAN = 277
 #: Channels rank 0 holds per eval pixel: rgb 3, depth 1, accumulation 1, the ground truth 3.
 EVAL_IMAGE_CHANNELS = 8
 
@@ -59,15 +62,16 @@ def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group:
     """README.md's formula, term by term: the base, the training state of the rank's Gaussians,
     the live projections (``projection_bytes`` per (camera, Gaussian); one group of cameras,
     sharded; the rank's B / W images, replicated), the gradients backward makes of them (as many
-    bytes: each saved intermediate's gradient has its shape), and the initial draw of all N on
-    every rank. ``peak`` is the base plus the larger of the training phase and the initial
+    bytes: each saved intermediate's gradient has its shape), and the initial draw (whole, or
+    a sharded rank's block beside every position). ``peak`` is the base plus the larger of the training phase and the initial
     phase; Adam's temporaries, received rows and the rasterizer's intersection lists are not in
     it (README.md, "Memory per rank")."""
     local = -(-num // world) if mode == "sharded" else num
     cameras = group if mode == "sharded" else -(-batch // world)
     state = local * STATE_BYTES_PER_GAUSSIAN
     projections = int(local * cameras * projection_bytes)
-    init = num * INIT_BYTES_PER_GAUSSIAN + (local * INIT_BYTES_PER_GAUSSIAN if mode == "sharded" and world > 1 else 0)
+    sharded = mode == "sharded" and world > 1
+    init = num * INIT_ALL_BYTES_PER_GAUSSIAN + local * INIT_BLOCK_BYTES_PER_GAUSSIAN if sharded else num * INIT_WHOLE_BYTES_PER_GAUSSIAN
     return {"base": base, "state": state, "projections": projections, "backward_gradients": projections, "initial_draw": init,
             "peak": base + max(state + 2 * projections, init)}
 
@@ -139,7 +143,8 @@ def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, 
         base = max(by[(mode if world > 1 else "replicated", world, base_num)]["peak_rss_bytes_per_rank"])
         group = run["camera_group"] if mode == "sharded" else -(-batch // world)  # replicated: the rank's own images
         terms = predicted_peak_rss_bytes(base, num, world, batch, group, mode, projection_bytes)
-        estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES)
+        # The budget's items already count the backward's factor 2, which the formula applies itself.
+        estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES / 2)
         measured = max(run["peak_rss_bytes_per_rank"])
         local = max(run["local_gaussians_per_rank"])
         out.append({"mode": mode, "world_size": world, "num_random": num, "batch_size": batch, "camera_group": group,

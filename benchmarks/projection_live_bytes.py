@@ -1,7 +1,7 @@
 """Bytes a projection keeps live per (camera, Gaussian) until its backward, counted, not estimated.
 
 ``parallel/camera_groups.py`` sizes camera groups with ``LIVE_ITEMS_PER_CAMERA_GAUSSIAN`` items per
-(camera, Gaussian). This script projects N random Gaussians into C = 1 and 2 cameras with the
+(camera, Gaussian): twice this script's count at SH degree 3 (the backward's peak). This script projects N random Gaussians into C = 1 and 2 cameras with the
 reference backend (``rendering/api.py:project``, the CPU backend) and counts every tensor autograd
 saves for the backward (``torch.autograd.graph.saved_tensors_hooks``, each storage once, the
 parameters themselves excluded) plus the projection's outputs; the per-camera part is the
