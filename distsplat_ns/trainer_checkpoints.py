@@ -144,6 +144,9 @@ class TrainerCheckpoints:
         step = self._last_saved_step
         if not self.pipeline.mode.writes_shards or step is None:
             return
+        # Nothing after the last save reads the last step's gradients (n x 236 B at SH degree 3):
+        # freed, rank 0 reads the whole model's parameters in their place.
+        self.pipeline.model.zero_grad(set_to_none=True)
         folder = self.checkpoint_dir / f"step-{step:09d}{SHARDED_SUFFIX}"
         agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
                       functools.partial(consolidate_params, folder, self.checkpoint_dir, step))

@@ -1,5 +1,6 @@
 """ns-train whose params-only consolidation of a sharded run's last checkpoint (rank 0's own work)
-first sleeps a fixed time: a scene too large to consolidate quickly, made deterministic.
+first sleeps a fixed time: a scene too large to consolidate quickly, made deterministic. It also
+logs how many parameters of the process still hold a gradient at that moment.
 
 Usage (under torchrun): ``ns_train_slow_consolidate.py SECONDS <ns-train arguments>``.
 """
@@ -25,6 +26,12 @@ def main() -> None:
     original = shard_checkpoint.consolidate_params
 
     def slow(*args, **kwargs):
+        import gc
+
+        import torch
+
+        held = sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Parameter) and o.grad is not None)
+        logger.warning("test hook: %d parameters hold gradients at the consolidation", held)
         logger.warning("test hook: the consolidation sleeps %.0f s first", delay_s)
         time.sleep(delay_s)
         return original(*args, **kwargs)
