@@ -112,11 +112,19 @@ class HostExit:
     agent_gone_s: float  # torchrun itself gone
 
 
-def _exits(procs: list[subprocess.Popen], t0: float, limit_s: float) -> list[HostExit]:
+def _exits(procs: list[subprocess.Popen], t0: float, limit_s: float, agents: Sequence[int] | None = None) -> list[HostExit]:
+    """When each host's ranks and torchrun went, polled until ``limit_s`` or until every rank and
+    the torchruns of the hosts ``agents`` (all when None) are gone: a torchrun that is known to
+    linger (AGENT_RDZV_CONF's comment) is not waited for."""
     ranks = [_ranks(proc) for proc in procs]
     assert all(ranks), "no rank found under torchrun"
     gone: list[list[float]] = [[float("inf"), float("inf")] for _ in procs]
-    while time.monotonic() - t0 < limit_s and any(g[1] == float("inf") for g in gone):
+    awaited = range(len(procs)) if agents is None else agents
+
+    def waiting() -> bool:
+        return any(g[0] == float("inf") for g in gone) or any(gone[i][1] == float("inf") for i in awaited)
+
+    while time.monotonic() - t0 < limit_s and waiting():
         now = time.monotonic() - t0
         for i, proc in enumerate(procs):
             if gone[i][0] == float("inf") and not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks[i]):
@@ -154,11 +162,11 @@ def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resum
         _wait_for_checkpoint(procs, tmp_path, "cut")
         hosts.cut()
         t0 = time.monotonic()
-        exits = _exits(procs, t0, BOUND_S + AGENT_EXTRA_S + 30)
+        exits = _exits(procs, t0, BOUND_S + AGENT_EXTRA_S + 30, agents=[0])
     finally:
         hosts.kill(0)
         hosts.kill(1)
-    # Host 1's torchrun is left in torch's TCPStore.get (AGENT_RDZV_CONF's comment): not asserted here.
+    # Host 1's torchrun is left in torch's TCPStore.get (AGENT_RDZV_CONF's comment): not awaited nor asserted here.
     _assert_bounded(tmp_path, exits, f"link cut ({mode})", agents=[0], lines=[0, 1])
     # Host 0 holds the store: its rank times out in a collective; host 1's rank finds the store gone.
     assert any("Timed out" in line or "timed out" in line for line in _error_lines(tmp_path, 0)), _error_lines(tmp_path, 0)
