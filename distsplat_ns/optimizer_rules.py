@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
 from distsplat_ns.model.strategy import sqrt_batch_scaling
@@ -96,3 +96,17 @@ def scaled_optimizer_configs(configs: dict[str, dict[str, Any]], batch_size: int
             )
     return out
 
+
+
+def track_replaced_parameters(optimizers: Optimizers) -> None:
+    """Point nerfstudio's per-group parameter lists (``Optimizers.parameters``, what its gradient
+    clipping reads) at the parameters each optimizer now holds.
+
+    Densification, opacity resets and shard moves replace a group's ``Parameter`` in its optimizer;
+    nerfstudio's list kept the one it was built with, so the replaced tensor, with the gradient
+    it had then, stayed alive for the whole run (236 B per initial Gaussian at SH degree 3, and as
+    much again in gradients). Local; call after anything that replaces parameters.
+    """
+    for name, optimizer in optimizers.optimizers.items():
+        if name in optimizers.parameters:
+            optimizers.parameters[name] = [p for group in optimizer.param_groups for p in group["params"]]

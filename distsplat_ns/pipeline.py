@@ -33,6 +33,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
+from distsplat_ns.optimizer_rules import track_replaced_parameters
 from distsplat_ns.parallel import parallel_mode_class
 from distsplat_ns.pipeline_eval import PipelineEval
 from distsplat_ns.utils.cameras import downscaled_px
@@ -184,8 +185,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             raise UserError("the datamanager produced no training dataset; check --data")
         mode_class = parallel_mode_class(config.parallel)
         shard = mode_class.initial_shard(self.ctx)
-        # Every rank draws the initial Gaussians from rank 0's generator state: the same ones, or
-        # blocks of the same ones, by construction rather than by assumption.
+        # Every rank draws the initial Gaussians (or its block of them) from rank 0's generator state.
         torch.set_rng_state(broadcast_object(self.ctx, torch.get_rng_state()))
         self._model = config.model.setup(
             scene_box=self.datamanager.train_dataset.scene_box,
@@ -305,6 +305,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
             self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
+            track_replaced_parameters(optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
         self._check_replicas(step, named)
         return StepReport(
