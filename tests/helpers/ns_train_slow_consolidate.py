@@ -1,6 +1,6 @@
 """ns-train whose params-only consolidation of a sharded run's last checkpoint (rank 0's own work)
 first sleeps a fixed time: a scene too large to consolidate quickly, made deterministic. It also
-logs how many parameters of the process still hold a gradient at that moment.
+logs how many parameters of the process's models still hold a gradient at that moment.
 
 Usage (under torchrun): ``ns_train_slow_consolidate.py SECONDS <ns-train arguments>``.
 """
@@ -28,10 +28,11 @@ def main() -> None:
     def slow(*args, **kwargs):
         import gc
 
-        import torch
+        from distsplat_ns.model.distsplat_model import DistSplatModel
 
-        held = sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Parameter) and o.grad is not None)
-        logger.warning("test hook: %d parameters hold gradients at the consolidation", held)
+        models = [o for o in gc.get_objects() if isinstance(o, DistSplatModel)]
+        held = sum(1 for model in models for p in model.parameters() if p.grad is not None)
+        logger.warning("test hook: %d parameters of %d models hold gradients at the consolidation", held, len(models))
         logger.warning("test hook: the consolidation sleeps %.0f s first", delay_s)
         time.sleep(delay_s)
         return original(*args, **kwargs)
