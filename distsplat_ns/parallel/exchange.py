@@ -141,6 +141,10 @@ class _ScreenTermExchange(torch.autograd.Function):
             back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
         back = back.to(dtype=fn_ctx.sent_dtype)
         _deposit_absgrad(route, back[:, NUM_DIFFERENTIABLE:])
+        # The route holds projections whose tensors' graph holds this node, which holds the route:
+        # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
+        # projections stayed alive. The pipeline keeps its own reference to read the statistics.
+        fn_ctx.route = None
         return back[:, :NUM_DIFFERENTIABLE], None, None
 
 

@@ -215,3 +215,15 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
             entry["grid_grad"] = model.bil_grids.grids.grad.detach().clone()
         out.append(entry)
     return out
+
+
+def projections_alive_after(ctx, parallel: str, splits: list) -> int:
+    """:func:`mixed_size_step`'s steps, then how many projections (``rendering/api.py:Projection``)
+    are still alive once its results are all that is kept: none should outlive its step."""
+    import gc
+
+    from distsplat_ns.rendering.api import Projection
+
+    mixed_size_step(ctx, parallel, splits)
+    gc.collect()
+    return sum(isinstance(o, Projection) for o in gc.get_objects())

@@ -60,3 +60,11 @@ def test_two_sizes_on_two_ranks_equal_one_process(reference: dict, two_ranks: tu
 def test_some_gaussians_are_seen_by_both_cameras(reference: dict) -> None:
     # Their statistics sum the two cameras' gradients, each normalised by its own size.
     assert reference["state.count"].max() == 2
+
+
+@pytest.mark.parametrize("parallel", ["replicated", "sharded"])
+def test_no_projection_outlives_its_step(parallel: str) -> None:
+    # The exchange's autograd node held its route, and the route the projections whose graph holds
+    # the node: a cycle through autograd's C++ side, so every sharded step's projections leaked.
+    split = SPLITS["rows-split-across-ranks"]
+    assert run_ranks(rank_fns.projections_alive_after, 2, parallel, [split, split], timeout_s=300.0) == [0, 0]
