@@ -155,6 +155,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         dist_ctx: The process context; a single-process context when None (ns-export, ns-eval).
         seed: Seed of the data order, training backgrounds and densification samples, the same on
             every rank: the trainer passes ``--machine.seed``; 42 (nerfstudio's default) otherwise.
+    **Collective** (construction): two broadcasts from rank 0 (generator state, whole-held parameters).
     """
 
     config: DistSplatPipelineConfig
@@ -201,8 +202,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         )
         self.model.to(device)
         self.world_size = self.ctx.world_size
-        # The parameters every rank holds whole (the Gaussians unless sharded, the camera
-        # adjustments, the bilateral grids) are rank 0's: a guarantee, not an assumption.
+        # What every rank holds whole (Gaussians unless sharded, camera adjustments, grids) is rank 0's.
         broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model)
