@@ -12,8 +12,9 @@ Usage::
 
 - ``DistSplatModel.gt_image``: a digest of every ground-truth image a rank composites, per
   (step, position) -- the data each run trains on;
-- the pipeline's ``sum_gradients_`` and ``batch_info``: a digest of the summed gradients and of
-  the reduced densification statistics;
+- the replicated mode's ``sum_gradients_`` (``parallel/replicated.py``) and the modes'
+  ``batch_info`` (``parallel/mode.py``): a digest of the summed gradients and of the reduced
+  densification statistics;
 - ``DistSplatPipeline.train_step``: the parameters after the optimizer step and the refinement; rank 0 saves them whole (float64, ``params/step-XXXXXX.pt``), plus the strategy's
   running statistics right before a refinement (``refine/step-XXXXXX.pt``);
 - ``DistSplatTrainer._eval_all`` becomes a no-op (evaluation does not touch training).
@@ -82,18 +83,20 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
         current.setdefault("gt", []).append(_digest([out]))
         return out
 
-    import distsplat_ns.pipeline as pipeline_module
+    import distsplat_ns.parallel.mode as mode_module
+    import distsplat_ns.parallel.replicated as replicated_module
+    from distsplat_ns.model.strategy import grows_at, update_batch_statistics
 
-    original_sum = pipeline_module.sum_gradients_
+    original_sum = replicated_module.sum_gradients_
 
-    def sum_gradients_(ctx, params):
-        out = original_sum(ctx, params)
+    def sum_gradients_(ctx, params, *args, **kwargs):
+        out = original_sum(ctx, params, *args, **kwargs)
         current["grad"] = _digest([p.grad if p.grad is not None else torch.zeros(0) for p in params])
         if save_grads and rank == 0:
             current["grad_tensors"] = [p.grad.detach().clone() if p.grad is not None else None for p in params]
         return out
 
-    original_batch_info = pipeline_module.batch_info
+    original_batch_info = mode_module.batch_info
 
     def batch_info(grads2d, absgrads2d, radii, width, height):
         current["stats"] = _digest([grads2d, absgrads2d, radii])
@@ -101,16 +104,11 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     original_refine = DistSplatModel.refine
 
-    def refine(self, step, optimizers, info):
-        strategy, sched = self.strategy, self.schedule
-        refines_now = step > sched.refine_start_iter and step % sched.refine_every == 0 and (
-            step % sched.reset_every >= sched.pause_refine_after_reset
-        )
-        if refines_now:
+    def refine(self, step, optimizers, info, *args, **kwargs):
+        strategy = self.strategy
+        if grows_at(self.schedule, step):
             # The decision statistics right before gsplat grows/prunes: replay the state update
             # on a copy, save, then run the real refinement.
-            from distsplat_ns.model.strategy import update_batch_statistics
-
             state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.strategy_state.items()}
             update_batch_statistics(strategy, self.gauss_params, state, info)
             if rank == 0:
@@ -123,7 +121,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
                     },
                     trace_dir / "refine" / f"step-{step:06d}.pt",
                 )  # fmt: skip
-        original_refine(self, step, optimizers, info)
+        original_refine(self, step, optimizers, info, *args, **kwargs)
 
     original_train_step = DistSplatPipeline.train_step
 
@@ -155,8 +153,8 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     DistSplatTrainer._eval_all = lambda self, step: None
     DistSplatModel.gt_image = gt_image
     DistSplatModel.refine = refine
-    pipeline_module.sum_gradients_ = sum_gradients_
-    pipeline_module.batch_info = batch_info
+    replicated_module.sum_gradients_ = sum_gradients_
+    mode_module.batch_info = batch_info
     DistSplatPipeline.train_step = train_step
 
 
