@@ -252,23 +252,22 @@ def _step_times(run_dir: Path) -> dict[int, float]:
 
 
 def params_checkpoints(checkpoint_dir: Path) -> list[int]:
-    """Steps of every checkpoint in ``checkpoint_dir``, each with a ``step-N.ckpt`` the eval can load.
+    """Steps of every complete checkpoint in ``checkpoint_dir``, each with a ``step-N.ckpt`` the eval can load.
 
     A sharded run writes ``step-N.dcp/`` (every rank's shard) and consolidates only its last one
     into nerfstudio's single file; the others are consolidated here (after training, untimed) with
     the trainer's own ``shard_checkpoint.consolidate_params``.
     """
     from distsplat_ns.checkpoint import FILE_SUFFIX, SHARDED_SUFFIX
+    from distsplat_ns.distributed.restart import checkpoint_path, checkpoint_steps
     from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 
-    steps = set()
-    for path in checkpoint_dir.glob("step-*"):
-        step = int(path.name.split("-")[1].split(".")[0])
+    steps = checkpoint_steps(checkpoint_dir)
+    for step in steps:
+        path = checkpoint_path(checkpoint_dir, step)
         if path.name.endswith(SHARDED_SUFFIX) and not (checkpoint_dir / f"step-{step:09d}{FILE_SUFFIX}").exists():
             consolidate_params(path, checkpoint_dir, step)
-        if path.name.endswith((FILE_SUFFIX, SHARDED_SUFFIX)):
-            steps.add(step)
-    return sorted(steps)
+    return steps
 
 
 def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> dict:

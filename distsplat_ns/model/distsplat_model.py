@@ -57,6 +57,7 @@ from distsplat_ns.model.strategy import (
 )
 from distsplat_ns.rendering import Projection, project, rasterize_rows
 from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat
+from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -269,12 +270,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         # Splatfacto's load re-creates the Gaussian parameters with torch.zeros in the default
         # dtype before copying the checkpoint in: without this a float64-mode run resumed in
         # float32 (tests/multiproc/test_mcmc_training.py, the resumed run).
-        previous_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.compute_dtype)
-        try:
+        with default_dtype(self.compute_dtype):
             return super().load_state_dict(dict, **kwargs)
-        finally:
-            torch.set_default_dtype(previous_dtype)
 
     # ------------------------------------------------------------------ schedules (in images)
     def images_seen(self, step: int) -> int:
@@ -479,18 +476,16 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
 
         **Collective:** on refine events, one ``gather_ids`` call on every rank.
         """
-        previous_dtype = torch.get_default_dtype()
-        # gsplat's duplicate and opacity reset build tensors in the default dtype: match the Gaussians'.
-        torch.set_default_dtype(self.compute_dtype)
         # gsplat's signature: the keyed growth's seed and id allocator travel in the state for this call.
         self.strategy_state[KEYED_GROWTH_KEY] = KeyedGrowth(self.seed, lambda dup, split: self.allocate_gauss_ids(dup, split, gather_ids))
         try:
-            self.strategy.step_post_backward(
-                params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
-            )
+            # gsplat's duplicate and opacity reset build tensors in the default dtype: match the Gaussians'.
+            with default_dtype(self.compute_dtype):
+                self.strategy.step_post_backward(
+                    params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
+                )
         finally:
             self.strategy_state.pop(KEYED_GROWTH_KEY, None)
-            torch.set_default_dtype(previous_dtype)
 
     def allocate_gauss_ids(self, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
         """Global ids for one grow event's new Gaussians (``strategy.allocate_child_ids``), and

@@ -64,8 +64,8 @@ def initial_gaussians(
     A sharded rank draws every position (``N x 3`` floats: the neighbour distances need them all)
     and the small random streams whole, so the generator ends where one process's does, but builds
     the parameters, and queries the nearest neighbours, for its block only: the start-up's per-rank
-    memory is O(N x 68 B + N/W x 236 B) rather than O(N x 236 B) at SH degree 3 (docs/sharded.md,
-    "Start-up").
+    peak is about N x 76 B + N/W x 277 B rather than N x 328 B at SH degree 3 (measured:
+    docs/sharded.md, "Start-up").
 
     Args:
         config: ``random_init``, ``num_random``, ``random_scale`` and ``sh_degree`` are read.

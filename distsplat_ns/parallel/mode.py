@@ -1,7 +1,7 @@
 """The parallel mode: everything that differs between holding every Gaussian on every rank
 (``parallel/replicated.py``) and holding a shard of them (``parallel/sharded.py``).
 
-``DistSplatPipeline`` builds one mode at set-up (``build_parallel_mode``, from
+``DistSplatPipeline`` builds one mode at set-up (``parallel_mode_class``, from
 ``--pipeline.parallel``) and its step calls the mode at fixed points, never asking which mode it is
 (torchtitan applies its parallelism once, when the model is built; gsplat keeps its exchange behind
 the render call). Every method that communicates says so in its **Collective** paragraph; every

@@ -176,7 +176,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
     from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.strategy import update_batch_statistics
-    from distsplat_ns.parallel import build_parallel_mode
+    from distsplat_ns.parallel import parallel_mode_class
     from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model, take_initial_shard_
 
     out = []
@@ -188,7 +188,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
                 grids += 0.2 * torch.randn(grids.shape, generator=torch.Generator().manual_seed(7), dtype=grids.dtype)
         if parallel == "sharded":
             take_initial_shard_(model, ctx.rank, ctx.world_size)
-        mode = build_parallel_mode(parallel, ctx, model)
+        mode = parallel_mode_class(parallel)(ctx, model)
         cameras, images = make_mixed_cameras(), make_mixed_images()
         plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank])
         bands = plan.bands[ctx.rank]
