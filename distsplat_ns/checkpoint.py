@@ -47,6 +47,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.lifecycle import agree_outcome
 from distsplat_ns.distributed.restart import is_complete_checkpoint
 from distsplat_ns.distributed.row_checkpoint import METADATA_FILE
+from distsplat_ns.distributed.torch_compat import add_safe_globals, numpy_scalar_reconstructor
 from distsplat_ns.utils.errors import UserError
 
 #: Suffixes of the two formats (module docstring).
@@ -291,15 +292,8 @@ def probe_writable(directory: Path) -> None:
 
 def register_numpy_safe_globals() -> None:
     """Allow the numpy scalar types nerfstudio's own checkpoints hold under ``weights_only``."""
-    add = getattr(torch.serialization, "add_safe_globals", None)
-    if add is None:
-        return
-    try:
-        from numpy.core.multiarray import scalar  # type: ignore[attr-defined]
-    except ImportError:  # numpy >= 2 moved it
-        from numpy._core.multiarray import scalar  # type: ignore[no-redef]
     dtypes = [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
-    add([scalar, np.dtype, *dtypes])
+    add_safe_globals([numpy_scalar_reconstructor(), np.dtype, *dtypes])
 
 
 def load_checkpoint_file(path: Path, mmap: bool = False) -> dict[str, Any]:
@@ -316,7 +310,8 @@ def load_checkpoint_file(path: Path, mmap: bool = False) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} does not exist")
     register_numpy_safe_globals()
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        # str: torch.load(mmap=True) takes a Path only from torch 2.3 (distributed/torch_compat.py)
+        loaded = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:
         raise UserError(f"checkpoint {path} could not be read ({type(err).__name__}: {err})") from err
     for key in ("step", "pipeline", "optimizers"):

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.torch_compat import grads_inf_norm
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -187,14 +188,14 @@ def sum_gradients_(
 def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     """A 0-d bool tensor: True when every gradient is finite. No host sync by itself.
 
-    The largest |gradient| over all parameters (torch's ``get_total_norm`` with the inf-norm: one
-    fused multi-tensor kernel on CUDA) is NaN or Inf exactly when some element is, and, unlike a
+    The largest |gradient| over all parameters (``torch_compat.grads_inf_norm``: torch's
+    ``get_total_norm`` with the inf-norm, one fused multi-tensor kernel on CUDA) is NaN or Inf exactly when some element is, and, unlike a
     sum, cannot overflow on finite values.
     """
     grads = [p.grad for p in params if p.grad is not None and p.grad.numel() > 0]  # the inf-norm of nothing is undefined
     if not grads:
         return torch.tensor(True)
-    return torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=float("inf")))
+    return torch.isfinite(grads_inf_norm(grads))
 
 
 def nonfinite_verdict(ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], agree: bool = False) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
 from distsplat_ns.distributed.restart import restart_count
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 from distsplat_ns.utils.shm import remove_orphan_semaphores
@@ -172,7 +173,7 @@ def _join_group(device_type: str, timeout_s: float, local_rank_hint: int, backen
             rank=rank,
             timeout=timeout,
         )
-    except (RuntimeError, dist.DistError) as err:
+    except DIST_ERRORS as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         ifnames = ", ".join(f"{v}={os.environ.get(v) or 'unset'}" for v in socket_variables(backend))
         raise RunFailure(

@@ -40,6 +40,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.distributed.rank0_work import rank0_work, wait_for_rank0_frame
 from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS, is_dist_error, store_has_key
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
 
@@ -178,7 +179,7 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
     except RuntimeError as err:  # DistStoreError: the wait timed out
         try:
-            missing = bounded(lambda: [r for r, key in enumerate(keys) if not store.check([key])])
+            missing = bounded(lambda: [r for r, key in enumerate(keys) if not store_has_key(store, key)])
         except StoreUnreachable as lost:
             raise RunFailure(f"start-up phase '{name}' on rank {ctx.rank}: {lost}") from err
         if not missing:  # arrived between the timeout and the check
@@ -255,7 +256,7 @@ class _PhaseWatch:
             sys.stderr.flush()
             try:
                 bounded(functools.partial(store.set, f"{KEY_PREFIX}where/{ctx.rank}", note))
-            except (RuntimeError, dist.DistError):  # the store's host is gone: stderr has it
+            except DIST_ERRORS:  # the store's host is gone: stderr has it
                 pass
 
 
@@ -298,10 +299,10 @@ class _AbortWatch:
                 return  # the run ended (shutdown_distributed): its store may go away now
             now = time.monotonic()
             try:
-                if seen_at is None and bounded(lambda: store.check([_ABORT_KEY])):
+                if seen_at is None and bounded(lambda: store_has_key(store, _ABORT_KEY)):
                     seen_at, message = now, bounded(lambda: store.get(_ABORT_KEY)).decode()
                 lost_at = None
-            except (RuntimeError, dist.DistError) as err:
+            except DIST_ERRORS as err:
                 if lost_at is None:
                     lost_at, message = now, comm_error_summary(err)
             if self._stopped.is_set():
@@ -330,7 +331,7 @@ def announce_failure(ctx: DistContext, message: str) -> None:
     try:
         told = message if message.startswith(f"rank {ctx.rank}:") else f"rank {ctx.rank}: {message}"
         bounded(lambda: store.compare_set(_ABORT_KEY, "", told[:400]))
-    except (RuntimeError, dist.DistError):
+    except DIST_ERRORS:
         pass
 
 
@@ -361,7 +362,7 @@ def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary |
 
 def is_comm_failure(err: BaseException) -> bool:
     """Whether ``err`` is a failed or timed-out collective (gloo raises plain RuntimeErrors)."""
-    if isinstance(err, dist.DistError):
+    if is_dist_error(err):
         return True
     text = str(err)
     return isinstance(err, RuntimeError) and any(s in text for s in ("gloo", "Timed out", "timed out", "Connection closed by peer"))
@@ -380,7 +381,7 @@ def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
             where = "; " + bounded(lambda: _whereabouts(ctx, store))
         except StoreUnreachable as lost:
             where = f"; {lost}"
-        except (RuntimeError, dist.DistError):
+        except DIST_ERRORS:
             where = ""
     return f"a collective failed ({first}){where} (--collective-timeout-s {ctx.timeout_s:g})"
 
@@ -412,8 +413,8 @@ def _whereabouts(ctx: DistContext, store: dist.Store) -> str:
     parts = []
     for r in range(ctx.world_size):
         key, host_key = f"{KEY_PREFIX}where/{r}", f"{KEY_PREFIX}host/{r}"
-        host = f" (on {store.get(host_key).decode()})" if store.check([host_key]) else ""
-        parts.append(f"rank {r} {store.get(key).decode() if store.check([key]) else 'not started'}{host}")
+        host = f" (on {store.get(host_key).decode()})" if store_has_key(store, host_key) else ""
+        parts.append(f"rank {r} {store.get(key).decode() if store_has_key(store, key) else 'not started'}{host}")
     return "last seen: " + ", ".join(parts)
 
 
@@ -435,9 +436,9 @@ def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
             return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if bounded(lambda: store.check([key])):
+            if bounded(lambda: store_has_key(store, key)):
                 return bounded(lambda: store.get(key)).decode() != message
             time.sleep(0.05)
-    except (RuntimeError, dist.DistError):  # the store lived in a launcher or host that is gone
+    except DIST_ERRORS:  # the store lived in a launcher or host that is gone
         pass
     return True

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store, store_address
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS, store_has_key
 from distsplat_ns.utils.errors import RunFailure
 
 #: Seconds between two heartbeats of rank 0 while it works alone (:func:`rank0_work`).
@@ -58,7 +59,7 @@ def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_la
                 count += 1
                 try:
                     store.set(beat_key, str(count))
-                except (RuntimeError, dist.DistError):
+                except DIST_ERRORS:
                     return
 
         thread = threading.Thread(target=beat, name="distsplat-rank0-heartbeat", daemon=True)
@@ -71,7 +72,7 @@ def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_la
             stop.set()
             try:
                 bounded(lambda: store.set(done_key, outcome))
-            except (RuntimeError, dist.DistError):
+            except DIST_ERRORS:
                 pass  # the waiting ranks find the store gone themselves
         return
     yield  # nothing to do on this rank; then wait for rank 0
@@ -87,12 +88,12 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
     delay_s = 0.001  # doubling to 0.1 s: a short window (the viewer's, every step) costs ~ms, a long one few polls
     while True:
         try:
-            if bounded(lambda: store.check([done_key])):
+            if bounded(lambda: store_has_key(store, done_key)):
                 return bounded(lambda: store.get(done_key)).decode()
-            beat = bounded(lambda: store.get(beat_key) if store.check([beat_key]) else None)
+            beat = bounded(lambda: store.get(beat_key) if store_has_key(store, beat_key) else None)
         except StoreUnreachable as lost:
             raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: {lost}") from lost
-        except (RuntimeError, dist.DistError) as err:
+        except DIST_ERRORS as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: the store at {store_address()} failed ({first})") from err
         now = time.monotonic()

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.planner_helpers import _create_read_items, cre
 
 from distsplat_ns.distributed.collectives import all_gather_counts
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.torch_compat import dcp_load, dcp_save, planner_kwargs
 from distsplat_ns.utils.errors import RunFailure
 
 #: Key of the blob in the DCP state dict; row keys are prefixed with :data:`ROWS_PREFIX`.
@@ -69,7 +70,8 @@ class _RowSavePlanner(DefaultSavePlanner):
     """
 
     def __init__(self, row_offset: int, num_rows_total: int) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, dedup_save_to_lowest_rank=False)
+        super().__init__(**planner_kwargs(DefaultSavePlanner, flatten_state_dict=False, flatten_sharded_tensors=False,
+                                            dedup_save_to_lowest_rank=False))
         self.row_offset = row_offset
         self.num_rows_total = num_rows_total
 
@@ -108,7 +110,7 @@ class _RowLoadPlanner(DefaultLoadPlanner):
     of the global tensor (DCP's resharding), and the blob kept as raw bytes."""
 
     def __init__(self, row_offset: int) -> None:
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=True)
+        super().__init__(**planner_kwargs(DefaultLoadPlanner, flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=True))
         self.row_offset = row_offset
 
     def create_local_plan(self) -> LoadPlan:
@@ -164,7 +166,7 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
     state[BLOB_KEY] = blob if ctx.is_main and blob is not None else b""
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, single_file_per_rank=True)
     try:
-        dcp.save(state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed)
+        dcp_save(state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed)
     except CheckpointException as err:
         failed = sorted(err.failures) if hasattr(err, "failures") else "?"
         raise RunFailure(f"writing checkpoint {folder} failed on rank(s) {failed}: {err}") from err
@@ -211,6 +213,6 @@ def load_rows(
     with warnings.catch_warnings():
         # DCP warns that it reads in one process when no group is up: that is what ctx=None asks.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
+        dcp_load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
     blob = state.pop(BLOB_KEY, b"")
     return {k[len(ROWS_PREFIX):]: v for k, v in state.items()}, bytes(blob)  # type: ignore[misc]

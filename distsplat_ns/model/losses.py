@@ -6,6 +6,11 @@ can own a range of SSIM rows: map row r depends on image rows [r, r + 10], so a 
 rows [a, b) renders rows up to min(b + 10, H) (the halo) and owns map rows [a, min(b, H - 10)).
 Summed over the bands of an image, the band losses equal the whole-image loss.
 
+An image under 11 px in a dimension is not filtered along it, as pytorch_msssim does (it warns and
+skips that dimension's Gaussian smoothing), so splatfacto's tiny images (a 1/4 warm-up of a small
+capture) train with splatfacto's loss: an image under 11 px high has no halo, and each band owns
+its own rows of the map.
+
 Shape letters: H, W pixels; D channels.
 """
 
@@ -34,45 +39,58 @@ def _gauss_window(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return win
 
 
-def _filter(x: torch.Tensor, win: torch.Tensor) -> torch.Tensor:
+def ssim_halo(size_px: int) -> int:
+    """Map positions an image dimension of ``size_px`` loses to "valid" filtering: 10, or 0 when
+    the dimension is under the window and is not filtered (pytorch_msssim's rule)."""
+    return SSIM_HALO_ROWS if size_px >= SSIM_WINDOW else 0
+
+
+def _filter(x: torch.Tensor, win: torch.Tensor, filter_rows: bool) -> torch.Tensor:
     d = x.shape[1]
-    out = F.conv2d(x, win.view(1, 1, SSIM_WINDOW, 1).expand(d, 1, SSIM_WINDOW, 1), groups=d)
-    return F.conv2d(out, win.view(1, 1, 1, SSIM_WINDOW).expand(d, 1, 1, SSIM_WINDOW), groups=d)
+    out = x
+    if filter_rows:
+        out = F.conv2d(out, win.view(1, 1, SSIM_WINDOW, 1).expand(d, 1, SSIM_WINDOW, 1), groups=d)
+    if ssim_halo(x.shape[3]):
+        out = F.conv2d(out, win.view(1, 1, 1, SSIM_WINDOW).expand(d, 1, 1, SSIM_WINDOW), groups=d)
+    return out
 
 
-def ssim_map(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
+def ssim_map(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, image_height: int | None = None) -> torch.Tensor:
     """SSIM per position and channel, "valid" filtering.
 
     Args:
-        x: Image. `[H, W, D]`, float in [0, data_range].
+        x: Image, or a band of rows of one. `[H, W, D]`, float in [0, data_range].
         y: Image. `[H, W, D]`, same dtype.
+        image_height: Height of the whole image ``x`` is a band of (default: ``x``'s). Under 11 px
+            the rows are not filtered, as pytorch_msssim does; the columns likewise under 11 px wide.
 
     Returns:
-        The SSIM map. `[D, H - 10, W - 10]`.
+        The SSIM map. `[D, H - ssim_halo(image_height), W - ssim_halo(W)]`.
 
     **Differentiable:** with respect to both inputs.
     """
     if x.shape != y.shape:
         raise ValueError(f"ssim_map: x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if x.shape[0] < SSIM_WINDOW or x.shape[1] < SSIM_WINDOW:
-        raise ValueError(f"ssim_map: images must be at least {SSIM_WINDOW}x{SSIM_WINDOW} px, got {tuple(x.shape[:2])}")
+    filter_rows = ssim_halo(x.shape[0] if image_height is None else image_height) > 0
+    if filter_rows and x.shape[0] < SSIM_WINDOW:
+        raise ValueError(f"ssim_map: a band of an image {image_height} px high needs at least {SSIM_WINDOW} rows, got {x.shape[0]}")
     xb = x.permute(2, 0, 1)[None]
     yb = y.permute(2, 0, 1)[None]
     win = _gauss_window(x.device, x.dtype)
     c1 = (_K1 * data_range) ** 2
     c2 = (_K2 * data_range) ** 2
-    mu1, mu2 = _filter(xb, win), _filter(yb, win)
+    mu1, mu2 = _filter(xb, win, filter_rows), _filter(yb, win, filter_rows)
     mu1_sq, mu2_sq, mu1_mu2 = mu1.pow(2), mu2.pow(2), mu1 * mu2
-    sigma1_sq = _filter(xb * xb, win) - mu1_sq
-    sigma2_sq = _filter(yb * yb, win) - mu2_sq
-    sigma12 = _filter(xb * yb, win) - mu1_mu2
+    sigma1_sq = _filter(xb * xb, win, filter_rows) - mu1_sq
+    sigma2_sq = _filter(yb * yb, win, filter_rows) - mu2_sq
+    sigma12 = _filter(xb * yb, win, filter_rows) - mu1_mu2
     cs = (2 * sigma12 + c2) / (sigma1_sq + sigma2_sq + c2)
     return (((2 * mu1_mu2 + c1) / (mu1_sq + mu2_sq + c1)) * cs)[0]
 
 
 def halo_end_row(end_row: int, height: int) -> int:
     """The last (exclusive) row a band owning rows ``[.., end_row)`` must render for exact SSIM."""
-    return min(end_row + SSIM_HALO_ROWS, height)
+    return min(end_row + ssim_halo(height), height)
 
 
 def band_loss(
@@ -108,12 +126,12 @@ def band_loss(
     channels = pred.shape[2]
     own = end_row - first_row
     l1 = (gt[:own] - pred[:own]).abs().sum() / (height * width * channels)
-    own_ssim_rows = max(0, min(end_row, height - SSIM_HALO_ROWS) - first_row)
+    own_ssim_rows = max(0, min(end_row, height - ssim_halo(height)) - first_row)
     if own_ssim_rows == 0:
         ssim_part = pred.new_zeros(())
     else:
-        smap = ssim_map(gt, pred)
-        count = channels * (height - SSIM_HALO_ROWS) * (width - SSIM_HALO_ROWS)
+        smap = ssim_map(gt, pred, image_height=height)
+        count = channels * (height - ssim_halo(height)) * (width - ssim_halo(width))
         owned = smap[:, :own_ssim_rows]
         ssim_part = (owned.numel() - owned.sum()) / count
     return l1, ssim_part

@@ -1,0 +1,135 @@
+"""Every difference between the torch (and numpy) versions the package supports, in one place.
+
+Supported: torch 2.1.2 (nerfstudio 1.1.5's documented install) through the newest release, numpy
+1.26 and 2.x. The rest of the package calls these names and never tests a version itself. Each shim
+says which release made it unnecessary; when the oldest supported torch reaches that release the
+shim collapses to its first branch. It lives in ``distributed/`` because most of it wraps
+``torch.distributed``, which only that layer imports (tests/unit/test_layers.py).
+
+Shims (oldest torch that needs none of it: 2.6):
+- ``store_has_key``: ``Store.check`` is bound in Python from torch 2.3.
+- ``DIST_ERRORS`` / ``is_dist_error``: ``torch.distributed.DistError`` exists from torch 2.2.
+- ``dcp_save`` / ``dcp_load``: ``torch.distributed.checkpoint.save``/``load`` exist from torch 2.2.
+- ``planner_kwargs``: DCP planners' keyword arguments (``dedup_save_to_lowest_rank``,
+  ``allow_partial_load``) exist from torch 2.4 (see ``_PLANNER_KEYWORDS_SINCE``).
+- ``grads_inf_norm``: ``torch.nn.utils.get_total_norm`` exists from torch 2.6.
+- ``add_safe_globals``: ``torch.serialization.add_safe_globals`` exists from torch 2.4.
+- ``numpy_scalar_reconstructor``: numpy 2 moved ``numpy.core`` to ``numpy._core``.
+- ``torch.load(..., mmap=True)`` accepts a ``Path`` from torch 2.3: callers pass ``str(path)``,
+  which every version accepts (checkpoint.py), so no function is needed for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+#: The error types torch.distributed raises for failed collectives and store operations. torch 2.2
+#: added ``DistError`` (the base of ``DistBackendError``, ``DistStoreError``, ``DistNetworkError``);
+#: torch 2.1 raises ``DistBackendError`` (NCCL) or a plain ``RuntimeError`` (gloo, stores).
+_DIST_ERROR = getattr(dist, "DistError", None) or dist.DistBackendError  # unnecessary from torch 2.2
+DIST_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, _DIST_ERROR)
+
+
+def is_dist_error(err: BaseException) -> bool:
+    """Whether ``err`` is of torch.distributed's own error type (gloo also raises plain RuntimeErrors)."""
+    return isinstance(err, _DIST_ERROR)
+
+
+#: A value no key of the package's ever holds: ``compare_set(key, S, S)`` returns ``S`` without
+#: writing when ``key`` is absent, and the stored value when it is present (c10d's compareSet, the
+#: same on TCPStore, PrefixStore, FileStore and HashStore; checked by tests/unit/test_torch_compat.py).
+_ABSENT = "\x00distsplat-absent\x00"
+
+
+def store_has_key(store: dist.Store, key: str) -> bool:
+    """Whether ``key`` is set in ``store``, without waiting for it (one round trip, no write).
+
+    **Host sync:** none (a store request; callers bound it with ``store_access.bounded``).
+    """
+    if hasattr(dist.Store, "check"):  # unnecessary from torch 2.3
+        return bool(store.check([key]))
+    return _has_key_by_compare_set(store, key)
+
+
+def _has_key_by_compare_set(store: dist.Store, key: str) -> bool:
+    """:func:`store_has_key` before torch 2.3 (tested on every version)."""
+    return store.compare_set(key, _ABSENT, _ABSENT) != _ABSENT.encode()
+
+
+def dcp_save(state: dict, storage_writer: Any, planner: Any, no_dist: bool) -> None:
+    """``torch.distributed.checkpoint.save`` (torch 2.2's name; 2.1's ``save_state_dict``).
+
+    **Collective:** as DCP's save: the default group, every rank, unless ``no_dist``.
+    """
+    if hasattr(dcp, "save"):  # unnecessary from torch 2.2
+        dcp.save(state, storage_writer=storage_writer, planner=planner, no_dist=no_dist)
+    else:
+        dcp.save_state_dict(state, storage_writer=storage_writer, planner=planner, no_dist=no_dist)
+
+
+def dcp_load(state: dict, storage_reader: Any, planner: Any, no_dist: bool) -> None:
+    """``torch.distributed.checkpoint.load`` (torch 2.2's name; 2.1's ``load_state_dict``), in place.
+
+    **Collective:** as DCP's load: the default group, every rank, unless ``no_dist``.
+    """
+    if hasattr(dcp, "load"):  # unnecessary from torch 2.2
+        dcp.load(state, storage_reader=storage_reader, planner=planner, no_dist=no_dist)
+    else:
+        dcp.load_state_dict(state, storage_reader=storage_reader, planner=planner, no_dist=no_dist)
+
+
+#: Planner keywords the package sets that older planners lack, with the value that is their older
+#: behaviour: 2.1's save planner deduplicates replicated items (the package writes none, so the
+#: switch changes nothing), and 2.1's load planner is given only keys the checkpoint holds (the
+#: package's planners plan every item themselves and skip absent keys, tests/multiproc/test_dcp_commit.py).
+_PLANNER_KEYWORDS_SINCE = {"dedup_save_to_lowest_rank": "2.4", "allow_partial_load": "2.4"}
+
+
+def planner_kwargs(planner_cls: type, **kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` less the keywords of :data:`_PLANNER_KEYWORDS_SINCE` that ``planner_cls.__init__``
+    does not take (unnecessary from torch 2.4). Any other unknown keyword is kept, so a typo fails."""
+    params = inspect.signature(planner_cls.__init__).parameters
+    return {k: v for k, v in kwargs.items() if k in params or k not in _PLANNER_KEYWORDS_SINCE}
+
+
+def grads_inf_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The largest |element| over ``grads`` (NaN when any element is NaN), as a 0-d tensor.
+
+    **Host sync:** none.
+    """
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if total_norm is not None:  # unnecessary from torch 2.6
+        return total_norm(grads, norm_type=float("inf"))
+    return _inf_norm_per_tensor(grads)
+
+
+def _inf_norm_per_tensor(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """:func:`grads_inf_norm` before torch 2.6 (tested on every version): one norm per tensor, then
+    their max, in float64 so that no finite float64 norm overflows."""
+    norms = [torch.linalg.vector_norm(g, float("inf")).to(torch.float64) for g in grads]
+    return torch.stack([n.to(norms[0].device) for n in norms]).max()
+
+
+def add_safe_globals(objects: Iterable[Any]) -> bool:
+    """Allow ``objects`` in ``torch.load(..., weights_only=True)``; False where torch cannot
+    (before torch 2.4, whose weights-only unpickler has its own fixed allow-list)."""
+    add = getattr(torch.serialization, "add_safe_globals", None)
+    if add is None:  # unnecessary from torch 2.4
+        return False
+    add(list(objects))
+    return True
+
+
+def numpy_scalar_reconstructor() -> Any:
+    """numpy's scalar unpickling function (``numpy.core`` before numpy 2, ``numpy._core`` after)."""
+    try:
+        from numpy._core.multiarray import scalar  # numpy >= 2
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
+    return scalar
