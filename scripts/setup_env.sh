@@ -9,6 +9,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WANT_TEST=0
 [[ "${1:-}" == "--test" ]] && WANT_TEST=1
+SYSTEM_ONLY=0
+[[ "${1:-}" == "--system-only" ]] && SYSTEM_ONLY=1  # the system libraries alone (scripts/test_compat.sh)
 
 PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
@@ -32,6 +34,7 @@ apt_install() {
 }
 
 apt_install libusb-1.0-0
+((SYSTEM_ONLY)) && exit 0
 if ((WANT_TEST)); then
   apt_install chromium
 fi

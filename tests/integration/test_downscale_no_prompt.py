@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 NUM_STEPS = 6
 # lund_door is 162x242 px: at 1/4 the images are 40x60, and the default resolution schedule's further
-# 1/4 would render 9x14 px, below SSIM's 11 px window; train those few steps at the parsed size.
-EXTRA = ["--steps-per-save", str(NUM_STEPS), "--pipeline.model.num-downscales", "0"]
+# 1/4 renders 10x15 px, under SSIM's 11 px window: trained as splatfacto trains it (issue 25; before,
+# the run failed at its first step).
+EXTRA = ["--steps-per-save", str(NUM_STEPS)]
 
 
 def _scene_without_images_4(tmp_path: Path) -> Path:

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
-from distsplat_ns.distributed import torch_compat
 from distsplat_ns.distributed.torch_compat import _has_key_by_compare_set, _inf_norm_per_tensor, grads_inf_norm, planner_kwargs, store_has_key
 
 PKG = Path(__file__).resolve().parents[2] / "distsplat_ns"
@@ -82,4 +81,4 @@ def test_only_torch_compat_tests_torch_versions() -> None:
     """``getattr(torch, name)`` of a dtype name is allowed; a probe of an API is not."""
     found = [hit for path in sorted(PKG.rglob("*.py")) if path.name != "torch_compat.py" for hit in _version_tests(path)]
     assert not found, "version probes outside distributed/torch_compat.py:\n" + "\n".join(found)
-    assert _version_tests(Path(torch_compat.__file__)), "the scan finds nothing even in torch_compat.py: it is broken"
+    assert _version_tests(PKG / "distributed" / "torch_compat.py"), "the scan finds nothing even in torch_compat.py: it is broken"
