@@ -28,10 +28,19 @@ from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.distributed.collectives import all_gather_object, broadcast_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
+from distsplat_ns.distributed.collectives import (
+    all_gather_object,
+    all_reduce_max_,
+    broadcast_object,
+    broadcast_tensors_,
+    check_replicas,
+    raise_if_nonfinite,
+)
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import backward_bands
+from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_depth_maxima
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
+from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.optimizer_rules import track_replaced_parameters
 from distsplat_ns.parallel import parallel_mode_class
@@ -117,6 +126,8 @@ class StepReport:
             sharded, the exchange's rows and gradients and the rows a shard rebalance moved.
         measured_imbalance: Max over mean of the ranks' measured tile costs.
         time_imbalance: Max over mean of the ranks' render times (forward + backward).
+        band_depths: With ``output_depth_during_training``, this rank's bands' rows of splatfacto's
+            training depth (``model/band_depth.py``), filled over every rank's bands; else empty.
     """
 
     loss: torch.Tensor
@@ -128,6 +139,7 @@ class StepReport:
     bytes_communicated: int
     measured_imbalance: float
     time_imbalance: float
+    band_depths: list[BandDepth] = field(default_factory=list)
 
 
 def batch_sizes_px(image_sizes: Sequence[tuple[int, int]], batch: Sequence[int], downscale: int) -> list[tuple[int, int]]:
@@ -271,7 +283,8 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
 
         **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
         projections (an exchange where each rank holds a shard), the SSIM-halo all-gather and the
-        mode's backward (the reverse exchange), the mode's gradient reduction, statistics (while
+        mode's backward (the reverse exchange), with ``output_depth_during_training`` the depth
+        fill's max all-reduce, the mode's gradient reduction, statistics (while
         densification runs) and finite verdict, the refine's id gather and after-refine, the cost
         all-gather and, every ``replica_check_every`` steps, the replica digest.
         **Host sync:** the halo rows and the measured tile costs with the finite verdict (every
@@ -288,6 +301,8 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         bands = plan.bands[self.ctx.rank]
         positions, images, masks = self._fetch_images(step, batch, bands, clock)
         result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock)
+        if self.model.config.output_depth_during_training:
+            self._fill_band_depths(result, len(batch))
         with clock.phase("all_reduce"):
             named = self._named_trainable_parameters()
             if before_gradient_sum_hook is not None:
@@ -311,7 +326,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         return StepReport(
             loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, loss_terms=result.loss_terms, num_gaussians=num_gaussians,
             timings=StepTimings.from_clock(clock), bytes_communicated=moved + statistics_bytes,
-            measured_imbalance=measured_imbalance, time_imbalance=time_imbalance,
+            measured_imbalance=measured_imbalance, time_imbalance=time_imbalance, band_depths=result.band_depths,
         )
 
     def _forward_backward(
@@ -355,9 +370,19 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
                 total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
                 total.loss_terms = {k: v + result.loss_terms[k] for k, v in total.loss_terms.items()}
                 total.band_tile_counts.extend(result.band_tile_counts)
+                total.band_depths.extend(result.band_depths)
             total.pixel_links = []  # consumed by the backward
         assert total is not None, "a batch has at least one camera"
         return total, sources, moved
+
+    def _fill_band_depths(self, result: BandRenderResult, batch_size: int) -> None:
+        """Splatfacto's training depth in this rank's bands: uncovered pixels get their image's
+        largest depth over every rank's bands (``model/band_depth.py``).
+
+        **Collective:** world group, one max all-reduce of `[B]` (none at one rank).
+        """
+        maxima = image_depth_maxima(result.band_depths, batch_size, self.model.means)
+        fill_empty_depth_(result.band_depths, all_reduce_max_(self.ctx, maxima))
 
     def _statistics(
         self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]
@@ -450,7 +475,10 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors)
 
     def _host_cameras(self, camera_ids: Sequence[int]) -> Any:
-        return self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
+        """The training cameras ``camera_ids``, host-side, each carrying its id (the camera
+        optimizer adjusts each by its own: ``model/camera_adjust.py``)."""
+        cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
+        return with_train_camera_ids(cameras, camera_ids)
 
     @staticmethod
     def _costs_to_host(result: BandRenderResult, verdict: torch.Tensor | None) -> tuple[list[Any], bool]:

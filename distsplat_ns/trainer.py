@@ -57,6 +57,7 @@ from distsplat_ns.distributed.lifecycle import (
 )
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.distributed.restart import AttemptLog, elastic_run_id, previous_timestamp, restart_count
+from distsplat_ns.model.camera_adjust import camera_optimizer_metrics
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
@@ -367,6 +368,8 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
             metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
             metrics_dict["balance_time_imbalance"] = report.time_imbalance
+            # Splatfacto's camera_opt_* metrics (replicated adjustments: the same on every rank).
+            metrics_dict.update(camera_optimizer_metrics(self.pipeline.model.camera_optimizer))
         return loss_dict["main_loss"], loss_dict, metrics_dict
 
     @check_eval_enabled

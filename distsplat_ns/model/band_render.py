@@ -18,6 +18,7 @@ import torch
 
 from distsplat_ns.balance.bands import Band, num_tile_rows
 from distsplat_ns.model.band_backward import PixelLink
+from distsplat_ns.model.band_depth import BandDepth
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.rendering import Projection
 from distsplat_ns.utils.cameras import downscaled_px
@@ -149,6 +150,9 @@ class BandRenderResult:
     band_tile_counts: list[tuple[Band, torch.Tensor]] = field(default_factory=list)
     pixel_links: list[PixelLink] = field(default_factory=list)
     loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
+    band_depths: list[BandDepth] = field(default_factory=list)
+    """With ``output_depth_during_training``: per band, its rows of the training depth
+    (``model/band_depth.py``; the empty-pixel fill is the pipeline's, over every rank's bands)."""
 
 
 def rendered_sizes_px(cameras: Cameras, downscale: int) -> list[tuple[int, int]]:

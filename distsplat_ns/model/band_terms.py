@@ -161,9 +161,13 @@ class BandTerms:
             # Splatfacto's 10 x total variation of every grid, once per step (batch-independent:
             # one rank adds it, and it is not averaged over the batch's images or bands).
             total = total + 10 * total_variation_loss(self.bil_grids.grids)
-        if share.camera_penalty and self.training:
+        if self.config.camera_optimizer.mode != "off":
+            # nerfstudio's camera_opt_regularizer, once per step (one rank adds it; every rank
+            # has the key, zero where it adds none, so the logged sum over ranks is splatfacto's).
             extra: dict[str, torch.Tensor] = {}
-            self.camera_optimizer.get_loss_dict(extra)
+            if share.camera_penalty and self.training:
+                self.camera_optimizer.get_loss_dict(extra)
             for value in extra.values():
-                total = total + value
+                total = total + value.to(total.dtype)
+            named["camera_opt_regularizer"] = extra["camera_opt_regularizer"].detach() if extra else total.new_zeros(())
         return total, named

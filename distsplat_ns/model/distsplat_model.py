@@ -31,6 +31,7 @@ from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig
 from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
+from distsplat_ns.model.band_depth import band_depth, with_depth_channel
 from distsplat_ns.model.band_render import (
     BandRenderResult,
     OwnProjections,
@@ -40,6 +41,7 @@ from distsplat_ns.model.band_render import (
     rendered_sizes_px,
 )
 from distsplat_ns.model.band_terms import BandTerms
+from distsplat_ns.model.camera_adjust import adjusted_camera_to_worlds
 from distsplat_ns.model.densify import DefaultDensifier, Densifier, MCMCDensifier
 from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
@@ -111,20 +113,6 @@ class DistSplatModelConfig(SplatfactoModelConfig):
         if self.n_split_samples != 2:
             # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
             raise ValueError(f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)")
-        if self.output_depth_during_training:
-            raise ValueError(
-                "distsplat: --pipeline.model.output-depth-during-training True is not supported: the training step renders "
-                "colour bands only (eval and the viewer render depth always)"
-            )
-        if self.color_corrected_metrics:
-            raise ValueError("distsplat: --pipeline.model.color-corrected-metrics True is not supported: eval reports psnr/ssim/lpips only")
-        if self.camera_optimizer.mode != "off":
-            # The training cameras of a batch carry no per-image index for nerfstudio's
-            # apply_to_camera (it would return them unadjusted): refuse rather than ignore.
-            raise ValueError(
-                f"distsplat: --pipeline.model.camera-optimizer.mode must be 'off' (got {self.camera_optimizer.mode!r}): "
-                "pose refinement is not applied to batched band cameras yet"
-            )
         if self.rasterize_mode not in ("classic", "antialiased"):
             raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
@@ -224,6 +212,7 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
             self.gauss_params.to(torch.float64)
             if self.config.use_bilateral_grid:
                 self.bil_grids.to(torch.float64)
+            self.camera_optimizer.to(torch.float64)  # the pose adjustments, as the Gaussians
 
     @property
     def gauss_ids(self) -> torch.Tensor:
@@ -339,7 +328,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         sizes = rendered_sizes_px(cameras, downscale)  # a host sync only for device-side cameras (eval, viewer)
         if cameras.device != self.device:
             cameras = cameras.to(self.device)
-        c2w = self.camera_optimizer.apply_to_camera(cameras) if self.training else cameras.camera_to_worlds
+        # Training renders use each camera's adjusted pose, eval and the viewer the given one (splatfacto's rule).
+        c2w = adjusted_camera_to_worlds(self.camera_optimizer, cameras) if self.training else cameras.camera_to_worlds
         viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
         Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
         Ks[:, :2, :] /= downscale
@@ -426,6 +416,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         l1_total, dssim_total = zero, zero
         for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
             height = inputs.sizes_px[first][1]  # the cameras of one projection share one size
+            if self.config.output_depth_during_training:
+                proj = with_depth_channel(proj)  # splatfacto renders RGB+ED while training with the flag
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
                 out = rasterize_rows(
@@ -438,6 +430,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
                         out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, grid
                     )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
+                    if self.config.output_depth_during_training:
+                        result.band_depths.append(band_depth(band, height, out.colors[k], out.alphas[k]))
                     num_tile_rows_owned = -(-band.num_rows_px(height) // TILE_SIZE)  # the halo's belong to the next band
                     result.band_tile_counts.append((band, out.tile_counts[k][:num_tile_rows_owned]))
 

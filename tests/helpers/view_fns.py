@@ -115,17 +115,18 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
             "served": mode.view_requests.num_served - served_before}
 
 
-def eval_metrics(ctx: Any, dtype: str) -> dict[str, Any]:
+def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[str, Any]:
     """``DistSplatPipeline``'s eval on this rank's shard (sharded mode; at one rank the model is
     whole and renders itself): one eval image's metrics and the average over every eval image,
-    on the eval cameras 1 and 3 with fixed target images."""
+    on the eval cameras 1 and 3 with fixed target images; ``overrides``: model config fields.
+    Also, on rank 0, the one image's render and target (``"rgb"``, ``"gt"``)."""
     from types import SimpleNamespace
 
     from distsplat_ns.parallel.sharded import ShardedMode
     from distsplat_ns.pipeline import DistSplatPipeline
     from tests.helpers.model_factory import make_images
 
-    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off")
+    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off", **(overrides or {}))
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     cameras, images = make_cameras(4), make_images(4, seed=3)
     views = [(cameras[i : i + 1], {"image": images[i], "image_idx": i}) for i in (1, 3)]
@@ -135,4 +136,8 @@ def eval_metrics(ctx: Any, dtype: str) -> dict[str, Any]:
     pipe.datamanager = SimpleNamespace(fixed_indices_eval_dataloader=views, next_eval_image=lambda step: views[1])
     one, images_out = pipe.get_eval_image_metrics_and_images(step=7)
     average = pipe.get_average_eval_image_metrics(step=7)
-    return {"one": one, "average": average, "has_image": "img" in images_out, "training": model.training}
+    out = {"one": one, "average": average, "has_image": "img" in images_out, "training": model.training}
+    if "img" in images_out:  # the combined image: target left, render right
+        width = images_out["img"].shape[1] // 2
+        out["gt"], out["rgb"] = images_out["img"][:, :width].clone(), images_out["img"][:, width:].clone()
+    return out

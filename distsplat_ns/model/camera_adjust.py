@@ -1,0 +1,95 @@
+"""Camera pose optimisation (``--pipeline.model.camera-optimizer.mode SO3xR3 | SE3``) on batches of
+band cameras.
+
+Splatfacto adjusts the one training camera it renders with nerfstudio's
+``CameraOptimizer.apply_to_camera``, which finds the camera's index in ``metadata["cam_idx"]`` (a
+single int). A distsplat step renders the bands of B cameras, so each camera carries its
+training-camera index under :data:`TRAIN_CAMERA_IDS` (`[C, 1]`, kept through ``Cameras`` slicing
+and ``.to``) and :func:`adjusted_camera_to_worlds` applies each camera's own adjustment exactly as
+``apply_to_camera`` does (the rotation composed on the left, the translation added). A band is a
+crop of its adjusted camera: every rank that renders a band of camera ``i``, and in sharded mode
+every owner that projects its shard into it, uses the same adjusted pose, so the adjustments'
+gradient is the sum of what every band (sharded: every owner's projection) contributes.
+
+As in splatfacto, only training renders are adjusted: eval images and viewer frames use the poses
+as given (``DistSplatModel.render_inputs`` checks ``training``), and a camera without an index
+(viser's) is used as given.
+
+Shape letters: C cameras.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from nerfstudio.cameras.camera_optimizers import CameraOptimizer
+    from nerfstudio.cameras.cameras import Cameras
+
+#: ``Cameras.metadata`` key of each camera's training-camera index. `[C, 1]`, int64.
+TRAIN_CAMERA_IDS = "distsplat_train_camera_ids"
+
+
+def with_train_camera_ids(cameras: Cameras, camera_ids: Sequence[int]) -> Cameras:
+    """``cameras`` (a batch's, freshly sliced from the training cameras) with each camera's
+    training-camera index in its metadata, in place; returned for chaining.
+
+    Raises:
+        ValueError: not one id per camera.
+    """
+    ids = torch.tensor(list(camera_ids), dtype=torch.long).reshape(-1, 1)
+    if ids.shape[0] != len(cameras):
+        raise ValueError(f"with_train_camera_ids: {ids.shape[0]} ids for {len(cameras)} cameras")
+    cameras.metadata = {**(cameras.metadata or {}), TRAIN_CAMERA_IDS: ids}
+    return cameras
+
+
+def train_camera_ids(cameras: Cameras) -> torch.Tensor | None:
+    """Each camera's training-camera index `[C]` (int64, on the cameras' device): ours
+    (:data:`TRAIN_CAMERA_IDS`), else splatfacto's single ``cam_idx``; None when neither is there."""
+    metadata = cameras.metadata or {}
+    if TRAIN_CAMERA_IDS in metadata:
+        return metadata[TRAIN_CAMERA_IDS].reshape(-1)
+    if "cam_idx" in metadata and len(cameras) == 1:
+        return torch.tensor([int(metadata["cam_idx"])], dtype=torch.long)
+    return None
+
+
+def adjusted_camera_to_worlds(camera_optimizer: CameraOptimizer, cameras: Cameras) -> torch.Tensor:
+    """Each camera's pose with its learned adjustment: ``apply_to_camera``'s formula per camera.
+
+    Args:
+        camera_optimizer: The model's (mode off: the poses are returned as given).
+        cameras: The cameras, with :data:`TRAIN_CAMERA_IDS` (or one ``cam_idx``); without either
+            they are returned as given (nerfstudio's viewer cameras).
+
+    Returns:
+        OpenGL camera-to-world `[C, 3, 4]`, in the adjustments' dtype when adjusted (float64 in the
+        float64 mode), on the cameras' device.
+
+    **Differentiable:** with respect to the camera optimizer's ``pose_adjustment``.
+    **Host sync:** none (the ids are moved to the parameters' device without waiting).
+    """
+    c2w = cameras.camera_to_worlds
+    ids = train_camera_ids(cameras) if camera_optimizer.config.mode != "off" else None
+    if ids is None:
+        return c2w
+    adjustment = camera_optimizer.pose_adjustment
+    adj = camera_optimizer(ids.to(adjustment.device, non_blocking=True)).to(c2w.device)  # [C, 3, 4]
+    c2w = c2w.to(adj.dtype)
+    return torch.cat([torch.bmm(adj[..., :3, :3], c2w[..., :3, :3]), c2w[..., :3, 3:] + adj[..., :3, 3:]], dim=-1)
+
+
+def camera_optimizer_metrics(camera_optimizer: CameraOptimizer) -> dict[str, float]:
+    """Splatfacto's training metrics of the adjustments (``CameraOptimizer.get_metrics_dict``:
+    translation and rotation size, mean and max; none with the mode off), as floats. Every rank
+    holds the same adjustments: rank 0 logs them once.
+
+    **Host sync:** the four numbers (logging steps only).
+    """
+    metrics: dict = {}
+    camera_optimizer.get_metrics_dict(metrics)
+    return {key: float(value) for key, value in metrics.items()}  # host sync: logged figures
