@@ -97,26 +97,20 @@ def test_mcmc_terms_are_named_as_main_s_loss_dict_and_sum_to_the_total() -> None
     assert default._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1] == {}
 
 
-@pytest.mark.parametrize(
-    ("fields", "flag"),
-    [
-        ({"n_split_samples": 3}, "--pipeline.model.n-split-samples"),
-        ({"output_depth_during_training": True}, "--pipeline.model.output-depth-during-training"),
-        ({"color_corrected_metrics": True}, "--pipeline.model.color-corrected-metrics"),
-    ],
-)
-def test_splatfacto_fields_not_honoured_are_refused_by_name(fields: dict, flag: str) -> None:
-    """docs/parity.md: a splatfacto field distsplat does not honour is refused, naming the flag."""
-    with pytest.raises(ValueError, match=flag):
-        DistSplatModelConfig(**fields)
+def test_splatfacto_field_it_ignores_itself_is_refused_by_name() -> None:
+    """docs/parity.md: the one refused field is one splatfacto ignores too (gsplat splits in two)."""
+    with pytest.raises(ValueError, match="--pipeline.model.n-split-samples"):
+        DistSplatModelConfig(n_split_samples=3)
 
 
-def test_camera_optimizer_other_than_off_is_refused() -> None:
+def test_options_refused_before_issue_29_are_accepted_float64_adjustments_included() -> None:
     from nerfstudio.cameras.camera_optimizers import CameraOptimizerConfig
 
-    with pytest.raises(ValueError, match="--pipeline.model.camera-optimizer.mode"):
-        DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode="SO3xR3"))
-    DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode="off"))
+    DistSplatModelConfig(output_depth_during_training=True, color_corrected_metrics=True)
+    for mode in ("off", "SO3xR3", "SE3"):
+        DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode=mode))
+    model = make_model(1, num_points=40, param_dtype="float64", camera_optimizer=CameraOptimizerConfig(mode="SO3xR3"))
+    assert model.camera_optimizer.pose_adjustment.dtype == torch.float64 and model.camera_optimizer.pose_adjustment.shape == (8, 6)
 
 
 def test_bilateral_grid_is_a_model_parameter_in_the_float64_mode() -> None:
