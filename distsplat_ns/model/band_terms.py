@@ -21,6 +21,7 @@ from nerfstudio.models.splatfacto import resize_image
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.band_render import RegularizerShare
+from distsplat_ns.model.camera_adjust import camera_loss_terms
 from distsplat_ns.model.losses import band_loss, halo_end_row
 from distsplat_ns.model.mcmc import MCMCRegularizers, mcmc_regularizers
 
@@ -161,13 +162,8 @@ class BandTerms:
             # Splatfacto's 10 x total variation of every grid, once per step (batch-independent:
             # one rank adds it, and it is not averaged over the batch's images or bands).
             total = total + 10 * total_variation_loss(self.bil_grids.grids)
-        if self.config.camera_optimizer.mode != "off":
-            # nerfstudio's camera_opt_regularizer, once per step (one rank adds it; every rank
-            # has the key, zero where it adds none, so the logged sum over ranks is splatfacto's).
-            extra: dict[str, torch.Tensor] = {}
-            if share.camera_penalty and self.training:
-                self.camera_optimizer.get_loss_dict(extra)
-            for value in extra.values():
-                total = total + value.to(total.dtype)
-            named["camera_opt_regularizer"] = extra["camera_opt_regularizer"].detach() if extra else total.new_zeros(())
+        # nerfstudio's camera_opt_regularizer, once per step (model/camera_adjust.py).
+        for key, value in camera_loss_terms(self.camera_optimizer, share.camera_penalty and self.training, total).items():
+            total = total + value
+            named[key] = value.detach()
         return total, named

@@ -93,3 +93,20 @@ def camera_optimizer_metrics(camera_optimizer: CameraOptimizer) -> dict[str, flo
     metrics: dict = {}
     camera_optimizer.get_metrics_dict(metrics)
     return {key: float(value) for key, value in metrics.items()}  # host sync: logged figures
+
+
+def camera_loss_terms(camera_optimizer: CameraOptimizer, adds: bool, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    """nerfstudio's camera-optimizer loss terms (``get_loss_dict``: ``camera_opt_regularizer``)
+    this rank adds to its loss share: the terms where ``adds`` (one rank per step), zeros of
+    ``like``'s dtype under the same keys elsewhere (so the logged sum over ranks is splatfacto's);
+    none with the mode off.
+
+    **Differentiable:** with respect to ``pose_adjustment`` (where ``adds``).
+    """
+    if camera_optimizer.config.mode == "off":
+        return {}
+    terms: dict[str, torch.Tensor] = {}
+    if adds:
+        camera_optimizer.get_loss_dict(terms)
+        return {key: value.to(like.dtype) for key, value in terms.items()}
+    return {"camera_opt_regularizer": like.new_zeros(())}

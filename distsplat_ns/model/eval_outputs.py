@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
-from nerfstudio.model_components.lib_bilagrid import color_correct
 from nerfstudio.utils.colors import get_color
 
+from distsplat_ns.model.colour_metrics import colour_corrected_metrics
 from distsplat_ns.rendering import rasterization
 from distsplat_ns.utils.logging import get_logger
 
@@ -109,13 +109,6 @@ class EvalOutputs:
         if lpips is not None:
             metrics["lpips"] = float(lpips(gt, pred))
         if self.config.color_corrected_metrics:
-            # Splatfacto's cc_* keys: the render colour-matched to the ground truth
-            # (nerfstudio's color_correct), then the same metrics. Computed on rank 0 from the
-            # whole image in both modes (sharded: the image all ranks rendered).
-            cc = torch.moveaxis(color_correct(predicted_rgb, gt_rgb), -1, 0)[None, ...]
-            metrics["cc_psnr"] = float(self.psnr(gt, cc).item())
-            metrics["cc_ssim"] = float(self.ssim(gt, cc))
-            if lpips is not None:
-                metrics["cc_lpips"] = float(lpips(gt, cc))
+            metrics.update(colour_corrected_metrics(predicted_rgb, gt_rgb, self.psnr, self.ssim, lpips))
         return metrics, {"img": combined_rgb}
 
