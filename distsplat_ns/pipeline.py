@@ -442,7 +442,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         wait goes to ``clock``'s ``data_wait``.
 
         The data stream decoded the images this rank was expected to need; one the balanced cut
-        gave it beyond those is decoded here, on demand, and counted.
+        gave it beyond those is decoded here, on demand, with its mask, and counted.
         """
         needed = sorted({b.position for b in bands})
         train_batch = self.datamanager.next_train_batch(step)
@@ -453,7 +453,10 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         if missing:
             self.images_fetched_on_demand += len(missing)
             with clock.phase("data_wait"):
-                images.update(zip(missing, self.datamanager.get_images([batch[p] for p in missing], step=step), strict=False))
+                # With their masks: an image fetched here trains exactly as a streamed one.
+                fetched = self.datamanager.get_images_and_masks([batch[p] for p in missing], step=step)
+                for p, (image, mask) in zip(missing, fetched, strict=True):
+                    images[p], masks[p] = image, mask
         return needed, [images[p] for p in needed], [masks.get(p) for p in needed]
 
     def _backward(self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock) -> None:

@@ -366,7 +366,18 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         return self._reader.next_batch(step)
 
     def get_images(self, camera_indices: list[int], step: int | None = None) -> list[torch.Tensor]:
-        """Decode training images in this process (fallback for images the stream did not deliver).
+        """Decode training images in this process, without their masks (see ``get_images_and_masks``).
+
+        Returns:
+            One image per index. `[H, W, 3 or 4]`, uint8, CPU.
+        """
+        return [image for image, _ in self.get_images_and_masks(camera_indices, step)]
+
+    def get_images_and_masks(
+        self, camera_indices: list[int], step: int | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Decode training images and their masks in this process (fallback for images the stream
+        did not deliver): exactly what the stream delivers for them, masks included.
 
         Args:
             camera_indices: Dataset indices.
@@ -374,13 +385,14 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
                 ``downscale_at``); None: at full training resolution.
 
         Returns:
-            One image per index. `[H, W, 3 or 4]`, uint8, CPU.
+            One ``(image, mask)`` per index: image `[H, W, 3 or 4]`, uint8, CPU; mask
+            `[H, W, 1]` bool at full training resolution (as the stream's), or None without masks.
         """
         loader = self._require_train_loader()
         downscale = 1
         if step is not None and self._reader is not None:
             downscale = self._reader.stream.downscale(step)
-        return [loader.load(int(i), downscale=downscale)[0] for i in camera_indices]
+        return [loader.load(int(i), downscale=downscale) for i in camera_indices]
 
     def _close_reader(self) -> None:
         if self._reader is None:
