@@ -438,8 +438,8 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
     def _fetch_images(
         self, step: int, batch: Sequence[int], bands: Sequence[Band], clock: PhaseClock
     ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor | None]]:
-        """This rank's images of the step: ``(positions, images, masks)``, in batch order; the
-        wait goes to ``clock``'s ``data_wait``.
+        """This rank's images of the step on its device: ``(positions, images, masks)``, in batch
+        order; the wait goes to ``clock``'s ``data_wait``.
 
         The data stream decoded the images this rank was expected to need; one the balanced cut
         gave it beyond those is decoded here, on demand, with its mask, and counted.
@@ -457,7 +457,8 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
                 fetched = self.datamanager.get_images_and_masks([batch[p] for p in missing], step=step)
                 for p, (image, mask) in zip(missing, fetched, strict=True):
                     images[p], masks[p] = image, mask
-        return needed, [images[p] for p in needed], [masks.get(p) for p in needed]
+        # To the device without blocking (pinned memory, a copy stream; plain tensors on CPU).
+        return needed, *self.datamanager.to_device([images[p] for p in needed], [masks.get(p) for p in needed])
 
     def _backward(self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients

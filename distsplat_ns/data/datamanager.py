@@ -51,6 +51,7 @@ from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
 from distsplat_ns.data.store import EncodedImageStore, format_bytes
 from distsplat_ns.data.stream import Assigner, ImageBatchStream
+from distsplat_ns.data.upload import DeviceUploader
 from distsplat_ns.data.workers import start_worker_server
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
@@ -180,6 +181,8 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             self.dataparser.downscale_factor = 1  # Avoid opening images (as nerfstudio).
         self.includes_time = self.dataparser.includes_time
         self.decoder = default_decoder() if config.decoder == "auto" else config.decoder
+        # Pinned host memory and non-blocking copies on a CUDA device, plain tensors on CPU (upload.py).
+        self._uploader = DeviceUploader(device)
 
         self.train_dataparser_outputs: DataparserOutputs = self._parse.get_dataparser_outputs(split="train")
         self.train_dataset = InputDataset(self.train_dataparser_outputs, scale_factor=config.camera_res_scale_factor)
@@ -329,7 +332,9 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             skip_corrupt_images=self.config.skip_corrupt_images,
             downscale_at=downscale_at,
         )
-        self._reader = TrainBatchReader(stream, self.config.num_workers, self.config.prefetch_batches)
+        self._reader = TrainBatchReader(
+            stream, self.config.num_workers, self.config.prefetch_batches, pin_memory=self._uploader.pin_memory
+        )
         self._training = (batch_size, rank, world_size, assigner, downscale_at)
         self._compat_mode = False
 
@@ -394,6 +399,18 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             downscale = self._reader.stream.downscale(step)
         return [loader.load(int(i), downscale=downscale) for i in camera_indices]
 
+    def to_device(
+        self, images: list[torch.Tensor], masks: list[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Images and masks on the manager's device, byte for byte (``upload.DeviceUploader``): on
+        CUDA through pinned host memory with non-blocking copies on a copy stream, ordered before
+        their first use on the current stream; on CPU the tensors as they are.
+
+        **Host sync:** none.
+        """
+        moved = self._uploader.upload([*images, *masks])
+        return moved[: len(images)], moved[len(images) :]  # type: ignore[return-value]
+
     def _close_reader(self) -> None:
         if self._reader is None:
             return
@@ -440,9 +457,10 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
     def _to_device_data(self, index: int, image: torch.Tensor, mask: torch.Tensor | None) -> dict:
         # uint8 to the device: the model converts there (gt_image, splatfacto's get_gt_img), so the
         # host never runs a 1080p float conversion per image (it was 70% of the training process's CPU).
-        data: dict = {"image_idx": index, "image": image.to(self.device)}
+        (image,), (mask,) = self.to_device([image], [mask])
+        data: dict = {"image_idx": index, "image": image}
         if mask is not None:
-            data["mask"] = mask.to(self.device)
+            data["mask"] = mask
         return data
 
     def next_train(self, step: int) -> tuple[Cameras, dict]:

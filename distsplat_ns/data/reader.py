@@ -31,7 +31,8 @@ class TrainBatch:
         step: 0-based training step.
         camera_indices: Dataset indices of this rank's images, in batch-position order.
         positions: Their positions in the global batch (increasing).
-        images: Pixels, one tensor per image. `[H, W, 3]` (or `[H, W, 4]` RGBA), uint8, CPU.
+        images: Pixels, one tensor per image. `[H, W, 3]` (or `[H, W, 4]` RGBA), uint8, CPU
+            (pinned when the reader pins: ``TrainBatchReader(pin_memory=True)``).
         masks: Per image, a mask `[H, W, 1]` bool, or None.
         wait_s: Seconds the training loop blocked waiting for this batch.
         skipped_indices: Dataset indices dropped as corrupt (only with skip_corrupt_images).
@@ -67,7 +68,7 @@ def make_stream_loader(
     return DataLoader(stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers, start_method, prefetch_batches))
 
 
-def _copy_out_slots(part: StepPart, slots: DecodeSlots | None) -> None:
+def _copy_out_slots(part: StepPart, slots: DecodeSlots | None, pin_memory: bool = False) -> None:
     refs = [i for i, image in enumerate(part.images) if isinstance(image, SlotRef)]
     if not refs:
         return
@@ -84,14 +85,15 @@ def _copy_out_slots(part: StepPart, slots: DecodeSlots | None) -> None:
 
     check()
     for i in refs:
-        part.images[i] = slots.copy_out(part.images[i])
+        part.images[i] = slots.copy_out(part.images[i], pin_memory)
     check()  # the pixels did not change while being copied
 
 
-def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = None) -> TrainBatch:
+def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = None, pin_memory: bool = False) -> TrainBatch:
     """Join the workers' parts of one step into a ``TrainBatch`` ordered by batch position.
 
-    Pixels left in decode slots are copied out into tensors the caller owns.
+    Pixels left in decode slots are copied out into tensors the caller owns (pinned host memory
+    when ``pin_memory``: only for a CUDA device, ``upload.py``).
 
     Raises:
         ValueError: A worker's decode error (``WorkerFailure``), with the worker's message.
@@ -101,7 +103,7 @@ def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = No
             part.failure.reraise()
         if part.step != step:
             raise RuntimeError(f"data stream out of order: expected step {step}, a worker delivered step {part.step}")
-        _copy_out_slots(part, slots)
+        _copy_out_slots(part, slots, pin_memory)
     items = sorted(
         (
             (p, i, img, m)
@@ -129,6 +131,8 @@ class TrainBatchReader:
         num_workers: DataLoader workers.
         prefetch_batches: Steps decoded ahead.
         start_method: How workers start (``worker_context``).
+        pin_memory: Copy the pixels out of the decode slots into pinned host memory (only when
+            they go to a CUDA device: pinning needs CUDA; ``upload.pins_memory``).
     """
 
     def __init__(
@@ -137,8 +141,10 @@ class TrainBatchReader:
         num_workers: int,
         prefetch_batches: int,
         start_method: str = WORKER_START_METHOD,
+        pin_memory: bool = False,
     ) -> None:
         self.stream = stream
+        self.pin_memory = pin_memory
         self.num_parts = max(num_workers, 1)
         self.next_step = stream.start_step
         self.num_images_delivered = 0
@@ -174,7 +180,7 @@ class TrainBatchReader:
         try:
             parts = [next(self._iterator) for _ in range(self.num_parts)]
             wait_s = time.perf_counter() - start
-            batch = merge_parts(step, parts, self.slots)
+            batch = merge_parts(step, parts, self.slots, self.pin_memory)
         except BaseException:
             self.close()
             raise

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from distsplat_ns.data.store import SharedBuffer
+from distsplat_ns.data.upload import host_tensor_like
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,16 @@ class DecodeSlots:
         start = self.offset(worker_id, slot_index, image_index)
         return self.data[start : start + self.image_bytes]
 
-    def copy_out(self, ref: SlotRef) -> torch.Tensor:
-        """A new tensor holding the pixels ``ref`` points at."""
+    def copy_out(self, ref: SlotRef, pin_memory: bool = False) -> torch.Tensor:
+        """A new tensor holding the pixels ``ref`` points at; in pinned host memory when
+        ``pin_memory`` (for a non-blocking upload to a CUDA device: ``upload.py``)."""
         size = int(np.prod(ref.shape))
-        return torch.from_numpy(self.data[ref.offset : ref.offset + size].reshape(ref.shape).copy())
+        pixels = self.data[ref.offset : ref.offset + size].reshape(ref.shape)
+        if not pin_memory:
+            return torch.from_numpy(pixels.copy())
+        out = host_tensor_like(ref.shape, torch.uint8, pin_memory=True)
+        out.numpy()[...] = pixels
+        return out
 
     def __getstate__(self) -> dict:
         # The buffer travels as its file descriptor (SharedBuffer refuses any other pickling).
