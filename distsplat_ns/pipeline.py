@@ -167,7 +167,9 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         dist_ctx: The process context; a single-process context when None (ns-export, ns-eval).
         seed: Seed of the data order, training backgrounds and densification samples, the same on
             every rank: the trainer passes ``--machine.seed``; 42 (nerfstudio's default) otherwise.
-    **Collective** (construction): two broadcasts from rank 0 (generator state, whole-held parameters).
+    **Collective** (construction): the datamanager's host exchange (two or three all-gathers: the
+    host keys, then the host store's leader's answer for the images and the masks), then two
+    broadcasts from rank 0 (generator state, whole-held parameters).
     """
 
     config: DistSplatPipelineConfig
@@ -188,7 +190,8 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         self.test_mode = test_mode
         self.ctx = dist_ctx if dist_ctx is not None else DistContext(device=torch.device(device))
         self.datamanager = config.datamanager.setup(
-            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank, seed=seed
+            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank, seed=seed,
+            dist_ctx=self.ctx,  # the local ranks of a host share one store of the training files
         )
         seed_pts = None
         outputs = getattr(self.datamanager, "train_dataparser_outputs", None)

@@ -2,8 +2,9 @@
 
 nerfstudio 1.1.5's FullImageDatamanager decodes every image up front (RAM ~ decoded size, start-up
 linear in the number of images). This datamanager keeps only the encoded files in one shared
-buffer (``store.py``) and lets DataLoader workers decode each rank's share of every step
-(``stream.py``, read by ``reader.py``), prefetched.
+buffer per host (``store.py``: filled once by the host's lowest rank and mapped by every local rank
+and its workers; ``distributed/host_share.py`` groups the ranks by host) and lets DataLoader workers
+decode each rank's share of every step (``stream.py``, read by ``reader.py``), prefetched.
 
 - ``train_dataset`` / ``eval_dataset`` are nerfstudio ``InputDataset``s (viewer, ns-export), whose
   ``cameras`` are rewritten at construction to the *undistorted* intrinsics and sizes, computed
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,10 +49,11 @@ from distsplat_ns.data.eval_split import EvalSplit
 from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
-from distsplat_ns.data.store import EncodedImageStore, format_bytes
+from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost, format_bytes
 from distsplat_ns.data.stream import Assigner, ImageBatchStream
 from distsplat_ns.data.upload import DeviceUploader
 from distsplat_ns.data.workers import start_worker_server
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
 
@@ -61,8 +62,10 @@ _LOGGER = get_logger(__name__)
 _FLAG_PREFIX = "--pipeline.datamanager."
 
 _AUTO_RAM_FRACTION = 0.25
-"""Share of the memory available at start-up that the encoded training files may take when
-``ram_budget_bytes`` is 0: it leaves room for the model, the optimizer and the images in flight."""
+"""Share of the host's memory available at start-up that the encoded training files may take when
+``ram_budget_bytes`` is 0: it leaves room for the models, optimizers and images in flight of every
+local rank. The files are held once per host (issue 27), so the share is not divided by the
+number of local ranks."""
 
 
 def flag(field_name: str) -> str:
@@ -87,9 +90,10 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     """Steps decoded ahead of the training loop. A few steps absorb decode-time jitter; each
     costs B/world_size decoded images of RAM (6 MB per 1080p image)."""
     ram_budget_bytes: int = 0
-    """Most bytes of encoded training files kept in RAM. 0: a quarter of the memory available at
-    start-up, split between the ranks of this host ($LOCAL_WORLD_SIZE, set by torchrun). Above the
-    budget, workers read the files from disk (logged once)."""
+    """Most bytes of encoded training files kept in RAM on one host, where its local ranks share
+    one copy. 0: a quarter of the memory available at start-up on the host (as its lowest rank
+    sees it). Above the budget, every local rank's workers read the files from disk (decided and
+    logged once per host)."""
     decoder: Literal["auto", "pil", "simplejpeg", "torchvision"] = "auto"
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
@@ -124,6 +128,8 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         test_mode: ``"val"``, ``"test"`` or ``"inference"`` (no image is read in inference).
         world_size: Number of processes (informational; ``configure_training`` sets the split).
         local_rank: Device index on this host (informational).
+        dist_ctx: The process context: the ranks of one host share one store of the training
+            files (``distributed/host_share.HostGroup``). None or one process: a store of its own.
 
     Attributes:
         train_dataset: nerfstudio ``InputDataset``; ``cameras`` hold undistorted intrinsics.
@@ -143,6 +149,7 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         world_size: int = 1,
         local_rank: int = 0,
         seed: int = 42,
+        dist_ctx: DistContext | None = None,
         **kwargs,
     ) -> None:
         del kwargs
@@ -153,6 +160,7 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         self.world_size = world_size
         self.local_rank = local_rank
         self.seed = seed
+        self.dist_ctx = dist_ctx
         self.sampler = None
         self.test_mode = test_mode
         self.test_split = "test" if test_mode in ["test", "inference"] else "val"
@@ -214,26 +222,35 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         return image_specs(dataset, undistort, heights, widths, self._parse.source_downscale)
 
     def _ram_budget_bytes(self) -> int:
+        """This host's budget for the training files (only the host's leader's value counts)."""
         if self.config.ram_budget_bytes > 0:
             return self.config.ram_budget_bytes
         import psutil
 
-        # Every rank on a host builds its own store at about the same time, each seeing the same
-        # available memory: split the share between them (torchrun sets LOCAL_WORLD_SIZE).
-        try:
-            local_world_size = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-        except ValueError:
-            local_world_size = 1
-        return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available / local_world_size)
+        # One store per host (issue 27): the host's share, not divided between its local ranks.
+        return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available)
 
-    def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str) -> ImageLoader:
-        """Check the files (all present, headers readable, sizes matching the cameras, JPEGs complete), then load them."""
+    def _host_share(self) -> HostShare:
+        """The local ranks sharing this host's store. **Collective** in a process group (one
+        all-gather of the host keys, in ``setup_train``, which every rank runs while the pipeline is built)."""
+        if self.dist_ctx is None or not self.dist_ctx.is_distributed:
+            return LocalHost()
+        from distsplat_ns.distributed.host_share import HostGroup
+
+        return HostGroup(self.dist_ctx)
+
+    def _build_loader(
+        self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str, host: HostShare | None = None
+    ) -> ImageLoader:
+        """Check the files (all present, headers readable, sizes matching the cameras, JPEGs complete), then load them
+        (into the host's shared store when ``budget`` > 0: **collective** with ``host``, the same calls on every rank)."""
         outputs: DataparserOutputs = dataset._dataparser_outputs
-        images = EncodedImageStore(outputs.image_filenames, budget, name=name)
+        images = EncodedImageStore(outputs.image_filenames, budget, name=name, host=host)
         masks = None
         if outputs.mask_filenames is not None:
-            remaining = max(budget - images.num_bytes, 0) if not images.disk_mode else 0
-            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks")
+            # The leader's budget and decision, the same on every local rank: so is this call.
+            remaining = max(images.budget_bytes - images.num_bytes, 0) if not images.disk_mode else 0
+            masks = EncodedImageStore(outputs.mask_filenames, remaining, name=f"{name} masks", host=host)
         # skip_corrupt_images drops undecodable training images when drawn: a truncated one is then logged, not refused.
         preflight.check_image_headers(
             images.paths,
@@ -256,14 +273,16 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             return
         if self.config.num_workers > 0:
             start_worker_server()
-        self._train_loader = self._build_loader(self.train_dataset, self._train_specs, self._ram_budget_bytes(), "train images")
+        self._train_loader = self._build_loader(
+            self.train_dataset, self._train_specs, self._ram_budget_bytes(), "train images", host=self._host_share()
+        )
         store = self._train_loader.images
         log_rank0(
             _LOGGER,
             "%d train images: %s encoded, %s (decoder %s, %d workers)",
             len(store),
             format_bytes(store.num_bytes),
-            "read from disk" if store.disk_mode else "in shared memory",
+            "read from disk" if store.disk_mode else f"in memory shared by the {store.num_local_ranks} local rank(s) of each host",
             self.decoder,
             self.config.num_workers,
         )
@@ -432,7 +451,8 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             self._close_reader()
 
     def stats(self) -> dict:
-        """Counters: store bytes, disk mode, images delivered, decode and wait seconds, skipped images."""
+        """Counters: store bytes, disk mode, whether this rank filled the host's store and how many local
+        ranks share it, images delivered, decode and wait seconds, skipped images."""
         totals = dict(self._totals)
         skipped = list(self._skipped)
         if self._reader is not None:
@@ -447,6 +467,8 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
             "store_bytes": store.num_bytes if store is not None else 0,
             "disk_mode": store.disk_mode if store is not None else None,
             "store_num_filled": store.num_filled() if store is not None else 0,
+            "store_filler": store.is_filler if store is not None else False,
+            "store_num_local_ranks": store.num_local_ranks if store is not None else 1,
             "decoder": self.decoder,
             "num_workers": self.config.num_workers,
             **totals,

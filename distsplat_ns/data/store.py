@@ -1,4 +1,4 @@
-"""The encoded image files of a dataset, read once into one shared, read-only byte buffer.
+"""The encoded image files of a dataset, read once into one shared, read-only byte buffer per host.
 
 Pure: numpy and the standard library only.
 
@@ -6,38 +6,52 @@ Why (docs/data.md): decoded 1080p images take 6 MB each in uint8 (25 MB in float
 about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
 DataLoader workers decode on demand.
 
-How the workers avoid copies:
+One store per host (issue 27): the local ranks of a host share one buffer, filled once by one of
+them (the host's *filler*, its lowest rank) and mapped read-only by the others and by every
+DataLoader worker. Which ranks share a host, and how the buffer's descriptor reaches them, is the
+``host`` argument (``HostShare``: ``distributed/host_share.py`` in a process group, ``LocalHost``
+alone). The filler also decides, once for the host, whether the files fit the budget (else disk
+mode on every local rank).
+
+How the workers and the other local ranks avoid copies:
 - The bytes live in one ``SharedBuffer``: a ``memfd`` (an anonymous shared-memory file) mapped
   ``MAP_SHARED``; its pages are shared between processes, never copy-on-write, and nobody writes
-  them after the fill.
-- Whatever the start method, workers map the *same* file: forked ones inherit the mapping, and
-  forkserver/spawn ones (the datamanager's choice: ``workers.py``) receive the file descriptor while
-  being started (``multiprocessing.reduction.DupFd``), never the bytes. Unlike ``/dev/shm``, a
-  memfd is not bounded by the size of a tmpfs mount. Outside process start-up the store refuses
-  to be pickled.
+  them after the fill. Nothing has a name: the memory is freed when the last process holding the
+  descriptor or a mapping ends, SIGKILL included (no file in ``/dev/shm`` to leak).
+- Local ranks, unrelated processes under torchrun, receive the filler's descriptor over a Unix
+  socket (``utils/fd_passing.py``), read-only. Workers map the *same* file whatever the start
+  method: forked ones inherit the mapping, and forkserver/spawn ones (the datamanager's choice:
+  ``workers.py``) receive the file descriptor while being started
+  (``multiprocessing.reduction.DupFd``), never the bytes. Unlike ``/dev/shm``, a memfd is not
+  bounded by the size of a tmpfs mount. Outside process start-up the store refuses to be pickled.
 - Readers get zero-copy, read-only ``memoryview``s of one file's bytes.
 
-Start-up time: the buffer is filled by a background thread, in dataset order, while training
-starts; an entry not yet filled is read from its file (same bytes). The number of filled entries
-lives in a shared ``multiprocessing.Value`` whose lock orders the writer's bytes before the
-readers' loads. So time to first batch does not grow with the size of the dataset (docs/data.md).
+Start-up time: the buffer is filled by a background thread of the filler, in dataset order,
+while training starts; an entry not yet filled is read from its file (same bytes). The number of
+filled entries lives in the buffer's header, written and read under a POSIX record lock of the
+memfd (``fcntl.lockf``): the kernel's lock orders the filler's bytes before the count for every
+process (the lock needs no name, and the kernel drops it when its holder dies, SIGKILL included).
+So time to first batch does not grow with the size of the dataset (docs/data.md).
 
-Disk mode: when the files exceed the RAM budget the store keeps only paths and sizes, and readers
-open the file on each access; the store logs this once, at construction.
+Disk mode: when the files exceed the host's RAM budget the store keeps only paths and sizes, and
+readers open the file on each access; the filler logs this once, at construction.
 
 Shape legend: ``F``: files (entries).
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import multiprocessing
 import os
 import threading
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import reduction
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,6 +60,14 @@ from distsplat_ns.utils.logging import get_logger
 _LOGGER = get_logger(__name__)
 
 _MAX_LISTED_MISSING = 10
+
+HEADER_BYTES = 64
+"""Bytes before the files in a store's buffer: the fill count and state (two int64), padded."""
+
+_FILLING, _FILLED, _FILL_STOPPED = 0, 1, 2
+"""The fill state in the header: running, every entry in the buffer, stopped on a read error."""
+
+_POLL_S = 0.01
 
 
 def format_bytes(num_bytes: float) -> str:
@@ -89,37 +111,81 @@ def stat_files(paths: Sequence[Path]) -> np.ndarray:
 
 
 class SharedBuffer:
-    """Bytes shared between a process and the workers it starts, by any start method.
+    """Bytes shared between a process and the processes it starts or hands the descriptor to.
 
     A ``memfd`` mapped ``MAP_SHARED``. Forked children inherit the mapping; forkserver and spawn
-    children receive the file descriptor while being started and map the same pages. Pickling at
-    any other time raises (the buffer is never copied by value).
+    children receive the file descriptor while being started and map the same pages; unrelated
+    processes receive a descriptor over a Unix socket (``from_fd``). Pickling at any other time
+    raises (the buffer is never copied by value).
 
     Args:
         num_bytes: Size of the buffer.
-        name: Name of the memfd (shows in ``/proc/<pid>/fd``).
+        name: Name of the memfd (shows in ``/proc/<pid>/fd`` as ``memfd:<name>``).
 
     Attributes:
-        array: The whole buffer. `[num_bytes]`, uint8, writable.
+        array: The whole buffer. `[num_bytes]`, uint8; writable unless mapped read-only.
+        writable: Whether this process mapped it for writing.
+        share_writable: Whether processes this buffer is pickled to map it for writing (True;
+            the image store sends it read-only).
     """
 
     def __init__(self, num_bytes: int, name: str) -> None:
         self.num_bytes = int(num_bytes)
+        self.share_writable = True
+        self._reader_fd: int | None = None
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, max(self.num_bytes, 1))
-            self._attach(fd)
+            self._attach(fd, writable=True)
         except BaseException:
             os.close(fd)
             raise
 
-    def _attach(self, fd: int) -> None:
-        # The fd stays open: it is what a child process is sent. The mapping is allocated in O(1);
-        # pages appear as they are written.
+    @classmethod
+    def from_fd(cls, fd: int, num_bytes: int, writable: bool = False) -> SharedBuffer:
+        """The buffer behind a received descriptor ``fd`` (this object takes it over and closes it).
+
+        Raises:
+            ValueError: The file is smaller than ``num_bytes`` (it is not the buffer expected).
+        """
+        size = os.fstat(fd).st_size
+        if size < max(int(num_bytes), 1):
+            os.close(fd)
+            raise ValueError(f"the shared buffer received holds {size} bytes, expected {num_bytes}")
+        buffer = cls.__new__(cls)
+        buffer.num_bytes = int(num_bytes)
+        buffer.share_writable = writable
+        buffer._reader_fd = None
+        buffer._attach(fd, writable)
+        return buffer
+
+    def _attach(self, fd: int, writable: bool) -> None:
+        # The fd stays open: it is what a child process is sent, and what the store's lock holds.
+        # The mapping is allocated in O(1); pages appear as they are written.
         self._fd = fd
+        self.writable = writable
         self._finalizer = weakref.finalize(self, os.close, fd)
-        self._mmap = mmap.mmap(fd, max(self.num_bytes, 1), flags=mmap.MAP_SHARED)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        self._mmap = mmap.mmap(fd, max(self.num_bytes, 1), flags=mmap.MAP_SHARED, prot=prot)
         self.array = np.frombuffer(self._mmap, dtype=np.uint8, count=self.num_bytes)
+
+    @property
+    def fd(self) -> int:
+        """This process's descriptor of the memfd."""
+        return self._fd
+
+    def reader_fd(self) -> int:
+        """A read-only descriptor of the same memfd, to send to other processes: opened once
+        (through ``/proc/self/fd``) and closed with the buffer; the writable one where there is no
+        procfs."""
+        if self._reader_fd is None:
+            try:
+                fd = os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return self._fd
+            self._reader_fd = fd
+            self._reader_finalizer = weakref.finalize(self, os.close, fd)
+        return self._reader_fd
 
     def __reduce__(self) -> tuple:
         if multiprocessing.context.get_spawning_popen() is None:
@@ -127,36 +193,73 @@ class SharedBuffer:
                 "a SharedBuffer is sent to a process only while that process is being started "
                 "(e.g. a DataLoader worker); it is never pickled by value"
             )
-        return _attach_shared_buffer, (reduction.DupFd(self._fd), self.num_bytes)
+        return _attach_shared_buffer, (reduction.DupFd(self._fd), self.num_bytes, self.share_writable)
 
 
-def _attach_shared_buffer(dup_fd: object, num_bytes: int) -> SharedBuffer:
+def _attach_shared_buffer(dup_fd: object, num_bytes: int, writable: bool = True) -> SharedBuffer:
     # ``dup_fd`` is multiprocessing's DupFd: ``detach()`` gives this process's copy of the fd.
     buffer = SharedBuffer.__new__(SharedBuffer)
     buffer.num_bytes = num_bytes
-    buffer._attach(dup_fd.detach())  # type: ignore[attr-defined]
+    buffer.share_writable = writable
+    buffer._reader_fd = None
+    buffer._attach(dup_fd.detach(), writable)  # type: ignore[attr-defined]
     return buffer
 
 
+class HostShare(Protocol):
+    """The local ranks of one host, as one rank sees them (``distributed/host_share.HostGroup``).
+
+    Attributes:
+        is_leader: Whether this rank fills the host's stores and decides for the host.
+        num_local_ranks: Ranks on this host (this one included).
+    """
+
+    is_leader: bool
+    num_local_ranks: int
+
+    def share(self, make: Callable[[], tuple[Any, list[int]]]) -> tuple[Any, list[int]]:
+        """The leader calls ``make() -> (info, fds)``; every local rank gets ``info`` (picklable)
+        and descriptors of the same files (the leader its own, the others received copies they
+        own). **Collective:** every rank of the job calls it, in the same order."""
+        ...
+
+
+class LocalHost:
+    """A process alone on its host: it fills and decides for itself (``share`` is ``make()``)."""
+
+    is_leader = True
+    num_local_ranks = 1
+
+    def share(self, make: Callable[[], tuple[Any, list[int]]]) -> tuple[Any, list[int]]:
+        return make()
+
+
 class EncodedImageStore:
-    """Encoded files held in one shared buffer with offsets, or read from disk.
+    """Encoded files held in one shared buffer per host with offsets, or read from disk.
 
     Args:
         paths: The files, in dataset order.
-        ram_budget_bytes: Most bytes the buffer may take. When the files exceed it the store is in
-            disk mode. ``0`` forces disk mode without the warning (e.g. eval images, read once).
+        ram_budget_bytes: Most bytes the buffer may take on this host (the leader's value counts).
+            When the files exceed it the store is in disk mode on every local rank. ``0`` forces
+            disk mode without the warning and without any exchange (e.g. eval images, read once).
         name: What the files are, for log messages (``"train images"``).
         background_fill: Fill the buffer in a background thread (True) or before returning.
+        host: The local ranks sharing the buffer (``LocalHost()`` when None). **Collective**
+            when given and ``ram_budget_bytes > 0``: one ``host.share``.
 
     Raises:
         FileNotFoundError: A file is missing (all of them are listed), checked at construction.
         ValueError: ``paths`` is empty or ``ram_budget_bytes`` is negative.
 
+    Attributes:
+        budget_bytes: The host's budget as its leader decided it (``ram_budget_bytes`` alone).
+        is_filler: Whether this process fills the buffer (the host's leader, in RAM mode).
+
     Invariants:
         ``view(i)`` returns exactly the bytes of file ``i``: from the buffer once filled (as they
-        were when read), from the file before that and in disk mode. Only the filling thread
-        writes the buffer, each byte once. Worker processes started by fork, forkserver or spawn
-        share the one buffer (``SharedBuffer``).
+        were when read), from the file before that and in disk mode. Only the filler's thread
+        writes the buffer, each byte once; every other process maps it read-only. Local ranks and
+        worker processes started by fork, forkserver or spawn share the one buffer.
     """
 
     def __init__(
@@ -165,6 +268,7 @@ class EncodedImageStore:
         ram_budget_bytes: int,
         name: str = "images",
         background_fill: bool = True,
+        host: HostShare | None = None,
     ) -> None:
         if len(paths) == 0:
             raise ValueError(f"paths must hold at least one file for the {name} store, got none")
@@ -176,50 +280,88 @@ class EncodedImageStore:
         self.offsets = np.zeros(len(self.paths) + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=self.offsets[1:])
         self.num_bytes = int(self.offsets[-1])
+        self.budget_bytes = int(ram_budget_bytes)
         self.shared = False
+        self.is_filler = False
+        self.num_local_ranks = 1
         self.fill_error: str | None = None
         self._buffer: SharedBuffer | None = None
         self._readable: np.ndarray | None = None
-        self._num_filled = None
+        self._header: np.ndarray | None = None
+        self._count_lock = threading.Lock()
         self._all_filled = False
         self._fill_thread: threading.Thread | None = None
         if ram_budget_bytes == 0:
             return
-        if self.num_bytes > ram_budget_bytes:
+        host = host if host is not None else LocalHost()
+        self.num_local_ranks = host.num_local_ranks
+        (mode, self.budget_bytes), fds = host.share(lambda: self._create(ram_budget_bytes, background_fill))
+        if mode != "ram":
+            return
+        if not self.is_filler:
+            self._buffer = SharedBuffer.from_fd(fds[0], HEADER_BYTES + self.num_bytes, writable=False)
+            self._make_views()
+        self.shared = True
+
+    # ------------------------------------------------------------------ construction
+    def _create(self, budget_bytes: int, background_fill: bool) -> tuple[tuple[str, int], list[int]]:
+        """The leader's part: decide RAM or disk mode for the host, make and start filling the
+        buffer; returns ``((mode, budget), descriptors to send)``."""
+        if self.num_bytes > budget_bytes:
             _LOGGER.warning(
-                "DISK MODE for %s: the %d encoded files take %s, more than the RAM budget of %s "
+                "DISK MODE for %s: the %d encoded files take %s, more than the RAM budget of %s on this host "
                 "(--pipeline.datamanager.ram-budget-bytes). DataLoader workers will read every file "
                 "from disk on each access instead of from a shared in-RAM buffer.",
-                name,
+                self.name,
                 len(self.paths),
                 format_bytes(self.num_bytes),
-                format_bytes(ram_budget_bytes),
+                format_bytes(budget_bytes),
             )
-            return
-        self._buffer = SharedBuffer(self.num_bytes, f"distsplat {name}")
-        self._readable = self._read_only_view()
-        self.shared = True
-        # A process-shared counter that reaches workers of any start method: a spawn-context lock
-        # is a named semaphore (a fork-context one is unlinked at once and cannot be sent).
-        self._num_filled = multiprocessing.get_context("spawn").Value("q", 0)
+            return ("disk", budget_bytes), []
+        self._buffer = SharedBuffer(HEADER_BYTES + self.num_bytes, f"distsplat {self.name}")
+        self._buffer.share_writable = False  # workers map it read-only
+        self.is_filler = True
+        self._make_views()
         if background_fill:
-            self._fill_thread = threading.Thread(target=self._fill, name=f"fill {name}", daemon=True)
+            self._fill_thread = threading.Thread(target=self._fill, name=f"fill {self.name}", daemon=True)
             self._fill_thread.start()
         else:
             self._fill()
+        return ("ram", budget_bytes), [self._buffer.reader_fd()]
 
-    # ------------------------------------------------------------------ construction
-    def _read_only_view(self) -> np.ndarray:
+    def _make_views(self) -> None:
         assert self._buffer is not None
-        readable = self._buffer.array.view()
+        self._header = self._buffer.array[:HEADER_BYTES].view(np.int64)
+        readable = self._buffer.array[HEADER_BYTES:].view()
         readable.flags.writeable = False
-        return readable
+        self._readable = readable
+
+    def _publish(self, count: int, state: int) -> None:
+        """The filler's write of the header, under the memfd's exclusive record lock."""
+        assert self._buffer is not None and self._header is not None
+        with self._count_lock:  # record locks are per process: the lock orders this process's threads
+            fcntl.lockf(self._buffer.fd, fcntl.LOCK_EX, 16, 0, os.SEEK_SET)
+            try:
+                self._header[0], self._header[1] = count, state
+            finally:
+                fcntl.lockf(self._buffer.fd, fcntl.LOCK_UN, 16, 0, os.SEEK_SET)
+
+    def _read_header(self) -> tuple[int, int]:
+        """``(count, state)`` under the memfd's shared record lock: every byte of the first
+        ``count`` entries is visible once the lock is taken."""
+        assert self._buffer is not None and self._header is not None
+        with self._count_lock:
+            fcntl.lockf(self._buffer.fd, fcntl.LOCK_SH, 16, 0, os.SEEK_SET)
+            try:
+                return int(self._header[0]), int(self._header[1])
+            finally:
+                fcntl.lockf(self._buffer.fd, fcntl.LOCK_UN, 16, 0, os.SEEK_SET)
 
     def _fill(self) -> None:
-        assert self._buffer is not None and self._num_filled is not None
+        assert self._buffer is not None
         array = self._buffer.array
         for i, path in enumerate(self.paths):
-            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+            start, end = HEADER_BYTES + int(self.offsets[i]), HEADER_BYTES + int(self.offsets[i + 1])
             try:
                 with open(path, "rb", buffering=0) as f:
                     target = memoryview(array[start:end])
@@ -232,24 +374,30 @@ class EncodedImageStore:
             except OSError as exc:
                 # Entries from here on are read from their files, which then report the problem.
                 self.fill_error = str(exc)
+                self._publish(i, _FILL_STOPPED)
                 return
-            with self._num_filled.get_lock():  # the lock orders the bytes before the count
-                self._num_filled.value = i + 1
+            self._publish(i + 1, _FILLED if i + 1 == len(self.paths) else _FILLING)
 
     def wait_filled(self, timeout_s: float | None = None) -> bool:
-        """Block until the background fill ends; True when every entry is in the buffer."""
+        """Block until the fill ends (the filler's, seen from any local rank or worker); True
+        when every entry is in the buffer."""
+        if self._buffer is None:
+            return False
         if self._fill_thread is not None:
             self._fill_thread.join(timeout_s)
+        else:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while self._read_header()[1] == _FILLING and (deadline is None or time.monotonic() < deadline):
+                time.sleep(_POLL_S)
         return self.num_filled() == len(self.paths)
 
     def num_filled(self) -> int:
         """Entries already in the buffer (0 in disk mode)."""
-        if self._num_filled is None:
+        if self._buffer is None:
             return 0
         if self._all_filled:
             return len(self.paths)
-        with self._num_filled.get_lock():
-            count = int(self._num_filled.value)
+        count = self._read_header()[0]
         self._all_filled = count == len(self.paths)
         return count
 
@@ -277,13 +425,15 @@ class EncodedImageStore:
     # ------------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
         # The buffer pickles as its file descriptor (only while a worker is being started); the
-        # read-only view is rebuilt from it, and the filling thread stays in the owning process.
+        # views and the lock are rebuilt from it, and the filling thread stays in the filler.
         state = self.__dict__.copy()
-        state["_readable"] = None
-        state["_fill_thread"] = None
+        for key in ("_readable", "_header", "_fill_thread", "_count_lock"):
+            state[key] = None
+        state["is_filler"] = False
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._count_lock = threading.Lock()
         if self._buffer is not None:
-            self._readable = self._read_only_view()
+            self._make_views()

@@ -166,7 +166,7 @@ def test_store_view_is_read_only_and_exact(jpeg_paths: list[Path]) -> None:
 
 def test_entries_not_yet_filled_are_read_from_their_files(jpeg_paths: list[Path]) -> None:
     store = EncodedImageStore(jpeg_paths, 1 << 30, background_fill=False)
-    store._num_filled.value = 4  # as if the background fill had reached entry 4
+    store._publish(4, 0)  # as if the background fill had reached entry 4
     store._all_filled = False
     assert isinstance(store.view(3), memoryview) and isinstance(store.view(4), bytes)
     assert all(bytes(store.view(i)) == p.read_bytes() for i, p in enumerate(jpeg_paths))
