@@ -41,6 +41,9 @@ def report_user_errors(method):
             return method(self, *args, **kwargs)
         except BaseException as err:
             stop_watching()
+            # First, before any store call: a rank of this host SIGKILLed (often what this failure
+            # is) left its semaphores, and torchrun's SIGTERM may end this rank any moment now.
+            remove_orphan_semaphores()
             ctx = getattr(self, "ctx", None)
             if ctx is None:  # the process group was never joined: this rank's own folder, if unused
                 remove_unused_run_dir(getattr(self, "base_dir", None) or _own_run_dir(self, args))
@@ -55,7 +58,6 @@ def report_user_errors(method):
                 message = f"rank {ctx.rank}: {explained}"
             else:
                 _record_end(self, f"internal error: {type(err).__name__}: {err}"[:500])
-                remove_orphan_semaphores()  # on every failure path: a SIGKILLed rank of this host left its semaphores
                 if not isinstance(err, SystemExit):
                     announce_failure(ctx, f"internal error: {type(err).__name__}")
                 if many and not isinstance(err, SystemExit):
@@ -63,7 +65,6 @@ def report_user_errors(method):
                 raise
             _record_end(self, f"failed: {message}"[:500])
             announce_failure(ctx, message)
-            remove_orphan_semaphores()  # a rank of this host that was SIGKILLed left its semaphores
             printed = first_report(ctx, message)
             if many:
                 force_exit_after(EXIT_GRACE_S)

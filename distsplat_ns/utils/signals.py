@@ -18,6 +18,7 @@ from typing import Any
 from typing_extensions import Self
 
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 LOGGER = get_logger(__name__)
 
@@ -52,6 +53,10 @@ class StopSignals:
             # and nothing can be saved then; the end of the run says what was saved (issue 20).
             LOGGER.warning("%s received: asking every rank to stop after this step (the step is saved if they all can)",
                            signal.Signals(signum).name)
+            # Under torchrun this is the agent's reaction to a rank's death: if it was SIGKILLed
+            # with its resource tracker, its named semaphores are this host's to remove, now --
+            # this rank may be ended before it reaches its own failure report.
+            remove_orphan_semaphores()
         elif now - self._first_at > self._force_after_s:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: aborting without a checkpoint")
 

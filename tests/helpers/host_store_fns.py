@@ -117,6 +117,7 @@ def slow_fill_rank(ctx: Any, paths: list[str], report: str, seconds_per_file: fl
 
     from distsplat_ns.data import store as store_module
     from distsplat_ns.distributed.host_share import HostGroup
+    from distsplat_ns.utils.shm import _alive  # a SIGKILLed rank is a zombie until its parent reaps it
 
     original = store_module.EncodedImageStore._fill
 
@@ -143,7 +144,7 @@ def slow_fill_rank(ctx: Any, paths: list[str], report: str, seconds_per_file: fl
             if filler_pid is None:
                 others = [json.loads(Path(f"{report}.{r}").read_text()) for r in host.ranks if Path(f"{report}.{r}").exists()]
                 filler_pid = next((o["pid"] for o in others if o["is_filler"]), None)
-            if filler_pid is not None and not os.path.exists(f"/proc/{filler_pid}"):
+            if filler_pid is not None and not _alive(filler_pid):
                 count = store.num_filled()
                 exact = all(bytes(store.view(i)) == Path(p).read_bytes() for i, p in enumerate(paths))
                 Path(f"{report}.{ctx.rank}.done").write_text(json.dumps({"exact": exact, "num_filled": count}))
