@@ -84,6 +84,7 @@ def child_next_train(kind: str, scene: Path, num_workers: int, num_images: int, 
     out.write_text(json.dumps({
         "kind": kind,
         "nerfstudio_package": str(Path(nerfstudio.__file__).parent),
+        "distsplat_package": str(Path(sys.modules["distsplat_ns"].__file__).parent) if "distsplat_ns" in sys.modules else None,
         "image_dtype": str(data["image"].dtype),
         "image_shape": list(data["image"].shape),
         "num_train_images": len(manager.train_dataset),

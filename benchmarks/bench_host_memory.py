@@ -18,7 +18,10 @@ symlinks with a generated transforms.json, ``eval_mode="all"``):
   (bytes_large - bytes_small)``; the issue's target is <= 1.3 with the store in RAM and
   completely filled (measured on b53ba80 for the issue: 3.73 with 4 ranks);
 - per rank: time from building the datamanager to the first batch, images/s per worker in the
-  drain, whether the store is in RAM, filled, and who filled it.
+  drain, whether the store is in RAM, filled, and who filled it;
+- one process, nerfstudio's ``next_train`` loop on the large scene (``bench_anchor_disk.py``'s
+  "ours" child, the figure docs/data.md compares with nerfstudio main's disk mode), old and new
+  package alternating: images/s and time to the first image.
 
 The old code is the package at ``--old-commit`` (``git archive`` into a temporary folder, first on
 the ranks' ``PYTHONPATH``); the runs alternate old/new at each size.
@@ -181,7 +184,10 @@ def run_ranks(code: Path, scene: Path, args: argparse.Namespace) -> dict:
            "--rank-part", "--scene", str(scene), "--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size),
            "--drain-s", str(args.drain_s), "--hold-s", str(args.hold_s), "--out", str(out)]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # Not from the repository: a fork server (``python -c``) has the working folder first on its
+    # path, and would give the old code's workers the new package.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            cwd=scene.parent)
     sampler = PeakPss(proc.pid)
     output, _ = proc.communicate(timeout=args.timeout_s)
     sampler.stop()
@@ -205,15 +211,51 @@ def run_ranks(code: Path, scene: Path, args: argparse.Namespace) -> dict:
 def old_package(commit: str, into: Path) -> Path:
     """The package at ``commit`` (``git archive``), as a folder to put first on ``PYTHONPATH``."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "distsplat_ns"], check=True, capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
 
 
-def growth(large: dict, small: dict) -> float | None:
-    if "store_bytes" not in large or "store_bytes" not in small:
-        return None
-    extra = large["store_bytes"] - small["store_bytes"]
-    return (large["peak_pss_ranks_and_workers_bytes"] - small["peak_pss_ranks_and_workers_bytes"]) / extra
+def mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def size_summary(runs: list[dict]) -> dict:
+    """Means over the repeats of one code at one size (each run's ranks averaged, first batch: the slowest rank)."""
+    ok = [r for r in runs if r["returncode"] == 0]
+    return {
+        "runs_ok": f"{len(ok)} of {len(runs)}",
+        "peak_pss_bytes_mean": mean([r["peak_pss_ranks_and_workers_bytes"] for r in ok]),
+        "peak_pss_gib_each_run": [r["peak_pss_ranks_and_workers_gib"] for r in ok],
+        "store_bytes": ok[0]["store_bytes"] if ok else None,
+        "time_to_first_batch_s_slowest_rank_mean": mean([max(x["time_to_first_batch_s"] for x in r["ranks"]) for r in ok]),
+        "images_per_s_per_worker_mean": mean([mean([x["images_per_s_per_worker"] for x in r["ranks"]]) for r in ok]),
+        "images_per_worker_cpu_s_mean": mean([mean([x["images_per_worker_cpu_s"] for x in r["ranks"]]) for r in ok]),
+        "all_in_ram_and_filled": all(not x["disk_mode"] and x["store_filled"] for r in ok for x in r["ranks"]),
+    }
+
+
+def next_train_pairs(old: Path, scene: Path, args: argparse.Namespace) -> dict:
+    """One process, ``next_train`` (nerfstudio's loop, the figure docs/data.md compares with nerfstudio
+    main's disk mode): ``benchmarks/bench_anchor_disk.py``'s "ours" child with the old and the new
+    package, alternating; per pair the new / old images/s."""
+    from benchmarks.bench_data import run_child
+
+    script = REPO / "benchmarks" / "bench_anchor_disk.py"
+    child = ["--child", "ours", "--scene", str(scene), "--num-workers", str(args.num_workers), "--num-images", str(args.next_train_images)]
+    runs: dict = {"old": [], "new": []}
+    for _ in range(args.next_train_pairs):
+        runs["old"].append(run_child(child, args.timeout_s, 8 << 30, script=script, pythonpath_first=old))
+        runs["new"].append(run_child(child, args.timeout_s, 8 << 30, script=script))
+    ratios = [n["images_per_s"] / o["images_per_s"] for o, n in zip(runs["old"], runs["new"], strict=True)
+              if "images_per_s" in n and "images_per_s" in o]
+    return {
+        "runs": runs,
+        "new_over_old_images_per_s_per_pair": ratios,
+        "new_over_old_images_per_s_median": sorted(ratios)[len(ratios) // 2] if ratios else None,
+        "time_to_first_image_s_mean": {k: mean([r.get("time_to_first_image_s") for r in v]) for k, v in runs.items()},
+    }
 
 
 def main() -> None:
@@ -229,6 +271,8 @@ def main() -> None:
     parser.add_argument("--hold-s", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--old-commit", default="b53ba80")
+    parser.add_argument("--next-train-pairs", type=int, default=2, help="old/new pairs of the one-process next_train run (0: none)")
+    parser.add_argument("--next-train-images", type=int, default=300)
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -257,7 +301,6 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         old = old_package(args.old_commit, Path(tmp) / "old")
-        old.mkdir(exist_ok=True)
         scenes = {n: make_repeated_fox(FOX, Path(tmp) / f"fox{n}", n) for n in (args.small_frames, args.large_frames)}
         for _ in range(args.repeats):
             for n, scene in scenes.items():
@@ -266,34 +309,28 @@ def main() -> None:
                     report["runs"][name].setdefault(str(n), []).append(result)
                     print(f"{name} {n} frames: peak PSS {result.get('peak_pss_ranks_and_workers_gib', float('nan')):.2f} GiB "
                           f"(exit {result['returncode']}, {result['wall_s']:.0f} s)", flush=True)
-    summary = {}
+        if args.next_train_pairs:
+            os.chdir(tmp)  # the children's fork servers put the working folder first on their path
+            report["next_train_one_process"] = next_train_pairs(old, scenes[args.large_frames], args)
+            os.chdir(REPO)
+    summary: dict = {}
     for name in ("old", "new"):
-        runs = report["runs"][name]
-        small = min(runs[str(args.small_frames)], key=lambda r: r.get("peak_pss_ranks_and_workers_bytes", 1 << 62))
-        large = min(runs[str(args.large_frames)], key=lambda r: r.get("peak_pss_ranks_and_workers_bytes", 1 << 62))
-        ranks_small, ranks_large = small.get("ranks", []), large.get("ranks", [])
-        summary[name] = {
-            "peak_pss_gib_small": small.get("peak_pss_ranks_and_workers_gib"),
-            "peak_pss_gib_large": large.get("peak_pss_ranks_and_workers_gib"),
-            "extra_file_bytes": (large.get("store_bytes", 0) - small.get("store_bytes", 0)),
-            "host_bytes_per_extra_file_byte": growth(large, small),
-            "time_to_first_batch_s_max_over_ranks": {
-                "small": max((r["time_to_first_batch_s"] for r in ranks_small), default=None),
-                "large": max((r["time_to_first_batch_s"] for r in ranks_large), default=None),
-            },
-            "images_per_s_per_worker_mean_over_ranks": {
-                "small": sum(r["images_per_s_per_worker"] for r in ranks_small) / max(len(ranks_small), 1),
-                "large": sum(r["images_per_s_per_worker"] for r in ranks_large) / max(len(ranks_large), 1),
-            },
-            "all_in_ram_and_filled": all(not r["disk_mode"] and r["store_filled"] for r in ranks_small + ranks_large),
-        }
+        small = size_summary(report["runs"][name][str(args.small_frames)])
+        large = size_summary(report["runs"][name][str(args.large_frames)])
+        extra = (large["store_bytes"] or 0) - (small["store_bytes"] or 0)
+        per_byte = None
+        if extra > 0 and small["peak_pss_bytes_mean"] is not None and large["peak_pss_bytes_mean"] is not None:
+            per_byte = (large["peak_pss_bytes_mean"] - small["peak_pss_bytes_mean"]) / extra
+        summary[name] = {"small": small, "large": large, "extra_file_bytes": extra, "host_bytes_per_extra_file_byte": per_byte}
     new_growth = summary["new"]["host_bytes_per_extra_file_byte"]
     summary["target_host_bytes_per_extra_file_byte"] = 1.3
     summary["target_reached"] = new_growth is not None and new_growth <= 1.3
-    gib = summary["new"]["extra_file_bytes"] + report["runs"]["new"][str(args.small_frames)][0].get("store_bytes", 0)
+    if "next_train_one_process" in report:
+        summary["next_train_new_over_old_images_per_s_median"] = report["next_train_one_process"]["new_over_old_images_per_s_median"]
+    gib = (summary["new"]["large"]["store_bytes"] or 0) / (1 << 30)
     summary["note"] = (
-        f"large scene: {args.large_frames} frames = {gib / (1 << 30):.2f} GiB of JPEG"
-        + ("" if gib >= (1 << 30) else " -- below the issue's 1 GB: the size this shared machine allows; the full-size command is in the script's docstring")
+        f"large scene: {args.large_frames} frames = {gib:.2f} GiB of JPEG"
+        + ("" if gib >= 1 else " -- below the issue's 1 GB: the size this shared machine allows; the full-size command is in the script's docstring")
     )
     report["summary"] = summary
     report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
