@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
+from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
+from distsplat_ns.model.rows import GAUSSIAN_PARAMETER_NAMES
 from distsplat_ns.model.strategy import sqrt_batch_scaling
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
@@ -38,8 +39,8 @@ class AdamWithBetasConfig(AdamOptimizerConfig):
 FLOAT64_ADAM_EPS = 1e-8
 """The float64 mode's least Adam eps for the Gaussians' parameters (docs/float64_exactness.md)."""
 
-GAUSSIAN_PARAM_GROUPS = ("means", "scales", "quats", "opacities", "features_dc", "features_rest")
-"""splatfacto's optimizer groups of the Gaussians' own parameters (one per ``gauss_params`` entry)."""
+GAUSSIAN_PARAM_GROUPS = GAUSSIAN_PARAMETER_NAMES
+"""The optimizer groups of the Gaussians' own parameters (one per trained field of ``model/rows.py``)."""
 
 
 def float64_optimizer_configs(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -95,18 +96,3 @@ def scaled_optimizer_configs(configs: dict[str, dict[str, Any]], batch_size: int
                 ramp=sched.ramp,
             )
     return out
-
-
-
-def track_replaced_parameters(optimizers: Optimizers) -> None:
-    """Point nerfstudio's per-group parameter lists (``Optimizers.parameters``, what its gradient
-    clipping reads) at the parameters each optimizer now holds.
-
-    Densification, opacity resets and shard moves replace a group's ``Parameter`` in its optimizer;
-    nerfstudio's list kept the one it was built with, so the replaced tensor, with the gradient
-    it had then, stayed alive for the whole run (236 B per initial Gaussian at SH degree 3, and as
-    much again in gradients). Local; call after anything that replaces parameters.
-    """
-    for name, optimizer in optimizers.optimizers.items():
-        if name in optimizers.parameters:
-            optimizers.parameters[name] = [p for group in optimizer.param_groups for p in group["params"]]

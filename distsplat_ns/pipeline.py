@@ -42,7 +42,6 @@ from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_de
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
-from distsplat_ns.optimizer_rules import track_replaced_parameters
 from distsplat_ns.parallel import parallel_mode_class
 from distsplat_ns.pipeline_eval import PipelineEval
 from distsplat_ns.utils.cameras import downscaled_px
@@ -323,7 +322,6 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
             self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-            track_replaced_parameters(optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
         self._check_replicas(step, named)
         return StepReport(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from distsplat_ns.model.mcmc import MCMCConfig, MCMCSchedule, mcmc_step_post_backward
+from distsplat_ns.model.rows import DEFAULT_STATISTICS, RowField
 from distsplat_ns.model.strategy import IdGather, StrategySchedule, grows_at
 from distsplat_ns.utils.logging import get_logger
 
@@ -29,7 +30,15 @@ LOGGER = get_logger(__name__)
 
 
 class Densifier(ABC):
-    """One densification strategy, driven by the pipeline after each optimizer step."""
+    """One densification strategy, driven by the pipeline after each optimizer step.
+
+    Its per-Gaussian statistics are declared in :attr:`statistics` (``model/rows.py``): they become
+    rows of the model's ``GaussianRows``, so shard moves, gathers and every checkpoint format carry
+    them, and its row changes go through ``GaussianRows`` too.
+    """
+
+    #: The strategy's per-Gaussian statistics, kept in the strategy state (none by default).
+    statistics: tuple[RowField, ...] = ()
 
     @abstractmethod
     def needs_statistics(self, step: int) -> bool:
@@ -60,6 +69,8 @@ class Densifier(ABC):
 
 class DefaultDensifier(Densifier):
     """gsplat's DefaultStrategy through ``DistSplatModel.refine`` (keyed splits, global ids)."""
+
+    statistics = DEFAULT_STATISTICS
 
     def __init__(self, schedule: StrategySchedule) -> None:
         self.schedule = schedule

@@ -47,6 +47,7 @@ from distsplat_ns.model.eval_outputs import EvalOutputs
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.model.mcmc import MCMCConfig, mcmc_schedule_in_steps
+from distsplat_ns.model.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
 from distsplat_ns.model.strategy import (
     KEYED_GROWTH_KEY,
     ChildIds,
@@ -187,7 +188,7 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
             absgrad=self.config.use_absgrad,
             verbose=self.is_main_rank,
         )
-        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self.mcmc: MCMCConfig | None = None
         self.densifier: Densifier = DefaultDensifier(self.schedule)
         if self.config.strategy == "mcmc":
@@ -200,10 +201,14 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
                     refine_every_images=self.config.refine_every, batch_size=self.batch_size,
                 ),
             )
-            self.strategy_state = {}
+            strategy_state = {}
         # A global identity per Gaussian for its whole life (the same whatever the number of
-        # processes): kept in the strategy state so gsplat's duplicate/split/remove carry it along.
-        self.strategy_state["gauss_ids"] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
+        # processes): a row of the strategy state, carried by every row operation.
+        strategy_state[IDS] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
+        # Every per-Gaussian tensor, and every operation on them (model/rows.py).
+        self.rows = GaussianRows(
+            gaussian_schema(parameter_fields(self.config.sh_degree), self.densifier.statistics), self.gauss_params, strategy_state
+        )
         self.next_gauss_id: int = initial.num_total
         # Set by a parallel mode whose views are collectives (parallel/sharded.py): get_outputs
         # renders through it; None renders this model's own Gaussians.
@@ -213,6 +218,16 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
             if self.config.use_bilateral_grid:
                 self.bil_grids.to(torch.float64)
             self.camera_optimizer.to(torch.float64)  # the pose adjustments, as the Gaussians
+
+    @property
+    def strategy_state(self) -> dict[str, Any]:
+        """The strategy state as gsplat's strategies take it: the statistics and ids of
+        :attr:`rows` and scalars such as ``scene_scale`` (the same dict)."""
+        return self.rows.state  # type: ignore[return-value]
+
+    def get_gaussian_param_groups(self) -> dict[str, list[torch.nn.Parameter]]:
+        """One optimizer group per trained per-Gaussian field of the schema (``model/rows.py``)."""
+        return {name: [p] for name, p in self.rows.parameters()}
 
     @property
     def gauss_ids(self) -> torch.Tensor:
@@ -230,28 +245,20 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
-        """Densification statistics, so a resumed run refines exactly as an uninterrupted one."""
-        state = {}
-        for key in ("grad2d", "count", "radii"):
-            value = self.strategy_state.get(key)
-            if isinstance(value, torch.Tensor):
-                state[key] = value.detach().cpu()
-        state["gauss_ids"] = self.gauss_ids.detach().cpu()
-        return {"strategy_state": state, "step": int(self.step), "next_gauss_id": int(self.next_gauss_id)}
+        """Densification statistics and ids (``GaussianRows.saved_state``), so a resumed run refines
+        exactly as an uninterrupted one."""
+        self.gauss_ids  # noqa: B018 -- the ids on the model's device first, as every reader finds them
+        return {"strategy_state": self.rows.saved_state(), "step": int(self.step), "next_gauss_id": int(self.next_gauss_id)}
 
     def set_extra_state(self, state: Any) -> None:
         if not isinstance(state, dict):
             return
-        for key, value in state.get("strategy_state", {}).items():
-            self.strategy_state[key] = value.to(self.device)
-        num = int(self.gauss_params["means"].shape[0])
-        if "gauss_ids" not in state.get("strategy_state", {}):
-            # A checkpoint from before global ids (or splatfacto's): number them in order.
-            self.strategy_state["gauss_ids"] = torch.arange(num, dtype=torch.int64, device=self.device)
+        self.rows.load_saved_state(state.get("strategy_state", {}), self.device)
         if "next_gauss_id" in state:
             self.next_gauss_id = int(state["next_gauss_id"])
         else:
-            self.next_gauss_id = int(self.strategy_state["gauss_ids"].max()) + 1 if num else 0
+            num = len(self.rows)
+            self.next_gauss_id = int(self.strategy_state[IDS].max()) + 1 if num else 0
 
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.

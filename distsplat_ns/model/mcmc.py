@@ -48,6 +48,7 @@ from distsplat_ns.model.mcmc_draws import (
     reweighted_after_relocation,
     rows_of,
 )
+from distsplat_ns.model.rows import GaussianRows
 from distsplat_ns.model.strategy import IdGather
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from distsplat_ns.utils.steps import images_to_steps
@@ -184,9 +185,7 @@ class MCMCEvent(NamedTuple):
 
 
 def _rewrite_rows(
-    params: Any,
-    optimizers: dict[str, torch.optim.Optimizer],
-    state: dict[str, Any],
+    rows: GaussianRows,
     *,
     keep: torch.Tensor | None,
     source_rows: torch.Tensor,
@@ -198,36 +197,13 @@ def _rewrite_rows(
     """Sources take their new opacity and scales; the ``keep`` rows stay, then a copy per draw.
 
     Layout ``[kept rows in order, copies in draw order]``; ``source_rows`` (one per draw, possibly
-    repeated) index the rows before ``keep``. New rows' Adam moments and state are zero;
-    ``gauss_ids`` gets ``copy_ids``.
+    repeated) index the rows before ``keep``. New rows' Adam moments and statistics are zero;
+    ``gauss_ids`` gets ``copy_ids``. Both steps are ``GaussianRows``' (``update_``, ``grow_``).
     """
-    from gsplat.strategy.ops import _update_param_with_optimizer  # gsplat 1.4.0's (pinned) helper
-
-    kept = slice(None) if keep is None else keep
-
-    def param_fn(name: str, p: torch.Tensor) -> torch.Tensor:
-        values = p.detach()
-        if name == "opacities":
-            values = values.index_put((source_rows,), new_opacity_logits.reshape(-1, *values.shape[1:]).to(values.dtype))
-        elif name == "scales":
-            values = values.index_put((source_rows,), new_log_scales.to(values.dtype))
-        return torch.nn.Parameter(torch.cat([values[kept], values[source_rows]]))
-
-    def optimizer_fn(key: str, v: torch.Tensor) -> torch.Tensor:
-        if zero_source_moments:
-            v = v.index_fill(0, source_rows, 0)
-        return torch.cat([v[kept], v.new_zeros((len(source_rows), *v.shape[1:]))])
-
-    _update_param_with_optimizer(param_fn, optimizer_fn, params, optimizers)
-    for key, value in state.items():
-        if not isinstance(value, torch.Tensor):
-            continue
-        if key == "gauss_ids":
-            state[key] = torch.cat([value[kept], copy_ids.to(value.device)])
-        else:
-            if zero_source_moments:
-                value = value.index_fill(0, source_rows, 0)
-            state[key] = torch.cat([value[kept], value.new_zeros((len(source_rows), *value.shape[1:]))])
+    values = {"opacities": new_opacity_logits, "scales": new_log_scales}
+    zeroed = rows.schema.parameters if zero_source_moments else ()
+    rows.update_(source_rows, values, zero_moments=zeroed, zero_statistics=zero_source_moments)
+    rows.grow_(source_rows, copy_ids, keep=keep, statistics="zero")
 
 
 def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min_opacity: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,8 +225,8 @@ def _apply_draws(
     copy_ids = first_id + torch.nonzero(held).flatten()
     keep = None if dead_here is None else ~dead_here
     _rewrite_rows(
-        params, optimizers, state, keep=keep, source_rows=rows, new_opacity_logits=logits, new_log_scales=log_scales,
-        zero_source_moments=dead_here is not None, copy_ids=copy_ids,
+        GaussianRows.over(params, state, optimizers), keep=keep, source_rows=rows, new_opacity_logits=logits,
+        new_log_scales=log_scales, zero_source_moments=dead_here is not None, copy_ids=copy_ids,
     )
     return torch.unique(draws.source_ids[held])
 
@@ -278,7 +254,8 @@ def mcmc_event(
         params: Gaussian parameters (``means``, ``scales`` as logs, ``quats``, ``opacities`` as
             logits, ...), as gsplat's strategies take them; replaced in place.
         optimizers: One optimizer per parameter (Adam moments carried as described above).
-        state: Per-Gaussian tensors (gsplat's convention), ``gauss_ids`` `[N]` int64 among them.
+        state: The strategy state (gsplat's convention): ``gauss_ids`` `[N]` int64, MCMC's only row
+            there (``GaussianRows.over``: no statistics).
         step: Optimizer step (keys the draws).
         seed: Run seed (keys the draws), the same on every rank.
         next_id: First unused global id, the same on every rank.

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from distsplat_ns.model.rows import DEFAULT_STATISTICS, GaussianRows
 from distsplat_ns.utils.keyed_random import keyed_normal
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
@@ -121,7 +122,6 @@ def build_default_strategy(
       the number of processes; pruning with ``prune_mask``.
     """
     from gsplat.strategy import DefaultStrategy
-    from gsplat.strategy.ops import reset_opa
 
     class BatchDefaultStrategy(DefaultStrategy):
         def _update_state(self, params, state, info, packed=False):
@@ -139,7 +139,8 @@ def build_default_strategy(
                 growth: KeyedGrowth = state[KEYED_GROWTH_KEY]
                 refine_keyed(self, params, optimizers, state, step, growth.seed, growth.allocate)
             if resets_opacity_at(schedule, step):
-                reset_opa(params=params, optimizers=optimizers, state=state, value=self.prune_opa * 2.0)
+                rows = GaussianRows.over(params, state, optimizers, DEFAULT_STATISTICS)
+                reset_opacities(rows, self.prune_opa * 2.0)
 
     return BatchDefaultStrategy(
         prune_opa=prune_opa,
@@ -288,44 +289,19 @@ def prune_mask(strategy: Any, params: Any, state: dict, step: int) -> torch.Tens
     return is_prune
 
 
-def _replace_params(
-    params: Any,
-    optimizers: dict,
-    param_fn: Callable[[str, torch.Tensor], torch.Tensor],
-    optimizer_fn: Callable[[str, torch.Tensor], torch.Tensor],
-) -> None:
-    """Give every Gaussian parameter new rows (``param_fn(name, old) -> new Parameter``) and its
-    Adam moments the matching rows (``optimizer_fn(key, moment)``; ``step`` kept), re-keyed to the
-    new parameter: gsplat's ops do the same, through a helper gsplat does not export."""
-    for name in list(params.keys()):
-        opt = optimizers[name]
-        for group in opt.param_groups:
-            old = group["params"][0]
-            moments = opt.state.pop(old, {})
-            for key in list(moments.keys()):
-                if key != "step":
-                    moments[key] = optimizer_fn(key, moments[key])
-            new = param_fn(name, old)
-            group["params"] = [new]
-            opt.state[new] = moments
-            params[name] = new
-
-
 @torch.no_grad()
-def split_keyed(
-    params: Any, optimizers: dict, state: dict, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool
-) -> None:
+def split_keyed(rows: GaussianRows, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool) -> None:
     """gsplat 1.4.0's ``split`` with given unit-normal offsets and child ids, in place.
 
     Each selected Gaussian becomes two, at ``mean + R(q) diag(s) z`` with scales ``s / 1.6``;
-    layout ``[rest, first children, second children]``; the children's optimizer state is zero.
+    layout ``[rest, first children, second children]``; the children's optimizer state is zero,
+    their statistics their parent's (``GaussianRows.grow_``).
     The rotation is written element-wise (no einsum/matmul), so a child's bits do not depend on
     how many Gaussians are split with it.
 
     Args:
-        params: Gaussian parameters (``means``, ``scales`` as logs, ``quats``, ``opacities``, ...).
-        optimizers: One optimizer per parameter, as gsplat's ops expect.
-        state: Strategy state; its tensors are carried along, ``gauss_ids`` set to ``child_ids``.
+        rows: The Gaussians (``means``, ``scales`` as logs, ``quats``, ``opacities``, ...) with
+            their optimizers and statistics.
         mask: Gaussians to split. `[N]` bool.
         unit_offsets: Standard normal offsets of the two children. `[2, n_split, 3]`.
         child_ids: Global ids of the two children. `[2, n_split]`, int64.
@@ -333,6 +309,7 @@ def split_keyed(
     """
     from gsplat.utils import normalized_quat_to_rotmat
 
+    params = rows.params
     sel = torch.where(mask)[0]
     rest = torch.where(~mask)[0]
     scales = torch.exp(params["scales"][sel])  # [n, 3]
@@ -341,27 +318,21 @@ def split_keyed(
     rotmats = normalized_quat_to_rotmat(q / norm.clamp_min(1e-12)[:, None])  # [n, 3, 3]
     local = unit_offsets.to(scales.dtype) * scales  # [2, n, 3]
     offsets = rotmats[None, :, :, 0] * local[..., 0:1] + rotmats[None, :, :, 1] * local[..., 1:2] + rotmats[None, :, :, 2] * local[..., 2:3]
+    values = {
+        "means": (params["means"][sel] + offsets).reshape(-1, 3),  # [2n, 3]
+        "scales": torch.log(scales / 1.6).repeat(2, 1),
+    }
+    if revised_opacity:
+        values["opacities"] = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(params["opacities"][sel]))).repeat(2, 1)
+    rows.grow_(torch.cat([sel, sel]), child_ids.reshape(-1), keep=rest, values=values, statistics="parent")
 
-    def param_fn(name: str, p: torch.Tensor) -> torch.Tensor:
-        repeats = [2] + [1] * (p.dim() - 1)
-        if name == "means":
-            children = (p[sel] + offsets).reshape(-1, 3)  # [2n, 3]
-        elif name == "scales":
-            children = torch.log(scales / 1.6).repeat(2, 1)
-        elif name == "opacities" and revised_opacity:
-            children = torch.logit(1.0 - torch.sqrt(1.0 - torch.sigmoid(p[sel]))).repeat(repeats)
-        else:
-            children = p[sel].repeat(repeats)
-        return torch.nn.Parameter(torch.cat([p[rest], children]))
 
-    def optimizer_fn(key: str, v: torch.Tensor) -> torch.Tensor:
-        return torch.cat([v[rest], v.new_zeros((2 * len(sel), *v.shape[1:]))])
-
-    _replace_params(params, optimizers, param_fn, optimizer_fn)
-    for key, value in state.items():
-        if isinstance(value, torch.Tensor):
-            children = child_ids.reshape(-1) if key == "gauss_ids" else value[sel].repeat([2] + [1] * (value.dim() - 1))
-            state[key] = torch.cat((value[rest], children.to(value.device)))
+@torch.no_grad()
+def reset_opacities(rows: GaussianRows, value: float) -> None:
+    """gsplat 1.4.0's ``reset_opa``: opacity logits clamped to ``logit(value)``, their Adam
+    moments zeroed (in the default dtype, as gsplat computes the bound)."""
+    bound = torch.logit(torch.tensor(value)).item()
+    rows.update_(None, {"opacities": torch.clamp(rows.params["opacities"].detach(), max=bound)}, zero_moments=("opacities",))
 
 
 @torch.no_grad()
@@ -373,6 +344,7 @@ def refine_keyed(
     Args:
         strategy: The DefaultStrategy (thresholds, ``verbose``).
         params, optimizers, state: As gsplat's strategy takes them; ``state["gauss_ids"]`` `[N]`.
+            Their rows change through ``GaussianRows`` (``DEFAULT_STATISTICS`` declared).
         step: Optimizer step (keys the offsets).
         seed: Run seed (keys the offsets).
         allocate: ``(dup_parent_ids, split_parent_ids) -> ChildIds`` (``allocate_child_ids``
@@ -384,28 +356,26 @@ def refine_keyed(
     **Collective:** ``allocate``'s gather, once, on every rank (also with nothing to grow).
     **Host sync:** counts (refine steps only).
     """
-    from gsplat.strategy.ops import duplicate, remove
-
+    rows = GaussianRows.over(params, state, optimizers, DEFAULT_STATISTICS)
     is_dupli, is_split = grow_masks(strategy, params, state, step)
     ids = state["gauss_ids"]
     new = allocate(ids[is_dupli], ids[is_split])
-    num_held = len(params["means"])
+    num_held = len(rows)
     if new.dup.numel() > 0:
-        duplicate(params=params, optimizers=optimizers, state=state, mask=is_dupli)
-        state["gauss_ids"][num_held:] = new.dup  # gsplat appended copies of the parents' ids
+        rows.grow_(torch.where(is_dupli)[0], new.dup, statistics="parent")  # gsplat's duplicate: copies appended
     if new.split.numel() > 0:
         unit = keyed_normal(seed, step, ids[is_split], 6).reshape(-1, 2, 3).transpose(0, 1)  # [2, n_split, 3]
-        is_split = torch.cat([is_split, is_split.new_zeros(len(params["means"]) - num_held)])  # copies are not split
-        split_keyed(params, optimizers, state, is_split, unit, new.split, strategy.revised_opacity)
+        is_split = torch.cat([is_split, is_split.new_zeros(len(rows) - num_held)])  # copies are not split
+        split_keyed(rows, is_split, unit, new.split, strategy.revised_opacity)
     is_prune = prune_mask(strategy, params, state, step)
     num_pruned = int(is_prune.sum())  # host sync: refine step
     if num_pruned > 0:
-        remove(params=params, optimizers=optimizers, state=state, mask=is_prune)
+        rows.select_(torch.where(~is_prune)[0])  # gsplat's remove
     if strategy.verbose:
         where = "" if new.num_ranks == 1 else f" (duplicated, split: all {new.num_ranks} ranks; pruned, count: this rank)"
         logger.info(
             "Step %d: %d GSs duplicated, %d GSs split, %d GSs pruned. Now having %d GSs%s.",
-            step, new.num_dup_total, new.num_split_total, num_pruned, len(params["means"]), where,
+            step, new.num_dup_total, new.num_split_total, num_pruned, len(rows), where,
         )
     state["grad2d"].zero_()
     state["count"].zero_()

@@ -1,7 +1,8 @@
 """The whole model from its shards, and shards from the whole model: the gathers to rank 0
 (checkpoints, eval and the viewer) and the cut of a loaded checkpoint to this rank's block.
 
-Rows and their keys are those of ``parallel/shard_rows.py``. Shape letters: N Gaussians on this
+Rows and their keys are ``model/rows.py``'s (``GaussianRows``), their places in a checkpoint
+``model/row_entries.py``'s. Shape letters: N Gaussians on this
 rank, R ranks.
 """
 
@@ -16,14 +17,17 @@ import torch
 from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.collectives import gather_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.parallel.shard_rows import (
+from distsplat_ns.model.row_entries import (
     MODEL_EXTRA_KEY,
-    MODEL_PREFIX,
-    Optimizers,
-    adam_state,
-    agree_layout,
-    row_tensors,
+    checkpoint_rows,
+    cut_rows_,
+    model_extra_state,
+    parameter_names,
+    put_rows_,
+    step_only_states,
 )
+from distsplat_ns.model.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
+from distsplat_ns.parallel.shard_rows import agree_layout
 
 if TYPE_CHECKING:
     from distsplat_ns.model.distsplat_model import DistSplatModel
@@ -101,31 +105,20 @@ def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optim
     and rank 1 ``[1]``: rank 0 gets rows ``[0, 1, 2]``.
     **Host sync:** everything lands in rank 0's host memory.
     """
-    layout = agree_layout(ctx, model, optimizers)
+    rows = model.rows.bound(optimizers)
+    layout = agree_layout(ctx, rows)
     order = _id_order(ctx, model)
-    num = int(model.gauss_params["means"].shape[0])
-    rows = layout.filled(row_tensors(model, optimizers), num, model.gauss_params["means"].device)
-    full = {key: _gather_in_id_order(ctx, rows[key], order) for key in layout.keys}
+    flat = layout.filled(rows.tensors(), len(rows), rows.device)
+    full = {key: _gather_in_id_order(ctx, flat[key], order) for key in layout.keys}
     if order is None:
         return None
-    entries: dict[str, Any] = {}
-    for name in model.gauss_params:
-        entries[f"{MODEL_PREFIX}gauss_params.{name}"] = full[f"param.{name}"]
-    extra = dict(model.get_extra_state())
-    extra["strategy_state"] = {key[len("state."):]: value for key, value in full.items() if key.startswith("state.")}
-    entries[MODEL_EXTRA_KEY] = extra
-    opt_states: dict[str, dict[str, Any]] = {}
-    for name, opt in (optimizers or {}).items():
-        saved = opt.state_dict()
-        if name in model.gauss_params:
-            prefix = f"opt.{name}."
-            moments = {k[len(prefix):]: v for k, v in full.items() if k.startswith(prefix)}
-            own_step = adam_state(model, optimizers, name).get("step")
-            if moments or own_step is not None:
-                step = own_step.detach().clone() if own_step is not None else layout.step_tensors()[name]
-                saved = {"state": {0: {"step": step, **moments}}, "param_groups": saved["param_groups"]}
-        opt_states[name] = saved
-    return GatheredState(pipeline_entries=entries, optimizers=opt_states)
+    steps = layout.step_tensors()
+    steps.update({name: step.detach().clone() for name, _ in rows.parameters() if (step := rows.adam_step(name)) is not None})
+    opt_states = {name: opt.state_dict() for name, opt in (optimizers or {}).items()}
+    gathered = {"pipeline": {MODEL_EXTRA_KEY: dict(model.get_extra_state())},
+                "optimizers": step_only_states(opt_states, rows.schema.parameters, steps)}
+    put_rows_(gathered, full)
+    return GatheredState(pipeline_entries=gathered["pipeline"], optimizers=gathered["optimizers"])
 
 
 # ---------------------------------------------------------------------- checkpoints
@@ -133,8 +126,8 @@ def shard_loaded_checkpoint_(loaded: dict[str, Any], rank: int, world: int) -> N
     """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
     Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
 
-    Sliced: the ``_model.gauss_params.*`` entries, the per-Gaussian strategy state and ids of the
-    model's extra state, and the per-Gaussian tensors of the parameters' optimizer states. A
+    Sliced: every row the checkpoint holds (``model/row_entries.py``: the Gaussian parameters, the
+    statistics and ids of the model's extra state, the parameters' Adam moments). A
     checkpoint without ids (older, or splatfacto's) counts as ids ``0..N-1``. The owned rows stay
     in id order. Load the file with ``mmap=True`` so that only the owned rows are read into memory.
 
@@ -146,35 +139,16 @@ def shard_loaded_checkpoint_(loaded: dict[str, Any], rank: int, world: int) -> N
     Raises:
         ValueError: the checkpoint holds no ``_model.gauss_params.means``.
     """
-    pipeline = loaded["pipeline"]
-    prefix = "module." + MODEL_PREFIX if "module." + MODEL_PREFIX + "gauss_params.means" in pipeline else MODEL_PREFIX
-    means_key = prefix + "gauss_params.means"
-    if means_key not in pipeline:
-        raise ValueError(f"checkpoint has no {MODEL_PREFIX}gauss_params.means entry: not a splat checkpoint")
-    num = int(pipeline[means_key].shape[0])
-    extra = pipeline.get(prefix + "_extra_state")
-    strategy = extra.get("strategy_state", {}) if isinstance(extra, dict) else {}
-    ids = strategy.get("gauss_ids")
+    if "means" not in parameter_names(loaded["pipeline"]):
+        raise ValueError("checkpoint has no _model.gauss_params.means entry: not a splat checkpoint")
+    rows = checkpoint_rows(loaded)
+    num = int(rows[PARAM_PREFIX + "means"].shape[0])
+    ids = rows.get(STATE_PREFIX + IDS)
     order = torch.arange(num) if ids is None else torch.sort(ids, stable=True).indices
     lo, hi = owned_block(num, rank, world)
     index = order[lo:hi]
-
-    def cut(value: Any) -> Any:
-        return value[index] if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == num else value
-
-    names = [k[len(prefix + "gauss_params."):] for k in pipeline if k.startswith(prefix + "gauss_params.")]
-    for name in names:
-        pipeline[prefix + "gauss_params." + name] = cut(pipeline[prefix + "gauss_params." + name])
-    if not isinstance(extra, dict):  # splatfacto's checkpoints have no extra state: give the ids
-        extra = pipeline[prefix + "_extra_state"] = {"strategy_state": {}}
-    extra["strategy_state"] = {k: cut(v) for k, v in strategy.items()}
-    if ids is None:
-        extra["strategy_state"]["gauss_ids"] = index.clone()
+    cut_rows_(loaded, index)
+    if ids is None:  # a checkpoint from before global ids (or splatfacto's): ids in row order
+        extra = model_extra_state(loaded)
+        extra["strategy_state"][IDS] = index.clone()
         extra.setdefault("next_gauss_id", num)
-    for name in names:
-        opt = loaded.get("optimizers", {}).get(name)
-        if isinstance(opt, dict):
-            for param_state in opt.get("state", {}).values():
-                for key in list(param_state.keys()):
-                    if key != "step":
-                        param_state[key] = cut(param_state[key])

@@ -3,14 +3,14 @@ size reads back the rows it owns, and rank 0 consolidates the last one into nerf
 
 What is saved (docs/sharded.md, "Checkpoints"):
 
-* Rows: every per-Gaussian tensor of ``parallel/shard_rows.py`` by row key (``param.<name>``,
+* Rows: every per-Gaussian tensor of ``model/rows.py`` by row key (``param.<name>``,
   ``opt.<name>.<adam key>``, ``state.<key>``, ids ``state.gauss_ids`` included), each one global
   tensor in rank order (``distributed/row_checkpoint.py`` says why). The ranks agree the row keys
   first (``agree_layout``), so a rank without a moment writes zeros, as a gathered save did.
 * The rest, rank 0's: nerfstudio's checkpoint dictionary (``checkpoint.py:checkpoint_payload``)
-  without the rows -- the pipeline's other entries, the model's extra state without its
-  per-Gaussian statistics, each Gaussian optimizer's param groups and agreed Adam ``step``,
-  schedulers, scalers, RNG.
+  without the rows (``model/row_entries.py:without_rows``) -- the pipeline's other entries, the
+  model's extra state without its per-Gaussian statistics, each Gaussian optimizer's param groups
+  and agreed Adam ``step``, schedulers, scalers, RNG.
 
 Reading gives the same dictionary a whole-model single file gives after
 ``full_state.shard_loaded_checkpoint_``: each sharded rank reads a block of :func:`owned_block`
@@ -34,23 +34,19 @@ from distsplat_ns.checkpoint import FILE_SUFFIX, register_numpy_safe_globals, wr
 from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_rows, all_to_all_counts, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, save_rows
-from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX, Optimizers, agree_layout, row_tensors
+from distsplat_ns.model.row_entries import put_rows_, without_rows
+from distsplat_ns.model.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
+from distsplat_ns.parallel.shard_rows import agree_layout
 from distsplat_ns.utils.errors import UserError
 
 if TYPE_CHECKING:
     from distsplat_ns.model.distsplat_model import DistSplatModel
 
 #: The row key of the global ids (``model.gauss_ids``).
-IDS_KEY = "state.gauss_ids"
-PARAMS_PREFIX = "param."
+IDS_KEY = STATE_PREFIX + IDS
 #: Saved rows read at once where one process reads a checkpoint alone (rank 0 consolidating): the
 #: only rows held twice, 47 MB of ``features_rest`` (180 B a row).
 ALONE_CHUNK_ROWS = 1 << 18
-
-
-def _param_names(pipeline: dict[str, Any]) -> list:
-    head = MODEL_PREFIX + "gauss_params."
-    return [k[len(head):] for k in pipeline if k.startswith(head)]
 
 
 def write_shard_checkpoint(
@@ -72,30 +68,17 @@ def write_shard_checkpoint(
     DCP's plan and result gathers). At ``world_size == 1`` one rank writes one file set. Rank 0
     with 3 Gaussians and rank 1 with 2: ``rows/param.means`` is `[5, 3]`, rows 0..2 rank 0's.
     """
-    layout = agree_layout(ctx, model, optimizers)
-    num = int(model.gauss_params["means"].shape[0])
-    rows = layout.filled(row_tensors(model, optimizers), num, model.gauss_params["means"].device)
+    rows = model.rows.bound(optimizers)
+    layout = agree_layout(ctx, rows)
+    flat = layout.filled(rows.tensors(), len(rows), rows.device)
     blob = None
     if ctx.is_main:
-        rest = dict(payload)
-        pipeline = {k: v for k, v in payload["pipeline"].items() if not k.startswith(MODEL_PREFIX + "gauss_params.")}
-        extra = dict(pipeline.get(MODEL_EXTRA_KEY, {}))
-        extra.pop("strategy_state", None)
-        pipeline[MODEL_EXTRA_KEY] = extra
-        rest["pipeline"] = pipeline
-        steps = layout.step_tensors()
-        optimizer_states = dict(payload["optimizers"])
-        for name in model.gauss_params:
-            if name in optimizer_states:
-                saved = optimizer_states[name]
-                state = {0: {"step": steps[name]}} if name in steps else {}
-                optimizer_states[name] = {"state": state, "param_groups": saved["param_groups"]}
-        rest["optimizers"] = optimizer_states
+        rest = without_rows(payload, layout.step_tensors())
         rest["row_keys"] = {k: (str(dtype).replace("torch.", ""), list(trailing)) for k, (dtype, trailing) in layout.keys.items()}
         buffer = io.BytesIO()
         torch.save(rest, buffer)
         blob = buffer.getvalue()
-    return save_rows(ctx, folder, rows, blob)
+    return save_rows(ctx, folder, flat, blob)
 
 
 def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -116,7 +99,7 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
     except Exception as err:
         raise UserError(f"checkpoint {folder} is not a complete DCP checkpoint ({type(err).__name__}: {err})") from err
     num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
-    keys = [k for k in layout if not only_params or k.startswith(PARAMS_PREFIX) or k == IDS_KEY]
+    keys = [k for k in layout if not only_params or k.startswith(PARAM_PREFIX) or k == IDS_KEY]
     row_range = row_range_of(num_total)
     place = None  # place[j]: where saved row lo + j goes in id order
     rows, blob = load_rows(ctx, Path(folder), [IDS_KEY] if IDS_KEY in keys else [], row_range)
@@ -131,7 +114,7 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
     register_numpy_safe_globals()
     rest = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     for key, (dtype, trailing) in rest.pop("row_keys", {}).items():
-        if key not in rows and (not only_params or key.startswith(PARAMS_PREFIX) or key == IDS_KEY):
+        if key not in rows and (not only_params or key.startswith(PARAM_PREFIX) or key == IDS_KEY):
             rows[key] = torch.empty((0, *trailing), dtype=getattr(torch, dtype))  # no rank held any row
     return rows, rest
 
@@ -157,18 +140,8 @@ def _read_key_in_id_order(ctx: DistContext | None, folder: Path, key: str, dtype
 
 
 def _assemble(rows: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, Any]:
-    """``rest`` with the rows put back where nerfstudio's dictionary holds them."""
-    pipeline = rest["pipeline"]
-    extra = pipeline.setdefault(MODEL_EXTRA_KEY, {})
-    extra["strategy_state"] = {k[len("state."):]: v for k, v in rows.items() if k.startswith("state.")}
-    for key, value in rows.items():
-        if key.startswith(PARAMS_PREFIX):
-            pipeline[MODEL_PREFIX + "gauss_params." + key[len(PARAMS_PREFIX):]] = value
-        elif key.startswith("opt."):
-            name, moment = key[len("opt."):].split(".", 1)
-            opt = rest["optimizers"].get(name)
-            if isinstance(opt, dict):
-                opt.setdefault("state", {}).setdefault(0, {})[moment] = value
+    """``rest`` with the rows put back where nerfstudio's dictionary holds them (``put_rows_``)."""
+    put_rows_(rest, rows)
     return rest
 
 

@@ -167,7 +167,7 @@ class ShardedMode(ParallelMode):
         """
         if not self.model.densifier.changes_shards_at(step):
             return 0
-        return rebalance_shards_(self.ctx, self.model, optimizers)
+        return rebalance_shards_(self.ctx, self.model.rows.bound(optimizers))
 
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         return [p for n, p in named if n not in self.model.gauss_params]

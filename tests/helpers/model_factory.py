@@ -10,7 +10,6 @@ from nerfstudio.data.scene_box import SceneBox
 
 from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
-from distsplat_ns.parallel.shard_rows import keep_rows_
 
 HEIGHT, WIDTH = 48, 40
 
@@ -47,7 +46,7 @@ def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
     num = int(model.gauss_params["means"].shape[0])
     lo, hi = owned_block(num, rank, world)
     if (lo, hi) != (0, num):
-        keep_rows_(model, None, slice(lo, hi))
+        model.rows.select_(slice(lo, hi))
 
 
 def make_cameras(num: int) -> Cameras:

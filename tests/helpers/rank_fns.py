@@ -136,9 +136,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
     for bands_per_rank in splits:
         model = make_model(batch_size, param_dtype=dtype, rendering_backend=backend).to(ctx.device)
         keep = torch.nonzero(model.gauss_ids % ctx.world_size == ctx.rank).reshape(-1)
-        for name in list(model.gauss_params.keys()):
-            model.gauss_params[name] = torch.nn.Parameter(model.gauss_params[name].detach()[keep])
-        model.strategy_state["gauss_ids"] = model.gauss_ids[keep]
+        model.rows.select_(keep)
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)
         plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]

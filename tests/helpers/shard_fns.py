@@ -9,13 +9,9 @@ from typing import Any
 import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts
+from distsplat_ns.model.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.parallel.shard_rows import (
-    MODEL_EXTRA_KEY,
-    MODEL_PREFIX,
-    keep_rows_,
-    rebalance_shards_,
-)
+from distsplat_ns.parallel.shard_rows import rebalance_shards_
 from tests.helpers.model_factory import take_initial_shard_
 
 NUM_POINTS = 31  # odd, so no world size here splits it evenly
@@ -74,10 +70,11 @@ def _shard_unevenly_(ctx: Any, model: Any, optimizers: Any) -> None:
     ``p % (W + 1) == W`` (twice the others' share)."""
     num = int(model.gauss_params["means"].shape[0])
     perm = torch.randperm(num, generator=torch.Generator().manual_seed(11))
-    keep_rows_(model, optimizers, perm)
+    rows = model.rows.bound(optimizers)
+    rows.select_(perm)
     w = ctx.world_size
     owner = torch.clamp(torch.arange(num) % (w + 1), max=w - 1)
-    keep_rows_(model, optimizers, torch.nonzero(owner == ctx.rank).squeeze(1))
+    rows.select_(torch.nonzero(owner == ctx.rank).squeeze(1))
 
 
 def gather_rebalance_and_save(ctx: Any, checkpoint_dir: str | None) -> dict[str, Any]:
@@ -89,7 +86,7 @@ def gather_rebalance_and_save(ctx: Any, checkpoint_dir: str | None) -> dict[str,
     _shard_unevenly_(ctx, model, optimizers)
     out: dict[str, Any] = {"sizes_before": int(model.gauss_params["means"].shape[0])}
     out["gathered"] = _comparable(gather_full_state(ctx, model, optimizers))
-    out["moved"] = rebalance_shards_(ctx, model, optimizers)
+    out["moved"] = rebalance_shards_(ctx, model.rows.bound(optimizers))
     out["sizes_after"] = int(model.gauss_params["means"].shape[0])
     out["aligned"] = _optimizers_hold_params(model, optimizers)
     gathered = gather_full_state(ctx, model, optimizers)

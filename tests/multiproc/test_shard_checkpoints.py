@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from distsplat_ns.balance.ownership import owned_block
+from distsplat_ns.model.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
-from distsplat_ns.parallel.shard_rows import MODEL_EXTRA_KEY, MODEL_PREFIX
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import assert_same, saved_model_state, trainer_save
 

@@ -10,14 +10,9 @@ import torch
 
 from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.model.row_entries import MODEL_EXTRA_KEY
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.parallel.shard_rows import (
-    MODEL_EXTRA_KEY,
-    append_rows_,
-    export_rows,
-    keep_rows_,
-    plan_moves,
-)
+from distsplat_ns.parallel.shard_rows import plan_moves
 from tests.helpers.shard_fns import (
     NUM_POINTS,
     adam_step,
@@ -106,7 +101,19 @@ def test_plan_of_two_uneven_shards_moves_the_difference_halved() -> None:
 
 # ---------------------------------------------------------------------- export / keep / append
 def _rows(model, optimizers) -> dict:
-    return export_rows(model, optimizers, slice(None))
+    return model.rows.bound(optimizers).export(slice(None))
+
+
+def export_rows(model, optimizers, index) -> dict:
+    return model.rows.bound(optimizers).export(index)
+
+
+def keep_rows_(model, optimizers, index) -> None:
+    model.rows.bound(optimizers).select_(index)
+
+
+def append_rows_(model, optimizers, rows) -> None:
+    model.rows.bound(optimizers).append_(rows)
 
 
 def test_keep_then_append_moves_every_row_with_its_state_aligned() -> None:
