@@ -1,8 +1,8 @@
 """One rank's per-Gaussian rows: their declared schema and the only implementation of every row
 operation (select, append, grow, update, export), each parameter's Adam moments carried along.
 
-A Gaussian is one row of every per-Gaussian tensor (:data:`ROW_SCHEMA` and the strategy's
-statistics, :func:`gaussian_schema`):
+A Gaussian is one row of every per-Gaussian tensor (:func:`parameter_fields`, the strategy's
+statistics and :data:`ID_FIELD`, put together by :func:`gaussian_schema`):
 
 * its trained parameters (``gauss_params``: ``means``, ``scales``, ...), each with the moments of
   its own ``torch.optim.Adam`` (nerfstudio's ``Optimizers``: one optimizer per parameter name);
