@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from distsplat_ns.model.rows import OPT_PREFIX, PARAM_PREFIX, STATE_PREFIX
+from distsplat_ns.model.rows import OPT_PREFIX, PARAM_PREFIX, STATE_PREFIX, is_moment
 
 #: Prefix of the model's entries in the pipeline's state dict (nerfstudio's ``VanillaPipeline._model``).
 MODEL_PREFIX = "_model."
@@ -41,10 +41,6 @@ def parameter_names(pipeline: Mapping[str, Any]) -> list[str]:
     return [k[len(head):] for k in pipeline if k.startswith(head)]
 
 
-def _is_moment(key: Any, value: Any) -> bool:
-    return key != "step" and isinstance(value, torch.Tensor) and value.dim() > 0
-
-
 def checkpoint_rows(loaded: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Every row a checkpoint holds, by flat row key (references, no copy)."""
     pipeline = loaded["pipeline"]
@@ -56,7 +52,7 @@ def checkpoint_rows(loaded: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     for name in parameter_names(pipeline):
         opt = loaded.get("optimizers", {}).get(name)
         for param_state in opt.get("state", {}).values() if isinstance(opt, dict) else ():
-            rows.update({f"{OPT_PREFIX}{name}.{k}": v for k, v in param_state.items() if _is_moment(k, v)})
+            rows.update({f"{OPT_PREFIX}{name}.{k}": v for k, v in param_state.items() if is_moment(k, v)})
     return rows
 
 

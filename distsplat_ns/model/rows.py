@@ -149,7 +149,7 @@ def _take(t: torch.Tensor, index: RowIndex) -> torch.Tensor:
     return out.clone() if isinstance(index, slice) else out
 
 
-def _is_moment(key: str, value: Any) -> bool:
+def is_moment(key: str, value: Any) -> bool:
     """Whether an Adam state entry has one row per Gaussian (the moments; not ``step``)."""
     return key != "step" and isinstance(value, torch.Tensor) and value.dim() > 0
 
@@ -241,7 +241,7 @@ class GaussianRows:
 
     def moments(self, name: str) -> dict[str, torch.Tensor]:
         """Parameter ``name``'s Adam moments (one row per Gaussian each), by Adam key."""
-        return {k: v for k, v in self.adam_state(name).items() if _is_moment(k, v)}
+        return {k: v for k, v in self.adam_state(name).items() if is_moment(k, v)}
 
     def adam_step(self, name: str) -> torch.Tensor | None:
         return self.adam_state(name).get("step")
@@ -316,7 +316,7 @@ class GaussianRows:
         for name, p in self.parameters():
             moments = self.adam_state(name)
             for key, value in list(moments.items()):
-                if _is_moment(key, value):
+                if is_moment(key, value):
                     moments[key] = moment_fn(name, key, value)
             p.data = param_fn(self.schema.field(name), p.detach())
             p.grad = None
@@ -441,7 +441,7 @@ class GaussianRows:
         p = self.params[name]
         state = self.adam_state(name)
         prefix = f"{OPT_PREFIX}{name}."
-        keys = {k for k, v in state.items() if _is_moment(k, v)} | {k[len(prefix):] for k, v in rows.items() if k.startswith(prefix) and v is not None}
+        keys = {k for k, v in state.items() if is_moment(k, v)} | {k[len(prefix):] for k, v in rows.items() if k.startswith(prefix) and v is not None}
         if keys and "step" not in state:
             if adam_steps is None or name not in adam_steps:
                 raise ValueError(f"append_: Adam moments of {name} arrive where none exist, and no step was given")

@@ -85,7 +85,7 @@ def gather_full_params(ctx: DistContext, model: DistSplatModel) -> dict[str, tor
     tensor's rows in flight at a time). At ``world_size == 1`` it copies this rank's parameters.
     """
     order = _id_order(ctx, model)
-    out = {name: _gather_in_id_order(ctx, p.detach(), order) for name, p in model.gauss_params.items()}
+    out = {name: _gather_in_id_order(ctx, p.detach(), order) for name, p in model.rows.parameters()}
     return None if order is None else out  # type: ignore[return-value]
 
 
