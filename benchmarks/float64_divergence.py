@@ -10,7 +10,7 @@ Usage::
 
 ``trace`` wraps three pipeline/model methods (nothing else changes):
 
-- ``DistSplatModel.gt_image``: a digest of every ground-truth image a rank composites, per
+- ``BandTerms.gt_image``: a digest of every ground-truth image a rank composites, per
   (step, position) -- the data each run trains on;
 - the replicated mode's ``sum_gradients_`` (``parallel/replicated.py``) and the modes'
   ``batch_info`` (``parallel/mode.py``): a digest of the summed gradients and of the reduced
@@ -64,6 +64,7 @@ def _install_dedup_seed_points() -> None:
 
 
 def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
+    from distsplat_ns.model.band_terms import BandTerms
     from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.pipeline import DistSplatPipeline
 
@@ -76,7 +77,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     log = open(trace_dir / f"rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115 - lives as long as the run
     current: dict[str, Any] = {}
 
-    original_gt = DistSplatModel.gt_image
+    original_gt = BandTerms.gt_image
 
     def gt_image(self, image, background, downscale, size_px):
         out = original_gt(self, image, background, downscale, size_px)
@@ -151,7 +152,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     # The end-of-run evaluation (rank 0, full resolution) costs more than the training here and
     # changes nothing the trace compares.
     DistSplatTrainer._eval_all = lambda self, step: None
-    DistSplatModel.gt_image = gt_image
+    BandTerms.gt_image = gt_image
     DistSplatModel.refine = refine
     replicated_module.sum_gradients_ = sum_gradients_
     mode_module.batch_info = batch_info

@@ -54,7 +54,7 @@ PATHS["WORKTREE"] = {
         "DistSplatPipeline._finite_verdict", "DistSplatPipeline._costs_to_host", "DistSplatPipeline._observe_costs",
         "DistSplatPipeline._check_replicas"],
     "distsplat_ns/model/distsplat_model.py": ["DistSplatModel.forward_bands"],
-    "distsplat_ns/model/band_terms.py": ["BandTerms._band_terms"],
+    "distsplat_ns/model/band_terms.py": ["BandTerms.band_terms"],
     "distsplat_ns/model/band_render.py": ["BandRenderResult", "OwnProjections", "render_calls"],
     "distsplat_ns/model/band_backward.py": ["PixelLink", "link_pixels", "backward_bands"],
     "distsplat_ns/parallel/replicated.py": ["ReplicatedMode"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -26,7 +27,7 @@ from torch.cuda.amp.grad_scaler import GradScaler
 
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
-from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner, StepPlan
+from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import (
     all_gather_object,
@@ -42,14 +43,15 @@ from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_de
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
-from distsplat_ns.parallel import parallel_mode_class
-from distsplat_ns.pipeline_eval import PipelineEval
+from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
+from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
+from distsplat_ns.utils.validation import one_of
 from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
@@ -68,9 +70,9 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     model: DistSplatModelConfig = field(default_factory=DistSplatModelConfig)
     batch_size: int = 1
     """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
-    partition: Literal["balanced", "whole-images", "equal-rows"] = "balanced"
+    partition: PartitionMode = "balanced"
     """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (Gaussian-tile intersections); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
-    parallel: Literal["replicated", "sharded"] = "replicated"
+    parallel: ParallelModeName = "replicated"
     """How the Gaussians are held: "replicated" (every rank holds all of them and gradients are all-reduced: best while the model fits one device and the batch is small) or "sharded" (each rank owns 1/W of them with their optimizer state; screen-space terms go to the ranks rendering each band: for scenes that outgrow one device, or many ranks). See docs/sharded.md."""
     replica_check_every: int = 100
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
@@ -80,10 +82,10 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise UserError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
-        if self.partition not in ("balanced", "whole-images", "equal-rows"):
-            raise UserError(f"--pipeline.partition must be balanced, whole-images or equal-rows, got {self.partition!r}")
-        if self.parallel not in ("replicated", "sharded"):
-            raise UserError(f"--pipeline.parallel must be replicated or sharded, got {self.parallel!r}")
+        if self.partition not in PARTITION_MODES:
+            raise UserError(f"--pipeline.partition must be {one_of(PARTITION_MODES)}, got {self.partition!r}")
+        if self.parallel not in PARALLEL_MODES:
+            raise UserError(f"--pipeline.parallel must be {one_of(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.replica_check_every < 0:
             raise UserError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
         if self.check_finite_every < 0:
@@ -153,8 +155,9 @@ def batch_sizes_px(image_sizes: Sequence[tuple[int, int]], batch: Sequence[int],
     return [(downscaled_px(image_sizes[c][0], downscale), downscaled_px(image_sizes[c][1], downscale)) for c in batch]
 
 
-class DistSplatPipeline(PipelineEval, VanillaPipeline):
-    """Data-parallel splatting pipeline; see the module docstring (eval: ``pipeline_eval.py``).
+class DistSplatPipeline(VanillaPipeline):
+    """Data-parallel splatting pipeline; see the module docstring (eval: its ``evaluation``,
+    ``pipeline_eval.py:PipelineEval``).
 
     Args:
         config: The pipeline configuration.
@@ -220,6 +223,7 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
         broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model)
+        self.evaluation = PipelineEval(self.datamanager, self.model)
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
@@ -244,6 +248,26 @@ class DistSplatPipeline(PipelineEval, VanillaPipeline):
     @property
     def model(self) -> DistSplatModel:
         return self._model  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ eval (nerfstudio's)
+    def get_eval_image_metrics_and_images(self, step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """One eval image's metrics and images, in eval mode (``PipelineEval.one_image``).
+
+        **Collective:** where the mode's views are (``PipelineEval.one_image``).
+        """
+        with eval_mode(self):
+            return self.evaluation.one_image(step)
+
+    def get_average_eval_image_metrics(
+        self, step: int | None = None, output_path: Path | None = None, get_std: bool = False
+    ) -> dict[str, float]:
+        """Every eval image's metrics averaged, in eval mode (``PipelineEval.average``).
+
+        **Collective:** where the mode's views are (``PipelineEval.average``).
+        """
+        del step  # nerfstudio's signature: the images and the model say everything
+        with eval_mode(self):
+            return self.evaluation.average(output_path, get_std)
 
     # ------------------------------------------------------------------ training set-up
     def configure_training(self, start_step: int) -> None:

@@ -7,7 +7,8 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 * rank 0 alone runs the viewer, writers, progress display, and evaluation where the parallel mode
   renders views on rank 0 alone (sharded: every rank renders each eval image); checkpoints are
   rank 0's single file (replicated) or every rank's shard (sharded, ``step-N.dcp``, consolidated
-  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools: ``trainer_checkpoints.py``, ``checkpoint.py``);
+  params-only into ``step-N.ckpt`` at the end for nerfstudio's tools), written and loaded by the
+  trainer's ``TrainerCheckpoints`` (``trainer_checkpoints.py``, ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
@@ -46,7 +47,7 @@ from nerfstudio.utils.writer import EventName, TimeWriter
 
 from distsplat_ns.checkpoint import probe_writable
 from distsplat_ns.distributed.collectives import broadcast_object
-from distsplat_ns.distributed.context import DistContext, init_distributed, shutdown_distributed
+from distsplat_ns.distributed.context import DistBackend, DistContext, init_distributed, shutdown_distributed
 from distsplat_ns.distributed.lifecycle import (
     agree_outcome,
     any_rank_true,
@@ -78,7 +79,7 @@ class DistSplatTrainerConfig(TrainerConfig):
     _target: type = field(default_factory=lambda: DistSplatTrainer)
     collective_timeout_s: float = 600.0
     """Seconds a collective may wait for a rank before the run fails on every rank (a dead rank ends the run instead of hanging it)."""
-    dist_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    dist_backend: DistBackend = "auto"
     """torch.distributed backend under torchrun: "auto" is NCCL on GPUs and gloo on CPUs; gloo on GPUs lets several ranks share one GPU."""
     rank0_work_timeout_s: float = 3600.0
     """Seconds the other ranks wait for rank 0's own work (evaluation, checkpoint writing, viewer pause) while its heartbeat says it is alive; that work never counts against --collective-timeout-s, and a dead rank 0 is still found within it."""
@@ -92,8 +93,9 @@ class DistSplatTrainerConfig(TrainerConfig):
             raise ValueError(f"--rank0-work-timeout-s must be > 0, got {self.rank0_work_timeout_s}")
 
 
-class DistSplatTrainer(TrainerCheckpoints, Trainer):
-    """See the module docstring; loading and saving checkpoints are ``trainer_checkpoints.py``'s."""
+class DistSplatTrainer(Trainer):
+    """See the module docstring; loading and saving checkpoints are its ``checkpoints``'
+    (``trainer_checkpoints.py:TrainerCheckpoints``, built in :meth:`setup`)."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
@@ -118,7 +120,6 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
         self.checkpoint_dir = self.base_dir / config.relative_model_dir
         self.device = str(self.ctx.device)
         self._nothing_to_train = False
-        self._last_saved_step: int | None = None
         self.record = RunRecord()
         self.attempts = AttemptLog(self.base_dir, enabled=self.ctx.is_main)
         # The last step every image was evaluated at (on every rank that evaluates: the final eval's test).
@@ -170,8 +171,12 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
             seed=self.seed,
         )
         finish_phase(self.ctx, "pipeline setup")
+        self.checkpoints = TrainerCheckpoints(self.ctx, self.checkpoint_dir, self.pipeline, self.record, self.attempts,
+                                              keep_only_latest=self.config.save_only_latest_checkpoint)
         with startup_phase(self.ctx, "checkpoint load"):
-            loaded = self._load_checkpoint_state()
+            loaded = self.checkpoints.load(self.config)
+        if loaded is not None:
+            self._start_step = int(loaded["step"]) + 1
         if self._start_step >= self.num_steps:
             # Nothing to write: saving here would store the loaded model under step 0 and, with
             # --save-only-latest-checkpoint, delete the checkpoint just loaded.
@@ -409,6 +414,22 @@ class DistSplatTrainer(TrainerCheckpoints, Trainer):
         if psnr is not None:
             self.record.add_eval(step, psnr)
         return psnr
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, step: int) -> None:
+        """Write checkpoint ``step`` (``TrainerCheckpoints.save``: every rank's shard, or rank 0's
+        single file); every rank learns whether it worked.
+
+        **Collective:** world group (``TrainerCheckpoints.save``).
+        """
+        self.checkpoints.save(step, self.optimizers, self.grad_scaler)
+
+    def _save_unless_saved(self, step: int) -> None:
+        """Save ``step`` unless it was just saved or no step ran in this process; then, where
+        ranks write shards, give nerfstudio's tools the last checkpoint as their single file."""
+        if step >= self._start_step and self.checkpoints.last_saved_step != step:
+            self.save_checkpoint(step)
+        self.checkpoints.consolidate_last()
 
     # ------------------------------------------------------------------ end
     def _after_stop(self, last_step: int, signum: int | None) -> None:

@@ -1,19 +1,23 @@
-"""Checkpoints of ``DistSplatTrainer``: which one a run resumes from, writing one (rank 0's single
+"""Checkpoints of a ``DistSplatTrainer`` run: which one it resumes from, writing one (rank 0's single
 file or every rank's shard), and the params-only file nerfstudio's tools load after a sharded run.
 
-A mixin of ``DistSplatTrainer`` (``trainer.py``), ahead of nerfstudio's ``Trainer``; it reads the
-trainer's ``ctx``, ``config``, ``pipeline``, ``optimizers``, ``grad_scaler``, ``checkpoint_dir``,
-``record``, ``attempts``, ``_start_step`` and ``_last_saved_step``.
+``TrainerCheckpoints`` is an object the trainer (``trainer.py``) builds once its pipeline exists
+and calls with what each call needs (the optimizers, the scaler, the steps); it keeps the last
+step it saved.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from nerfstudio.engine.optimizers import Optimizers
+from nerfstudio.engine.trainer import TrainerConfig
 from nerfstudio.utils.rich_utils import CONSOLE
+from torch.cuda.amp.grad_scaler import GradScaler
 
 from distsplat_ns.checkpoint import (
     SHARDED_SUFFIX,
@@ -23,37 +27,67 @@ from distsplat_ns.checkpoint import (
     save_sharded_checkpoint_atomic,
 )
 from distsplat_ns.distributed.collectives import all_gather_object, broadcast_object
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.lifecycle import agree_outcome
-from distsplat_ns.distributed.restart import choose_checkpoint, restart_count
+from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, restart_count
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
+from distsplat_ns.pipeline import DistSplatPipeline
+from distsplat_ns.run_record import RunRecord
 from distsplat_ns.utils.errors import UserError
 
 
+@dataclass(eq=False)
 class TrainerCheckpoints:
-    """Loading, saving and consolidating checkpoints for ``DistSplatTrainer`` (see the module docstring)."""
+    """Loading, saving and consolidating the checkpoints of one run (see the module docstring).
 
-    def _load_checkpoint_state(self) -> dict[str, Any] | None:
-        path = self._checkpoint_to_load()
+    Args:
+        ctx: The process context.
+        checkpoint_dir: The run's checkpoint folder (the agreed run folder's, on every rank).
+        pipeline: The run's pipeline: its state and its parallel mode (what a checkpoint holds).
+        record: The run record; a sharded save adds the bytes this rank wrote.
+        attempts: Rank 0's attempt log; a replicated save records its step.
+        keep_only_latest: ``--save-only-latest-checkpoint``.
+
+    Attributes:
+        last_saved_step: The step of the last checkpoint this process wrote; None before one.
+    """
+
+    ctx: DistContext
+    checkpoint_dir: Path
+    pipeline: DistSplatPipeline
+    record: RunRecord
+    attempts: AttemptLog
+    keep_only_latest: bool
+    last_saved_step: int | None = None
+
+    def load(self, config: TrainerConfig) -> dict[str, Any] | None:
+        """Load the checkpoint :meth:`checkpoint_to_load` chooses into the pipeline and restore
+        the global RNG state it holds.
+
+        Returns:
+            The loaded checkpoint (its ``step`` is the last step it trained; its ``optimizers``
+            and ``schedulers`` are the caller's to load), or None when the run starts fresh.
+        """
+        path = self.checkpoint_to_load(config)
         if path is None:
             return None
         # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
         loaded = self.pipeline.mode.read_checkpoint(path)
-        self._start_step = int(loaded["step"]) + 1
         self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
         rng = loaded.get("distsplat", {}).get("torch_rng_state")
         if isinstance(rng, torch.Tensor):
             torch.set_rng_state(rng)
         if self.ctx.is_main:
-            CONSOLE.print(f"Resumed from {path} at step {self._start_step} on {self.ctx.world_size} process(es)", soft_wrap=True)
+            CONSOLE.print(f"Resumed from {path} at step {int(loaded['step']) + 1} on {self.ctx.world_size} process(es)", soft_wrap=True)
         return loaded
 
-    def _checkpoint_to_load(self) -> Path | None:
+    def checkpoint_to_load(self, config: TrainerConfig) -> Path | None:
         """Rank 0 decides (``distributed/restart.py:choose_checkpoint``: the run's latest checkpoint
-        on a restart or a re-launch, else the --load-* flags) and every rank learns it; every rank
-        must see the file (a shared output folder), or all fail naming it."""
+        on a restart or a re-launch, else the --load-* flags of ``config``, a
+        ``DistSplatTrainerConfig``) and every rank learns it; every rank must see the file (a
+        shared output folder), or all fail naming it."""
         decision: dict[str, Any] = {}
         if self.ctx.is_main:
-            config = self.config
             try:
                 choice = choose_checkpoint(self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint,
                                            config.existing_checkpoints, restart_count())
@@ -74,7 +108,7 @@ class TrainerCheckpoints:
                             "a resume needs the output folder shared by every host (--output-dir)")
         return path
 
-    def save_checkpoint(self, step: int) -> None:
+    def save(self, step: int, optimizers: Optimizers, grad_scaler: GradScaler) -> None:
         """Write checkpoint ``step`` atomically; every rank learns whether it worked.
 
         Sharded (``mode.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
@@ -92,19 +126,18 @@ class TrainerCheckpoints:
                  "parallel": self.pipeline.config.parallel}
         mode = self.pipeline.mode
         if mode.writes_shards:
-            payload = checkpoint_payload(step, self.pipeline.state_dict(), self.optimizers, self.grad_scaler.state_dict(),
+            payload = checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(),
                                          extra) if self.ctx.is_main else {}
 
             def write_shard(folder: Path) -> int:
-                written = mode.write_shards(folder, self.optimizers.optimizers, payload)
+                written = mode.write_shards(folder, optimizers.optimizers, payload)
                 self.record.checkpoint_bytes_written += written
                 return written
 
-            save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard,
-                                           self.config.save_only_latest_checkpoint)
-            self._last_saved_step = step
+            save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard, self.keep_only_latest)
+            self.last_saved_step = step
             return
-        gathered = mode.gather_full_state(self.optimizers.optimizers)
+        gathered = mode.gather_full_state(optimizers.optimizers)
 
         def write() -> Path:
             pipeline_state = self.pipeline.state_dict()
@@ -114,34 +147,27 @@ class TrainerCheckpoints:
                 checkpoint_dir=self.checkpoint_dir,
                 step=step,
                 pipeline_state=pipeline_state,
-                optimizers=self.optimizers,
-                scalers=self.grad_scaler.state_dict(),
+                optimizers=optimizers,
+                scalers=grad_scaler.state_dict(),
                 extra=extra,
-                keep_only_latest=self.config.save_only_latest_checkpoint,
+                keep_only_latest=self.keep_only_latest,
                 optimizer_states=None if gathered is None else gathered.optimizers,
             )
 
         agree_outcome(
             self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write
         )
-        self._last_saved_step = step
+        self.last_saved_step = step
         self.attempts.saved(step)
 
-    def _save_unless_saved(self, step: int) -> None:
-        """Save ``step`` unless it was just saved or no step ran in this process; then, where
-        ranks write shards, give nerfstudio's tools the last checkpoint as their single file."""
-        if step >= self._start_step and self._last_saved_step != step:
-            self.save_checkpoint(step)
-        self._consolidate_last_checkpoint()
-
-    def _consolidate_last_checkpoint(self) -> None:
+    def consolidate_last(self) -> None:
         """Sharded: rank 0 writes the params-only ``step-N.ckpt`` of this launch's last
         ``step-N.dcp`` (``shard_checkpoint.consolidate_params``: parameters streamed from the
         shards' files, no Adam state), which ``ns-export``/``ns-eval``/``ns-render``/``ns-viewer`` load.
 
         **Collective:** world group, one outcome broadcast (rank 0 reads and writes alone).
         """
-        step = self._last_saved_step
+        step = self.last_saved_step
         if not self.pipeline.mode.writes_shards or step is None:
             return
         # Nothing after the last save reads the last step's gradients (n x 236 B at SH degree 3):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -31,7 +31,8 @@ from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 
 PartitionMode = Literal["balanced", "whole-images", "equal-rows"]
-PARTITION_MODES = ("balanced", "whole-images", "equal-rows")
+"""``--pipeline.partition``: how each batch is cut across ranks (``BandPlanner``)."""
+PARTITION_MODES: tuple[PartitionMode, ...] = get_args(PartitionMode)
 
 
 @dataclass

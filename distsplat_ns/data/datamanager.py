@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +44,8 @@ from torch.nn import Parameter
 
 from distsplat_ns.data import order, preflight
 from distsplat_ns.data.dataparse import DownscaledParse
-from distsplat_ns.data.decode import DECODERS, default_decoder
-from distsplat_ns.data.eval_split import EvalSplit
+from distsplat_ns.data.decode import DECODER_CHOICES, DecoderChoice, default_decoder
+from distsplat_ns.data.eval_split import EvalImages, EvalSplit
 from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
@@ -94,7 +94,7 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
     one copy. 0: a quarter of the memory available at start-up on the host (as its lowest rank
     sees it). Above the budget, every local rank's workers read the files from disk (decided and
     logged once per host)."""
-    decoder: Literal["auto", "pil", "simplejpeg", "torchvision"] = "auto"
+    decoder: DecoderChoice = "auto"
     """JPEG decoder. auto: the fastest measured (simplejpeg, then torchvision, then PIL; see
     docs/data.md). PNG and other formats always use PIL."""
     skip_corrupt_images: bool = False
@@ -111,16 +111,16 @@ class ParallelFullImageDatamanagerConfig(DataManagerConfig):
             ("eval_num_workers", self.eval_num_workers >= 0, ">= 0"),
             ("prefetch_batches", self.prefetch_batches >= 1, ">= 1"),
             ("ram_budget_bytes", self.ram_budget_bytes >= 0, ">= 0 (0: a quarter of the available memory)"),
-            ("decoder", self.decoder in ("auto", *DECODERS), f"one of {('auto', *DECODERS)}"),
+            ("decoder", self.decoder in DECODER_CHOICES, f"one of {DECODER_CHOICES}"),
         )
         for name, ok, expected in checks:
             if not ok:
                 raise UserError(f"{flag(name)} must be {expected}, got {getattr(self, name)!r}")
 
 
-class ParallelFullImageDatamanager(EvalSplit, DataManager):
+class ParallelFullImageDatamanager(DataManager):
     """Full-image datamanager decoding encoded files in DataLoader workers, sharded across ranks
-    (its eval split: ``data/eval_split.py``).
+    (its eval split: ``eval_split``, a ``data/eval_split.py:EvalSplit``).
 
     Args:
         config: The configuration.
@@ -203,13 +203,18 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         self.train_cameras = self.train_dataset.cameras
 
         self._train_loader: ImageLoader | None = None
-        self._eval_loader: ImageLoader | None = None
         self._reader: TrainBatchReader | None = None
         self._training: tuple[int, int, int, Assigner | None, Callable[[int], int] | None] | None = None
         self._compat_mode = False
         self._logged_large_batch = False
-        self._eval_rng = random.Random(seed)
-        self.eval_unseen_cameras = list(range(len(self.eval_dataset)))
+        self.eval_split = EvalSplit(
+            self.eval_dataset,
+            functools.partial(self._build_loader, self.eval_dataset, self._eval_specs, 0, "eval images"),
+            self._to_device_data,
+            device,
+            config.eval_num_workers,
+            seed,
+        )
         self._totals = {"num_images_delivered": 0, "decode_s": 0.0, "wait_s": 0.0, "num_batches": 0}
         self._skipped: list[int] = []
         super().__init__()
@@ -476,6 +481,24 @@ class ParallelFullImageDatamanager(EvalSplit, DataManager):
         }
 
     # ------------------------------------------------------------------ nerfstudio interface
+    def setup_eval(self) -> None:
+        """Check the eval files as the training files (``EvalSplit.setup``)."""
+        self.eval_split.setup()
+
+    def next_eval(self, step: int) -> tuple[Cameras, dict]:
+        """A random eval image (see ``next_eval_image``)."""
+        return self.next_eval_image(step=step)
+
+    def next_eval_image(self, step: int) -> tuple[Cameras, dict]:
+        """A random eval image, each once before any repeats (``EvalSplit.next_image``)."""
+        del step
+        return self.eval_split.next_image()
+
+    @property
+    def fixed_indices_eval_dataloader(self) -> EvalImages:
+        """Every eval image as ``(camera, data)``, decoded lazily (``EvalSplit.all_images``)."""
+        return self.eval_split.all_images()
+
     def _to_device_data(self, index: int, image: torch.Tensor, mask: torch.Tensor | None) -> dict:
         # uint8 to the device: the model converts there (gt_image, splatfacto's get_gt_img), so the
         # host never runs a 1080p float conversion per image (it was 70% of the training process's CPU).

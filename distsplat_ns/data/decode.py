@@ -15,12 +15,18 @@ Shape legend: ``H``, ``W``: pixels.
 from __future__ import annotations
 
 import io
+from typing import Literal, get_args
 
 import numpy as np
 import torch
 from PIL import Image
 
-DECODERS: tuple[str, ...] = ("pil", "simplejpeg", "torchvision")
+Decoder = Literal["pil", "simplejpeg", "torchvision"]
+"""A JPEG decoder (PNG and other formats always use PIL)."""
+DECODERS: tuple[Decoder, ...] = get_args(Decoder)
+DecoderChoice = Literal["auto", Decoder]
+"""``--pipeline.datamanager.decoder``: a decoder, or "auto" (:func:`default_decoder`)."""
+DECODER_CHOICES: tuple[DecoderChoice, ...] = get_args(DecoderChoice)
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 

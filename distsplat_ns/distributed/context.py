@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -28,8 +29,13 @@ from distsplat_ns.distributed.torch_compat import DIST_ERRORS
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 from distsplat_ns.utils.shm import remove_orphan_semaphores
+from distsplat_ns.utils.validation import one_of
 
 LOGGER = get_logger(__name__)
+
+DistBackend = Literal["auto", "nccl", "gloo"]
+"""``--dist-backend``: the torch.distributed backend under torchrun ("auto": :func:`auto_backend`)."""
+DIST_BACKENDS: tuple[DistBackend, ...] = get_args(DistBackend)
 
 
 @dataclass(frozen=True)
@@ -133,8 +139,8 @@ def _check_launch_settings(device_type: str, timeout_s: float, backend: str) -> 
         raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
     if timeout_s <= 0:
         raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
-    if backend not in ("auto", "nccl", "gloo"):
-        raise UserError(f"--dist-backend must be auto, nccl or gloo, got {backend!r}")
+    if backend not in DIST_BACKENDS:
+        raise UserError(f"--dist-backend must be {one_of(DIST_BACKENDS)}, got {backend!r}")
     if backend == "nccl" and device_type != "cuda":
         raise UserError("--dist-backend nccl needs --machine.device-type cuda")
 

@@ -17,7 +17,7 @@ Shape letters: ``N`` Gaussians held here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -27,6 +27,10 @@ from distsplat_ns.model.strategy import IdGather, StrategySchedule, grows_at
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
+
+StrategyName = Literal["default", "mcmc"]
+"""``--pipeline.model.strategy``: ``DefaultDensifier`` or ``MCMCDensifier`` (see the module docstring)."""
+STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
 
 
 class Densifier(ABC):

@@ -42,8 +42,8 @@ from distsplat_ns.model.band_render import (
 )
 from distsplat_ns.model.band_terms import BandTerms
 from distsplat_ns.model.camera_adjust import adjusted_camera_to_worlds
-from distsplat_ns.model.densify import DefaultDensifier, Densifier, MCMCDensifier
-from distsplat_ns.model.eval_outputs import EvalOutputs
+from distsplat_ns.model.densify import STRATEGIES, DefaultDensifier, Densifier, MCMCDensifier, StrategyName
+from distsplat_ns.model.eval_outputs import EvalMetrics, LpipsSetting, render_view
 from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.model.mcmc import MCMCConfig, mcmc_schedule_in_steps
@@ -58,10 +58,11 @@ from distsplat_ns.model.strategy import (
     gather_local,
     schedule_in_steps,
 )
-from distsplat_ns.rendering import Projection, project, rasterize_rows
+from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
 from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat
 from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.validation import one_of
 
 LOGGER = get_logger(__name__)
 
@@ -77,13 +78,13 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """
 
     _target: type = field(default_factory=lambda: DistSplatModel)
-    rendering_backend: Literal["auto", "gsplat", "reference"] = "auto"
+    rendering_backend: Backend = "auto"
     """Rasterizer: "auto" runs gsplat's CUDA kernels on CUDA tensors and the pure-PyTorch reference on CPU."""
-    lpips: Literal["auto", "off"] = "auto"
+    lpips: LpipsSetting = "auto"
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
-    strategy: Literal["default", "mcmc"] = "default"
+    strategy: StrategyName = "default"
     """Densification (nerfstudio main's field): "default" (gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients) or "mcmc" (Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number of ranks: docs/mcmc.md). Under mcmc the DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto."""
     max_gs_num: int = MCMCConfig.max_gs_num
     """MCMC only: cap on the number of Gaussians over all ranks (main's default 1,000,000). Additions stop at it."""
@@ -106,25 +107,26 @@ class DistSplatModelConfig(SplatfactoModelConfig):
         )
 
     def __post_init__(self) -> None:
-        if self.strategy not in ("default", "mcmc"):
-            raise ValueError(f"--pipeline.model.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got {self.strategy!r}")
         if self.strategy == "mcmc":
             self.mcmc_config()
         # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
         if self.n_split_samples != 2:
             # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
             raise ValueError(f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)")
-        if self.rasterize_mode not in ("classic", "antialiased"):
-            raise ValueError(f"--pipeline.model.rasterize-mode must be 'classic' or 'antialiased', got {self.rasterize_mode!r}")
+        if self.rasterize_mode not in RASTERIZE_MODES:
+            raise ValueError(f"--pipeline.model.rasterize-mode must be {one_of(RASTERIZE_MODES)}, got {self.rasterize_mode!r}")
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
             raise ValueError("--pipeline.model.param-dtype float64 needs the reference backend (gsplat renders float32)")
         if self.background_color not in ("random", "black", "white"):
             raise ValueError(f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}")
 
 
-class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
-    """Splatfacto trained on batches of image bands; see the module docstring (what a band's loss is
-    made of: ``model/band_terms.py``)."""
+class DistSplatModel(SplatfactoModel):
+    """Splatfacto trained on batches of image bands; see the module docstring. What a band's loss
+    is made of is its ``band_terms`` (``model/band_terms.py:BandTerms``); an eval image's metrics
+    its ``eval_metrics`` (``model/eval_outputs.py:EvalMetrics``)."""
 
     config: DistSplatModelConfig
 
@@ -157,9 +159,7 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
 
         self.psnr = PeakSignalNoiseRatio(data_range=1.0)
         self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
-        # LPIPS downloads AlexNet weights when built: build it on first use (offline machines).
-        self._lpips: Any = None
-        self._lpips_state: Literal["unbuilt", "ready", "unavailable"] = "unbuilt" if self.config.lpips == "auto" else "unavailable"
+        self.eval_metrics = EvalMetrics(self.psnr, self.ssim, self.config.lpips, self.config.color_corrected_metrics)
         self.step = 0
         self.crop_box = None
         if self.config.background_color == "random":
@@ -202,6 +202,7 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
                 ),
             )
             strategy_state = {}
+        self.band_terms = BandTerms(self.config, self.mcmc, self.composite_with_background)
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): a row of the strategy state, carried by every row operation.
         strategy_state[IDS] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
@@ -261,8 +262,9 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
             self.next_gauss_id = int(self.strategy_state[IDS].max()) + 1 if num else 0
 
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
-        # Checkpoints of splatfacto carry LPIPS weights that this model builds lazily; drop them.
-        dict = {k: v for k, v in dict.items() if not k.startswith("lpips.")}
+        # Checkpoints of splatfacto carry LPIPS weights (and older distsplat ones, where eval built
+        # it, under "_lpips."): this model's LPIPS is built lazily outside its state; drop them.
+        dict = {k: v for k, v in dict.items() if not k.startswith(("lpips.", "_lpips."))}
         # Splatfacto's load re-creates the Gaussian parameters with torch.zeros in the default
         # dtype before copying the checkpoint in: without this a float64-mode run resumed in
         # float32 (tests/multiproc/test_mcmc_training.py, the resumed run).
@@ -410,14 +412,17 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
             raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
-        regularizer_loss, loss_terms = self._regularizers(step, regularizers)
+        bil_grids = self.bil_grids if self.config.use_bilateral_grid else None
+        regularizer_loss, loss_terms = self.band_terms.regularizers(
+            step, regularizers, self.opacities, self.scales, self.training, bil_grids, self.camera_optimizer
+        )
         if not bands:
             return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero, loss_terms=loss_terms)
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
         inputs = self.render_inputs(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
-        gts, gt_masks = self._ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
+        gts, gt_masks = self.band_terms.ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
 
         result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls, loss_terms=loss_terms)
         l1_total, dssim_total = zero, zero
@@ -433,8 +438,8 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
                 for k, band in enumerate(call):
                     i = first + k
                     grid = None if camera_ids is None or not self.config.use_bilateral_grid else camera_ids[i]
-                    l1, dssim = self._band_terms(
-                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, grid
+                    l1, dssim = self.band_terms.band_terms(
+                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, bil_grids, grid
                     )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     if self.config.output_depth_during_training:
@@ -447,6 +452,49 @@ class DistSplatModel(EvalOutputs, BandTerms, SplatfactoModel):
         result.l1 = (l1_total / self.batch_size).detach()
         result.dssim = (dssim_total / self.batch_size).detach()
         return result
+
+    # ------------------------------------------------------------------ eval, export and viewer
+    def get_outputs(self, camera: Cameras) -> dict[str, torch.Tensor | list] | None:
+        """Render one whole camera for eval, export and the viewer (``model/eval_outputs.py:render_view``).
+
+        Returns:
+            nerfstudio's outputs; None on a rank other than 0 whose mode renders views as
+            collectives (it took part, rank 0 holds the image).
+
+        **Collective:** only through ``view_renderer`` (sharded training: on every rank in the
+        same order from the training thread; a viewer thread's call posts the camera instead).
+        Without one, local.
+        """
+        if not isinstance(camera, Cameras):
+            raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
+        if camera.shape[0] != 1:
+            raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
+        if self.view_renderer is not None:
+            return self.view_renderer(camera)
+        raw = self.gauss_params
+        crop_ids = None
+        if self.crop_box is not None and not self.training:
+            crop_ids = self.crop_box.within(raw["means"]).squeeze()
+            if crop_ids.sum() == 0:
+                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+        params = self._activated(raw)
+        if crop_ids is not None:
+            params = {k: v[crop_ids] for k, v in params.items()}
+        inputs = self.render_inputs(camera, self._get_downscale_factor())
+        return render_view(params, inputs, self._get_background_color(), self.sh_degree_at(self.step), self.training, self.config)
+
+    def _get_background_color(self) -> torch.Tensor:
+        if self.config.background_color == "random":
+            # Only the eval/viewer path reaches here; training uses training_background().
+            return self.background_color.to(self.device)
+        return get_color(self.config.background_color).to(self.device)
+
+    def get_image_metrics_and_images(
+        self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """An eval image's metrics and the side-by-side image (``EvalMetrics.measure``)."""
+        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+        return self.eval_metrics.measure(gt_rgb, outputs["rgb"])
 
     # ------------------------------------------------------------------ densification
     def densify(

@@ -1,114 +1,129 @@
-"""Eval, export and viewer rendering of ``DistSplatModel``: one whole camera at a time. Where the
-model holds every Gaussian it renders them itself (never a collective); in sharded training the
-parallel mode's ``view_renderer`` renders the camera from every rank's shard
-(``parallel/view_render.py``).
+"""Eval, export and viewer outputs of ``DistSplatModel``: one whole camera rasterized into
+nerfstudio's outputs (``render_view``), and an eval image's metrics (``EvalMetrics``).
 
-A mixin of ``DistSplatModel`` (``model/distsplat_model.py``), ahead of splatfacto's methods.
+The model (``model/distsplat_model.py``) decides what is rendered -- its own Gaussians (cropped
+for the viewer), or, in sharded training, every rank's shard through the parallel mode's
+``view_renderer`` (``parallel/view_render.py``) -- and calls these with what they read.
+
+Shape letters: N Gaussians, H/W pixels, K SH bases.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from nerfstudio.cameras.cameras import Cameras
-from nerfstudio.utils.colors import get_color
+from nerfstudio.models.splatfacto import SplatfactoModelConfig
 
+from distsplat_ns.model.band_render import RenderInputs
 from distsplat_ns.model.colour_metrics import colour_corrected_metrics
 from distsplat_ns.rendering import rasterization
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
 
+LpipsSetting = Literal["auto", "off"]
+"""``--pipeline.model.lpips``: "auto" builds LPIPS on first use when its weights load, "off" never."""
 
-class EvalOutputs:
-    """``get_outputs`` and the eval metrics of ``DistSplatModel`` (its attributes: ``view_renderer``,
-    ``gauss_params``, ``config``, ``render_inputs``, ...)."""
 
-    def get_outputs(self, camera: Cameras) -> dict[str, torch.Tensor | list] | None:
-        """Render one whole camera for eval, export and the viewer.
+def render_view(
+    params: dict[str, torch.Tensor],
+    inputs: RenderInputs,
+    background: torch.Tensor,
+    sh_degree: int | None,
+    training: bool,
+    config: SplatfactoModelConfig,
+) -> dict[str, torch.Tensor | None]:
+    """One camera rendered whole, as nerfstudio's outputs.
 
-        Returns:
-            nerfstudio's outputs; None on a rank other than 0 whose mode renders views as
-            collectives (it took part, rank 0 holds the image).
+    Args:
+        params: The Gaussians to render, activated (``DistSplatModel._activated``): ``means``
+            `[N, 3]`, ``quats`` `[N, 4]`, ``scales`` `[N, 3]`, ``opacities`` `[N]`, ``colors``
+            `[N, K, 3]` (or `[N, 3]` at SH degree 0).
+        inputs: The camera (one), on the Gaussians' device.
+        background: The eval background colour. `[3]`.
+        sh_degree: The SH degree to render at (None: degree 0).
+        training: Whether the model trains (depth is rendered in eval, and where configured).
+        config: The model's configuration (rasterize mode, backend, depth during training).
 
-        **Collective:** only through ``view_renderer`` (sharded training: on every rank in the
-        same order from the training thread; a viewer thread's call posts the camera instead).
-        Without one, local.
-        """
-        if not isinstance(camera, Cameras):
-            raise TypeError(f"get_outputs expects nerfstudio Cameras, got {type(camera).__name__}")
-        if camera.shape[0] != 1:
-            raise ValueError(f"get_outputs renders one camera at a time, got {camera.shape[0]}")
-        if self.view_renderer is not None:
-            return self.view_renderer(camera)
-        raw = self.gauss_params
-        crop_ids = None
-        if self.crop_box is not None and not self.training:
-            crop_ids = self.crop_box.within(raw["means"]).squeeze()
-            if crop_ids.sum() == 0:
-                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
-        params = self._activated(raw)
-        if crop_ids is not None:
-            params = {k: v[crop_ids] for k, v in params.items()}
-        downscale = self._get_downscale_factor()
-        inputs = self.render_inputs(camera, downscale)
-        viewmats, Ks, width, height = inputs.viewmats, inputs.Ks, inputs.width, inputs.height
-        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
-        render, alpha, _ = rasterization(
-            **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
-            near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=self.sh_degree_at(self.step),
-            absgrad=False, rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
-        )
-        background = self._get_background_color()
-        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
-        depth_im = None
-        if render_mode == "RGB+ED":
-            depth_im = render[..., 3:4]
-            depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
-        if background.shape[0] == 3 and not self.training:
-            background = background.expand(height, width, 3)
-        # Outputs are float32 whatever the parameters' precision (metrics and viewer expect it).
-        return {
-            "rgb": rgb.squeeze(0).float(),
-            "depth": None if depth_im is None else depth_im.float(),
-            "accumulation": alpha.squeeze(0).float(),
-            "background": background.float(),
-        }
+    Returns:
+        ``rgb`` `[H, W, 3]`, ``depth`` `[H, W, 1]` (None when not rendered), ``accumulation``
+        `[H, W, 1]` and ``background`` (`[H, W, 3]` in eval), float32 whatever the Gaussians'
+        precision (metrics and viewer expect it).
+    """
+    viewmats, Ks, width, height = inputs.viewmats, inputs.Ks, inputs.width, inputs.height
+    render_mode = "RGB+ED" if (config.output_depth_during_training or not training) else "RGB"
+    render, alpha, _ = rasterization(
+        **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
+        near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=sh_degree,
+        absgrad=False, rasterize_mode=config.rasterize_mode, backend=config.rendering_backend,
+    )
+    rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
+    depth_im = None
+    if render_mode == "RGB+ED":
+        depth_im = render[..., 3:4]
+        depth_im = torch.where(alpha > 0, depth_im, depth_im.detach().max()).squeeze(0)
+    if background.shape[0] == 3 and not training:
+        background = background.expand(height, width, 3)
+    return {
+        "rgb": rgb.squeeze(0).float(),
+        "depth": None if depth_im is None else depth_im.float(),
+        "accumulation": alpha.squeeze(0).float(),
+        "background": background.float(),
+    }
 
-    def _get_background_color(self) -> torch.Tensor:
-        if self.config.background_color == "random":
-            # Only the eval/viewer path reaches here; training uses training_background().
-            return self.background_color.to(self.device)
-        return get_color(self.config.background_color).to(self.device)
 
-    def _lpips_metric(self) -> Any:
+class EvalMetrics:
+    """PSNR, SSIM and, when its network weights load, LPIPS of an eval image (nerfstudio's keys).
+
+    Args:
+        psnr: The PSNR metric (a module of the model, so that it moves with it).
+        ssim: The SSIM metric.
+        lpips: ``--pipeline.model.lpips``: "auto" builds LPIPS on first use (an offline machine
+            gets a one-line notice and no LPIPS), "off" never.
+        colour_corrected: ``--pipeline.model.color-corrected-metrics``: also splatfacto's
+            ``cc_*`` keys (``model/colour_metrics.py``).
+    """
+
+    def __init__(self, psnr: torch.nn.Module, ssim: torch.nn.Module, lpips: LpipsSetting, colour_corrected: bool = False) -> None:
+        self.psnr = psnr
+        self.ssim = ssim
+        self.colour_corrected = colour_corrected
+        # LPIPS downloads AlexNet weights when built: build it on first use (offline machines).
+        self._lpips: Any = None
+        self._lpips_state: Literal["unbuilt", "ready", "unavailable"] = "unbuilt" if lpips == "auto" else "unavailable"
+
+    def _lpips_metric(self, device: torch.device) -> Any:
         if self._lpips_state == "unbuilt":
             try:
                 from torchmetrics.image.lpip import (
                     LearnedPerceptualImagePatchSimilarity,
                 )
 
-                self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(self.device)
+                self._lpips = LearnedPerceptualImagePatchSimilarity(normalize=True).to(device)
                 self._lpips_state = "ready"
             except Exception as err:  # noqa: BLE001 -- the weights download fails offline (any error): report once, keep going
                 self._lpips_state = "unavailable"
                 LOGGER.warning("LPIPS is not reported: its network weights could not be loaded (%s)", str(err).splitlines()[0][:200])
         return self._lpips if self._lpips_state == "ready" else None
 
-    def get_image_metrics_and_images(
-        self, outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
-    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
-        predicted_rgb = outputs["rgb"]
+    def measure(self, gt_rgb: torch.Tensor, predicted_rgb: torch.Tensor) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """The metrics of ``predicted_rgb`` against ``gt_rgb``, and the side-by-side image.
+
+        Args:
+            gt_rgb: The ground truth, composited. `[H, W, 3]`, in [0, 1].
+            predicted_rgb: The render. `[H, W, 3]`, in [0, 1], on the same device.
+
+        Returns:
+            ``({"psnr", "ssim"[, "lpips"][, "cc_psnr", ...]}, {"img": [H, 2W, 3]})``.
+        """
         combined_rgb = torch.cat([gt_rgb, predicted_rgb], dim=1)
         gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
         pred = torch.moveaxis(predicted_rgb, -1, 0)[None, ...]
         metrics = {"psnr": float(self.psnr(gt, pred).item()), "ssim": float(self.ssim(gt, pred))}
-        lpips = self._lpips_metric()
+        lpips = self._lpips_metric(predicted_rgb.device)
         if lpips is not None:
             metrics["lpips"] = float(lpips(gt, pred))
-        if self.config.color_corrected_metrics:
+        if self.colour_corrected:
             metrics.update(colour_corrected_metrics(predicted_rgb, gt_rgb, self.psnr, self.ssim, lpips))
         return metrics, {"img": combined_rgb}
-

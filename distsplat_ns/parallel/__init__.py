@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from distsplat_ns.parallel.mode import ParallelMode
+from distsplat_ns.parallel.mode import PARALLEL_MODES, ParallelMode, ParallelModeName
 from distsplat_ns.parallel.replicated import ReplicatedMode
 from distsplat_ns.parallel.sharded import ShardedMode
 
-MODES = {mode.name: mode for mode in (ReplicatedMode, ShardedMode)}
+#: The class of each of ``PARALLEL_MODES``.
+MODES: dict[str, type[ParallelMode]] = {mode.name: mode for mode in (ReplicatedMode, ShardedMode)}
 
 
 def parallel_mode_class(name: str) -> type[ParallelMode]:
@@ -20,4 +21,4 @@ def parallel_mode_class(name: str) -> type[ParallelMode]:
     return MODES[name]
 
 
-__all__ = ["MODES", "ParallelMode", "ReplicatedMode", "ShardedMode", "parallel_mode_class"]
+__all__ = ["MODES", "PARALLEL_MODES", "ParallelMode", "ParallelModeName", "ReplicatedMode", "ShardedMode", "parallel_mode_class"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from distsplat_ns.model.distsplat_model import DistSplatModel
 
 NamedParameters = Sequence[tuple[str, torch.nn.Parameter]]
+
+ParallelModeName = Literal["replicated", "sharded"]
+"""``--pipeline.parallel``: the name of each mode (``ParallelMode.name``; the classes: ``parallel/__init__.py:MODES``)."""
+PARALLEL_MODES: tuple[ParallelModeName, ...] = get_args(ParallelModeName)
 Optimizers = Mapping[str, torch.optim.Optimizer]
 
 
@@ -45,7 +49,7 @@ class ParallelMode(ABC):
     """
 
     #: ``--pipeline.parallel``'s value for this mode.
-    name: str
+    name: ParallelModeName
 
     def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
         self.ctx = ctx

@@ -14,6 +14,8 @@ Layer rule: this package imports torch only; gsplat is imported lazily inside
 
 from distsplat_ns.rendering.api import (
     BACKENDS,
+    RASTERIZE_MODES,
+    Backend,
     Projection,
     RowRender,
     project,
@@ -27,6 +29,8 @@ from distsplat_ns.rendering.sh import evaluate_sh
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_ELEMENTS",
+    "RASTERIZE_MODES",
+    "Backend",
     "Projection",
     "RowRender",
     "evaluate_sh",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -25,11 +26,14 @@ from distsplat_ns.rendering import projection as _ref_projection
 from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
 
-__all__ = ["BACKENDS", "Projection", "RowRender", "project", "rasterize_rows", "resolve_backend"]
+__all__ = ["BACKENDS", "RASTERIZE_MODES", "Backend", "Projection", "RowRender", "project", "rasterize_rows", "resolve_backend"]
 
-BACKENDS = ("auto", "gsplat", "reference")
+Backend = Literal["auto", "gsplat", "reference"]
+"""A rasterizer: ``--pipeline.model.rendering-backend`` (see the module docstring)."""
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 _RENDER_MODES = ("RGB", "RGB+ED")
-_RASTERIZE_MODES = ("classic", "antialiased")
+RASTERIZE_MODES = ("classic", "antialiased")
+"""The rasterize modes both backends render (splatfacto's ``rasterize_mode``)."""
 _MIN_ALPHA_FOR_DEPTH = 1e-10  # gsplat divides accumulated depth by alpha.clamp(min=1e-10)
 _KEEPALIVE_ATTR = "_distsplat_band_means2d"  # on proj.means2d: the gsplat bands' shifted means
 
@@ -161,8 +165,8 @@ def _validate_project_inputs(
             )
     if width <= 0 or height <= 0:
         raise ValueError(f"width and height must be positive, got width={width}, height={height}")
-    if rasterize_mode not in _RASTERIZE_MODES:
-        raise ValueError(f"rasterize_mode must be one of {_RASTERIZE_MODES}, got {rasterize_mode!r}")
+    if rasterize_mode not in RASTERIZE_MODES:
+        raise ValueError(f"rasterize_mode must be one of {RASTERIZE_MODES}, got {rasterize_mode!r}")
     if render_mode not in _RENDER_MODES:
         raise ValueError(f"render_mode must be one of {_RENDER_MODES}, got {render_mode!r}")
     devices = {t.device for t in (means, quats, scales, opacities, colors, viewmats, Ks)}

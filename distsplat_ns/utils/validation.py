@@ -1,6 +1,9 @@
-"""Argument validators shared by the pure layers: one message format for every integer check."""
+"""Argument validators shared by the pure layers: one message format for every integer check, and
+an option list written as a sentence."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -16,3 +19,10 @@ def check_int(name: str, value: object, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
     return int(value)
+
+
+def one_of(options: Sequence[str]) -> str:
+    """``options`` as an error message lists them: ``"a"``, ``"a or b"``, ``"a, b or c"``."""
+    if len(options) < 2:
+        return "".join(options)
+    return f"{', '.join(options[:-1])} or {options[-1]}"

@@ -173,7 +173,7 @@ def test_bad_schedule_value_names_the_step(tmp_path: Path) -> None:
 
 
 def test_model_gt_image_skips_its_resize_for_images_at_the_rendered_size() -> None:
-    # The model's size rule (distsplat_model.gt_image): an image already at the rendered size is
+    # The model's size rule (band_terms.py:BandTerms.gt_image): an image already at the rendered size is
     # used as is, a full-size one is resized; both give the same ground truth here (up to rounding).
     from tests.helpers.model_factory import make_model
 
@@ -183,8 +183,8 @@ def test_model_gt_image_skips_its_resize_for_images_at_the_rendered_size() -> No
         small = box_downscale(full, d, (downscaled_px(h, d), downscaled_px(w, d)))
         model = make_model(batch_size=1)
         bg = torch.zeros(3, dtype=model.compute_dtype)
-        gt_small = model.gt_image(torch.from_numpy(small), bg, d, small.shape[:2])
-        gt_full = model.gt_image(torch.from_numpy(full), bg, d, small.shape[:2])
+        gt_small = model.band_terms.gt_image(torch.from_numpy(small), bg, d, small.shape[:2])
+        gt_full = model.band_terms.gt_image(torch.from_numpy(full), bg, d, small.shape[:2])
         assert gt_small.shape == gt_full.shape
         assert (gt_small - gt_full).abs().max() <= 0.5 / 255 + 1e-6  # uint8 rounding of the box mean
 

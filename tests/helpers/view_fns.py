@@ -124,6 +124,7 @@ def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[st
 
     from distsplat_ns.parallel.sharded import ShardedMode
     from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline_eval import PipelineEval
     from tests.helpers.model_factory import make_images
 
     model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off", **(overrides or {}))
@@ -134,6 +135,7 @@ def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[st
     torch.nn.Module.__init__(pipe)
     pipe.ctx, pipe.mode, pipe._model = ctx, ShardedMode(ctx, model), model
     pipe.datamanager = SimpleNamespace(fixed_indices_eval_dataloader=views, next_eval_image=lambda step: views[1])
+    pipe.evaluation = PipelineEval(pipe.datamanager, model)
     one, images_out = pipe.get_eval_image_metrics_and_images(step=7)
     average = pipe.get_average_eval_image_metrics(step=7)
     out = {"one": one, "average": average, "has_image": "img" in images_out, "training": model.training}

@@ -13,6 +13,11 @@ from distsplat_ns.model.strategy import gather_local
 from tests.helpers.model_factory import make_model
 
 
+def regularizers(model, share: RegularizerShare):
+    """The model's batch-independent terms at step 1 (``BandTerms.regularizers``, as ``forward_bands`` calls it)."""
+    return model.band_terms.regularizers(1, share, model.opacities, model.scales, model.training, None, model.camera_optimizer)
+
+
 @pytest.mark.parametrize(
     ("fields", "error"),
     [
@@ -71,30 +76,30 @@ def test_mcmc_densify_moves_only_transparent_gaussians_and_numbers_new_ones() ->
 def test_mcmc_regularizers_sum_over_shares_to_one_process() -> None:
     """Replicated: one rank adds the terms for all N; sharded: each rank its rows over the global N."""
     model = make_model(1, num_points=40, strategy="mcmc", use_scale_regularization=False)
-    whole, _ = model._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))
+    whole, _ = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))
     expected = 0.01 * torch.sigmoid(model.opacities).mean() + 0.01 * torch.exp(model.scales).mean()
     torch.testing.assert_close(whole, expected, rtol=1e-6, atol=0)
-    off, _ = model._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
+    off, _ = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
     assert off.item() == 0.0
     default = make_model(1, num_points=40, use_scale_regularization=False)
-    assert default._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[0].item() == 0.0
+    assert regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[0].item() == 0.0
 
 
 def test_mcmc_terms_are_named_as_main_s_loss_dict_and_sum_to_the_total() -> None:
     """main's keys, each term's share detached, zero on a rank that adds none; a zero weight has
     no entry (main adds an entry only for a positive weight). rtol 1e-6: float32 means of 40."""
     model = make_model(1, num_points=40, strategy="mcmc", use_scale_regularization=False, mcmc_scale_reg=0.02)
-    total, named = model._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))
+    total, named = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))
     assert list(named) == ["mcmc_opacity_reg", "mcmc_scale_reg"] and not any(v.requires_grad for v in named.values())
     torch.testing.assert_close(named["mcmc_opacity_reg"], 0.01 * torch.sigmoid(model.opacities).mean().detach(), rtol=1e-6, atol=0)
     torch.testing.assert_close(named["mcmc_scale_reg"], 0.02 * torch.exp(model.scales).mean().detach(), rtol=1e-6, atol=0)
     assert total.item() == (named["mcmc_opacity_reg"] + named["mcmc_scale_reg"]).item()
-    _, off = model._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
+    _, off = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
     assert {k: v.item() for k, v in off.items()} == {"mcmc_opacity_reg": 0.0, "mcmc_scale_reg": 0.0}
     no_opacity = make_model(1, num_points=40, strategy="mcmc", mcmc_opacity_reg=0.0)
-    assert list(no_opacity._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1]) == ["mcmc_scale_reg"]
+    assert list(regularizers(no_opacity, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1]) == ["mcmc_scale_reg"]
     default = make_model(1, num_points=40)
-    assert default._regularizers(1, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1] == {}
+    assert regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1] == {}
 
 
 def test_splatfacto_field_it_ignores_itself_is_refused_by_name() -> None:
