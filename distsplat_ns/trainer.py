@@ -94,8 +94,8 @@ class DistSplatTrainerConfig(TrainerConfig):
 
 
 class DistSplatTrainer(Trainer):
-    """See the module docstring; loading and saving checkpoints are its ``checkpoints``'
-    (``trainer_checkpoints.py:TrainerCheckpoints``, built in :meth:`setup`)."""
+    """See the module docstring. Checkpoints are loaded and written by its ``checkpoints``, a
+    ``trainer_checkpoints.py:TrainerCheckpoints`` built in :meth:`setup`."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
