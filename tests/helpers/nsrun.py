@@ -119,3 +119,39 @@ def read_scalars(out: Path, timestamp: str, tag: str, method: str = "distsplat")
         if tag in events.Tags()["scalars"]:
             values.update({e.step: e.value for e in events.Scalars(tag)})
     return values
+
+
+def train_runs(root_factory, runs: dict[str, tuple[int, str]], num_images: int, extra: Sequence[str],
+               saves: dict[str, list[str]], no_saves: Sequence[str]) -> dict[str, Path]:
+    """Each named run trained in its own folder: ``runs`` maps a name to ``(world size, parallel
+    mode)`` (1: ns-train, more: torchrun); ``saves`` gives a run its save flags (``no_saves``
+    otherwise). Returns each run's output folder by name."""
+    out = {}
+    for name, (world, parallel) in runs.items():
+        path = root_factory.mktemp(name)
+        args = [*extra, *saves.get(name, no_saves), "--pipeline.parallel", parallel]
+        if world == 1:
+            run_ns_train(path, name, num_images, extra=args)
+        else:
+            run_torchrun(path, name, num_images, world, extra=args)
+        out[name] = path
+    return out
+
+
+def pipeline_state_by_id(ckpt: Path) -> tuple[dict, dict]:
+    """A checkpoint's pipeline state (a step-N.ckpt file, or a sharded run's step-N.dcp read whole
+    in this process) and its Gaussian parameters in global-id order, the ids under "ids"."""
+    import torch
+
+    from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
+
+    if ckpt.is_dir():
+        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
+    else:
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
+    order = torch.argsort(ids)
+    prefix = "_model.gauss_params."
+    rows = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
+    rows["ids"] = ids[order]
+    return state, rows

@@ -14,27 +14,19 @@ from tests.helpers.model_factory import HEIGHT, make_cameras, make_images, make_
 NUM_POINTS = 300
 
 
-def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]]:
-    """One training forward and backward with ``output_depth_during_training`` through the mode
-    ``parallel`` (bands per rank from ``splits``: ``(position, first_row_px, end_row_px)``), the
-    depth filled as ``DistSplatPipeline.train_step`` fills it; returns this rank's bands' depth rows
-    as ``{"position", "first_row", "depth"}`` and, on rank 0, ``"whole"``: ``get_outputs``' depth
-    of each batch camera (splatfacto's training path: whole image, one process)."""
+def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, camera_ids: Any = None) -> tuple[Any, Any]:
+    """``model`` (cut to this rank's shard when ``parallel`` is sharded) through one forward and
+    backward of the bands ``splits`` (per rank: ``(position, first_row_px, end_row_px)``) of
+    ``cameras`` (2, with make_images' images) at step 5; returns ``(mode, BandRenderResult)``."""
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.parallel import parallel_mode_class
-    from distsplat_ns.pipeline import DistSplatPipeline
 
-    model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", output_depth_during_training=True)
-    whole = None
-    if ctx.rank == 0:
-        with torch.no_grad():
-            whole = [model.get_outputs(make_cameras(2)[i : i + 1])["depth"].clone() for i in range(2)]
     if parallel == "sharded":
         take_initial_shard_(model, ctx.rank, ctx.world_size)
     mode = parallel_mode_class(parallel)(ctx, model)
-    cameras, images = make_cameras(2), make_images(2)
+    images = make_images(2)
     plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in splits])
     bands = plan.bands[ctx.rank]
     positions = sorted({b.position for b in bands})
@@ -43,8 +35,26 @@ def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]
     result = model.forward_bands(
         cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
         [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
+        **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )
     backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+    return mode, result
+
+
+def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]]:
+    """One training forward and backward with ``output_depth_during_training`` through the mode
+    ``parallel`` (bands per rank from ``splits``: ``(position, first_row_px, end_row_px)``), the
+    depth filled as ``DistSplatPipeline.train_step`` fills it; returns this rank's bands' depth rows
+    as ``{"position", "first_row", "depth"}`` and, on rank 0, ``"whole"``: ``get_outputs``' depth
+    of each batch camera (splatfacto's training path: whole image, one process)."""
+    from distsplat_ns.pipeline import DistSplatPipeline
+
+    model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", output_depth_during_training=True)
+    whole = None
+    if ctx.rank == 0:
+        with torch.no_grad():
+            whole = [model.get_outputs(make_cameras(2)[i : i + 1])["depth"].clone() for i in range(2)]
+    mode, result = _band_step(ctx, model, parallel, make_cameras(2), splits)
     pipe = object.__new__(DistSplatPipeline)  # only what the depth fill reads
     torch.nn.Module.__init__(pipe)
     pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
@@ -65,33 +75,16 @@ def pose_step(ctx: Any, parallel: str, splits: list, mode_name: str = "SO3xR3") 
     this rank's Gaussians' gradients."""
     from nerfstudio.cameras.camera_optimizers import CameraOptimizerConfig
 
-    from distsplat_ns.balance.bands import Band
-    from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
-    from distsplat_ns.model.band_backward import backward_bands
+    from distsplat_ns.distributed.collectives import all_reduce_sum_
     from distsplat_ns.model.camera_adjust import with_train_camera_ids
-    from distsplat_ns.parallel import parallel_mode_class
 
     model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference",
                        camera_optimizer=CameraOptimizerConfig(mode=mode_name))
     with torch.no_grad():
         adjustment = model.camera_optimizer.pose_adjustment
         adjustment += 0.03 * torch.randn(adjustment.shape, generator=torch.Generator().manual_seed(11), dtype=adjustment.dtype)
-    if parallel == "sharded":
-        take_initial_shard_(model, ctx.rank, ctx.world_size)
-    mode = parallel_mode_class(parallel)(ctx, model)
     cameras = with_train_camera_ids(make_cameras(2), POSE_CAMERA_IDS)
-    images = make_images(2)
-    plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in splits])
-    bands = plan.bands[ctx.rank]
-    positions = sorted({b.position for b in bands})
-    model.step = 5
-    source, _ = mode.projections(cameras, plan, 5, contextlib.nullcontext)
-    result = model.forward_bands(
-        cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
-        [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
-        camera_ids=[POSE_CAMERA_IDS[p] for p in positions],
-    )
-    backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+    mode, result = _band_step(ctx, model, parallel, cameras, splits, POSE_CAMERA_IDS)
     named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
     mode.reduce_gradients(named)
     grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in model.gauss_params.items()}

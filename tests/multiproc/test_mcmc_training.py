@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, read_scalars, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.nsrun import latest_checkpoint, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_torchrun, train_runs
 
 pytestmark = pytest.mark.slow
 
@@ -51,16 +50,7 @@ MCMC_TERMS = ("mcmc_opacity_reg", "mcmc_scale_reg")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = {}
-    for name, (world, parallel) in RUNS.items():
-        path = tmp_path_factory.mktemp(name)
-        extra = [*MCMC_EXTRA, *SAVES.get(name, NO_SAVES), "--pipeline.parallel", parallel]
-        if world == 1:
-            run_ns_train(path, name, NUM_IMAGES, extra=extra)
-        else:
-            run_torchrun(path, name, NUM_IMAGES, world, extra=extra)
-        out[name] = path
-    return out
+    return train_runs(tmp_path_factory, RUNS, NUM_IMAGES, MCMC_EXTRA, SAVES, NO_SAVES)
 
 
 @pytest.fixture(scope="module")
@@ -73,19 +63,11 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _by_id(ckpt: Path) -> dict:
-    if ckpt.is_dir():  # a sharded run's step-N.dcp, read whole in this process
-        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
-    else:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
+    state, rows = pipeline_state_by_id(ckpt)
     extra = state["_model._extra_state"]
-    ids = extra["strategy_state"]["gauss_ids"]
-    order = torch.argsort(ids)
-    prefix = "_model.gauss_params."
-    out = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
-    out["ids"] = ids[order]
-    out["next_id"] = extra["next_gauss_id"]
-    out["state_keys"] = set(extra["strategy_state"])
-    return out
+    rows["next_id"] = extra["next_gauss_id"]
+    rows["state_keys"] = set(extra["strategy_state"])
+    return rows
 
 
 def test_one_process_relocates_twice_adds_and_stops_at_the_cap(runs: dict) -> None:

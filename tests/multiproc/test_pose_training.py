@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_scalars, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.nsrun import latest_checkpoint, ns_bin, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_ns_train, train_runs
 
 pytestmark = pytest.mark.slow
 
@@ -51,16 +50,7 @@ ADJUSTMENT = "_model.camera_optimizer.pose_adjustment"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    out = {}
-    for name, (world, parallel) in RUNS.items():
-        path = tmp_path_factory.mktemp(name)
-        extra = [*POSE_EXTRA, *SAVES.get(name, NO_SAVES), "--pipeline.parallel", parallel]
-        if world == 1:
-            run_ns_train(path, name, NUM_IMAGES, extra=extra)
-        else:
-            run_torchrun(path, name, NUM_IMAGES, world, extra=extra)
-        out[name] = path
-    return out
+    return train_runs(tmp_path_factory, RUNS, NUM_IMAGES, POSE_EXTRA, SAVES, NO_SAVES)
 
 
 @pytest.fixture(scope="module")
@@ -74,17 +64,9 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _state(ckpt: Path) -> dict:
     """A checkpoint's Gaussians by global id (under "ids"), its pose adjustments under "pose"."""
-    if ckpt.is_dir():  # a sharded run's step-N.dcp, read whole in this process
-        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
-    else:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
-    ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
-    order = torch.argsort(ids)
-    prefix = "_model.gauss_params."
-    out = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
-    out["ids"] = ids[order]
-    out["pose"] = state[ADJUSTMENT]
-    return out
+    state, rows = pipeline_state_by_id(ckpt)
+    rows["pose"] = state[ADJUSTMENT]
+    return rows
 
 
 def _assert_same(a: dict, b: dict) -> None:
