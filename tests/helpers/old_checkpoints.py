@@ -1,6 +1,6 @@
 """The checkpoints and config.yml files b53ba80 wrote (tests/fixtures/b53ba80/make_fixtures.sh):
 where they are, a run folder the tools can read, and loading them through the trainer
-(tests/multiproc/test_old_checkpoints.py, tests/integration/test_old_checkpoints.py)."""
+(tests/multiproc/test_old_checkpoints.py, tests/integration/test_old_checkpoints_resume_export.py)."""
 
 from __future__ import annotations
 
