@@ -28,9 +28,13 @@ on distsplat. distsplat calls ``rendering.project`` and ``rendering.rasterize_ro
 ``--cpu-reference-renderer`` patch, which also makes ``Tensor.cuda()`` a no-op), built from the
 same two functions. This benchmark wraps those three names (in the modules that call them, inside
 the benchmark process only): operators dispatched during the call are not counted, and neither are
-those of its backward -- the autograd nodes created during the call (found by their sequence
-numbers, from the outputs) get a pre-hook and a hook that toggle the same flag, and the tensor
-hooks registered during the call (absgrad) run under it too.
+those of its backward -- those dispatched while the autograd engine runs a node the call created
+(``torch._C._current_autograd_node()``, its sequence number within the call's range), which
+includes the engine's sums of the renderer's own gradients, or between such a node's pre-hook and
+hook (a custom backward's own inner autograd graph) -- nor those of the tensor hooks the call
+registers (absgrad). A sum of a gradient from the renderer with one from outside it (a
+parameter also used by a regulariser) counts on the side of the node that finishes last: at
+most one operator per such tensor.
 
 Usage (one run at a time; ~10 minutes on 2 cores)::
 
@@ -38,8 +42,8 @@ Usage (one run at a time; ~10 minutes on 2 cores)::
         [--data scenes/lund_door] [--out benchmarks/results/host_cost_lund_door_DATE.json]
 
 Each distsplat run trains B = W images per step (one image per rank, the per-rank work of W = 1);
-``--steps`` steps, with refinement from step 3 every 6 steps (one densification step, step 6,
-counted apart). Steady state: the median over steps 2.. except the densification step.
+``--steps`` steps (23), refinement every 6 steps after 3 (one densification step, step 18, counted
+apart). Steady state: the median over steps 13.. except the densification step.
 """
 
 from __future__ import annotations
@@ -63,10 +67,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-REFINE_STEP = 6
-"""The one densification step of a run (warm-up 3 steps, refine every 6): counted apart."""
-FIRST_STEADY_STEP = 2
-"""Steps 0 and 1 are cold (first projections, logging at step 0, footprint priors)."""
+REFINE_EVERY_STEPS = 6
+"""Refinement every 6 steps after a warm-up of 3 (both as images in distsplat: B per step)."""
+REFINE_STEP = 18
+"""The run's densification step, counted apart: the first multiple of 6 that gsplat's
+``DefaultStrategy`` (and distsplat's same rule) does not skip as a pause after the opacity reset
+(``step % reset_every >= num_train_images + refine_every``, 12 images here)."""
+FIRST_STEADY_STEP = 13
+"""The steps before are cold: distsplat's first epoch (a footprint prior for each camera not yet
+measured: 12 steps at B = 1), logging at step 0."""
 
 SYNC_OPS = frozenset({
     "_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
@@ -100,7 +109,7 @@ class _Counter:
 
     @property
     def counting(self) -> bool:
-        return self.in_step and self.excluded_depth == 0
+        return self.in_step and self.excluded_depth == 0 and not _in_excluded_backward()
 
 
 COUNTER = _Counter()
@@ -122,7 +131,7 @@ def _install_dispatch_counter() -> Any:
     class CountOps(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if COUNTER.in_step:
-                if COUNTER.excluded_depth:
+                if COUNTER.excluded_depth or _in_excluded_backward():
                     COUNTER.current["excluded_ops"] += 1
                 else:
                     name = f"{func.namespace}::{func.overloadpacket.__name__}"
@@ -134,14 +143,19 @@ def _install_dispatch_counter() -> Any:
                         or (short == "repeat_interleave" and isinstance(args[0], torch.Tensor) and len(args) > 1
                             and isinstance(args[1], torch.Tensor) and (kwargs or {}).get("output_size") is None)
                     ):
-                        COUNTER.current["syncs"][name] += 1
+                        COUNTER.current["syncs"][f"{short} @ {_call_site()}"] += 1
             return func(*args, **(kwargs or {}))
 
     return CountOps
 
 
-def _call_site(depth: int = 2) -> str:
-    frame = sys._getframe(depth)
+def _call_site() -> str:
+    """``file:line`` of the innermost caller outside torch and this file."""
+    frame = sys._getframe(1)
+    while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
     path = frame.f_code.co_filename
     for root in (str(REPO) + "/", "site-packages/"):
         if root in path:
@@ -162,13 +176,14 @@ def _install_host_read_patches() -> None:
 
         setattr(torch.Tensor, name, patched)
 
-    def to_cpu(*args: Any, **kwargs: Any) -> bool:
-        device = kwargs.get("device", args[0] if args else None)
-        return isinstance(device, (str, torch.device)) and torch.device(device).type == "cpu"
+    def literal_cpu(*args: Any, **kwargs: Any) -> bool:
+        # Only the literal "cpu": on a CPU run the training device is "cpu" too, and ``.to(device)``
+        # to it is a host-to-device copy on a GPU.
+        return kwargs.get("device", args[0] if args else None) == "cpu"
 
     for name in ("tolist", "numpy", "cpu"):
         wrap(name)
-    wrap("to", to_cpu)
+    wrap("to", literal_cpu)
 
 
 def _payload_bytes(value: Any) -> int:
@@ -218,6 +233,33 @@ def _sequence_now() -> int:
     return int(probe.grad_fn._sequence_nr())
 
 
+EXCLUDED_NODES: collections.deque = collections.deque(maxlen=256)
+"""``[first, end)`` autograd sequence numbers of the nodes each renderer call created."""
+
+
+def _in_excluded_backward() -> bool:
+    """Whether the backward node now running was created by a renderer call.
+
+    The engine adds a gradient into the input buffer of the next node while the node that
+    produced it is current, so sums of the renderer's own gradients count as the renderer's.
+    """
+    import torch
+
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return False
+    seq = node._sequence_nr()
+    return any(first <= seq < end for first, end in EXCLUDED_NODES)
+
+
+def _enter() -> None:
+    COUNTER.excluded_depth += 1
+
+
+def _leave() -> None:
+    COUNTER.excluded_depth -= 1
+
+
 def _tensors_in(value: Any, out: list) -> list:
     import dataclasses
 
@@ -237,16 +279,10 @@ def _tensors_in(value: Any, out: list) -> list:
     return out
 
 
-def _enter(*_: Any) -> None:
-    COUNTER.excluded_depth += 1
-
-
-def _leave(*_: Any) -> None:
-    COUNTER.excluded_depth -= 1
-
-
-def _exclude_backward(out: Any, first_seq: int, end_seq: int) -> None:
-    """Hook every autograd node created in ``[first_seq, end_seq)`` reachable from ``out``."""
+def _hook_backward(out: Any, first_seq: int, end_seq: int) -> None:
+    """Count apart everything between the start and end of each node created in
+    ``[first_seq, end_seq)`` reachable from ``out``: a custom backward that recomputes its forward
+    and runs ``autograd.grad`` (the reference compositing) creates nodes outside the range."""
     seen: set[int] = set()
     stack = [t.grad_fn for t in _tensors_in(out, []) if t.grad_fn is not None]
     while stack:
@@ -254,9 +290,8 @@ def _exclude_backward(out: Any, first_seq: int, end_seq: int) -> None:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        seq = node._sequence_nr()
-        if not first_seq <= seq < end_seq:
-            continue  # older than the call (its inputs' history) or AccumulateGrad
+        if not first_seq <= node._sequence_nr() < end_seq:
+            continue  # older than the call (its inputs' history), or AccumulateGrad
         node.register_prehook(lambda grads_out: _enter())
         node.register_hook(lambda grads_in, grads_out: _leave())
         stack.extend(next_node for next_node, _ in node.next_functions)
@@ -288,7 +323,8 @@ def excluded(fn: Any) -> Any:
             first = _sequence_now()
             out = fn(*args, **kwargs)
             end = _sequence_now()
-            _exclude_backward(out, first, end)
+            EXCLUDED_NODES.append((first, end))
+            _hook_backward(out, first, end)
         finally:
             torch.Tensor.register_hook = original_register_hook  # type: ignore[method-assign]
             _leave()
@@ -372,7 +408,7 @@ def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int
     extra = [
         "--pipeline.model.num-downscales", "0",
         "--pipeline.model.warmup-length", str(3 * batch),
-        "--pipeline.model.refine-every", str(REFINE_STEP * batch),
+        "--pipeline.model.refine-every", str(REFINE_EVERY_STEPS * batch),
     ]
     if parallel is not None:
         extra += ["--pipeline.parallel", parallel]
@@ -467,7 +503,7 @@ def targets(runs: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="training steps of every run (>= 8)")
+    parser.add_argument("--steps", type=int, default=23, help=f"training steps of every run (> {REFINE_STEP + 1})")
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4], help="distsplat process counts")
     parser.add_argument("--data", type=Path, default=REPO / "scenes" / "lund_door")
     parser.add_argument("--only", nargs="*", default=None, help="run names to run (default: all)")
