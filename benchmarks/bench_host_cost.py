@@ -6,17 +6,23 @@ for nerfstudio's ``splatfacto`` at W = 1, all on distsplat's pure-PyTorch refere
 * **ATen operators** dispatched outside the rasterizer: on a GPU nearly every one is a kernel
   launch. Counted with a ``TorchDispatchMode`` (forward, backward, optimizer, refinement, checks:
   everything between the opening and closing of nerfstudio's ``ITER_TRAIN_TIME`` timer, which both
-  trainers open around a step, splatfacto's densification callbacks included).
+  trainers open around a step, splatfacto's densification callbacks included). Only the ``aten``
+  namespace (profiler markers and ``c10d`` ops are listed apart, ``other_ops_by_name``);
+  ``non_view_ops`` also leaves out the operators that only make a view (``VIEW_OPS``), which
+  launch nothing, and ``non_view_ops_by_site`` says which caller dispatched each.
 * **Host syncs** outside the rasterizer: operators that return a host value or whose output size
   depends on the data, each a device-to-host synchronisation on CUDA:
   ``_local_scalar_dense`` (``.item()``, ``int()``/``float()``/``bool()`` of a tensor),
   ``nonzero``, ``masked_select``, the ``unique`` family, ``equal``, ``repeat_interleave`` with a
   tensor of repeats, ``bincount``, and ``index``/``index_put_`` with a boolean mask (a hidden
   ``nonzero``); plus the Python-level host reads that on a CPU tensor dispatch nothing:
-  ``Tensor.tolist``, ``Tensor.numpy``, ``Tensor.cpu``, ``Tensor.to("cpu")``. On the CPU every
-  tensor is a host tensor, so a host read of a tensor that a GPU run keeps on the host (none is
-  expected in a step) would be counted too: each host read is listed by call site
-  (``host_reads_by_site``) so that can be checked.
+  ``Tensor.tolist``, ``Tensor.numpy``, ``Tensor.cpu``. Not counted: ``.to("cpu")``, which on
+  a CPU run cannot be told from ``.to(device)`` with the training device (nerfstudio passes the
+  configured device string), a host-to-device copy on a GPU. On the CPU every tensor is a host tensor, so each of these is recorded with its caller, and those on
+  tensors a GPU run keeps on the host are set apart (``host_side_reads_by_name``, not syncs):
+  reads of a copy a counted ``.cpu()`` made, and the callers listed in ``HOST_SIDE_SITES``
+  (Adam's CPU step counter, distsplat's CPU cost history and host cameras), each with its reason
+  (``host_side_reasons``). Everything else counts as a sync (``syncs_by_name``).
 * **Collectives**: every ``torch.distributed`` collective called in the step, by name, with the
   payload bytes this rank puts in (in-place tensors, the input tensor of gathers and all-to-alls,
   pickled objects).
@@ -83,6 +89,13 @@ SYNC_OPS = frozenset({
 })
 """Operators that are a device-to-host synchronisation on CUDA whatever their arguments."""
 
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "slice", "select", "expand", "detach", "alias", "unsqueeze", "squeeze",
+    "permute", "transpose", "t", "as_strided", "unbind", "split", "split_with_sizes", "chunk",
+    "narrow", "diagonal", "unfold", "lift_fresh", "view_as_real", "view_as_complex", "_reshape_alias",
+})
+"""Operators that only make a view (shape and strides, no data): no kernel on a GPU."""
+
 
 # ----------------------------------------------------------------------------- worker side
 
@@ -95,10 +108,12 @@ class _Counter:
         self.in_step = False
         self.steps: list[dict[str, Any]] = []
         self.current: dict[str, Any] = {}
+        self.host_side_reasons: dict[str, str] = {}
 
     def open_step(self) -> None:
         self.current = {
-            "ops": collections.Counter(), "syncs": collections.Counter(), "host_reads": collections.Counter(),
+            "ops": collections.Counter(), "syncs": collections.Counter(), "host_side": collections.Counter(),
+            "other_ops": collections.Counter(), "ops_by_site": collections.Counter(),
             "collectives": collections.Counter(), "collective_bytes": collections.Counter(), "excluded_ops": 0,
         }
         self.in_step = True
@@ -134,56 +149,116 @@ def _install_dispatch_counter() -> Any:
                 if COUNTER.excluded_depth or _in_excluded_backward():
                     COUNTER.current["excluded_ops"] += 1
                 else:
-                    name = f"{func.namespace}::{func.overloadpacket.__name__}"
-                    COUNTER.current["ops"][name] += 1
                     short = func.overloadpacket.__name__
+                    if func.namespace != "aten":  # profiler record_function markers, c10d: no kernel
+                        COUNTER.current["other_ops"][f"{func.namespace}::{short}"] += 1
+                        return func(*args, **(kwargs or {}))
+                    COUNTER.current["ops"][f"aten::{short}"] += 1
+                    if short not in VIEW_OPS:
+                        COUNTER.current["ops_by_site"][f"{short} @ {_call_sites()[0]}"] += 1
                     if (
                         short in SYNC_OPS
                         or (short in ("index", "index_put", "index_put_") and _is_mask_index(args))
                         or (short == "repeat_interleave" and isinstance(args[0], torch.Tensor) and len(args) > 1
                             and isinstance(args[1], torch.Tensor) and (kwargs or {}).get("output_size") is None)
                     ):
-                        COUNTER.current["syncs"][f"{short} @ {_call_site()}"] += 1
+                        _record_sync(short, args[0] if args else None)
             return func(*args, **(kwargs or {}))
 
     return CountOps
 
 
-def _call_site() -> str:
-    """``file:line`` of the innermost caller outside torch and this file."""
-    frame = sys._getframe(1)
-    while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
-        frame = frame.f_back
-    if frame is None:
-        return "?"
+def _site(frame: Any) -> str:
     path = frame.f_code.co_filename
     for root in (str(REPO) + "/", "site-packages/"):
         if root in path:
             path = path.split(root, 1)[1]
-    return f"{path}:{frame.f_lineno}"
+    return f"{path}:{frame.f_code.co_name}:{frame.f_lineno}"
+
+
+def _call_sites() -> tuple[str, str]:
+    """(caller outside torch, innermost caller): ``path:function:line`` each, this file skipped."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == __file__ or any(
+        part in frame.f_code.co_filename for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_tensor.py")
+    )):
+        frame = frame.f_back
+    inner = frame
+    while frame is not None and "/torch/" in frame.f_code.co_filename:
+        frame = frame.f_back
+    return (_site(frame) if frame else "?"), (_site(inner) if inner else "?")
+
+
+HOST_TENSORS: Any = None
+"""Tensors made by a counted ``.cpu()``: reading them again is no second sync."""
+
+HOST_SIDE_SITES = {
+    "torch/optim/": "Adam's step counter: state['step'] is a CPU tensor unless capturable or fused (torch.optim.Adam)",
+    "distsplat_ns/balance/cost.py": "the cost history: float64 CPU tensors (CostHistory.get: '[T] float64 on CPU')",
+    "distsplat_ns/balance/planner.py": "the planner reads the CPU cost history",
+    "distsplat_ns/model/band_render.py:rendered_sizes_px": "training passes host-side cameras (pipeline._host_cameras)",
+}
+"""Callers whose tensors a GPU run keeps on the host: a read there is no device-to-host sync.
+Each entry is a claim about the code, checked by reading it (the reason says where)."""
+
+
+def _host_side_reason(tensor: Any, outer: str, inner: str) -> str | None:
+    ref = HOST_TENSORS.get(id(tensor)) if tensor is not None and HOST_TENSORS is not None else None
+    if ref is not None and ref() is tensor:
+        return "a copy a counted .cpu() already brought to the host"
+    for prefix, reason in HOST_SIDE_SITES.items():
+        if inner.startswith(prefix) or outer.startswith(prefix):
+            return reason
+    return None
+
+
+def _record_sync(kind: str, tensor: Any) -> None:
+    outer, inner = _call_sites()
+    site = f"{kind} @ {outer}" + (f" via {inner}" if inner != outer else "")
+    reason = _host_side_reason(tensor, outer, inner)
+    if reason is None:
+        COUNTER.current["syncs"][site] += 1
+    else:
+        COUNTER.current["host_side"][site] += 1
+        COUNTER.host_side_reasons[site] = reason
 
 
 def _install_host_read_patches() -> None:
+    """Count ``tolist``, ``numpy`` and ``cpu``: on a CPU tensor they dispatch nothing.
+
+    Where ``.cpu()`` returns the tensor itself (a CPU run) it returns a copy instead, as on a GPU,
+    so that what is read from that copy is known to be on the host.
+    """
+    import weakref
+
     import torch
 
-    def wrap(name: str, is_host_read: Any = None) -> None:
+    global HOST_TENSORS
+    HOST_TENSORS = {}  # id -> weakref (a WeakSet would compare tensors with ==)
+
+    def wrap(name: str, is_host_read: Any = None, copies: bool = False) -> None:
         original = getattr(torch.Tensor, name)
 
         def patched(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if COUNTER.counting and (is_host_read is None or is_host_read(*args, **kwargs)):
-                COUNTER.current["host_reads"][f"{name} @ {_call_site()}"] += 1
-            return original(self, *args, **kwargs)
+            counted = COUNTER.counting and (is_host_read is None or is_host_read(*args, **kwargs))
+            if counted:
+                _record_sync(name, self)
+            out = original(self, *args, **kwargs)
+            if counted and copies:
+                if out is self:
+                    _enter()
+                    try:
+                        out = self.clone()
+                    finally:
+                        _leave()
+                HOST_TENSORS[id(out)] = weakref.ref(out)
+            return out
 
         setattr(torch.Tensor, name, patched)
 
-    def literal_cpu(*args: Any, **kwargs: Any) -> bool:
-        # Only the literal "cpu": on a CPU run the training device is "cpu" too, and ``.to(device)``
-        # to it is a host-to-device copy on a GPU.
-        return kwargs.get("device", args[0] if args else None) == "cpu"
-
-    for name in ("tolist", "numpy", "cpu"):
-        wrap(name)
-    wrap("to", literal_cpu)
+    wrap("tolist")
+    wrap("numpy")
+    wrap("cpu", copies=True)
 
 
 def _payload_bytes(value: Any) -> int:
@@ -355,6 +430,7 @@ def worker(report_path: str, method: str, ns_train_args: list[str]) -> None:
     report: dict[str, Any] = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "completed": False}
 
     def write() -> None:
+        report["host_side_reasons"] = COUNTER.host_side_reasons
         report["steps"] = [
             {key: (dict(value) if isinstance(value, collections.Counter) else value) for key, value in step.items()}
             for step in COUNTER.steps
@@ -453,21 +529,26 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "steady_steps": [i for i in range(len(steps)) if i >= FIRST_STEADY_STEP and i != REFINE_STEP],
         "ops": med("ops"),
-        "syncs_dispatched": med("syncs"),
-        "host_reads": med("host_reads"),
-        "syncs": statistics.median(_total(s["syncs"]) + _total(s["host_reads"]) for s in steady),
+        "non_view_ops": statistics.median(
+            sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) for s in steady
+        ),
+        "syncs": med("syncs"),
+        "host_side_reads": med("host_side"),
         "collectives": med("collectives"),
         "collective_bytes": med("collective_bytes"),
         "excluded_renderer_ops": statistics.median(s["excluded_ops"] for s in steady),
         "refine_step": None if refine is None else {
-            "step": REFINE_STEP, "ops": _total(refine["ops"]), "syncs": _total(refine["syncs"]) + _total(refine["host_reads"]),
+            "step": REFINE_STEP, "ops": _total(refine["ops"]), "syncs": _total(refine["syncs"]),
             "collectives": _total(refine["collectives"]), "collective_bytes": _total(refine["collective_bytes"]),
         },
         "ops_per_step_all": [_total(s["ops"]) for s in steps],
-        "syncs_per_step_all": [_total(s["syncs"]) + _total(s["host_reads"]) for s in steps],
+        "syncs_per_step_all": [_total(s["syncs"]) for s in steps],
         "ops_by_name": by_name("ops"),
+        "non_view_ops_by_site": by_name("ops_by_site"),
+        "other_ops_by_name": by_name("other_ops"),
         "syncs_by_name": by_name("syncs"),
-        "host_reads_by_site": by_name("host_reads"),
+        "host_side_reads_by_name": by_name("host_side"),
+        "host_side_reasons": report.get("host_side_reasons", {}),
         "collectives_by_name": by_name("collectives"),
         "collective_bytes_by_name": by_name("collective_bytes"),
     }
@@ -475,7 +556,7 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
 
 def summarise_run(reports: list[dict[str, Any]]) -> dict[str, Any]:
     ranks = [summarise_rank(r) for r in reports]
-    keys = ("ops", "syncs", "collectives", "collective_bytes")
+    keys = ("ops", "non_view_ops", "syncs", "collectives", "collective_bytes")
     return {
         "per_rank_max": {k: max(r[k] for r in ranks) for k in keys},
         "per_rank_mean": {k: statistics.fmean(r[k] for r in ranks) for k in keys},
@@ -540,7 +621,8 @@ def main() -> None:
         "steps": args.steps,
         "refine_step": REFINE_STEP,
         "sync_ops": sorted(SYNC_OPS) + ["index/index_put_ with a bool mask", "repeat_interleave(tensor repeats)",
-                                        "Tensor.tolist/numpy/cpu/to(cpu)"],
+                                        "Tensor.tolist/numpy/cpu"],
+        "view_ops": sorted(VIEW_OPS),
         "targets": targets(runs) if "splatfacto_w1" in runs else {},
         "runs": runs,
     }
