@@ -120,8 +120,8 @@ def _call_sites() -> tuple[str, str]:
     )):
         frame = frame.f_back
     inner = frame
-    while frame is not None and "/torch/" in frame.f_code.co_filename:
-        frame = frame.f_back
+    while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+        frame = frame.f_back  # torch, and this file's collective wrappers: the caller is the site
     return (_site(frame) if frame else "?"), (_site(inner) if inner else "?")
 
 
