@@ -8,6 +8,7 @@ order, with tensors of the same shape and dtype (see each **Collective** paragra
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,15 +67,31 @@ def broadcast_object(ctx: DistContext, obj: Any, src: int = 0) -> Any:
 
 
 def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
-    """Every rank's picklable ``obj``, indexed by rank. **Collective:** world group.
+    """Every rank's picklable ``obj``, indexed by rank.
 
-    **Host sync:** pickles through host memory.
+    **Collective:** world group, two all-gathers (the pickled sizes, then the padded bytes); every
+    rank must call it in the same order. At ``world_size == 1`` it returns ``[obj]`` and moves
+    nothing. Rank 0 passing ``"a"`` and rank 1 ``{"b": 1}`` both get ``["a", {"b": 1}]``.
+
+    **Host sync:** two device-to-host copies on NCCL (every rank's size, then every rank's bytes),
+    whatever the world size. ``torch.distributed.all_gather_object`` reads each size and each
+    rank's bytes separately, 3 W syncs per call (benchmarks/bench_host_cost.py, docs/host_cost.md).
     """
     if not ctx.is_distributed:
         return [obj]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
+    device = _collective_device(ctx)
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([payload.numel()], dtype=torch.int64, device=device)
+    sizes = [torch.empty_like(size) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, size)
+    host_sizes = torch.cat(sizes).tolist()  # host sync: every rank's size, in one copy
+    longest = max(host_sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload
+    gathered = [torch.empty_like(padded) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, padded)
+    host = torch.stack(gathered).cpu()  # host sync: every rank's bytes, in one copy
+    return [pickle.loads(host[r, :n].numpy().tobytes()) for r, n in enumerate(host_sizes)]
 
 
 def broadcast_tensors_(ctx: DistContext, tensors: Sequence[torch.Tensor], src: int = 0) -> None:

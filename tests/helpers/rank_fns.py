@@ -36,6 +36,13 @@ def broadcast_rank0_value(ctx) -> object:
     return broadcast_object(ctx, {"timestamp": f"ts-{ctx.rank}"})
 
 
+def gather_rank_objects(ctx) -> list:
+    """Objects of different pickled sizes per rank (one holds a tensor), gathered on every rank."""
+    from distsplat_ns.distributed.collectives import all_gather_object
+
+    return all_gather_object(ctx, {"rank": ctx.rank, "rows": list(range(ctx.rank * 50)), "t": torch.arange(ctx.rank + 1.0)})
+
+
 def replica_check_outcome(ctx, drift_rank: int) -> str:
     t = torch.arange(10, dtype=torch.float32)
     if ctx.rank == drift_rank:

@@ -28,6 +28,14 @@ def test_broadcast_object_gives_rank0_value_everywhere() -> None:
     assert run_ranks(rank_fns.broadcast_rank0_value, 2) == [{"timestamp": "ts-0"}] * 2
 
 
+def test_all_gather_object_gives_every_rank_every_object_of_any_size() -> None:
+    results = run_ranks(rank_fns.gather_rank_objects, 3)
+    for gathered in results:
+        assert [g["rank"] for g in gathered] == [0, 1, 2]
+        assert [g["rows"] for g in gathered] == [list(range(r * 50)) for r in range(3)]
+        assert all(torch.equal(g["t"], torch.arange(r + 1.0)) for r, g in enumerate(gathered))
+
+
 def test_replica_check_names_the_drifting_rank_on_every_rank() -> None:
     results = run_ranks(rank_fns.replica_check_outcome, 3, 2)
     assert all("ranks [2]" in r and "step 7" in r for r in results)
