@@ -14,7 +14,8 @@ rendered by all ranks at the end of the step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from distsplat_ns.distributed.collectives import (
     raise_if_nonfinite,
 )
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_depth_maxima
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
@@ -102,6 +104,10 @@ class StepTimings:
     all_reduce: float
     optimizer: float
     densify: float
+    exposed_comm: float = 0.0
+    """Seconds the step was blocked in communication: the SSIM-halo all-gather, the sharded
+    exchange, the part of the gradient sum the backward did not hide, the statistics' reductions
+    (with their small computation) and the cost all-gather (issue 28)."""
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -141,6 +147,14 @@ class StepReport:
     measured_imbalance: float
     time_imbalance: float
     band_depths: list[BandDepth] = field(default_factory=list)
+
+
+@contextmanager
+def communicating(clock: PhaseClock, phase: str | None = "all_reduce") -> Iterator[None]:
+    """A blocking collective: its time counts in ``phase`` (None: no phase) and in ``exposed_comm``
+    (once where such blocks nest: the sharded exchange times its parts inside its whole)."""
+    with clock.span("exposed_comm"), clock.phase(phase) if phase is not None else nullcontext():
+        yield
 
 
 def batch_sizes_px(image_sizes: Sequence[tuple[int, int]], batch: Sequence[int], downscale: int) -> list[tuple[int, int]]:
@@ -309,8 +323,9 @@ class DistSplatPipeline(VanillaPipeline):
 
         **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
         projections (an exchange where each rank holds a shard), the SSIM-halo all-gather and the
-        mode's backward (the reverse exchange), with ``output_depth_during_training`` the depth
-        fill's max all-reduce, the mode's gradient reduction, statistics (while
+        mode's backward (the reverse exchange), the mode's gradient reduction (replicated: its
+        buckets started during the last backward, the rest right after it), with
+        ``output_depth_during_training`` the depth fill's max all-reduce, statistics (while
         densification runs) and finite verdict, the refine's id gather and after-refine, the cost
         all-gather and, every ``replica_check_every`` steps, the replica digest.
         **Host sync:** the halo rows and the measured tile costs with the finite verdict (every
@@ -326,16 +341,20 @@ class DistSplatPipeline(VanillaPipeline):
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
         positions, images, masks = self._fetch_images(step, batch, bands, clock)
-        result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock)
-        if self.model.config.output_depth_during_training:
-            self._fill_band_depths(result, len(batch))
+        named = self._named_trainable_parameters()
+        # Buckets start during the last backward, unless a test reads the gradients before the sum.
+        gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
+        result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock, gradient_sum)
         with clock.phase("all_reduce"):
-            named = self._named_trainable_parameters()
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
-            moved += self.mode.reduce_gradients(named)
-            info, statistics_bytes = self._statistics(step, sources, sizes_px)
+            moved += gradient_sum.finish()  # before any other collective: the rest of the buckets
+            clock.add("exposed_comm", gradient_sum.exposed_s)
+            with communicating(clock):
+                info, statistics_bytes = self._statistics(step, sources, sizes_px)
             verdict = self._finite_verdict(step, named)
+        if self.model.config.output_depth_during_training:
+            self._fill_band_depths(result, len(batch))
         # The host copy of the costs carries the verdict: the check costs no extra sync.
         measured, bad = self._costs_to_host(result, verdict)
         raise_if_nonfinite(bad, named, step)
@@ -346,7 +365,7 @@ class DistSplatPipeline(VanillaPipeline):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
             self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"])
+        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"], clock)
         self._check_replicas(step, named)
         return StepReport(
             loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, loss_terms=result.loss_terms, num_gaussians=num_gaussians,
@@ -356,12 +375,13 @@ class DistSplatPipeline(VanillaPipeline):
 
     def _forward_backward(
         self, step: int, batch: Sequence[int], plan: StepPlan, positions: list[int], images: list[torch.Tensor],
-        masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock,
+        masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock, gradient_sum: GradientSum,
     ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
         """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
         time, so that only one group's projections are live; the gradients accumulate. Returns the
         whole batch's result (loss shares summed, every band's tile counts), each group's source
         and the bytes moved. The batch-independent terms are added once (with the first group).
+        The last group's rasterizer backward runs inside ``gradient_sum.during_last_backward()``.
 
         **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
         all-gather, the source's backward.
@@ -372,11 +392,12 @@ class DistSplatPipeline(VanillaPipeline):
         total: BandRenderResult | None = None
         sources: list[ProjectionSource] = []
         moved = 0
-        for g, group in enumerate(self.mode.camera_groups(len(batch), num_gaussians)):
+        groups = list(self.mode.camera_groups(len(batch), num_gaussians))
+        for g, group in enumerate(groups):
             wanted = set(group)
             mine = [i for i, p in enumerate(positions) if p in wanted]
             with clock.phase("forward"):
-                source, sent = self.mode.projections(whole, plan, step, lambda: clock.phase("all_reduce"), group)
+                source, sent = self.mode.projections(whole, plan, step, lambda: communicating(clock), group)
                 # Host-side cameras: the model reads their sizes without a device sync, then moves them.
                 result = self.model.forward_bands(
                     self._host_cameras([batch[positions[i]] for i in mine]), [positions[i] for i in mine],
@@ -385,7 +406,7 @@ class DistSplatPipeline(VanillaPipeline):
                     camera_ids=[batch[positions[i]] for i in mine],
                 )
             with clock.phase("backward"):
-                self._backward(result, source, clock)
+                self._backward(result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None)
             sources.append(source)
             moved += sent
             if total is None:
@@ -485,23 +506,26 @@ class DistSplatPipeline(VanillaPipeline):
         # To the device without blocking (pinned memory, a copy stream; plain tensors on CPU).
         return needed, *self.datamanager.to_device([images[p] for p in needed], [masks.get(p) for p in needed])
 
-    def _backward(self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock) -> None:
+    def _backward(
+        self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None
+    ) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients
         (``model/band_backward.py``); the source's terms are anchored, so that a backward that is
         a collective (the sharded exchange's) runs on every rank.
 
         The exchanges wait for the slowest rank: they count as communication (``all_reduce``), not
         render time, or the per-rank render times (the balancer's wall-clock figure) would look
-        more equal than they are.
+        more equal than they are. ``last_backward``: entered around the rasterizer backward of the
+        step's last group (``backward_bands``), None for the others.
 
         **Collective:** one all-gather of the SSIM halo rows' pixel gradients, then the source's backward.
         """
 
         def exchange(msgs):
-            with clock.phase("all_reduce"):
+            with communicating(clock):
                 return all_gather_object(self.ctx, msgs)
 
-        backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors)
+        backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors, last_backward=last_backward)
 
     def _host_cameras(self, camera_ids: Sequence[int]) -> Any:
         """The training cameras ``camera_ids``, host-side, each carrying its id (the camera
@@ -528,7 +552,9 @@ class DistSplatPipeline(VanillaPipeline):
             start += rows
         return mine, bad
 
-    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], mine: list[Any], render_s: float) -> tuple[float, float]:
+    def _observe_costs(
+        self, plan: StepPlan, batch: Sequence[int], mine: list[Any], render_s: float, clock: PhaseClock
+    ) -> tuple[float, float]:
         """All-gather every rank's measured per-row costs (and render time) into the history;
         returns ``(measured_imbalance, time_imbalance)``. Rank 0's pending viewer frame
         (``mode.pending_view``) rides along, and when there is one every rank renders it now
@@ -537,7 +563,8 @@ class DistSplatPipeline(VanillaPipeline):
         **Collective:** one all-gather of small Python lists per step, the same on every rank;
         then, on steps with a viewer request in a mode whose views are collectives, the view's.
         """
-        gathered = all_gather_object(self.ctx, (mine, render_s, self.mode.pending_view()))
+        with communicating(clock, phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
+            gathered = all_gather_object(self.ctx, (mine, render_s, self.mode.pending_view()))
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
         time_imbalance = max_over_mean([g[1] for g in gathered])
         self.time_imbalance.append(time_imbalance)

@@ -29,8 +29,10 @@ STATS_FILENAME = "distsplat_stats.json"
 #: Figures that differ between ranks; the summary lists them per rank. ``peak_memory_bytes`` is
 #: the device's peak allocation on CUDA and the peak RSS on CPU; ``local_gaussian_count`` is the
 #: shard's size (every Gaussian where replicated); ``eval_render_s`` the seconds this rank spent
-#: in eval renders; ``checkpoint_bytes_written`` its shard's checkpoint rows.
-PER_RANK_KEYS = ("bytes_communicated_mean_per_step", "bytes_communicated_total", "parameter_bytes", "optimizer_state_bytes",
+#: in eval renders; ``checkpoint_bytes_written`` its shard's checkpoint rows;
+#: ``exposed_comm_mean_per_step_s`` the seconds per step it waited on collectives the backward did
+#: not hide (``StepTimings.exposed_comm``).
+PER_RANK_KEYS = ("exposed_comm_mean_per_step_s", "bytes_communicated_mean_per_step", "bytes_communicated_total", "parameter_bytes", "optimizer_state_bytes",
                  "local_gaussian_count", "peak_rss_bytes", "peak_memory_bytes", "eval_render_s", "checkpoint_bytes_written")
 #: What each rank adds to the loss all-reduce of a log step (:func:`reduce_log_figures`), after its phase timings.
 LOG_FIGURES = ("bytes_communicated", "local_gaussian_count", "peak_memory_bytes")
@@ -90,6 +92,7 @@ class RunRecord:
             "final_eval_psnr": self.last_eval_psnr,
             "eval_psnr_history": self.eval_psnr_history,
             "time_breakdown_s": dict(self.timing_totals),
+            "exposed_comm_mean_per_step_s": self.timing_totals.get("exposed_comm", 0.0) / max(self.steps_trained, 1),
             "bytes_communicated_per_step": self.bytes_per_step,
             "bytes_communicated_mean_per_step": self.bytes_total / max(self.steps_trained, 1),
             "bytes_communicated_total": self.bytes_total,

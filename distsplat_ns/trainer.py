@@ -60,6 +60,7 @@ from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_use
 from distsplat_ns.distributed.restart import AttemptLog, elastic_run_id, previous_timestamp, restart_count
 from distsplat_ns.model.camera_adjust import camera_optimizer_metrics
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
+from distsplat_ns.optimizer_step import FusedAdamOptimizers
 from distsplat_ns.pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
@@ -243,7 +244,8 @@ class DistSplatTrainer(Trainer):
         if self.pipeline.config.model.param_dtype == "float64":
             configs = float64_optimizer_configs(configs)
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
-        return Optimizers(configs, self.pipeline.get_param_groups())
+        # One multi-tensor Adam step over every group (optimizer_step.py); state and schedulers as nerfstudio's.
+        return FusedAdamOptimizers(configs, self.pipeline.get_param_groups())
 
     # ------------------------------------------------------------------ training loop
     @report_user_errors

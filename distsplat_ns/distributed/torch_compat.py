@@ -13,6 +13,8 @@ Shims (oldest torch that needs none of it: 2.6):
 - ``planner_kwargs``: DCP planners' keyword arguments (``dedup_save_to_lowest_rank``,
   ``allow_partial_load``) exist from torch 2.4 (see ``_PLANNER_KEYWORDS_SINCE``).
 - ``grads_inf_norm``: ``torch.nn.utils.get_total_norm`` exists from torch 2.6.
+- ``post_accumulate_grad_hook``: ``Tensor.register_post_accumulate_grad_hook`` exists from torch 2.1
+  (the oldest supported); where a build lacks it, None: the gradient sum then starts after the backward.
 - ``add_safe_globals``: ``torch.serialization.add_safe_globals`` exists from torch 2.4.
 - ``numpy_scalar_reconstructor``: numpy 2 moved ``numpy.core`` to ``numpy._core``.
 - ``torch.load(..., mmap=True)`` accepts a ``Path`` from torch 2.3: callers pass ``str(path)``,
@@ -114,6 +116,19 @@ def _inf_norm_per_tensor(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     their max, in float64 so that no finite float64 norm overflows."""
     norms = [torch.linalg.vector_norm(g, float("inf")).to(torch.float64) for g in grads]
     return torch.stack([n.to(norms[0].device) for n in norms]).max()
+
+
+def post_accumulate_grad_hook(param: torch.Tensor, hook: Any) -> Any:
+    """Register ``hook(param)`` to run after each accumulation into ``param.grad`` (a leaf); returns
+    the handle (``.remove()``), or None where torch has no such hook (the caller then does the
+    work after the backward: ``gradient_sum.py``).
+
+    **Host sync:** none.
+    """
+    register = getattr(param, "register_post_accumulate_grad_hook", None)
+    if register is None:  # torch 2.1.0 added it; kept for builds without it
+        return None
+    return register(hook)
 
 
 def add_safe_globals(objects: Iterable[Any]) -> bool:

@@ -19,6 +19,7 @@ Shape letters: h rows a band rendered (own rows plus halo), W pixels per row.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,7 @@ def backward_bands(
     links: Sequence[PixelLink],
     exchange: Callable[[list[HaloMessage]], list[list[HaloMessage]]],
     anchors: Sequence[torch.Tensor] = (),
+    last_backward: AbstractContextManager | None = None,
 ) -> None:
     """Phase 2: backpropagate a rank's band loss with exact per-pixel gradients.
 
@@ -81,6 +83,11 @@ def backward_bands(
         anchors: Tensors whose backward must run on every rank even where this rank's loss does
             not reach them (the sharded exchange's received terms: its backward is a collective);
             they join phase 2's roots with a zero gradient.
+        last_backward: Entered around phase 2's autograd call (not entered when this rank has
+            nothing to backpropagate there): the last accumulation into the parameters' gradients
+            of this backward, where the gradient sum may start its buckets
+            (``distributed/gradient_sum.py``). Phase 1's ``loss.backward()`` also accumulates
+            (the regularisers), so a gradient is not final before phase 2 ends.
 
     **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
     **Host sync:** the halo rows' gradients are copied to the host for the exchange.
@@ -113,4 +120,5 @@ def backward_bands(
         roots.append(anchor)
         grads.append(torch.zeros_like(anchor))
     if roots:
-        torch.autograd.backward(roots, grads)
+        with last_backward if last_backward is not None else nullcontext():
+            torch.autograd.backward(roots, grads)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 import torch
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, StatisticsProjection
 from distsplat_ns.model.strategy import IdGather, batch_info
 from distsplat_ns.parallel.exchange import Timer
@@ -101,6 +102,18 @@ class ParallelMode(ABC):
     @abstractmethod
     def reduce_gradients(self, named: NamedParameters) -> int:
         """Make every trainable parameter's ``.grad`` the whole batch's; returns the bytes reduced."""
+
+    def gradient_sum(self, named: NamedParameters, overlap: bool) -> GradientSum:
+        """The step's :meth:`reduce_gradients` as an object the backward may start early
+        (``distributed/gradient_sum.py``); by default all of it runs in ``finish``, after the backward.
+
+        Args:
+            named: The trainable parameters, as :meth:`reduce_gradients` takes them.
+            overlap: Whether the reduction may start during the backward (False where a test reads
+                the gradients between the backward and the sum).
+        """
+        del overlap
+        return GradientSum(lambda: self.reduce_gradients(named))
 
     @abstractmethod
     def statistics(

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from distsplat_ns.checkpoint import load_checkpoint_file
-from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_, nonfinite_verdict, sum_gradients_
+from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_, nonfinite_verdict
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather, gather_local
 from distsplat_ns.parallel.exchange import Timer
@@ -51,11 +52,20 @@ class ReplicatedMode(ParallelMode):
         return OwnProjections(), 0
 
     def reduce_gradients(self, named: NamedParameters) -> int:
-        """Sum every gradient over ranks (``sum_gradients_``, 25 MiB buckets).
+        """Sum every gradient over ranks, all buckets after the backward (the step overlaps them:
+        :meth:`gradient_sum`).
 
         **Collective:** world group, one all-reduce per bucket (none at one rank).
         """
-        return sum_gradients_(self.ctx, [p for _, p in named]).bytes_reduced
+        return BucketedGradientSum(self.ctx, [p for _, p in named], overlap=False).finish()
+
+    def gradient_sum(self, named: NamedParameters, overlap: bool) -> BucketedGradientSum:
+        """Every gradient summed in buckets, each started during the step's last backward as soon
+        as its gradients are final (``distributed/gradient_sum.py``).
+
+        **Collective:** world group, one all-reduce per bucket, in bucket order (none at one rank).
+        """
+        return BucketedGradientSum(self.ctx, [p for _, p in named], overlap=overlap)
 
     def statistics(
         self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
@@ -63,12 +73,12 @@ class ReplicatedMode(ParallelMode):
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
-        **Collective:** world group, three all-reduces (sum, sum, max) of `[B, N, 2]`, `[B, N, 2]`,
-        `[B, N]` (none at one rank).
+        **Collective:** world group, two all-reduces: the sum of the gradients and absgrads stacked,
+        `[2, B, N, 2]` (one call, not two: issue 28), then the max of the radii, `[B, N]` (none at one rank).
         """
         grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.calls], batch_size)
-        all_reduce_sum_(self.ctx, grads)
-        all_reduce_sum_(self.ctx, absgrads)
+        if self.ctx.is_distributed:
+            grads, absgrads = all_reduce_sum_(self.ctx, torch.stack([grads, absgrads])).unbind(0)
         all_reduce_max_(self.ctx, radii)
         moved = batch_size * self.model.num_points * (2 * 2 * 4 + 4) if self.ctx.is_distributed else 0
         return info_for(grads, absgrads, radii, sizes_px), moved

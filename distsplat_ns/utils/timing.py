@@ -15,6 +15,7 @@ class PhaseClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self._nested: list[float] = []  # per open phase, the seconds of the phases inside it
+        self._open_spans: dict[str, int] = {}  # per span name, how many are open
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -29,6 +30,21 @@ class PhaseClock:
             self.add(name, elapsed - inner)
             if self._nested:
                 self._nested[-1] += elapsed
+
+    @contextmanager
+    def span(self, name: str) -> Iterator[None]:
+        """Count the time inside the ``with`` block under ``name`` besides the phases it runs in (a
+        second tally across phases, e.g. exposed communication): spans of one name nested in each
+        other count once."""
+        depth = self._open_spans.get(name, 0)
+        self._open_spans[name] = depth + 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._open_spans[name] = depth
+            if depth == 0:
+                self.add(name, time.perf_counter() - start)
 
     def add(self, name: str, seconds: float) -> None:
         """Count ``seconds`` under ``name`` (time measured elsewhere, e.g. the data stream's wait)."""

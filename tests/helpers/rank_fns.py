@@ -27,6 +27,28 @@ def sum_gradients_of_rank_params(ctx, bucket_bytes: int) -> list[torch.Tensor]:
     return [p.grad.clone() for p in params]
 
 
+def overlapped_gradient_sum(ctx, overlap: bool) -> tuple[list[torch.Tensor], int]:
+    """The band backward's shape on toy parameters: a first backward (the regularisers) reaches
+    parameters 0 and 1 on rank 0; the last backward (inside ``during_last_backward``) reaches 1-4
+    on rank 0 and 3, 2 on rank 1. Parameter 3 closes the first bucket ([4, 3]), which rank 0 starts
+    during the backward and rank 1 after it. Returns the summed gradients and the buckets started
+    by the end of the backward."""
+    from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
+
+    shapes = [(11,), (7,), (3, 5), (300_000,), (2, 2, 2)]
+    params = [torch.nn.Parameter(torch.full(s, 1.0 + i, dtype=torch.float64)) for i, s in enumerate(shapes)]
+    weight = 1.0 + ctx.rank
+    reduction = BucketedGradientSum(ctx, params, overlap=overlap)
+    if ctx.rank == 0:
+        (params[0].square().sum() + params[1].sum() * 0.5).backward()
+    used = [1, 2, 3, 4] if ctx.rank == 0 else [3, 2]
+    with reduction.during_last_backward():
+        sum(params[i].square().sum() * weight * i for i in used).backward()
+    started = reduction.num_started
+    reduction.finish()
+    return [p.grad.clone() for p in params], started
+
+
 def max_reduce_rank(ctx) -> torch.Tensor:
     t = torch.tensor([ctx.rank, -ctx.rank, 5], dtype=torch.int32)
     return all_reduce_max_(ctx, t)

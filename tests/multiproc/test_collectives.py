@@ -18,6 +18,24 @@ def test_sum_gradients_sums_every_parameter_and_treats_missing_as_zero(bucket_by
             assert torch.equal(g, torch.full_like(g, float(expected)))
 
 
+def test_overlapped_gradient_sum_equals_the_sum_after_the_backward_bitwise() -> None:
+    """Buckets started from the last backward's hooks (fired in another order on each rank, one
+    parameter also accumulated by an earlier backward, one reached by no backward on rank 1) sum
+    exactly what the reduction after the backward sums, and every rank holds the same result."""
+    overlapped = run_ranks(rank_fns.overlapped_gradient_sum, 2, True)
+    after = run_ranks(rank_fns.overlapped_gradient_sum, 2, False)
+    assert [started for _, started in overlapped] == [1, 0]  # rank 0 started bucket [4, 3] in the backward
+    assert [started for _, started in after] == [0, 0]
+    for (grads_overlapped, _), (grads_after, _) in zip(overlapped, after, strict=True):
+        for g, h in zip(grads_overlapped, grads_after, strict=True):
+            assert torch.equal(g, h)
+    for g, h in zip(overlapped[0][0], overlapped[1][0], strict=True):
+        assert torch.equal(g, h)
+    # parameter 1 (value 2): rank 0's 0.5 (first backward) + 2 * 2 * 1 * 1 (last); parameter 2 (value 3): 2*3*2 * (1 + 2).
+    assert torch.equal(overlapped[0][0][1], torch.full((7,), 4.5, dtype=torch.float64))
+    assert torch.equal(overlapped[0][0][2], torch.full((3, 5), 36.0, dtype=torch.float64))
+
+
 def test_all_reduce_max_agrees_on_every_rank() -> None:
     results = run_ranks(rank_fns.max_reduce_rank, 3)
     for r in results:

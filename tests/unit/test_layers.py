@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
     "data/worker_server.py": 3, "data/undistort.py": 3, "data/image_loader.py": 3, "data/slots.py": 3,
     "data/workers.py": 3, "data/reader.py": 3, "data/upload.py": 3, "data/dataparse.py": 4, "data/image_specs.py": 4,
     "model/": 4, "parallel/": 4, "data/datamanager.py": 4, "data/eval_split.py": 4, "pipeline.py": 4, "pipeline_eval.py": 4, "trainer.py": 4,
-    "trainer_checkpoints.py": 4, "checkpoint.py": 4, "optimizer_rules.py": 4,
+    "trainer_checkpoints.py": 4, "checkpoint.py": 4, "optimizer_rules.py": 4, "optimizer_step.py": 4,
     "run_record.py": 4,
     "viewer_start.py": 4,
     "registry.py": 5,

@@ -12,7 +12,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
-from distsplat_ns.distributed.torch_compat import _has_key_by_compare_set, _inf_norm_per_tensor, grads_inf_norm, planner_kwargs, store_has_key
+from distsplat_ns.distributed.torch_compat import (
+    _has_key_by_compare_set,
+    _inf_norm_per_tensor,
+    grads_inf_norm,
+    planner_kwargs,
+    post_accumulate_grad_hook,
+    store_has_key,
+)
 
 PKG = Path(__file__).resolve().parents[2] / "distsplat_ns"
 
@@ -82,3 +89,22 @@ def test_only_torch_compat_tests_torch_versions() -> None:
     found = [hit for path in sorted(PKG.rglob("*.py")) if path.name != "torch_compat.py" for hit in _version_tests(path)]
     assert not found, "version probes outside distributed/torch_compat.py:\n" + "\n".join(found)
     assert _version_tests(PKG / "distributed" / "torch_compat.py"), "the scan finds nothing even in torch_compat.py: it is broken"
+
+
+def test_post_accumulate_grad_hook_fires_once_per_backward_after_the_accumulation() -> None:
+    p = torch.nn.Parameter(torch.ones(3))
+    seen = []
+    handle = post_accumulate_grad_hook(p, lambda q: seen.append(q.grad.clone()))
+    assert handle is not None, f"torch {torch.__version__} has Tensor.register_post_accumulate_grad_hook (since 2.1)"
+    (p * 2 + p * 3).sum().backward()  # two uses, one accumulation
+    (p * 4).sum().backward()
+    handle.remove()
+    (p * 4).sum().backward()
+    assert [g.tolist() for g in seen] == [[5.0] * 3, [9.0] * 3]
+
+
+def test_post_accumulate_grad_hook_is_none_where_torch_lacks_it() -> None:
+    class OldTensor:  # what a torch without the hook offers
+        pass
+
+    assert post_accumulate_grad_hook(OldTensor(), lambda q: None) is None
