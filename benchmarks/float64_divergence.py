@@ -12,7 +12,7 @@ Usage::
 
 - ``BandTerms.gt_image``: a digest of every ground-truth image a rank composites, per
   (step, position) -- the data each run trains on;
-- the replicated mode's ``sum_gradients_`` (``parallel/replicated.py``) and the modes'
+- the replicated mode's gradient sum (``distributed/gradient_sum.py:BucketedGradientSum.finish``) and the modes'
   ``batch_info`` (``parallel/mode.py``): a digest of the summed gradients and of the reduced
   densification statistics;
 - ``DistSplatPipeline.train_step``: the parameters after the optimizer step and the refinement; rank 0 saves them whole (float64, ``params/step-XXXXXX.pt``), plus the strategy's
@@ -85,13 +85,14 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
         return out
 
     import distsplat_ns.parallel.mode as mode_module
-    import distsplat_ns.parallel.replicated as replicated_module
+    from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
     from distsplat_ns.model.strategy import grows_at, update_batch_statistics
 
-    original_sum = replicated_module.sum_gradients_
+    original_finish = BucketedGradientSum.finish
 
-    def sum_gradients_(ctx, params, *args, **kwargs):
-        out = original_sum(ctx, params, *args, **kwargs)
+    def finish(self):
+        out = original_finish(self)
+        params = self._params
         current["grad"] = _digest([p.grad if p.grad is not None else torch.zeros(0) for p in params])
         if save_grads and rank == 0:
             current["grad_tensors"] = [p.grad.detach().clone() if p.grad is not None else None for p in params]
@@ -154,7 +155,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     DistSplatTrainer._eval_all = lambda self, step: None
     BandTerms.gt_image = gt_image
     DistSplatModel.refine = refine
-    replicated_module.sum_gradients_ = sum_gradients_
+    BucketedGradientSum.finish = finish
     mode_module.batch_info = batch_info
     DistSplatPipeline.train_step = train_step
 

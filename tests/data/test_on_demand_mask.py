@@ -52,8 +52,8 @@ def on_demand_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[pip
     grads: list = []
     backward = pipeline_module.backward_bands
 
-    def recording_backward(loss, links, exchange, anchors=()):
-        backward(loss, links, exchange, anchors=anchors)
+    def recording_backward(loss, links, exchange, anchors=(), **kwargs):
+        backward(loss, links, exchange, anchors=anchors, **kwargs)
         grads.extend((link.position, link.first_row_px, link.leaf.grad.detach().clone()) for link in links)
 
     monkeypatch.setattr(pipeline_module, "backward_bands", recording_backward)
