@@ -87,6 +87,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     from distsplat_ns.balance.planner import BandPlanner
     from distsplat_ns.parallel.sharded import ShardedMode
     from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT
 
     model = view_model(dtype)
@@ -108,7 +109,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
         while mode.view_requests._pending is None:  # the viewer thread has posted its camera
             time.sleep(0.01)
     served_before = mode.view_requests.num_served
-    pipe._observe_costs(plan, [0], mine, 0.01)
+    pipe._observe_costs(plan, [0], mine, 0.01, PhaseClock())
     if viewer is None:
         return {"served_here": True}
     viewer.join(timeout=60)
