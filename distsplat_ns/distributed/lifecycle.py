@@ -299,8 +299,9 @@ class _AbortWatch:
                 return  # the run ended (shutdown_distributed): its store may go away now
             now = time.monotonic()
             try:
-                if seen_at is None and bounded(lambda: store_has_key(store, _ABORT_KEY)):
-                    seen_at, message = now, bounded(lambda: store.get(_ABORT_KEY)).decode()
+                # A late reply counts as lost here (lost_at) without marking the store lost for the rank's other calls.
+                if seen_at is None and bounded(lambda: store_has_key(store, _ABORT_KEY), remember_loss=False):
+                    seen_at, message = now, bounded(lambda: store.get(_ABORT_KEY), remember_loss=False).decode()
                 lost_at = None
             except DIST_ERRORS as err:
                 if lost_at is None:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store, store_address
+from distsplat_ns.distributed.store_access import KEY_PREFIX, STORE_REPLY_S, StoreUnreachable, bounded, default_store, store_address
 from distsplat_ns.distributed.torch_compat import DIST_ERRORS, store_has_key
 from distsplat_ns.utils.errors import RunFailure
 
@@ -86,11 +86,14 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
     started = last_change = time.monotonic()
     last_beat: bytes | None = None
     delay_s = 0.001  # doubling to 0.1 s: a short window (the viewer's, every step) costs ~ms, a long one few polls
+    # A poll may wait for the store as long as a collective may wait for a rank: on a loaded host
+    # (the viewer's browser beside two ranks on 2 cores) a live store's reply took over 5 s.
+    reply_s = max(STORE_REPLY_S, ctx.timeout_s)
     while True:
         try:
-            if bounded(lambda: store_has_key(store, done_key)):
-                return bounded(lambda: store.get(done_key)).decode()
-            beat = bounded(lambda: store.get(beat_key) if store_has_key(store, beat_key) else None)
+            if bounded(lambda: store_has_key(store, done_key), reply_s):
+                return bounded(lambda: store.get(done_key), reply_s).decode()
+            beat = bounded(lambda: store.get(beat_key) if store_has_key(store, beat_key) else None, reply_s)
         except StoreUnreachable as lost:
             raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: {lost}") from lost
         except DIST_ERRORS as err:

@@ -48,9 +48,12 @@ def store_address() -> str:
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
-def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
+def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S, remember_loss: bool = True) -> T:
     """``fn()`` in a daemon thread, abandoned after ``timeout_s``: for store operations on paths
     that must end (error reports, shutdown), whose client has no timeout of its own.
+
+    ``remember_loss=False`` is for periodic polls that judge the store themselves (the abort
+    watch): a reply late under load then does not mark the store lost for every later call.
 
     Raises:
         StoreUnreachable: ``fn`` did not return in time (the thread is left to the OS at exit).
@@ -70,9 +73,11 @@ def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S) -> T:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        _LOST_STORE.append(f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
-                           "(its host is down or the network is partitioned)")
-        raise StoreUnreachable(_LOST_STORE[0])
+        lost = (f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
+                "(its host is down or the network is partitioned)")
+        if remember_loss:
+            _LOST_STORE.append(lost)
+        raise StoreUnreachable(_LOST_STORE[0] if _LOST_STORE else lost)
     if "error" in box:
         raise box["error"]
     return box["value"]

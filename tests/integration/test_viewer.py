@@ -50,11 +50,13 @@ def test_live_viewer_shows_the_scene_while_training(tmp_path: Path, launch: str)
     if launch == "sharded-two-ranks":
         cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", *cmd[:2], "--pipeline.parallel", "sharded", *cmd[2:]]
         env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    log = tmp_path / "train.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env)
     try:
         wait_for_http(f"http://localhost:{port}", 240, proc)
         pixels = screenshot_when(f"http://localhost:{port}", tmp_path / "live.png", _shows_scene)
-        assert proc.poll() is None, "training stopped while the browser was connected"
+        assert proc.poll() is None, f"training stopped while the browser was connected:\n{log.read_text()[-4000:]}"
     finally:
         _stop(proc)
     assert distinct_colours(scene_region(pixels)) >= MIN_DISTINCT_COLOURS
