@@ -60,29 +60,31 @@ PYCHECK
 SUBSET=(
   tests/unit/test_torch_compat.py  # every shim's fallback, and no version probe elsewhere
   tests/unit/test_losses.py  # images under the SSIM window (pytorch_msssim's value)
-  # float64 one process = 2 replicated ranks (torchrun: store reads, DistError paths; finite check: grads_inf_norm)
+  # float64 one process = 2 replicated ranks (torchrun: store reads, DistError paths; finite check:
+  # grads_inf_norm; no post-accumulate-grad hook before 2.2: the gradient sum after the backward)
   tests/multiproc/test_train_distributed.py::test_two_processes_match_one_process_parameters
   # float64 one process = 2 sharded ranks through 3 refine events
   "tests/multiproc/test_train_sharded.py::test_sharded_ranks_make_the_decisions_of_one_process[2]"
-  # DCP save on 2 ranks, resume on 1 and 3 ranks in both modes (dcp_save/dcp_load, planner_kwargs)
-  tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes
-  # a replicated .ckpt resumed in sharded mode (torch.load mmap of str(path)); rebalance moves
-  tests/multiproc/test_shard_moves.py
+  # DCP save on 2 ranks, resumed on 1 rank sharded and 2 replicated (dcp_save/dcp_load, planner_kwargs)
+  "tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[1-sharded]"
+  "tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[2-replicated]"
+  # a replicated .ckpt resumed in sharded mode (torch.load mmap of str(path))
+  "tests/multiproc/test_shard_moves.py::test_sharded_resume_on_any_world_size_restores_the_whole_state[1]"
   # ns-export and ns-eval of a sharded run's consolidated checkpoint (add_safe_globals)
   tests/multiproc/test_train_sharded.py::test_ns_export_and_ns_eval_read_a_sharded_checkpoint
-  # start-up phases, rank-0 work and lost ranks: store reads with deadlines (store_has_key, DIST_ERRORS)
-  tests/multiproc/test_lifecycle_collectives.py
+  # store reads with deadlines (store_has_key, DIST_ERRORS): a rank stuck in a start-up phase, a failed rank-0 save
+  tests/multiproc/test_lifecycle_collectives.py::test_rank_stuck_in_a_startup_phase_is_named_within_the_timeout
+  tests/multiproc/test_lifecycle_collectives.py::test_failed_rank0_save_is_the_same_clear_error_on_every_rank
   # a rank killed with SIGKILL ends the run on every rank, named (DIST_ERRORS, is_dist_error, store_has_key)
   "tests/multiproc/test_train_distributed.py::test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process[sharded]"
   # lund_door at --downscale-factor 4 with the default schedule (10x15 px images) trains to the end
   tests/integration/test_downscale_no_prompt.py::test_single_process_trains_at_downscale_4_without_images_4
 )
-# Left out, open: on torch 2.1.2 the 3-rank sharded resume ran past run_ranks' 240 s deadline in one
-# of two runs on 2026-12-02 (it passed in 12 s in the other). It runs on the development torch in
-# scripts/test.sh; the 1-rank and 3-rank replicated resumes of the same checkpoint stay here.
-DESELECT=("tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[3-sharded]")
+# One test per shim path: the job runs inside CI's 90 min beside the whole suite. The 3-rank
+# sharded resume is not here: on torch 2.1.2 it ran past run_ranks' 240 s deadline in one of two
+# runs on 2026-12-02 (open; it passed in 12 s in the other); it runs in scripts/test.sh.
 set +e
-"$VPY" -m pytest -c "$RUN/pytest.ini" --rootdir "$RUN" "${SUBSET[@]}" "${DESELECT[@]/#/--deselect=}" "$@"
+"$VPY" -m pytest -c "$RUN/pytest.ini" --rootdir "$RUN" "${SUBSET[@]}" "$@"
 rc=$?
 set -e
 [[ $rc == 5 ]] && { echo "[compat] pytest collected no tests: the subset names tests that do not exist" >&2; exit 1; }

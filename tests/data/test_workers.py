@@ -88,6 +88,7 @@ def test_workers_exit_within_2s_when_their_process_is_killed(jpeg_paths: list[Pa
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_rank_start_up_never_hangs(tmp_path: Path) -> None:
     # The datamanager on 2 gloo ranks with a tensorboard writer, NUM_LAUNCHES fresh launches: the
     # path of training's start-up (threads exist, then the workers start) without the model.

@@ -12,7 +12,7 @@ from distsplat_ns.checkpoint import load_checkpoint_file
 from tests.helpers.lifecycle import kill_session, start_training, wait_until_training
 from tests.helpers.nsrun import REPO, cpu_env, ns_bin, run_dir, run_ns_train, train_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 SHORT = ["--steps-per-eval-all-images", "1000", "--save-only-latest-checkpoint", "True"]
 

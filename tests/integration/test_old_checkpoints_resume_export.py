@@ -13,7 +13,7 @@ from distsplat_ns.checkpoint import load_checkpoint_file
 from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_stats, run_ns_train, run_torchrun
 from tests.helpers.old_checkpoints import STEP, fixture_path, models_folder, run_folder
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: The fixture runs' settings (make_fixtures.sh), resumed for 2 more steps of B = 2.
 SETTINGS = ["--machine.seed", "7", "--steps-per-eval-image", "1000", "--steps-per-eval-all-images", "1000",

@@ -25,7 +25,7 @@ from tests.helpers.lifecycle import LONG_RUN_EXTRA
 from tests.helpers.netns import TwoHosts
 from tests.helpers.nsrun import REPO, cpu_env, ns_bin, read_stats, run_dir, train_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 TIMEOUT_S = 30
 #: The stated constant of the bound: a rank's error report reads the store at most twice through

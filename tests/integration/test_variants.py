@@ -17,7 +17,7 @@ import torch
 
 from tests.helpers.nsrun import cpu_env, latest_checkpoint, load_gauss_ids, load_gauss_params, ns_bin, read_stats, run_dir, run_ns_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 NUM_IMAGES = 20
 MCMC, BIG = "distsplat-mcmc", "distsplat-big"  # each variant's method name is its own (its output folder)

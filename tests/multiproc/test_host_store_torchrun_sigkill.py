@@ -16,7 +16,7 @@ from distsplat_ns.utils.shm import remove_orphan_semaphores
 from tests.helpers import host_store_fns
 from tests.helpers.lifecycle import kill_session, start_training, wait_until_training
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _store_holders(inode: int) -> list[int]:

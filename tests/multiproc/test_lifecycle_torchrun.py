@@ -18,7 +18,7 @@ from tests.integration.test_lifecycle import (
     assert_stopped_with_its_checkpoint,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def test_resume_with_nothing_left_to_train_exits_0_and_leaves_the_checkpoints(tmp_path: Path) -> None:

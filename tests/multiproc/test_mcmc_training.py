@@ -23,7 +23,7 @@ import torch
 from tests.helpers.equivalence import assert_same_model
 from tests.helpers.nsrun import latest_checkpoint, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_torchrun, train_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 CAP = 11700
 NUM_SEED_POINTS = 11384

@@ -21,7 +21,7 @@ import torch
 from tests.helpers.equivalence import assert_same_model
 from tests.helpers.nsrun import latest_checkpoint, ns_bin, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_ns_train, train_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 NUM_RANDOM = 3000
 POSE_EXTRA = [

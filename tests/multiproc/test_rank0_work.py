@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.nsrun import REPO, read_stats, run_dir, run_torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 TIMEOUT_S = 10
 EVAL_DELAY_S = 25  # > 2 x the collective timeout

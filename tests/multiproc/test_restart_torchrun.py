@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers.nsrun import REPO, read_stats, run_dir, run_torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 KILL_STEP = 8
 SAVE_EVERY = 5

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers.lifecycle import kill_session, start_training, wait_until_training
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _semaphores_of(pid: int) -> list:
