@@ -5,7 +5,8 @@
 distsplat pipeline and trainer.
 
 Wiring only. Importing this module builds configuration objects and nothing else: no CUDA work, no
-network, no dataset access (every ``ns-*`` command imports every plugin).
+network, no dataset access (every ``ns-*`` command imports every plugin); it also fills
+``inspect``'s cache for frozen modules (``utils/startup.py``: nerfstudio's start-up cost).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from distsplat_ns.pipeline import DistSplatPipelineConfig
 from distsplat_ns.trainer import DistSplatTrainerConfig
+from distsplat_ns.utils.startup import register_frozen_module_files
 
 # nerfstudio's own checkpoints hold numpy scalars; let them load under weights_only=True.
 register_numpy_safe_globals()
+# nerfstudio lists its external methods right after importing this module: ~13 s less CPU per process.
+register_frozen_module_files()
 
 
 def _adam(lr: float) -> AdamOptimizerConfig:
