@@ -1,0 +1,164 @@
+"""Quality against batch size: eval PSNR of ``ns-train distsplat`` at B = 1, 4, 8, 16 images per
+step, the same number of images, over several seeds (issue 28, item 4).
+
+Each run: one process, CPU (reference rasterizer), ``OMP_NUM_THREADS=1``, ``--pipeline.batch-size
+B`` at W = 1 (the model B images per step trains does not depend on W: docs/distributed.md, "Batch
+size"; 1 = W is tested in float64). Every schedule counts images, and the optimizer takes
+Grendel-GS's sqrt(B) rule, so only B differs between the runs of one seed. The eval PSNR is the
+trainer's own final evaluation over every held-out image (``final_eval_psnr`` in
+distsplat_stats.json, nerfstudio's ``get_average_eval_image_metrics``). At most ``--jobs`` runs
+at a time, one thread each.
+
+Reported per B: eval PSNR mean and sample standard deviation over the seeds, the gap of the means
+to B = 1, and the per-seed paired gaps (B minus B = 1 of the same seed) with their mean and s.d.;
+the final Gaussian count, since densification is where B can change the model most.
+
+Scene: ../shared/data/bird (real capture, 184 phone-video frames 544x960 with COLMAP poses and
+points; MIT license of github.com/Michael-Yi-Rong/NeRF-Pytorch, see its PROVENANCE.txt), decoded
+at 1/``--downscale-factor``; nerfstudio's colmap dataparser holds out every 8th image (23 eval
+images, 161 training). The schedule is splatfacto's (warm-up 500 images, refine every 100, opacity
+reset every 3000) unless ``--warmup`` / ``--refine-every`` change it.
+
+Usage: ``nice -n 10 python benchmarks/bench_batch_quality.py [--images 3000] [--batch-sizes 1 4 8 16] [--seeds 0 1 2]``
+Writes benchmarks/results/batch_quality_<scene>_<date>.json and prints its summary as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def train_command(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "ns-train"), "distsplat",
+        "--output-dir", str(out), "--experiment-name", "b", "--timestamp", f"b{batch_size}-s{seed}",
+        "--machine.device-type", "cpu", "--machine.seed", str(seed), "--max-num-iterations", str(args.images),
+        "--pipeline.batch-size", str(batch_size), "--pipeline.model.num-downscales", "0",
+        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
+        "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000", "--steps-per-save", "1000000000",
+        "--pipeline.model.warmup-length", str(args.warmup), "--pipeline.model.refine-every", str(args.refine_every),
+        "colmap", "--data", str(args.scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
+        "--downscale-factor", str(args.downscale_factor),
+    ]
+
+
+def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> dict:
+    """One run of ``ns-train distsplat``; its final eval PSNR and Gaussian count."""
+    cmd = train_command(batch_size, seed, args, out)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"B = {batch_size} seed {seed} failed:\n{proc.stderr[-4000:]}")
+    stats = json.loads((out / "b" / "distsplat" / f"b{batch_size}-s{seed}" / "distsplat_stats.json").read_text())
+    return {
+        "batch_size": batch_size, "seed": seed, "final_eval_psnr": stats["final_eval_psnr"],
+        "final_gaussian_count": stats["final_gaussian_count"], "images_trained": stats.get("images_trained"),
+        "train_wall_s": stats.get("wall_time_s"), "command_wall_s": round(time.perf_counter() - start, 1),
+        "command": " ".join(cmd[1:]),
+    }
+
+
+def train_all(args: argparse.Namespace, out: Path) -> list[dict]:
+    """Every (B, seed) run, largest B first (the longest-running runs start early), ``--jobs`` at a time."""
+    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds), key=lambda job: (-job[0], job[1]))
+    lock = threading.Lock()
+
+    def one(job: tuple[int, int]) -> dict:
+        result = train(*job, args, out)
+        with lock:
+            print(json.dumps({k: v for k, v in result.items() if k != "command"}), file=sys.stderr, flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs = list(pool.map(one, jobs))
+    return sorted(runs, key=lambda r: (r["batch_size"], r["seed"]))
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else float("nan"))
+
+
+def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
+    """Per B: PSNR mean / sample s.d., the gap of the means to B = ``reference_batch``, the
+    per-seed paired gaps and the mean Gaussian count."""
+    by_batch: dict[int, dict[int, dict]] = {}
+    for run in runs:
+        by_batch.setdefault(run["batch_size"], {})[run["seed"]] = run
+    reference = by_batch[reference_batch]
+    ref_mean, _ = _mean_sd([r["final_eval_psnr"] for r in reference.values()])
+    summary = {}
+    for batch, seeds in sorted(by_batch.items()):
+        mean, sd = _mean_sd([r["final_eval_psnr"] for r in seeds.values()])
+        paired = [seeds[s]["final_eval_psnr"] - reference[s]["final_eval_psnr"] for s in sorted(seeds) if s in reference]
+        paired_mean, paired_sd = _mean_sd(paired) if paired else (float("nan"), float("nan"))
+        summary[str(batch)] = {
+            "psnr_mean": mean, "psnr_sd": sd, "gap_to_b1_db": mean - ref_mean,
+            "paired_gaps_db": paired, "paired_gap_mean_db": paired_mean, "paired_gap_sd_db": paired_sd,
+            "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in seeds.values()),
+            "train_wall_s_mean": statistics.mean(r["train_wall_s"] or 0.0 for r in seeds.values()),
+        }
+    return summary
+
+
+def markdown_table(summary: dict) -> str:
+    lines = ["| B | eval PSNR (dB), mean ± s.d. | gap to B = 1 (dB) | paired gaps per seed (dB) | Gaussians (mean) | train wall (s, mean) |",
+             "|---|---|---|---|---|---|"]
+    for batch, row in summary.items():
+        paired = ", ".join(f"{g:+.2f}" for g in row["paired_gaps_db"])
+        lines.append(f"| {batch} | {row['psnr_mean']:.2f} ± {row['psnr_sd']:.2f} | {row['gap_to_b1_db']:+.2f} | {paired} | "
+                     f"{row['final_gaussian_count_mean']:.0f} | {row['train_wall_s_mean']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scene", type=Path, default=REPO.parent / "shared" / "data" / "bird")
+    parser.add_argument("--downscale-factor", type=int, default=8, help="colmap --downscale-factor: 8 = 68x120 px for bird")
+    parser.add_argument("--images", type=int, default=3000, help="training images per run, every B (a multiple of each B)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--warmup", type=int, default=500, help="images before the first densification event (splatfacto's 500)")
+    parser.add_argument("--refine-every", type=int, default=100, help="images between densification events (splatfacto's 100)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)")
+    args = parser.parse_args()
+    if 1 not in args.batch_sizes:
+        parser.error("--batch-sizes must include 1, the reference")
+    if any(args.images % b for b in args.batch_sizes):
+        parser.error(f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run")
+    load_start = os.getloadavg()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = train_all(args, Path(tmp))
+    summary = summarise(runs)
+    result = {
+        "command": "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:]),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "scene": args.scene.name, "downscale_factor": args.downscale_factor, "images": args.images,
+        "batch_sizes": args.batch_sizes, "seeds": args.seeds, "warmup_images": args.warmup, "refine_every_images": args.refine_every,
+        "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
+        "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - start, 1),
+        "summary": summary, "table": markdown_table(summary), "runs": runs,
+    }
+    target = args.out or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
+    target.write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    print(f"written: {target}")
+
+
+if __name__ == "__main__":
+    main()
