@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.multiproc import free_port
 from tests.helpers.nsrun import cpu_env, ns_bin, run_dir, train_args
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def test_failed_init_process_group_is_one_line_and_leaves_no_run_folder(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ import pytest
 from tests.helpers import lifecycle_rank_fns as fns
 from tests.helpers.multiproc import run_ranks
 
+pytestmark = pytest.mark.long  # bounded waits on purpose: timeouts of seconds, many ranks
+
 
 def test_failed_rank0_save_is_the_same_clear_error_on_every_rank() -> None:
     results = run_ranks(fns.agreed_failed_save, 2)

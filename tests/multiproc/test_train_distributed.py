@@ -70,6 +70,7 @@ def test_resume_on_the_same_world_size(tmp_path: Path, two_process_run: Path) ->
     assert read_stats(tmp_path, "again")["steps"] == 5
 
 
+@pytest.mark.long
 def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     # A NaN in rank 1's local gradient at step 12 (through the pipeline's test hook).
     proc = run_torchrun(
@@ -111,6 +112,7 @@ def _worker_processes(root: psutil.Process) -> list[psutil.Process]:
     return workers
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("parallel", ["replicated", "sharded"])
 def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_path: Path, parallel: str) -> None:
     env = cpu_env()

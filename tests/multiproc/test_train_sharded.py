@@ -113,6 +113,7 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
         assert figures["rank"] == rank and figures["checkpoint_bytes_written"] > 0 and figures["peak_memory_bytes"] > 0
 
 
+@pytest.mark.long
 def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     """Only rank 1 holds the NaN (no all-reduce spreads it in sharded mode): the ranks agree on the
     verdict and stop at the same step; the last gathered checkpoint stays."""
