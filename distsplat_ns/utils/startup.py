@@ -5,7 +5,7 @@ nerfstudio 1.1.5 builds its list of installable external methods at import
 ``inspect.stack()``. For every frame of the import machinery (file name ``<frozen
 importlib._bootstrap>``, a file that does not exist) ``inspect.getmodule`` finds no cached answer
 and scans every module in ``sys.modules`` -- about 4,400 once torch 2.14 and torchvision are
-imported -- so the list costs about 13 s of CPU in every process that lists methods: each
+imported -- so the list costs seconds of CPU (2.6 s of them avoidable, docs/startup.md) in every process that lists methods: each
 ``ns-train`` rank, ``ns-export``, ``ns-eval``. Measured in docs/startup.md.
 
 nerfstudio discovers plugins (importing ``distsplat_ns.registry``) just before it builds that
