@@ -77,6 +77,8 @@ SUBSET=(
   tests/multiproc/test_lifecycle_collectives.py::test_failed_rank0_save_is_the_same_clear_error_on_every_rank
   # a rank killed with SIGKILL ends the run on every rank, named (DIST_ERRORS, is_dist_error, store_has_key)
   "tests/multiproc/test_train_distributed.py::test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process[sharded]"
+  # the groups destroyed after collectives with temporaries, 20 times, without the GIL deadlock of older torch (docs/distributed.md)
+  tests/multiproc/test_shutdown.py
   # lund_door at --downscale-factor 4 with the default schedule (10x15 px images) trains to the end
   tests/integration/test_downscale_no_prompt.py::test_single_process_trains_at_downscale_4_without_images_4
 )

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from distsplat_ns.distributed.interfaces import choose_socket_interface, socket_variables
 from distsplat_ns.distributed.restart import restart_count
-from distsplat_ns.distributed.torch_compat import DIST_ERRORS
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS, destroy_process_groups
 from distsplat_ns.utils.errors import RunFailure, UserError
 from distsplat_ns.utils.logging import get_logger, set_log_rank
 from distsplat_ns.utils.shm import remove_orphan_semaphores
@@ -287,4 +287,4 @@ def shutdown_distributed() -> None:
     """Destroy the process group if this process created or joined one (the lifecycle's abort
     watch then stops by itself)."""
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        destroy_process_groups()

@@ -164,3 +164,21 @@ def rank0_dies_in_its_work(ctx, out: str) -> str:
         result = f"RunFailure: {err}"
     Path(out).write_text(f"{time.monotonic() - t0:.2f}\n{result}")
     return result
+
+
+def repeated_init_and_shutdown(ctx, root: str, cycles: int) -> int:
+    """Shut the group down, then ``cycles`` times: a new gloo group (file store under ``root``),
+    collectives whose tensors are temporaries, :func:`shutdown_distributed`. Returns the cycles done."""
+    import torch
+    import torch.distributed as dist
+
+    from distsplat_ns.distributed.context import shutdown_distributed
+
+    shutdown_distributed()
+    for cycle in range(cycles):
+        dist.init_process_group("gloo", init_method=f"file://{root}/cycle{cycle}", rank=ctx.rank, world_size=ctx.world_size)
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4))
+            dist.all_gather_object([None] * ctx.world_size, {"rank": ctx.rank})
+        shutdown_distributed()
+    return cycles
