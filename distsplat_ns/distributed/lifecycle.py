@@ -40,9 +40,10 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.interfaces import route_source_address
 from distsplat_ns.distributed.rank0_work import rank0_work, wait_for_rank0_frame
 from distsplat_ns.distributed.store_access import KEY_PREFIX, StoreUnreachable, bounded, default_store
-from distsplat_ns.distributed.torch_compat import DIST_ERRORS, is_dist_error, store_has_key
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS, is_dist_error, store_has_key, store_set, store_set_first
 from distsplat_ns.utils.errors import RunFailure
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.thread_stack import thread_stack
 
 LOGGER = get_logger(__name__)
 
@@ -146,9 +147,9 @@ def enter_phase(ctx: DistContext, name: str, timeout_s: float | None = None, wat
     if store is not None:
         if ctx.rank not in _HOSTS_TOLD:
             _HOSTS_TOLD.add(ctx.rank)
-            store.set(f"{KEY_PREFIX}host/{ctx.rank}", _this_host())
+            store_set(store, f"{KEY_PREFIX}host/{ctx.rank}", _this_host())
             _ABORT_WATCH.start(ctx, store)
-        store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
+        store_set(store, f"{KEY_PREFIX}where/{ctx.rank}", f"in '{name}'")
         if watch:
             _WATCH.enter(ctx, store, name, (ctx.timeout_s if timeout_s is None else timeout_s) / 2)
         else:
@@ -172,8 +173,8 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
         return
     timeout_s = ctx.timeout_s if timeout_s is None else timeout_s
     _WATCH.stop()
-    store.set(f"{KEY_PREFIX}done/{name}/{ctx.rank}", "1")
-    store.set(f"{KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
+    store_set(store, f"{KEY_PREFIX}done/{name}/{ctx.rank}", "1")
+    store_set(store, f"{KEY_PREFIX}where/{ctx.rank}", f"done with '{name}'")
     keys = [f"{KEY_PREFIX}done/{name}/{r}" for r in range(ctx.world_size)]
     try:
         store.wait(keys, datetime.timedelta(seconds=timeout_s))
@@ -255,7 +256,7 @@ class _PhaseWatch:
                              + "".join(traceback.format_list(stack[-12:])))
             sys.stderr.flush()
             try:
-                bounded(functools.partial(store.set, f"{KEY_PREFIX}where/{ctx.rank}", note))
+                bounded(functools.partial(store_set, store, f"{KEY_PREFIX}where/{ctx.rank}", note))
             except DIST_ERRORS:  # the store's host is gone: stderr has it
                 pass
 
@@ -331,7 +332,7 @@ def announce_failure(ctx: DistContext, message: str) -> None:
         return
     try:
         told = message if message.startswith(f"rank {ctx.rank}:") else f"rank {ctx.rank}: {message}"
-        bounded(lambda: store.compare_set(_ABORT_KEY, "", told[:400]))
+        bounded(lambda: store_set_first(store, _ABORT_KEY, told[:400]))
     except DIST_ERRORS:
         pass
 
@@ -344,21 +345,16 @@ def stop_watching() -> None:
 
 def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:
     """The main thread's stack when it is not waiting on other ranks (inside ``torch.distributed``
-    or in :func:`finish_phase`'s barrier or :func:`rank0_work`'s wait), else None. Keeps no frame: a frame held here would keep
-    the main thread's locals (a DataLoader iterator, whose workers then outlive the process's exit)."""
-    frame = sys._current_frames().get(main_ident)
-    try:
-        probe = frame
-        while probe is not None:
-            code = probe.f_code
-            if f"{os.sep}torch{os.sep}distributed{os.sep}" in code.co_filename:
-                return None
-            if (code.co_filename, code.co_name) in ((__file__, "finish_phase"), wait_for_rank0_frame()):
-                return None  # waiting for other ranks, as in a collective
-            probe = probe.f_back
-        return None if frame is None else traceback.extract_stack(frame)
-    finally:
-        del frame, probe
+    or in :func:`finish_phase`'s barrier or :func:`rank0_work`'s wait), else None. Read through
+    ``utils/thread_stack.py``: no frame object of the running main thread is touched."""
+    stack = thread_stack(main_ident)
+    if stack is None:
+        return None
+    waiting = ((__file__, "finish_phase"), wait_for_rank0_frame())
+    for frame in stack:
+        if f"{os.sep}torch{os.sep}distributed{os.sep}" in frame.filename or (frame.filename, frame.name) in waiting:
+            return None  # waiting for other ranks, as in a collective
+    return stack
 
 
 def is_comm_failure(err: BaseException) -> bool:
@@ -433,7 +429,7 @@ def first_report(ctx: DistContext, message: str, wait_s: float = 3.0) -> bool:
     key = f"{KEY_PREFIX}error/0"
     try:
         if ctx.is_main:
-            bounded(lambda: store.set(key, message))
+            bounded(lambda: store_set(store, key, message))
             return True
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:

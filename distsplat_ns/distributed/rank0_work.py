@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.store_access import KEY_PREFIX, STORE_REPLY_S, StoreUnreachable, bounded, default_store, store_address
-from distsplat_ns.distributed.torch_compat import DIST_ERRORS, store_has_key
+from distsplat_ns.distributed.torch_compat import DIST_ERRORS, store_has_key, store_set
 from distsplat_ns.utils.errors import RunFailure
 
 #: Seconds between two heartbeats of rank 0 while it works alone (:func:`rank0_work`).
@@ -58,7 +58,7 @@ def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_la
             while not stop.wait(HEARTBEAT_S):
                 count += 1
                 try:
-                    store.set(beat_key, str(count))
+                    store_set(store, beat_key, str(count))
                 except DIST_ERRORS:
                     return
 
@@ -71,7 +71,7 @@ def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_la
         finally:
             stop.set()
             try:
-                bounded(lambda: store.set(done_key, outcome))
+                bounded(lambda: store_set(store, done_key, outcome))
             except DIST_ERRORS:
                 pass  # the waiting ranks find the store gone themselves
         return

@@ -7,7 +7,8 @@ shim collapses to its first branch. It lives in ``distributed/`` because most of
 ``torch.distributed``, which only that layer imports (tests/unit/test_layers.py).
 
 Shims (oldest torch that needs none of it: 2.6):
-- ``store_has_key``: ``Store.check`` is bound in Python from torch 2.3.
+- ``store_has_key`` / ``store_set``: ``Store.check`` is bound in Python from torch 2.3; before, a
+  counter beside each key, read with ``add`` (``compare_set`` is unsafe from threads in 2.1.2).
 - ``DIST_ERRORS`` / ``is_dist_error``: ``torch.distributed.DistError`` exists from torch 2.2.
 - ``dcp_save`` / ``dcp_load``: ``torch.distributed.checkpoint.save``/``load`` exist from torch 2.2.
 - ``planner_kwargs``: DCP planners' keyword arguments (``dedup_save_to_lowest_rank``,
@@ -46,25 +47,54 @@ def is_dist_error(err: BaseException) -> bool:
     return isinstance(err, _DIST_ERROR)
 
 
-#: A value no key of the package's ever holds: ``compare_set(key, S, S)`` returns ``S`` without
-#: writing when ``key`` is absent, and the stored value when it is present (c10d's compareSet, the
-#: same on TCPStore, PrefixStore, FileStore and HashStore; checked by tests/unit/test_torch_compat.py).
-_ABSENT = "\x00distsplat-absent\x00"
+#: Suffix of the counter beside each key :func:`store_set` writes before torch 2.3: how many times
+#: the key was set. A probe reads it with ``add(counter, 0)``, never touching the key itself.
+_WRITTEN = "#written"
+
+
+def store_set(store: dist.Store, key: str, value: str) -> None:
+    """``store.set(key, value)`` for a key that :func:`store_has_key` may probe: every key the
+    package probes is written through this function.
+
+    **Host sync:** none (store requests; callers bound them with ``store_access.bounded``).
+    """
+    store.set(key, value)
+    if not hasattr(dist.Store, "check"):  # unnecessary from torch 2.3
+        store.add(key + _WRITTEN, 1)
 
 
 def store_has_key(store: dist.Store, key: str) -> bool:
-    """Whether ``key`` is set in ``store``, without waiting for it (one round trip, no write).
+    """Whether ``key`` is set in ``store`` (by :func:`store_set`), without waiting for it and
+    without creating it: one round trip.
+
+    Before torch 2.3 ``Store.check`` is not bound in Python, and ``compare_set``, the other
+    non-blocking read, builds its result without the GIL in torch 2.1.2 (heap corruption: ranks
+    crashed in ``_Py_Dealloc``; docs/distributed.md, "Store reads from threads"). So the key's
+    counter is read with ``add``, whose binding converts its result with the GIL held.
 
     **Host sync:** none (a store request; callers bound it with ``store_access.bounded``).
     """
     if hasattr(dist.Store, "check"):  # unnecessary from torch 2.3
         return bool(store.check([key]))
-    return _has_key_by_compare_set(store, key)
+    return _has_key_by_counter(store, key)
 
 
-def _has_key_by_compare_set(store: dist.Store, key: str) -> bool:
+def _has_key_by_counter(store: dist.Store, key: str) -> bool:
     """:func:`store_has_key` before torch 2.3 (tested on every version)."""
-    return store.compare_set(key, _ABSENT, _ABSENT) != _ABSENT.encode()
+    return store.add(key + _WRITTEN, 0) > 0
+
+
+def store_set_first(store: dist.Store, key: str, value: str) -> bool:
+    """Set ``key`` to ``value`` unless another call of this function set it first; True for the
+    call that set it. A counter decides (``add`` is atomic in every store), on every version:
+    ``compare_set`` is not safe from a thread in torch 2.1.2 (:func:`store_has_key`).
+
+    **Host sync:** none (store requests).
+    """
+    if store.add(key + "#writers", 1) != 1:
+        return False
+    store_set(store, key, value)
+    return True
 
 
 def dcp_save(state: dict, storage_writer: Any, planner: Any, no_dist: bool) -> None:

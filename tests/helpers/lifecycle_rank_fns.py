@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import time
 
-from distsplat_ns.distributed.torch_compat import store_has_key
+from distsplat_ns.distributed.torch_compat import store_has_key, store_set
 from distsplat_ns.utils.errors import RunFailure
 
 
@@ -66,7 +66,7 @@ def collective_timeout_in_phase(ctx) -> str:
                 return "waited"
             dist.all_reduce(torch.zeros(1), group=short)
     except RunFailure as err:
-        store.set("test/rank0-gave-up", "1")
+        store_set(store, "test/rank0-gave-up", "1")
         time.sleep(1.0)  # rank 0 hosts the store: let rank 1 see the key
         return f"RunFailure: {err}"
     except RuntimeError as err:  # rank 1 after rank 0 (which hosts the store) has gone
@@ -122,7 +122,7 @@ def working_outside_collectives(ctx) -> str:
         dist.all_reduce(torch.zeros(1), group=short)
     except RuntimeError:
         where = store.get("distsplat/where/1").decode() + " | " + store.get("distsplat/where/0").decode()
-        store.set("test/rank0-gave-up", "1")
+        store_set(store, "test/rank0-gave-up", "1")
         time.sleep(1.0)  # rank 0 hosts the store: let rank 1 see the key
         return where
     return "no error"

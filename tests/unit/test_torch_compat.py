@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import datetime
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +16,15 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
 from distsplat_ns.distributed.torch_compat import (
-    _has_key_by_compare_set,
+    _WRITTEN,
+    _has_key_by_counter,
     _inf_norm_per_tensor,
     grads_inf_norm,
     planner_kwargs,
     post_accumulate_grad_hook,
     store_has_key,
+    store_set,
+    store_set_first,
 )
 
 PKG = Path(__file__).resolve().parents[2] / "distsplat_ns"
@@ -29,26 +35,73 @@ def _stores(tmp_path: Path) -> list[dist.Store]:
     return [tcp, dist.PrefixStore("distsplat/", tcp), dist.HashStore(), dist.FileStore(str(tmp_path / "store"), 1)]
 
 
-@pytest.mark.parametrize("has_key", [store_has_key, _has_key_by_compare_set], ids=["installed", "before-2.3"])
-def test_store_has_key_sees_set_keys_and_writes_nothing(tmp_path: Path, has_key) -> None:
+@pytest.fixture(params=["installed", "before-2.3"])
+def old_store_api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on this torch's store API, and on the one before torch 2.3 (no ``Store.check``)."""
+    if request.param == "before-2.3" and hasattr(dist.Store, "check"):
+        monkeypatch.delattr(dist.Store, "check")
+    return request.param
+
+
+def test_store_has_key_sees_keys_store_set_wrote_and_never_creates_them(tmp_path: Path, old_store_api: str) -> None:
     for store in _stores(tmp_path):
-        before = store.num_keys()
-        assert not has_key(store, "phase/0")
-        assert store.num_keys() == before, f"{type(store).__name__}: the check wrote a key"
-        store.set("phase/0", "started")
-        assert has_key(store, "phase/0")
-        store.set("empty", "")
-        assert has_key(store, "empty")
+        assert not store_has_key(store, "phase/0")
+        with pytest.raises(RuntimeError):  # the probe did not create the key a wait would return on
+            store.wait(["phase/0"], datetime.timedelta(milliseconds=50))
+        store_set(store, "phase/0", "started")
+        assert store_has_key(store, "phase/0")
+        store_set(store, "empty", "")
+        assert store_has_key(store, "empty")
         assert store.get("phase/0") == b"started"
 
 
 def test_store_has_key_agrees_with_store_check_where_torch_has_it(tmp_path: Path) -> None:
     if not hasattr(dist.Store, "check"):
-        pytest.skip(f"torch {torch.__version__} has no Store.check (added in torch 2.3): the other test covers the fallback")
+        pytest.skip(f"torch {torch.__version__} has no Store.check (added in torch 2.3): the other tests cover the fallback")
     for store in _stores(tmp_path):
         store.set("a", "1")
+        store.add("a" + _WRITTEN, 1)  # what store_set writes before torch 2.3
         for key in ("a", "b"):
-            assert _has_key_by_compare_set(store, key) == store.check([key])
+            assert _has_key_by_counter(store, key) == store.check([key])
+
+
+def test_store_set_first_lets_only_the_first_writer_set(tmp_path: Path, old_store_api: str) -> None:
+    for store in _stores(tmp_path):
+        assert store_set_first(store, "abort", "rank 1: out of memory")
+        assert not store_set_first(store, "abort", "rank 0: lost rank 1")
+        assert store.get("abort") == b"rank 1: out of memory" and store_has_key(store, "abort")
+
+
+GIL_PROBE = """
+import sys, threading, time
+import torch.distributed as dist
+if sys.argv[1] == "before-2.3" and hasattr(dist.Store, "check"):
+    del dist.Store.check
+from distsplat_ns.distributed.torch_compat import store_has_key, store_set, store_set_first
+store = dist.TCPStore("127.0.0.1", 0, 1, True)
+stop = []
+def poll():
+    while not stop:
+        store_set(store, "where/0", "in 'first step'")
+        store_has_key(store, "where/0"), store_has_key(store, "absent"), store_set_first(store, "abort", "x")
+thread = threading.Thread(target=poll, daemon=True)
+thread.start()
+end = time.monotonic() + 2
+while time.monotonic() < end:
+    garbage = [str(i) * 3 for i in range(1000)]
+stop.append(1)
+thread.join()
+print("clean")
+"""
+
+
+@pytest.mark.parametrize("api", ["installed", "before-2.3"])
+def test_store_calls_from_a_thread_hold_the_gil(api: str) -> None:
+    # Python's debug allocator aborts a process that allocates without the GIL: torch 2.1.2's
+    # compare_set did, from the abort watch's thread, and corrupted ranks' heaps (CI, 2026-12-02).
+    env = {**os.environ, "PYTHONMALLOC": "debug"}
+    proc = subprocess.run([sys.executable, "-c", GIL_PROBE, api], capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("norm", [grads_inf_norm, _inf_norm_per_tensor], ids=["installed", "before-2.6"])
