@@ -47,6 +47,7 @@ cat > "$RUN/pytest.ini" <<'INI'
 markers =
     cuda: needs a CUDA device (skipped without one)
     slow: end-to-end runs of ns-train and friends
+    long: fault-injection and multi-run suites (scripts/test.sh -m long)
 addopts = -ra --durations=15 -p no:cacheprovider
 INI
 cd "$RUN"
