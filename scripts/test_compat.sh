@@ -69,6 +69,9 @@ SUBSET=(
   # DCP save on 2 ranks, resumed on 1 rank sharded and 2 replicated (dcp_save/dcp_load, planner_kwargs)
   "tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[1-sharded]"
   "tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[2-replicated]"
+  # 3 sharded ranks: hung in 1 of 3 runs before the store reads from threads stopped using
+  # compare_set (its heap corruption reaches this path: agree_outcome's wait); 5 of 5 passed after
+  "tests/multiproc/test_shard_checkpoints.py::test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes[3-sharded]"
   # a replicated .ckpt resumed in sharded mode (torch.load mmap of str(path))
   "tests/multiproc/test_shard_moves.py::test_sharded_resume_on_any_world_size_restores_the_whole_state[1]"
   # ns-export and ns-eval of a sharded run's consolidated checkpoint (add_safe_globals)
@@ -83,9 +86,8 @@ SUBSET=(
   # lund_door at --downscale-factor 4 with the default schedule (10x15 px images) trains to the end
   tests/integration/test_downscale_no_prompt.py::test_single_process_trains_at_downscale_4_without_images_4
 )
-# One test per shim path: the job runs inside CI's 90 min beside the whole suite. The 3-rank
-# sharded resume is not here: on torch 2.1.2 it ran past run_ranks' 240 s deadline in one of two
-# runs on 2026-12-02 (open; it passed in 12 s in the other); it runs in scripts/test.sh.
+# One test per shim path (and the paths of the torch 2.1.2 bugs the package works around): the job
+# runs inside CI's 90 min beside the whole suite.
 set +e
 "$VPY" -m pytest -c "$RUN/pytest.ini" --rootdir "$RUN" "${SUBSET[@]}" "$@"
 rc=$?
