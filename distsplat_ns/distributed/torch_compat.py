@@ -50,6 +50,8 @@ def is_dist_error(err: BaseException) -> bool:
 #: Suffix of the counter beside each key :func:`store_set` writes before torch 2.3: how many times
 #: the key was set. A probe reads it with ``add(counter, 0)``, never touching the key itself.
 _WRITTEN = "#written"
+#: Suffix of the counter :func:`store_set_first` draws from: the call that draws 1 writes.
+_WRITERS = "#writers"
 
 
 def store_set(store: dist.Store, key: str, value: str) -> None:
@@ -91,7 +93,7 @@ def store_set_first(store: dist.Store, key: str, value: str) -> bool:
 
     **Host sync:** none (store requests).
     """
-    if store.add(key + "#writers", 1) != 1:
+    if store.add(key + _WRITERS, 1) != 1:
         return False
     store_set(store, key, value)
     return True

@@ -49,8 +49,8 @@ def test_sharded_ranks_make_the_decisions_of_one_process(one_process_run: Path, 
     parameters within the 1-vs-2 tolerance of tests/helpers/equivalence.py."""
     one = by_id(latest_checkpoint(one_process_run, "one"))
     # Only the run of this world size (the compat job runs [2] alone).
-    name = {2: "sh2", 3: "sh3"}[world]
-    run = request.getfixturevalue({2: "sharded_two_run", 3: "sharded_three_run"}[world])
+    name, fixture = {2: ("sh2", "sharded_two_run"), 3: ("sh3", "sharded_three_run")}[world]
+    run = request.getfixturevalue(fixture)
     sharded = by_id(latest_checkpoint(run, name))
     stats = read_stats(run, name)
     assert stats["steps"] == 50 and stats["world_size"] == world and stats["parallel"] == "sharded"
