@@ -32,6 +32,15 @@ def memfd_inodes(pid: int | str = "self", name: str = STORE_NAME) -> set[int]:
     return inodes
 
 
+def write_report(path: str, content: dict) -> None:
+    """``content`` as JSON at ``path``, whole or not at all: other processes poll for the file and
+    read it as soon as it exists (a plain write lets them read it empty)."""
+    import json
+
+    Path(f"{path}.partial").write_text(json.dumps(content))
+    os.replace(f"{path}.partial", path)
+
+
 class _Messages(logging.Handler):
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
@@ -134,9 +143,7 @@ def slow_fill_rank(ctx: Any, paths: list[str], report: str, seconds_per_file: fl
     store_module.EncodedImageStore._fill = slow_fill
     host = HostGroup(ctx)
     store = store_module.EncodedImageStore(paths, 1 << 30, name=STORE_NAME, host=host)
-    Path(f"{report}.{ctx.rank}").write_text(
-        json.dumps({"pid": os.getpid(), "is_filler": store.is_filler, "inodes": sorted(memfd_inodes())})
-    )
+    write_report(f"{report}.{ctx.rank}", {"pid": os.getpid(), "is_filler": store.is_filler, "inodes": sorted(memfd_inodes())})
     filler_pid = None
     while True:
         exact = all(bytes(store.view(i)) == Path(p).read_bytes() for i, p in enumerate(paths))
@@ -147,6 +154,6 @@ def slow_fill_rank(ctx: Any, paths: list[str], report: str, seconds_per_file: fl
             if filler_pid is not None and not _alive(filler_pid):
                 count = store.num_filled()
                 exact = all(bytes(store.view(i)) == Path(p).read_bytes() for i, p in enumerate(paths))
-                Path(f"{report}.{ctx.rank}.done").write_text(json.dumps({"exact": exact, "num_filled": count}))
+                write_report(f"{report}.{ctx.rank}.done", {"exact": exact, "num_filled": count})
                 os._exit(0)
         time.sleep(0.05)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue as queue_module
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
@@ -46,6 +48,16 @@ def _shm_entries_of(pids: set[int]) -> list[str]:
     return [n for n in names if "distsplat" in n or any(f"-{pid}-" in n for pid in pids)]
 
 
+def _rank_errors(queue: Any) -> list[str]:
+    """What the ranks put on ``queue`` so far (a rank that raised puts its traceback there)."""
+    said = []
+    while True:
+        try:
+            said.append(str(queue.get(timeout=1.0)))
+        except queue_module.Empty:
+            return said
+
+
 @pytest.mark.parametrize("victim", ["filler", "other"])
 def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: Path, victim: str) -> None:
     paths = [str(p) for p in write_images(tmp_path / "images", [(64, 96)] * NUM_FILES, seed=5)]
@@ -74,6 +86,8 @@ def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: P
             for r in (1, 2):
                 while time.time() < deadline and not Path(f"{report}.{r}.done").exists():
                     time.sleep(0.1)
+                if not Path(f"{report}.{r}.done").exists():
+                    pytest.fail(f"rank {r} wrote no report after the filler was killed; the ranks said: {_rank_errors(queue)}")
                 done = json.loads(Path(f"{report}.{r}.done").read_text())
                 assert done["exact"] and done["num_filled"] < NUM_FILES, done  # killed mid-fill
         else:
