@@ -195,6 +195,21 @@ def ratios_to_reference(curves: dict[str, dict[str, list[float]]], reference: st
     return out
 
 
+def time_per_image_ratios(curves: dict[str, dict[str, list[float]]], reference: str) -> dict[str, float]:
+    """For each curve but ``reference``: its wall time per image at its last point over the
+    reference's (issue 28's figure: <= 0.57 at W = 2, B = 2, the better mode).
+
+    Args:
+        curves: ``name -> {"wall_s": [...], "images": [...]}``.
+        reference: The 1-rank run's name.
+    """
+    def per_image(curve: dict[str, list[float]]) -> float:
+        return curve["wall_s"][-1] / curve["images"][-1]
+
+    ref = per_image(curves[reference])
+    return {name: per_image(curve) / ref for name, curve in curves.items() if name != reference}
+
+
 # ----------------------------------------------------------------------------- training
 def _loadavg() -> str:
     try:
@@ -391,10 +406,11 @@ def markdown_table(result: dict) -> str:
         f"Target: {result['target']}."),
         "",
         ("| run | ranks | mode | B | final PSNR (dB) | train wall at last point (s) | images/s | "
-        f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | eval time (s) |"),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | time per image / 1 rank's | eval time (s) |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = result["ratios_to_1_rank_final_psnr"]
+    per_image = result["time_per_image_ratios"]
     for name, run in result["runs"].items():
         spec, r = run["spec"], ratios.get(name)
         if r is None:
@@ -403,10 +419,11 @@ def markdown_table(result: dict) -> str:
             reach, ratio = f"{r['time_to_target_s']:.1f}", f"{r['ratio']:.2f}"
         else:
             reach, ratio = "not reached", f"not reached ({r['final_psnr_gap_db']:+.2f} dB at the end)"
+        per_image_ratio = f"{per_image[name]:.3f}" if name in per_image else "1 (reference)"
         lines.append(
             f"| {name} | {spec['world_size']} | {spec['parallel']} | {spec['batch_size']} | {run['points_psnr'][-1]:.2f} | "
             f"{run['points_wall_s'][-1]:.1f} | {run['points_images'][-1] / run['points_wall_s'][-1]:.2f} | {reach} | {ratio} | "
-            f"{sum(run['points_eval_s']):.1f} |")
+            f"{per_image_ratio} | {sum(run['points_eval_s']):.1f} |")
     lines.append("")
     lines.append("Wall time = the sum of the run's own step times (eval and checkpoint writes excluded); images/s "
                  "= images at the last point / that time.")
@@ -472,6 +489,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     curves = {n: {"wall_s": r["points_wall_s"], "psnr": r["points_psnr"]} for n, r in runs.items()}
     ratios = ratios_to_reference(curves, "w1_b1")
+    per_image = time_per_image_ratios({n: {"wall_s": r["points_wall_s"], "images": r["points_images"]} for n, r in runs.items()}, "w1_b1")
     provenance = (args.data / "PROVENANCE.txt")
     result = {
         "benchmark": "bench_time_to_quality",
@@ -498,6 +516,8 @@ def main() -> None:
         "target_psnr": curves["w1_b1"]["psnr"][-1],
         "target": "W = 2 reaches the 1-rank final PSNR in <= 0.6x the 1-rank wall time (issue 21)",
         "ratios_to_1_rank_final_psnr": ratios,
+        "time_per_image_target": "time per image at W = 2, B = 2 <= 0.57x that of W = 1, B = 1, the better of the two modes (issue 28)",
+        "time_per_image_ratios": per_image,
         "runs": runs,
         "total_benchmark_s": time.perf_counter() - t_start,
     }
@@ -510,7 +530,8 @@ def main() -> None:
     print(f"[ttq] result: {out_json}\n[ttq] table: {table}\n[ttq] plot: {plot_path}\n[ttq] total {result['total_benchmark_s']:.0f} s")
     for name, r in ratios.items():
         verdict = f"{r['ratio']:.2f}x" if r["reached"] else f"not reached (final {r['final_psnr_gap_db']:+.2f} dB)"
-        print(f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}")
+        print(f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}; "
+              f"time per image / 1-rank's = {per_image[name]:.3f}")
 
 
 def _provenance(path: Path) -> str:

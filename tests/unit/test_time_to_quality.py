@@ -63,6 +63,16 @@ def test_ratios_divide_the_time_to_the_reference_final_psnr_by_the_reference_tim
     assert ratios["w2_short"]["final_psnr_gap_db"] == pytest.approx(-0.5)
 
 
+def test_time_per_image_ratio_is_each_runs_last_wall_per_image_over_the_references() -> None:
+    curves = {
+        "w1_b1": {"wall_s": [10.0, 40.0], "images": [100, 400]},  # 0.1 s per image
+        "w2_b2": {"wall_s": [5.0, 24.0], "images": [100, 400]},  # 0.06 s per image at the last point
+        "w2_short": {"wall_s": [5.0], "images": [100]},  # 0.05 s per image
+    }
+    ratios = ttq.time_per_image_ratios(curves, "w1_b1")
+    assert ratios == {"w2_b2": pytest.approx(0.6), "w2_short": pytest.approx(0.5)}
+
+
 def test_run_specs_cover_one_rank_and_both_modes_at_b1_and_bw() -> None:
     names = [spec.name for spec in ttq.run_specs(2)]
     assert names == ["w1_b1", "w2_replicated_b1", "w2_replicated_b2", "w2_sharded_b1", "w2_sharded_b2"]
