@@ -22,6 +22,17 @@ def test_schedule_in_steps_counts_images(batch_size: int) -> None:
     assert s.reset_every == 30 * s.refine_every
 
 
+@pytest.mark.parametrize("batch_size", [3, 6, 8, 16, 32])
+def test_opacity_reset_is_the_step_nearest_its_image_count(batch_size: int) -> None:
+    # 100 images per refine is not a whole number of steps at these B (96 images at B = 8 and
+    # 16); the reset must still come within half a step of splatfacto's 3000 images.
+    s = schedule_in_steps(
+        warmup_images=500, stop_split_images=15000, refine_every_images=100, reset_alpha_every_refines=30,
+        stop_screen_size_images=4000, num_train_images=12, batch_size=batch_size,
+    )
+    assert abs(s.reset_every * batch_size - 3000) <= batch_size / 2
+
+
 def test_images_to_steps_rejects_zero_batch() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         images_to_steps(100, 0)
