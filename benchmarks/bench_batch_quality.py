@@ -17,10 +17,11 @@ Scene: ../shared/data/bird (real capture, 184 phone-video frames 544x960 with CO
 points; MIT license of github.com/Michael-Yi-Rong/NeRF-Pytorch, see its PROVENANCE.txt), decoded
 at 1/``--downscale-factor``; nerfstudio's colmap dataparser holds out every 8th image (23 eval
 images, 161 training). The schedule is splatfacto's (warm-up 500 images, refine every 100, opacity
-reset every 3000) unless ``--warmup`` / ``--refine-every`` change it.
+reset every 3000) unless ``--warmup`` / ``--refine-every`` / ``--reset-alpha-every`` change it.
 
 Usage: ``nice -n 10 python benchmarks/bench_batch_quality.py [--images 3000] [--batch-sizes 1 4 8 16] [--seeds 0 1 2]``
-Writes benchmarks/results/batch_quality_<scene>_<date>.json and prints its summary as a table.
+Writes benchmarks/results/batch_quality_<scene>_<date>.json after every finished run ("complete"
+false until the last), and at the end prints its summary as a table.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +52,7 @@ def train_command(batch_size: int, seed: int, args: argparse.Namespace, out: Pat
         "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
         "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000", "--steps-per-save", "1000000000",
         "--pipeline.model.warmup-length", str(args.warmup), "--pipeline.model.refine-every", str(args.refine_every),
+        "--pipeline.model.reset-alpha-every", str(args.reset_alpha_every),
         "colmap", "--data", str(args.scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
         "--downscale-factor", str(args.downscale_factor),
     ]
@@ -72,15 +75,20 @@ def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> di
     }
 
 
-def train_all(args: argparse.Namespace, out: Path) -> list[dict]:
-    """Every (B, seed) run, largest B first (the longest-running runs start early), ``--jobs`` at a time."""
-    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds), key=lambda job: (-job[0], job[1]))
+def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None]) -> list[dict]:
+    """Every (B, seed) run, seed by seed (so that a study cut short still holds whole seeds to pair),
+    largest B first within a seed, ``--jobs`` at a time. ``on_run`` gets the runs finished so far
+    after each one, so that the result file is rewritten as runs end and nothing finished is lost."""
+    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds), key=lambda job: (job[1], -job[0]))
     lock = threading.Lock()
+    done: list[dict] = []
 
     def one(job: tuple[int, int]) -> dict:
         result = train(*job, args, out)
         with lock:
             print(json.dumps({k: v for k, v in result.items() if k != "command"}), file=sys.stderr, flush=True)
+            done.append(result)
+            on_run(sorted(done, key=lambda r: (r["batch_size"], r["seed"])))
         return result
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
@@ -93,20 +101,20 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
 
 
 def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
-    """Per B: PSNR mean / sample s.d., the gap of the means to B = ``reference_batch``, the
-    per-seed paired gaps and the mean Gaussian count."""
+    """Per B: PSNR mean / sample s.d., the gap of the means to B = ``reference_batch`` (NaN while
+    that B has no run), the per-seed paired gaps and the mean Gaussian count."""
     by_batch: dict[int, dict[int, dict]] = {}
     for run in runs:
         by_batch.setdefault(run["batch_size"], {})[run["seed"]] = run
-    reference = by_batch[reference_batch]
-    ref_mean, _ = _mean_sd([r["final_eval_psnr"] for r in reference.values()])
+    reference = by_batch.get(reference_batch, {})
+    ref_mean = _mean_sd([r["final_eval_psnr"] for r in reference.values()])[0] if reference else float("nan")
     summary = {}
     for batch, seeds in sorted(by_batch.items()):
         mean, sd = _mean_sd([r["final_eval_psnr"] for r in seeds.values()])
         paired = [seeds[s]["final_eval_psnr"] - reference[s]["final_eval_psnr"] for s in sorted(seeds) if s in reference]
         paired_mean, paired_sd = _mean_sd(paired) if paired else (float("nan"), float("nan"))
         summary[str(batch)] = {
-            "psnr_mean": mean, "psnr_sd": sd, "gap_to_b1_db": mean - ref_mean,
+            "seeds": sorted(seeds), "psnr_mean": mean, "psnr_sd": sd, "gap_to_b1_db": mean - ref_mean,
             "paired_gaps_db": paired, "paired_gap_mean_db": paired_mean, "paired_gap_sd_db": paired_sd,
             "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in seeds.values()),
             "train_wall_s_mean": statistics.mean(r["train_wall_s"] or 0.0 for r in seeds.values()),
@@ -115,11 +123,12 @@ def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
 
 
 def markdown_table(summary: dict) -> str:
-    lines = ["| B | eval PSNR (dB), mean ± s.d. | gap to B = 1 (dB) | paired gaps per seed (dB) | Gaussians (mean) | train wall (s, mean) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| B | seeds | eval PSNR (dB), mean ± s.d. | gap to B = 1 (dB) | paired gaps per seed (dB) | Gaussians (mean) | train wall (s, mean) |",
+             "|---|---|---|---|---|---|---|"]
     for batch, row in summary.items():
         paired = ", ".join(f"{g:+.2f}" for g in row["paired_gaps_db"])
-        lines.append(f"| {batch} | {row['psnr_mean']:.2f} ± {row['psnr_sd']:.2f} | {row['gap_to_b1_db']:+.2f} | {paired} | "
+        seeds = ", ".join(str(seed) for seed in row["seeds"])
+        lines.append(f"| {batch} | {seeds} | {row['psnr_mean']:.2f} ± {row['psnr_sd']:.2f} | {row['gap_to_b1_db']:+.2f} | {paired} | "
                      f"{row['final_gaussian_count_mean']:.0f} | {row['train_wall_s_mean']:.0f} |")
     return "\n".join(lines)
 
@@ -132,6 +141,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--warmup", type=int, default=500, help="images before the first densification event (splatfacto's 500)")
     parser.add_argument("--refine-every", type=int, default=100, help="images between densification events (splatfacto's 100)")
+    parser.add_argument("--reset-alpha-every", type=int, default=30,
+                        help="refine events between opacity resets (splatfacto's 30 = every 3000 images); a reset shortly before "
+                             "the end measures the recovery from it, not the batch size")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)")
@@ -142,21 +154,31 @@ def main() -> None:
         parser.error(f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run")
     load_start = os.getloadavg()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = train_all(args, Path(tmp))
-    summary = summarise(runs)
-    result = {
+    target = args.out or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
+    header = {
         "command": "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "scene": args.scene.name, "downscale_factor": args.downscale_factor, "images": args.images,
         "batch_sizes": args.batch_sizes, "seeds": args.seeds, "warmup_images": args.warmup, "refine_every_images": args.refine_every,
+        "reset_alpha_every_refines": args.reset_alpha_every,
         "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
-        "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - start, 1),
-        "summary": summary, "table": markdown_table(summary), "runs": runs,
+        "loadavg_start": load_start,
     }
-    target = args.out or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
-    target.write_text(json.dumps(result, indent=2) + "\n")
-    print(result["table"])
+    planned = len(args.batch_sizes) * len(args.seeds)
+
+    def write(runs: list[dict]) -> dict:
+        summary = summarise(runs)
+        result = dict(header, complete=len(runs) == planned, runs_finished=f"{len(runs)} of {planned}",
+                      loadavg_end=os.getloadavg(), total_wall_s=round(time.perf_counter() - start, 1),
+                      summary=summary, table=markdown_table(summary), runs=runs)
+        partial = target.with_suffix(".json.partial")
+        partial.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(partial, target)
+        return result
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = train_all(args, Path(tmp), write)
+    print(write(runs)["table"])
     print(f"written: {target}")
 
 
