@@ -32,6 +32,7 @@ if [[ ! -f "$STAMP" ]]; then
   "$VPY" -m pip install -q "pytest>=7" hypothesis
   touch "$STAMP"
 fi
+"$VPY" -m pip install -q "pytest-timeout>=2.1"  # added after the first environments were built: a no-op once there
 echo "[compat] installing distsplat_ns from $ROOT (non-editable, as a user would)"
 "$VPY" -m pip install -q "$ROOT"  # its dependencies, as pip resolves them beside what is there
 "$VPY" -m pip install -q --no-deps --force-reinstall "$ROOT"  # this checkout's code, whatever was installed
@@ -49,6 +50,7 @@ markers =
     slow: end-to-end runs of ns-train and friends
     long: fault-injection and multi-run suites (scripts/test.sh -m long)
 addopts = -ra --durations=15 -p no:cacheprovider
+timeout = 1200
 INI
 cd "$RUN"
 "$VPY" - <<'PYCHECK'

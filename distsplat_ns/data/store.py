@@ -234,6 +234,23 @@ class LocalHost:
         return make()
 
 
+_STORES: weakref.WeakSet[EncodedImageStore] = weakref.WeakSet()
+"""This process's stores, for :func:`_after_fork_in_child`."""
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the forking thread: a store's count lock, copied while the
+    filler's thread held it (``_publish`` runs after every file), would stay locked in the child
+    forever, and every ``view`` there would wait on it. The child gets fresh locks, and its
+    ``wait_filled`` reads the header that the parent's fill thread keeps writing."""
+    for store in list(_STORES):
+        store._count_lock = threading.Lock()
+        store._fill_thread = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class EncodedImageStore:
     """Encoded files held in one shared buffer per host with offsets, or read from disk.
 
@@ -291,6 +308,7 @@ class EncodedImageStore:
         self._count_lock = threading.Lock()
         self._all_filled = False
         self._fill_thread: threading.Thread | None = None
+        _STORES.add(self)
         if ram_budget_bytes == 0:
             return
         host = host if host is not None else LocalHost()
@@ -435,5 +453,6 @@ class EncodedImageStore:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._count_lock = threading.Lock()
+        _STORES.add(self)
         if self._buffer is not None:
             self._make_views()

@@ -172,6 +172,31 @@ def test_entries_not_yet_filled_are_read_from_their_files(jpeg_paths: list[Path]
     assert all(bytes(store.view(i)) == p.read_bytes() for i, p in enumerate(jpeg_paths))
 
 
+def _exit_with_view_check(store: EncodedImageStore, paths: list[Path]) -> None:
+    import os
+
+    os._exit(0 if all(bytes(store.view(i)) == p.read_bytes() for i, p in enumerate(paths)) else 1)
+
+
+def test_a_child_forked_while_the_filler_publishes_can_read(jpeg_paths: list[Path]) -> None:
+    # The filler's thread holds the count lock while it publishes each file; a worker forked at
+    # that moment once inherited it locked and waited forever in its first view() (CI stop 31).
+    import multiprocessing
+
+    store = EncodedImageStore(jpeg_paths, 1 << 30, background_fill=False)
+    store._publish(4, 0)  # mid-fill: views read the header under the lock
+    store._all_filled = False
+    with store._count_lock:  # as the filler's thread holds it in _publish
+        child = multiprocessing.get_context("fork").Process(target=_exit_with_view_check, args=(store, jpeg_paths))
+        child.start()
+    child.join(30.0)  # tiny files: the child's reads take milliseconds; 30 s is for a loaded machine
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child did not finish reading the store within 30 s (its count lock stayed held)")
+    assert child.exitcode == 0
+
+
 def test_fork_workers_never_pickle_the_store(jpeg_paths: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     def _no_pickling(self):
         raise AssertionError("the store was pickled")
