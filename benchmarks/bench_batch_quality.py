@@ -21,7 +21,9 @@ reset every 3000) unless ``--warmup`` / ``--refine-every`` / ``--reset-alpha-eve
 
 Usage: ``nice -n 10 python benchmarks/bench_batch_quality.py [--images 3000] [--batch-sizes 1 4 8 16] [--seeds 0 1 2]``
 Writes benchmarks/results/batch_quality_<scene>_<date>.json after every finished run ("complete"
-false until the last), and at the end prints its summary as a table.
+false until the last), and at the end prints its summary as a table. ``--resume FILE`` continues a
+study cut short: it keeps FILE's finished runs (its settings must be the same), trains only the
+missing (B, seed) pairs and rewrites FILE, recording every invocation in ``"commands"``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,13 +77,17 @@ def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> di
     }
 
 
-def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None]) -> list[dict]:
-    """Every (B, seed) run, seed by seed (so that a study cut short still holds whole seeds to pair),
-    largest B first within a seed, ``--jobs`` at a time. ``on_run`` gets the runs finished so far
-    after each one, so that the result file is rewritten as runs end and nothing finished is lost."""
-    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds), key=lambda job: (job[1], -job[0]))
+def train_all(
+    args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None], finished: Sequence[dict] = ()
+) -> list[dict]:
+    """Every (B, seed) run not in ``finished``, seed by seed (so that a study cut short still holds
+    whole seeds to pair), largest B first within a seed, ``--jobs`` at a time. ``on_run`` gets the
+    runs finished so far (``finished`` included) after each one, so that the result file is
+    rewritten as runs end and nothing finished is lost."""
+    have = {(r["batch_size"], r["seed"]) for r in finished}
+    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds if (b, s) not in have), key=lambda job: (job[1], -job[0]))
     lock = threading.Lock()
-    done: list[dict] = []
+    done: list[dict] = list(finished)
 
     def one(job: tuple[int, int]) -> dict:
         result = train(*job, args, out)
@@ -92,8 +98,21 @@ def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]]
         return result
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        runs = list(pool.map(one, jobs))
-    return sorted(runs, key=lambda r: (r["batch_size"], r["seed"]))
+        list(pool.map(one, jobs))
+    return sorted(done, key=lambda r: (r["batch_size"], r["seed"]))
+
+
+SETTINGS = ("scene", "downscale_factor", "images", "batch_sizes", "seeds", "warmup_images", "refine_every_images", "reset_alpha_every_refines")
+"""The header fields a resumed study must share with the file it continues."""
+
+
+def resumable_runs(previous: dict, header: dict, path: Path) -> list[dict]:
+    """The finished runs of ``previous`` (a result file of this script), if its settings are
+    ``header``'s; a one-line error naming the file and the first setting that differs otherwise."""
+    for key in SETTINGS:
+        if previous.get(key) != header[key]:
+            raise SystemExit(f"--resume {path}: its {key} is {previous.get(key)!r}, this run's is {header[key]!r}")
+    return list(previous["runs"])
 
 
 def _mean_sd(values: list[float]) -> tuple[float, float]:
@@ -147,6 +166,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="a result JSON of a study cut short: keep its runs, train the missing ones, rewrite it (unless --out)")
     args = parser.parse_args()
     if 1 not in args.batch_sizes:
         parser.error("--batch-sizes must include 1, the reference")
@@ -154,10 +175,11 @@ def main() -> None:
         parser.error(f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run")
     load_start = os.getloadavg()
     start = time.perf_counter()
-    target = args.out or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
+    target = args.out or args.resume or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command = "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:])
     header = {
-        "command": "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:]),
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command, "date_utc": now,
         "scene": args.scene.name, "downscale_factor": args.downscale_factor, "images": args.images,
         "batch_sizes": args.batch_sizes, "seeds": args.seeds, "warmup_images": args.warmup, "refine_every_images": args.refine_every,
         "reset_alpha_every_refines": args.reset_alpha_every,
@@ -165,6 +187,12 @@ def main() -> None:
         "loadavg_start": load_start,
     }
     planned = len(args.batch_sizes) * len(args.seeds)
+    finished: list[dict] = []
+    header["commands"] = [{"command": command, "date_utc": now}]
+    if args.resume is not None:
+        previous = json.loads(args.resume.read_text())
+        finished = resumable_runs(previous, header, args.resume)
+        header["commands"] = previous.get("commands", [{"command": previous["command"], "date_utc": previous["date_utc"]}]) + header["commands"]
 
     def write(runs: list[dict]) -> dict:
         summary = summarise(runs)
@@ -177,7 +205,7 @@ def main() -> None:
         return result
 
     with tempfile.TemporaryDirectory() as tmp:
-        runs = train_all(args, Path(tmp), write)
+        runs = train_all(args, Path(tmp), write, finished)
     print(write(runs)["table"])
     print(f"written: {target}")
 

@@ -49,3 +49,22 @@ def test_runs_go_seed_by_seed_and_each_finished_run_is_recorded(monkeypatch: pyt
     assert started == [(16, 0), (4, 0), (1, 0), (16, 1), (4, 1), (1, 1)]
     assert recorded == [1, 2, 3, 4, 5, 6]
     assert [(r["batch_size"], r["seed"]) for r in runs] == sorted(started)
+
+
+def test_a_resumed_study_trains_only_the_missing_runs_and_keeps_the_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(bq, "train", lambda b, s, args, out: started.append((b, s)) or _run(b, s, 21.0))
+    finished = [_run(1, 0, 20.0), _run(4, 0, 19.0)]
+    recorded: list[int] = []
+    args = argparse.Namespace(batch_sizes=[1, 4], seeds=[0, 1], jobs=1)
+    runs = bq.train_all(args, Path("unused"), lambda done: recorded.append(len(done)), finished)
+    assert started == [(4, 1), (1, 1)]
+    assert recorded == [3, 4]
+    assert [(r["batch_size"], r["seed"], r["final_eval_psnr"]) for r in runs] == [(1, 0, 20.0), (1, 1, 21.0), (4, 0, 19.0), (4, 1, 21.0)]
+
+
+def test_resume_refuses_a_file_with_other_settings() -> None:
+    header = {key: 1 for key in bq.SETTINGS}
+    assert bq.resumable_runs(dict(header, runs=[_run(1, 0, 20.0)]), header, Path("r.json")) == [_run(1, 0, 20.0)]
+    with pytest.raises(SystemExit, match=r"--resume r.json: its images is 2, this run's is 1"):
+        bq.resumable_runs(dict(header, images=2, runs=[]), header, Path("r.json"))
