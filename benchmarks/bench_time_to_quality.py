@@ -316,7 +316,9 @@ def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, see
         "steps_timed": len(step_times),
         "stats": {k: stats.get(k) for k in (
             "images_trained", "steps", "wall_time_s", "images_per_s", "final_eval_psnr", "final_gaussian_count",
-            "time_breakdown_s", "per_rank_time_breakdown_s", "bytes_communicated_per_step", "world_size", "backend")},
+            "time_breakdown_s", "per_rank_time_breakdown_s", "bytes_communicated_per_step", "world_size", "backend",
+            # The planner's predicted / measured (tile intersections) and time imbalance per step.
+            "balance")},
     }
 
 

@@ -322,8 +322,8 @@ class DistSplatPipeline(VanillaPipeline):
             ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
         **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
-        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather and the
-        mode's backward (the reverse exchange), the mode's gradient reduction (replicated: its
+        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather (where the plan cuts an
+        image) and the mode's backward (the reverse exchange), the mode's gradient reduction (replicated: its
         buckets started during the last backward, the rest right after it), with
         ``output_depth_during_training`` the depth fill's max all-reduce, statistics (while
         densification runs) and finite verdict, the refine's id gather and after-refine, the cost
@@ -406,7 +406,9 @@ class DistSplatPipeline(VanillaPipeline):
                     camera_ids=[batch[positions[i]] for i in mine],
                 )
             with clock.phase("backward"):
-                self._backward(result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None)
+                self._backward(
+                    result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None, plan.cuts_an_image
+                )
             sources.append(source)
             moved += sent
             if total is None:
@@ -507,7 +509,8 @@ class DistSplatPipeline(VanillaPipeline):
         return needed, *self.datamanager.to_device([images[p] for p in needed], [masks.get(p) for p in needed])
 
     def _backward(
-        self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None
+        self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None,
+        cuts_an_image: bool,
     ) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients
         (``model/band_backward.py``); the source's terms are anchored, so that a backward that is
@@ -516,12 +519,20 @@ class DistSplatPipeline(VanillaPipeline):
         The exchanges wait for the slowest rank: they count as communication (``all_reduce``), not
         render time, or the per-rank render times (the balancer's wall-clock figure) would look
         more equal than they are. ``last_backward``: entered around the rasterizer backward of the
-        step's last group (``backward_bands``), None for the others.
+        step's last group (``backward_bands``), None for the others. ``cuts_an_image``: the step's
+        plan splits an image between bands (``StepPlan.cuts_an_image``, the same on every rank);
+        when it does not, no band has halo rows and the exchange is skipped on every rank (one
+        synchronisation point less in such a step, most steps at B >= W).
 
-        **Collective:** one all-gather of the SSIM halo rows' pixel gradients, then the source's backward.
+        **Collective:** where the plan cuts an image, one all-gather of the SSIM halo rows' pixel
+        gradients; then the source's backward.
         """
 
         def exchange(msgs):
+            if not cuts_an_image:
+                if msgs:
+                    raise RuntimeError(f"rank {self.ctx.rank}: a band rendered SSIM halo rows in a step whose plan cuts no image")
+                return []
             with communicating(clock):
                 return all_gather_object(self.ctx, msgs)
 
