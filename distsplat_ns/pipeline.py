@@ -322,9 +322,9 @@ class DistSplatPipeline(VanillaPipeline):
             ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
         **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
-        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather (where the plan cuts an
-        image) and the mode's backward (the reverse exchange), the mode's gradient reduction (replicated: its
-        buckets started during the last backward, the rest right after it), with
+        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather (where
+        the plan cuts an image) and the mode's backward (the reverse exchange), the mode's gradient
+        reduction (replicated: its buckets started during the last backward, the rest right after it), with
         ``output_depth_during_training`` the depth fill's max all-reduce, statistics (while
         densification runs) and finite verdict, the refine's id gather and after-refine, the cost
         all-gather and, every ``replica_check_every`` steps, the replica digest.
@@ -522,7 +522,7 @@ class DistSplatPipeline(VanillaPipeline):
         step's last group (``backward_bands``), None for the others. ``cuts_an_image``: the step's
         plan splits an image between bands (``StepPlan.cuts_an_image``, the same on every rank);
         when it does not, no band has halo rows and the exchange is skipped on every rank (one
-        synchronisation point less in such a step, most steps at B >= W).
+        collective and its host copies less in such a step).
 
         **Collective:** where the plan cuts an image, one all-gather of the SSIM halo rows' pixel
         gradients; then the source's backward.
