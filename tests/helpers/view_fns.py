@@ -42,6 +42,7 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
+    from distsplat_ns.balance.planner import StepPlan
     from distsplat_ns.distributed.gradient_sum import GradientSum
     from distsplat_ns.parallel.sharded import ShardedMode
     from distsplat_ns.pipeline import DistSplatPipeline
@@ -59,7 +60,8 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
     pipe.datamanager = SimpleNamespace(train_dataset=SimpleNamespace(cameras=make_cameras(len(batch))))
     cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
-    plan = SimpleNamespace(bands=[[Band(*b, tile_size=1) for b in rank] for rank in cuts])
+    bands = [[Band(*b, tile_size=1) for b in rank] for rank in cuts]
+    plan = StepPlan(bands=bands, predicted_costs=[0.0] * len(bands), heights_px=[HEIGHT] * len(batch), downscale=1)
     positions = sorted({b.position for b in plan.bands[ctx.rank]})
     images = make_images(len(batch))
     result, sources, _ = pipe._forward_backward(
