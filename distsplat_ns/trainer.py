@@ -21,6 +21,8 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
   with nothing left to train exits 0 without writing, SIGINT/SIGTERM stop every rank after the
   same step and save it, a failed save fails every rank with rank 0's reason, and start-up phases
   are named barriers (``distributed/lifecycle.py``);
+* on CPU, freed host memory is kept for the next steps instead of being page-faulted in anew each
+  step (glibc malloc's thresholds: ``utils/host_allocator.py``);
 * bad input (:class:`~distsplat_ns.utils.errors.UserError`) and run failures are reported as their
   whole message, once when every rank fails alike; internal errors keep their traceback.
 """
@@ -66,6 +68,7 @@ from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
 from distsplat_ns.trainer_checkpoints import TrainerCheckpoints
 from distsplat_ns.utils.errors import UserError
+from distsplat_ns.utils.host_allocator import keep_freed_host_memory
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.signals import StopSignals
 from distsplat_ns.utils.steps import steps_to_cover
@@ -114,6 +117,9 @@ class DistSplatTrainer(Trainer):
             backend=config.dist_backend,
             rank0_work_timeout_s=config.rank0_work_timeout_s,
         )
+        # On CPU the step's tensors are host memory: reuse it rather than fault it in anew each step.
+        if self.ctx.device.type == "cpu" and not keep_freed_host_memory():
+            LOGGER.info("the C library is not glibc: freed host memory is left to its allocator's defaults")
         self.seed, self.timestamp = self._agree_run_identity(config)
         super().__init__(config, local_rank=self.ctx.local_rank, world_size=self.ctx.world_size)
         # The agreed run folder (rank 0's timestamp); the config keeps what this rank was given.
