@@ -1,17 +1,15 @@
 """Freed host memory kept for reuse in a CPU training process: glibc malloc's two thresholds.
 
-On CPU every step's tensors are host memory. glibc's malloc hands blocks of 128 KiB and more to
-``mmap`` at first, and raises that threshold (and with it the trim threshold, twice as high)
-each time such a block is freed; then, whenever the free memory at the heap's top exceeds the
-trim threshold, it gives it back to the kernel. A backward frees many medium buffers at once, so
-the heap is trimmed and grown again step after step, and every page of it is faulted in and
-zeroed anew: on bird at 90x160 px about 20,000 page faults per image and 5-10% of the process's
-CPU time in the kernel, more with two ranks on two cores (docs/time_to_quality.md).
+On CPU every step's tensors are host memory. glibc's malloc sets its mmap threshold (and a trim
+threshold twice as high) from the blocks freed so far and gives the heap's free top back to the
+kernel above the trim threshold; with buffers whose sizes change from image to image, a run can
+fall into trimming and faulting the heap in again step after step (on bird at 90x160 px: 4 of 5
+1-rank runs, 3-8% of their CPU time in the kernel; docs/time_to_quality.md, "Page faults").
 
-:func:`keep_freed_host_memory` fixes both thresholds (``mallopt``, which also stops glibc's
-adjustment): blocks up to 32 MiB (the largest mmap threshold glibc accepts on 64-bit) come from
-the heap, and the heap's top is trimmed only above 2 GiB of free memory. The process's resident memory then stays at its
-peak instead of falling between steps. Blocks above 32 MiB still go to ``mmap``.
+:func:`keep_freed_host_memory` fixes both thresholds (``mallopt`` also stops glibc's adjustment):
+blocks up to 32 MiB (the largest mmap threshold glibc accepts on 64-bit) come from the heap,
+which is trimmed only above 2 GiB of free memory. Resident memory then stays near its peak
+between steps; blocks above 32 MiB still go to ``mmap``.
 
 Written by hand: torch's CPU launcher (``torch.backends.xeon.run_cpu``) preloads jemalloc or
 tcmalloc, which are not installed here and cannot be preloaded into a running ``ns-train``;
