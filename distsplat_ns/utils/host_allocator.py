@@ -19,7 +19,6 @@ tcmalloc, which are not installed here and cannot be preloaded into a running ``
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # glibc <malloc.h>
 M_TRIM_THRESHOLD = -1
@@ -33,15 +32,10 @@ TRIM_THRESHOLD_BYTES = 2**31 - 1
 
 
 def _glibc() -> ctypes.CDLL | None:
-    """The process's C library when it is glibc (it exports ``gnu_get_libc_version``), else None."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
+    """The C library this process runs on (its own symbols, as ``distributed/context.py``'s prctl
+    call reads them) when it is glibc, else None."""
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
 
 
 def keep_freed_host_memory() -> bool:
