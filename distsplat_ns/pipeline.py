@@ -31,7 +31,6 @@ from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import (
-    all_gather_object,
     all_reduce_max_,
     broadcast_object,
     broadcast_tensors_,
@@ -46,6 +45,7 @@ from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, R
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
+from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
 from distsplat_ns.utils.cameras import downscaled_px
 from distsplat_ns.utils.errors import UserError
@@ -326,10 +326,11 @@ class DistSplatPipeline(VanillaPipeline):
         the plan cuts an image) and the mode's backward (the reverse exchange), the mode's gradient
         reduction (replicated: its buckets started during the last backward, the rest right after it), with
         ``output_depth_during_training`` the depth fill's max all-reduce, statistics (while
-        densification runs) and finite verdict, the refine's id gather and after-refine, the cost
-        all-gather and, every ``replica_check_every`` steps, the replica digest.
-        **Host sync:** the halo rows and the measured tile costs with the finite verdict (every
-        step: the next cut needs them), refine steps, the replica digest.
+        densification runs) and finite verdict, the cost all-gather (with the verdict), the
+        refine's id gather and after-refine, a viewer frame's broadcast and render (only when rank 0
+        took one) and, every ``replica_check_every`` steps, the replica digest.
+        **Host sync:** the gathered tile costs with the finite verdict (one copy, every step: the
+        next cut needs them), refine steps, the replica digest.
         """
         if not self._training_configured:
             self.configure_training(start_step=step)
@@ -344,7 +345,9 @@ class DistSplatPipeline(VanillaPipeline):
         named = self._named_trainable_parameters()
         # Buckets start during the last backward, unless a test reads the gradients before the sum.
         gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
-        result, sources, moved = self._forward_backward(step, batch, plan, positions, images, masks, num_gaussians, clock, gradient_sum)
+        result, sources, moved = self._forward_backward(
+            step, batch, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum
+        )
         with clock.phase("all_reduce"):
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
@@ -355,9 +358,9 @@ class DistSplatPipeline(VanillaPipeline):
             verdict = self._finite_verdict(step, named)
         if self.model.config.output_depth_during_training:
             self._fill_band_depths(result, len(batch))
-        # The host copy of the costs carries the verdict: the check costs no extra sync.
-        measured, bad = self._costs_to_host(result, verdict)
-        raise_if_nonfinite(bad, named, step)
+        # The costs' gather carries the verdict: the check costs no extra sync.
+        costs, view = self._gather_costs(plan, result, verdict, clock)
+        raise_if_nonfinite(costs.nonfinite, named, step)
         with clock.phase("optimizer"):
             optimizers.optimizer_step_all()
             optimizers.scheduler_step_all(step)
@@ -365,7 +368,7 @@ class DistSplatPipeline(VanillaPipeline):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
             self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, measured, clock["forward"] + clock["backward"], clock)
+        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, costs, view, clock)
         self._check_replicas(step, named)
         return StepReport(
             loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, loss_terms=result.loss_terms, num_gaussians=num_gaussians,
@@ -374,8 +377,9 @@ class DistSplatPipeline(VanillaPipeline):
         )
 
     def _forward_backward(
-        self, step: int, batch: Sequence[int], plan: StepPlan, positions: list[int], images: list[torch.Tensor],
-        masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock, gradient_sum: GradientSum,
+        self, step: int, batch: Sequence[int], sizes_px: Sequence[tuple[int, int]], plan: StepPlan, positions: list[int],
+        images: list[torch.Tensor], masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock,
+        gradient_sum: GradientSum,
     ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
         """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
         time, so that only one group's projections are live; the gradients accumulate. Returns the
@@ -406,9 +410,8 @@ class DistSplatPipeline(VanillaPipeline):
                     camera_ids=[batch[positions[i]] for i in mine],
                 )
             with clock.phase("backward"):
-                self._backward(
-                    result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None, plan.cuts_an_image
-                )
+                halos = [halo_slots([b for b in bands if b.position in wanted], sizes_px) for bands in plan.bands]
+                self._backward(result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None, halos)
             sources.append(source)
             moved += sent
             if total is None:
@@ -510,7 +513,7 @@ class DistSplatPipeline(VanillaPipeline):
 
     def _backward(
         self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None,
-        cuts_an_image: bool,
+        halos: Sequence[Sequence[HaloSlot]],
     ) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients
         (``model/band_backward.py``); the source's terms are anchored, so that a backward that is
@@ -519,22 +522,17 @@ class DistSplatPipeline(VanillaPipeline):
         The exchanges wait for the slowest rank: they count as communication (``all_reduce``), not
         render time, or the per-rank render times (the balancer's wall-clock figure) would look
         more equal than they are. ``last_backward``: entered around the rasterizer backward of the
-        step's last group (``backward_bands``), None for the others. ``cuts_an_image``: the step's
-        plan splits an image between bands (``StepPlan.cuts_an_image``, the same on every rank);
-        when it does not, no band has halo rows and the exchange is skipped on every rank (one
-        collective and its host copies less in such a step).
+        step's last group (``backward_bands``), None for the others. ``halos``: every rank's halo
+        rows in this group (``parallel/plan_gathers.py:halo_slots``); none where the plan cuts no
+        image, and then no rank exchanges anything.
 
-        **Collective:** where the plan cuts an image, one all-gather of the SSIM halo rows' pixel
-        gradients; then the source's backward.
+        **Collective:** where some band has halo rows, one all-gather of their pixel gradients;
+        then the source's backward.
         """
 
         def exchange(msgs):
-            if not cuts_an_image:
-                if msgs:
-                    raise RuntimeError(f"rank {self.ctx.rank}: a band rendered SSIM halo rows in a step whose plan cuts no image")
-                return []
             with communicating(clock):
-                return all_gather_object(self.ctx, msgs)
+                return exchange_halo_rows(self.ctx, msgs, halos, self.model.compute_dtype)
 
         backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors, last_backward=last_backward)
 
@@ -544,43 +542,38 @@ class DistSplatPipeline(VanillaPipeline):
         cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
         return with_train_camera_ids(cameras, camera_ids)
 
-    @staticmethod
-    def _costs_to_host(result: BandRenderResult, verdict: torch.Tensor | None) -> tuple[list[Any], bool]:
-        """This rank's measured costs, ``(position, first tile row, row costs)`` per band, and the
-        finite verdict (False when none was computed), in one device-to-host copy.
+    def _gather_costs(
+        self, plan: StepPlan, result: BandRenderResult, verdict: torch.Tensor | None, clock: PhaseClock
+    ) -> tuple[StepCosts, Any]:
+        """Every rank's measured per-row costs, render time and the finite verdict, and rank 0's
+        pending viewer frame (``mode.pending_view``), taken now and returned (None elsewhere): the
+        gathered flag tells every rank whether one is served at the end of the step.
 
-        **Host sync:** once per step: the next step's cut needs the costs.
+        **Collective:** one all-gather sized by the plan (``parallel/plan_gathers.py``).
+        **Host sync:** one copy: the next step's cut needs the costs.
         """
-        parts = [c.sum(dim=-1).to(torch.float64) for _, c in result.band_tile_counts]
-        if verdict is not None:
-            parts.append(verdict.to(parts[0].device if parts else verdict.device, torch.float64))
-        host = torch.cat(parts).cpu().tolist() if parts else []  # host sync: the costs decide the next cut
-        bad = bool(host.pop()) if verdict is not None else False
-        mine, start = [], 0
-        for band, counts in result.band_tile_counts:
-            rows = counts.shape[0]
-            mine.append((band.position, band.first_row, host[start : start + rows]))
-            start += rows
-        return mine, bad
-
-    def _observe_costs(
-        self, plan: StepPlan, batch: Sequence[int], mine: list[Any], render_s: float, clock: PhaseClock
-    ) -> tuple[float, float]:
-        """All-gather every rank's measured per-row costs (and render time) into the history;
-        returns ``(measured_imbalance, time_imbalance)``. Rank 0's pending viewer frame
-        (``mode.pending_view``) rides along, and when there is one every rank renders it now
-        (``mode.serve_view``): no collective of its own, and at most one frame per step.
-
-        **Collective:** one all-gather of small Python lists per step, the same on every rank;
-        then, on steps with a viewer request in a mode whose views are collectives, the view's.
-        """
+        view = self.mode.pending_view()
         with communicating(clock, phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
-            gathered = all_gather_object(self.ctx, (mine, render_s, self.mode.pending_view()))
-        measured_imbalance = self.planner.observe(plan, batch, plan.downscale, [g[0] for g in gathered])
-        time_imbalance = max_over_mean([g[1] for g in gathered])
+            costs = gather_step_costs(
+                self.ctx, plan, result.band_tile_counts, verdict, clock["forward"] + clock["backward"], view is not None
+            )
+        return costs, view
+
+    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], costs: StepCosts, view: Any, clock: PhaseClock) -> tuple[float, float]:
+        """Fold the gathered costs into the history; returns ``(measured_imbalance, time_imbalance)``.
+        When rank 0 took a viewer frame (``costs.view_posted``), every rank renders it now
+        (``mode.serve_view``): at most one frame per step.
+
+        **Collective:** only on steps with a viewer frame: the request's broadcast from rank 0,
+        then, in a mode whose views are collectives, the view's.
+        """
+        measured_imbalance = self.planner.observe(plan, batch, plan.downscale, costs.measured)
+        time_imbalance = max_over_mean(costs.render_s)
         self.time_imbalance.append(time_imbalance)
-        if gathered[0][2] is not None:
-            self.mode.serve_view(gathered[0][2])
+        if costs.view_posted:
+            with communicating(clock, phase=None):
+                request = broadcast_object(self.ctx, view)
+            self.mode.serve_view(request)
         return measured_imbalance, time_imbalance
 
     def balance_summary(self) -> dict[str, Any]:

@@ -93,6 +93,11 @@ class Band:
         """Pixel rows of the band in an image ``height_px`` high."""
         return self.end_row_px(height_px) - self.first_row_px
 
+    def num_cost_rows(self, height_px: int) -> int:
+        """Rasterizer tile rows (``TILE_SIZE`` px from the band's first pixel row) over its own
+        pixel rows: how many measured row costs the band has (its halo rows belong to the next)."""
+        return -(-self.num_rows_px(height_px) // TILE_SIZE)
+
 
 # --------------------------------------------------------------------------------------------
 # Tile rows <-> pixel rows

@@ -327,15 +327,23 @@ def all_gather_counts(ctx: DistContext, count: int) -> list[int]:
     return [int(t.item()) for t in out]  # host sync: the counts size what follows on the host
 
 
-def all_gather_rows(ctx: DistContext, tensor: torch.Tensor) -> list[torch.Tensor]:
+def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int] | None = None) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (any number of rows, same trailing shape and dtype), by rank.
 
-    **Collective:** world group: the row counts, then one all-gather padded to the longest.
-    **Host sync:** the row counts.
+    ``counts``: every rank's row count where every rank already knows them (from the step's plan:
+    ``parallel/plan_gathers.py``); then nothing is read on the host, and nothing moves when all are 0.
+
+    **Collective:** world group: the row counts (unless given), then one all-gather padded to the
+    longest. **Host sync:** the row counts, unless given.
     """
+    if counts is not None and (len(counts) != ctx.world_size or tensor.shape[0] != counts[ctx.rank]):
+        raise ValueError(f"all_gather_rows: rank {ctx.rank} holds {tensor.shape[0]} rows, the counts given say {list(counts)}")
     if not ctx.is_distributed:
         return [tensor]
-    counts = all_gather_counts(ctx, tensor.shape[0])
+    if counts is None:
+        counts = all_gather_counts(ctx, tensor.shape[0])
+    if max(counts) == 0:
+        return [tensor[:0] for _ in counts]
     staged = _staged(ctx, tensor.contiguous())
     padded = staged.new_zeros((max(counts), *staged.shape[1:]))
     padded[: staged.shape[0]] = staged

@@ -79,7 +79,8 @@ def backward_bands(
         loss: This rank's loss share, computed on the links' leaves (and directly on parameters,
             for the regularisers). 0-d.
         links: Every band this rank rendered, from :func:`link_pixels`.
-        exchange: Delivers every rank's list of halo messages to every rank (an all-gather).
+        exchange: Delivers every rank's list of halo messages to every rank (an all-gather,
+            ``parallel/plan_gathers.py:exchange_halo_rows``); each band with halo rows sends one.
         anchors: Tensors whose backward must run on every rank even where this rank's loss does
             not reach them (the sharded exchange's received terms: its backward is a collective);
             they join phase 2's roots with a zero gradient.
@@ -90,7 +91,7 @@ def backward_bands(
             (the regularisers), so a gradient is not final before phase 2 ends.
 
     **Collective:** ``exchange`` is called exactly once on every rank, even with no bands.
-    **Host sync:** the halo rows' gradients are copied to the host for the exchange.
+    **Host sync:** none of its own (the halo rows stay on the device; see ``exchange``'s).
     **Differentiable:** runs autograd; the gradients land in the parameters' ``.grad`` and in the
     projected means' ``.grad``/``.absgrad``.
     """
@@ -99,9 +100,9 @@ def backward_bands(
     outgoing: list[HaloMessage] = []
     for link in links:
         own = link.num_rows_px
-        if link.leaf.shape[0] > own and link.leaf.grad is not None:
-            # host sync: the halo rows travel pickled through host memory (all_gather_object).
-            outgoing.append((link.position, link.end_row_px, link.leaf.grad[own:].detach().cpu()))
+        if link.leaf.shape[0] > own:  # every band with halo rows sends them: the plan sizes the exchange
+            rows = link.leaf.grad[own:] if link.leaf.grad is not None else torch.zeros_like(link.leaf[own:])
+            outgoing.append((link.position, link.end_row_px, rows.detach()))
     incoming = exchange(outgoing)
     roots, grads = [], []
     for link in links:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
+from distsplat_ns.distributed.collectives import nonfinite_verdict
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, StatisticsProjection
@@ -123,10 +124,13 @@ class ParallelMode(ABC):
         and the bytes moved. ``sources``: one per camera group, after its backward; ``sizes_px``:
         each batch position's rendered ``(width, height)``."""
 
-    @abstractmethod
     def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
-        """A device-side flag `[1]` int32, the same on every rank: 1 when some rank's gradient
-        holds NaN/Inf (``distributed/collectives.py:nonfinite_verdict``). No host sync by itself."""
+        """This rank's device-side flag `[1]` int32: 1 when one of its gradients holds NaN/Inf
+        (``distributed/collectives.py:nonfinite_verdict``). Replicated, every rank holds the same
+        summed gradient and so the same flag; sharded, each its own Gaussians'. Either way the
+        step's cost all-gather carries every rank's flag and any one stops every rank
+        (``parallel/plan_gathers.py:gather_step_costs``). Local; no host sync by itself."""
+        return nonfinite_verdict(self.ctx, named)
 
     @property
     @abstractmethod
@@ -166,8 +170,9 @@ class ParallelMode(ABC):
         """Training is over on every rank (called before the viewer is kept open). Local."""
 
     def pending_view(self) -> Any | None:
-        """Rank 0's viewer request to render at this step boundary (None: none, or not rank 0).
-        Shared in the step's cost all-gather (``DistSplatPipeline._observe_costs``). Local."""
+        """Rank 0's viewer request to render at the end of this step (None: none, or not rank 0).
+        Flagged in the step's cost all-gather (``DistSplatPipeline._gather_costs``), then
+        broadcast from rank 0 (``_observe_costs``). Local."""
         return None
 
     def serve_view(self, request: Any) -> None:  # noqa: B027 -- a default: no request is ever shared where rank 0 renders alone

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from distsplat_ns.checkpoint import load_checkpoint_file
-from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_, nonfinite_verdict
+from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
@@ -82,10 +82,6 @@ class ReplicatedMode(ParallelMode):
         all_reduce_max_(self.ctx, radii)
         moved = batch_size * self.model.num_points * (2 * 2 * 4 + 4) if self.ctx.is_distributed else 0
         return info_for(grads, absgrads, radii, sizes_px), moved
-
-    def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
-        """Every rank holds the same summed gradient: the same verdict without a collective."""
-        return nonfinite_verdict(self.ctx, named, agree=False)
 
     @property
     def gather_ids(self) -> IdGather:

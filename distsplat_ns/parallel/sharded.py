@@ -26,7 +26,6 @@ from distsplat_ns.distributed.collectives import (
     all_gather_counts,
     all_gather_rows,
     all_reduce_sum_,
-    nonfinite_verdict,
     sum_gradients_,
 )
 from distsplat_ns.distributed.context import DistContext
@@ -145,13 +144,6 @@ class ShardedMode(ParallelMode):
         projections = [p for source in sources for p in source.shard_projections]  # type: ignore[attr-defined]
         grads, absgrads, radii = batch_statistics(self.model, projections, batch_size)
         return info_for(grads, absgrads, radii, sizes_px), 0
-
-    def finite_verdict(self, named: NamedParameters) -> torch.Tensor:
-        """Each rank holds its own Gaussians' gradients: the ranks agree on the verdict.
-
-        **Collective:** world group, one max-reduce of an int.
-        """
-        return nonfinite_verdict(self.ctx, named, agree=True)
 
     @property
     def gather_ids(self) -> IdGather:

@@ -19,9 +19,9 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
     backward of the bands ``splits`` (per rank: ``(position, first_row_px, end_row_px)``) of
     ``cameras`` (2, with make_images' images) at step 5; returns ``(mode, BandRenderResult)``."""
     from distsplat_ns.balance.bands import Band
-    from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.parallel import parallel_mode_class
+    from tests.helpers.rank_fns import plan_halo_exchange
 
     if parallel == "sharded":
         take_initial_shard_(model, ctx.rank, ctx.world_size)
@@ -37,7 +37,7 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
         [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
         **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )
-    backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+    backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, 5), source.anchors)
     return mode, result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -14,6 +15,17 @@ from distsplat_ns.distributed.collectives import (
     check_replicas,
     sum_gradients_,
 )
+
+
+def plan_halo_exchange(ctx, model, cameras, bands_per_rank: list, step: int):
+    """The pipeline's SSIM-halo exchange (``parallel/plan_gathers.py``), sized by every rank's
+    bands of ``cameras`` at ``step``'s resolution: what ``backward_bands`` is given in training."""
+    from distsplat_ns.model.band_render import rendered_sizes_px
+    from distsplat_ns.parallel.plan_gathers import exchange_halo_rows, halo_slots
+
+    sizes_px = rendered_sizes_px(cameras, model.downscale_factor_at(step))
+    slots = [halo_slots(bands, sizes_px) for bands in bands_per_rank]
+    return lambda msgs: exchange_halo_rows(ctx, msgs, slots, model.compute_dtype)
 
 
 def sum_gradients_of_rank_params(ctx, bucket_bytes: int) -> list[torch.Tensor]:
@@ -88,7 +100,6 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
     camera (which bilateral grid); ``overrides``: model config fields. With the bilateral grid, the
     grids are perturbed from identity by a fixed generator (an identity grid hides wrong coordinates)."""
     from distsplat_ns.balance.bands import Band
-    from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.band_render import RegularizerShare
     from tests.helpers.model_factory import make_cameras, make_images, make_model
@@ -104,18 +115,20 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)
         # The splits are in pixel rows: bands of 1-px rows cut an image at any row.
-        bands = [Band(*b, tile_size=1) for b in bands_per_rank[ctx.rank]]
+        plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]
+        bands = plan[ctx.rank]
         positions = sorted({b.position for b in bands})
         model.step = step
+        exchange = plan_halo_exchange(ctx, model, cameras, plan, step)
         if positions:
             result = model.forward_bands(
                 cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
                 bands, step, RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
                 camera_ids=None if camera_ids is None else [camera_ids[p] for p in positions],
             )
-            backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs))
+            backward_bands(result.loss, result.pixel_links, exchange)
         else:
-            all_gather_object(ctx, [])  # the halo exchange is a collective every rank joins
+            exchange([])  # the halo exchange is a collective every rank joins
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         for _, p in named:
             if p.grad is None:
@@ -155,7 +168,6 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
-    from distsplat_ns.distributed.collectives import all_gather_object
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.band_render import RegularizerShare
     from distsplat_ns.parallel.sharded import ShardedMode
@@ -178,7 +190,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
             cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
         )
-        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), received.anchors)
+        backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
         sent = received.route
         grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
                  for n, p in model.gauss_params.items()}
@@ -200,7 +212,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
-    from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
+    from distsplat_ns.distributed.collectives import all_reduce_sum_
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.strategy import update_batch_statistics
     from distsplat_ns.parallel import parallel_mode_class
@@ -227,7 +239,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
             [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
             camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )
-        backward_bands(result.loss, result.pixel_links, lambda msgs: all_gather_object(ctx, msgs), source.anchors)
+        backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, step), source.anchors)
         named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
         mode.reduce_gradients(named)
         info, _ = mode.statistics([source], 2, MIXED_SIZES)
@@ -254,3 +266,38 @@ def projections_alive_after(ctx, parallel: str, splits: list) -> int:
     mixed_size_step(ctx, parallel, splits)
     gc.collect()
     return sum(isinstance(o, Projection) for o in gc.get_objects())
+
+
+def plan_sized_halo_exchange(ctx, bands_per_rank: list, sizes_px: list) -> tuple[list, list]:
+    """Each rank's halo rows (a rank- and band-specific pattern, sent in reverse slot order)
+    through ``exchange_halo_rows`` and, for comparison, pickled through ``all_gather_object``;
+    bands in pixel rows, ``sizes_px`` each position's ``(width, height)``."""
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.distributed.collectives import all_gather_object
+    from distsplat_ns.parallel.plan_gathers import HALO_CHANNELS, exchange_halo_rows, halo_slots
+
+    plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]
+    slots = [halo_slots(bands, sizes_px) for bands in plan]
+    outgoing = [
+        (s.position, s.start_row_px, torch.arange(s.numel, dtype=torch.float64).reshape(s.rows, s.width, HALO_CHANNELS) + 1000.0 * ctx.rank + 100.0 * k)
+        for k, s in enumerate(slots[ctx.rank])
+    ][::-1]
+    return exchange_halo_rows(ctx, outgoing, slots, torch.float64), all_gather_object(ctx, outgoing)
+
+
+def plan_sized_step_costs(ctx, bands_per_rank: list, heights_px: list, bad_rank: int | None, view_ranks: list) -> Any:
+    """``gather_step_costs`` of a plan (bands in 16-px tile rows): rank r's band at position p has
+    tile counts ``arange + 1000 r + 100 p`` (2 tile columns), render time 0.25 (r + 1); the ranks
+    ``view_ranks`` claim a viewer frame (only rank 0's counts), the verdict is set on ``bad_rank``."""
+    from types import SimpleNamespace
+
+    from distsplat_ns.balance.bands import Band
+    from distsplat_ns.parallel.plan_gathers import gather_step_costs
+
+    plan = SimpleNamespace(bands=[[Band(*b) for b in rank_bands] for rank_bands in bands_per_rank], heights_px=heights_px)
+    counts = [
+        (b, torch.arange(2.0 * b.num_cost_rows(heights_px[b.position])).reshape(-1, 2) + 1000 * ctx.rank + 100 * b.position)
+        for b in plan.bands[ctx.rank]
+    ][::-1]
+    verdict = torch.tensor([1 if ctx.rank == bad_rank else 0], dtype=torch.int32) if bad_rank is not None else None
+    return gather_step_costs(ctx, plan, counts, verdict, 0.25 * (ctx.rank + 1), ctx.rank in view_ranks)

@@ -65,7 +65,8 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     positions = sorted({b.position for b in plan.bands[ctx.rank]})
     images = make_images(len(batch))
     result, sources, _ = pipe._forward_backward(
-        5, batch, plan, positions, [images[p] for p in positions], [None] * len(positions), NUM_POINTS, PhaseClock(),
+        5, batch, [(WIDTH, HEIGHT)] * len(batch), plan, positions, [images[p] for p in positions], [None] * len(positions),
+        NUM_POINTS, PhaseClock(),
         GradientSum(lambda: 0),  # no gradient sum: the test reads each rank's own gradients
     )
     info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
@@ -80,11 +81,12 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
 
 def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
     """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
-    step boundary's cost all-gather (``DistSplatPipeline._observe_costs``), which carries the
-    request, and renders it. Returns, on rank 0, the frame the viewer thread got and whether the
+    step's cost all-gather (``DistSplatPipeline._gather_costs``), which carries rank 0's flag,
+    and renders the request at the step's end (``_observe_costs``). Returns, on rank 0, the frame the viewer thread got and whether the
     model was back in training mode; on other ranks, whether they rendered (served) it."""
     import threading
     import time
+    from types import SimpleNamespace
 
     from distsplat_ns.balance.planner import BandPlanner
     from distsplat_ns.parallel.sharded import ShardedMode
@@ -96,12 +98,12 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     model.train()  # mid-training
     mode = ShardedMode(ctx, model)
-    pipe = object.__new__(DistSplatPipeline)  # only what _observe_costs reads
+    pipe = object.__new__(DistSplatPipeline)  # only what _gather_costs and _observe_costs read
     torch.nn.Module.__init__(pipe)
     pipe.ctx, pipe.mode, pipe._model, pipe.time_imbalance = ctx, mode, model, []
     pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
     plan = pipe.planner.plan([0], ctx.world_size, 1)
-    mine = [(b.position, b.first_row, [1.0] * b.num_rows) for b in plan.bands[ctx.rank]]
+    result = SimpleNamespace(band_tile_counts=[(b, torch.ones(b.num_cost_rows(HEIGHT), 2)) for b in plan.bands[ctx.rank]])
     frame: dict[str, Any] = {}
     viewer = None
     if ctx.rank == 0:
@@ -111,7 +113,9 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
         while mode.view_requests._pending is None:  # the viewer thread has posted its camera
             time.sleep(0.01)
     served_before = mode.view_requests.num_served
-    pipe._observe_costs(plan, [0], mine, 0.01, PhaseClock())
+    clock = PhaseClock()
+    costs, view = pipe._gather_costs(plan, result, None, clock)
+    pipe._observe_costs(plan, [0], costs, view, clock)
     if viewer is None:
         return {"served_here": True}
     viewer.join(timeout=60)
