@@ -98,6 +98,8 @@ def exchange_halo_rows(
     planned = [(s.position, s.start_row_px, (s.rows, s.width, HALO_CHANNELS)) for s in slots_by_rank[ctx.rank]]
     if sent != planned:
         raise RuntimeError(f"rank {ctx.rank}: the bands rendered halo rows {sent}, the step's plan gives {planned}")
+    if not ctx.is_distributed or not any(slots_by_rank):
+        return [[(p, s, rows.to(dtype)) for p, s, rows in mine] if r == ctx.rank else [] for r in range(len(slots_by_rank))]
     if mine:
         flat = torch.cat([rows.reshape(-1).to(dtype) for _, _, rows in mine])
     else:
@@ -162,12 +164,14 @@ def gather_step_costs(
         measured = sorted((b.position, b.first_row, c.shape[0]) for b, c in counts.items())
         planned = [(b.position, b.first_row, n) for b, n in zip(bands, own_rows, strict=True)]
         raise RuntimeError(f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}")
-    trailing = _host_values([0.0, render_s, float(view_posted)], ctx.device)
+    parts = [counts[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
     if verdict is not None:
-        trailing = torch.cat([verdict.reshape(1).to(ctx.device, torch.float64), trailing[1:]])
-    mine = torch.cat([counts[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands] + [trailing])
+        parts += [verdict.reshape(1).to(ctx.device, torch.float64), _host_values([render_s, float(view_posted)], ctx.device)]
+    else:
+        parts.append(_host_values([0.0, render_s, float(view_posted)], ctx.device))
     lengths = [sum(n) + _TRAILING for n in rows]
-    host = torch.cat(all_gather_rows(ctx, mine, lengths)).cpu().tolist()  # host sync: the costs decide the next cut
+    gathered = all_gather_rows(ctx, torch.cat(parts), lengths)
+    host = (torch.cat(gathered) if len(gathered) > 1 else gathered[0]).cpu().tolist()  # host sync: the costs decide the next cut
     measured, render_times, verdicts, views, start = [], [], [], [], 0
     for rank_bands, rank_rows in zip(plan.bands, rows, strict=True):
         per_band = []
