@@ -4,12 +4,12 @@ How the Gaussians are held -- every rank all of them (replicated) or a shard eac
 one ``ParallelMode`` built at set-up from ``--pipeline.parallel`` (``parallel/``); the step calls
 it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order: plan
 -> fetch -> projections -> forward -> backward (with the SSIM-halo exchange) -> reduce ->
-statistics -> finite check -> optimizer -> refine -> after-refine -> observe costs -> replica
-check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
+statistics -> finite check and cost gather -> optimizer -> refine -> after-refine -> observe
+costs -> replica check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
 (trainer.py). Eval images and viewer frames are rendered as the mode says: by rank 0 alone from the
 whole model (replicated), or by every rank from its shard (sharded: eval is then called on every
-rank, and a viewer frame rank 0's viewer thread posted is shared in the step's cost all-gather and
-rendered by all ranks at the end of the step).
+rank, and a viewer frame rank 0's viewer thread posted is flagged in the step's cost all-gather,
+then broadcast and rendered by all ranks at the end of the step).
 """
 
 from __future__ import annotations

@@ -324,7 +324,7 @@ def all_gather_counts(ctx: DistContext, count: int) -> list[int]:
     mine = torch.tensor([int(count)], dtype=torch.int64, device=_collective_device(ctx))
     out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]  # host sync: the counts size what follows on the host
+    return [int(n) for n in torch.cat(out).tolist()]  # host sync, one for all ranks: the counts size what follows on the host
 
 
 def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int] | None = None) -> list[torch.Tensor]:

@@ -273,7 +273,7 @@ def exchange_screen_terms(
 
     **Collective:** world group: the per-position row counts, the rows and their ids (three
     all-to-alls; at one rank, none); in backward, the gradients (one all-to-all).
-    **Host sync:** the row counts.
+    **Host sync:** the selection and its row counts (one each, whatever W), the received counts.
     **Differentiable:** the received rows are a function of the sent terms (``_ScreenTermExchange``).
     """
     if not calls:
@@ -288,11 +288,19 @@ def exchange_screen_terms(
     # An empty selection of the first call keeps the sent rows in the projection's graph (the
     # exchange's backward is a collective: it must run on every rank, also one that sends nothing).
     selections = [(0, 0, empty)]
+    pairs, masks, sizes = [], [], []  # per (destination, position), destination-major, positions ascending
     for dest in range(world):
-        masks = _destination_masks(calls, where, bands_of_rank[dest], footprints)
-        for position in sorted(masks):
+        dest_masks = _destination_masks(calls, where, bands_of_rank[dest], footprints)
+        for position in sorted(dest_masks):
+            pairs.append((dest, position))
+            masks.append(dest_masks[position])
+    if pairs:
+        # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
+        stacked = torch.stack(masks)
+        selected = torch.nonzero(stacked)[:, 1]  # host sync: the selection's size
+        sizes = [int(n) for n in stacked.sum(dim=1).tolist()]  # host sync: the rows of each pair
+        for (dest, position), idx in zip(pairs, torch.split(selected, sizes), strict=True):
             c, k = where[position]
-            idx = torch.nonzero(masks[position]).reshape(-1)
             counts[dest, position] = idx.numel()
             selections.append((c, k, idx))
     for c, k, idx in selections:
@@ -303,8 +311,9 @@ def exchange_screen_terms(
         call_idx.append(torch.full_like(idx, c))
         cam_idx.append(torch.full_like(idx, k))
         gauss_idx.append(idx)
-    # host sync: the all-to-all's split sizes are host integers.
-    send_counts = [int(n) for n in counts.sum(dim=1).tolist()]
+    send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
+    for (dest, _), n in zip(pairs, sizes, strict=True):
+        send_counts[dest] += n
     # Row counts per (source, position): rank s's row s of the received matrix.
     recv_matrix, _ = all_to_all_rows(ctx, counts, [1] * world, [1] * world)
     recv_counts = [int(n) for n in recv_matrix.sum(dim=1).tolist()]  # host sync: as above
