@@ -153,10 +153,11 @@ def _deposit_absgrad(route: Route, absgrad_rows: Tensor) -> None:
     for c, (_, proj) in enumerate(route.calls):
         if getattr(proj.means2d, "absgrad", None) is None:
             proj.means2d.absgrad = torch.zeros_like(proj.means2d, requires_grad=False)  # type: ignore[attr-defined]
-        mine = route.call_of_row == c
-        proj.means2d.absgrad.index_put_(  # type: ignore[attr-defined]
-            (route.camera_of_row[mine], route.gaussian_of_row[mine]), absgrad_rows[mine].to(proj.means2d.dtype), accumulate=True
-        )
+        cameras, gaussians, rows = route.camera_of_row, route.gaussian_of_row, absgrad_rows
+        if len(route.calls) > 1:  # rows of several calls: this call's (a boolean mask: host syncs)
+            mine = route.call_of_row == c
+            cameras, gaussians, rows = cameras[mine], gaussians[mine], rows[mine]
+        proj.means2d.absgrad.index_put_((cameras, gaussians), rows.to(proj.means2d.dtype), accumulate=True)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -316,7 +317,8 @@ def exchange_screen_terms(
         send_counts[dest] += n
     # Row counts per (source, position): rank s's row s of the received matrix.
     recv_matrix, _ = all_to_all_rows(ctx, counts, [1] * world, [1] * world)
-    recv_counts = [int(n) for n in recv_matrix.sum(dim=1).tolist()]  # host sync: as above
+    recv_by_source = [[int(n) for n in row] for row in recv_matrix.tolist()]  # host sync: the received rows' sizes
+    recv_counts = [sum(row) for row in recv_by_source]
     sent_ids = torch.cat(row_ids)
     recv_ids, _ = all_to_all_rows(ctx, sent_ids, send_counts, recv_counts)
     route = Route(
@@ -327,7 +329,7 @@ def exchange_screen_terms(
         send_counts=send_counts,
         recv_counts=recv_counts,
         calls=list(calls),
-        rows_of_position=_rows_by_position(recv_matrix, recv_ids),
+        rows_of_position=_rows_by_position(recv_by_source, recv_ids),
         timer=timer,
     )
     leaf = _ScreenTermExchange.apply(torch.cat(pieces), torch.cat(fixed), route)
@@ -340,12 +342,12 @@ def exchange_screen_terms(
     )
 
 
-def _rows_by_position(recv_matrix: Tensor, recv_ids: Tensor) -> dict[int, Tensor]:
+def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor) -> dict[int, Tensor]:
     """Per batch position, the received rows (source-major, then position-major, as sent)
-    reordered by ascending global id."""
+    reordered by ascending global id. ``recv_by_source[s][p]``: rows from rank ``s`` for position ``p``."""
     offsets: dict[int, list[Tensor]] = {}
     start = 0
-    for source_counts in recv_matrix.tolist():  # host sync: the counts are host integers already (see above)
+    for source_counts in recv_by_source:
         for position, n in enumerate(source_counts):
             if n:
                 offsets.setdefault(position, []).append(torch.arange(start, start + n, device=recv_ids.device))
