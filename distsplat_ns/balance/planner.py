@@ -52,13 +52,6 @@ class StepPlan:
     heights_px: list[int]
     downscale: int
 
-    @property
-    def cuts_an_image(self) -> bool:
-        """Whether a band starts inside an image, i.e. some image is split between bands (the
-        bands cover every image of the batch, so otherwise each image is one whole band and no
-        SSIM halo row crosses a cut)."""
-        return any(band.first_row > 0 for bands in self.bands for band in bands)
-
 
 @dataclass
 class BalanceLog:

@@ -75,11 +75,14 @@ def test_expected_images_cover_each_ranks_equal_share(batch_size: int, world_siz
     assert union == set(range(batch_size))
 
 
-def test_a_plan_cuts_an_image_only_where_a_band_starts_inside_one() -> None:
-    """The pipeline skips the SSIM-halo all-gather where no image is cut: whole images never cut,
-    equal rows of fewer images than ranks always do."""
-    planner = BandPlanner("whole-images", [64, 48])
-    assert not planner.plan([0, 1], world_size=2, downscale=1).cuts_an_image
+def test_the_halo_exchange_is_empty_exactly_where_a_plan_cuts_no_image() -> None:
+    """The pipeline's SSIM-halo all-gather moves nothing where no image is cut
+    (``parallel/plan_gathers.py:halo_slots``): whole images never cut, equal rows of fewer images
+    than ranks always do."""
+    from distsplat_ns.parallel.plan_gathers import halo_slots
+
+    whole = BandPlanner("whole-images", [64, 48]).plan([0, 1], world_size=2, downscale=1)
+    assert not any(halo_slots(bands, [(40, 64), (40, 48)]) for bands in whole.bands)
     cut = BandPlanner("equal-rows", [64, 48]).plan([0], world_size=2, downscale=1)
-    assert cut.cuts_an_image
     assert any(band.first_row > 0 for bands in cut.bands for band in bands)
+    assert any(halo_slots(bands, [(40, 64)]) for bands in cut.bands)
