@@ -358,11 +358,13 @@ def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary |
 
 
 def is_comm_failure(err: BaseException) -> bool:
-    """Whether ``err`` is a failed or timed-out collective (gloo raises plain RuntimeErrors)."""
+    """Whether ``err`` is a failed or timed-out collective (gloo raises plain RuntimeErrors; an
+    async one's ``wait()`` past the timeout says "Application timeout caused pair closure")."""
     if is_dist_error(err):
         return True
     text = str(err)
-    return isinstance(err, RuntimeError) and any(s in text for s in ("gloo", "Timed out", "timed out", "Connection closed by peer"))
+    markers = ("gloo", "Timed out", "timed out", "Connection closed by peer", "Application timeout caused pair closure")
+    return isinstance(err, RuntimeError) and any(s in text for s in markers)
 
 
 def explain_comm_failure(ctx: DistContext, err: BaseException) -> str | None:
