@@ -189,17 +189,17 @@ def sum_gradients_(
             grads.append(g.reshape(-1))
         flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        offset = 0
-        for i in bucket:
-            p = params[i]
-            n = p.numel()
-            view = flat[offset : offset + n].view_as(p)
-            if p.grad is None:
-                p.grad = view.clone()
-            else:
-                p.grad.copy_(view)
-            offset += n
+        grads_from_bucket([params[i] for i in bucket], flat)
     return GradSyncResult(bytes_reduced=total_bytes)
+
+
+def grads_from_bucket(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Make each parameter's ``.grad`` its part of the summed bucket ``flat`` (a view, no copy:
+    ``flat`` is built afresh each step and owned by nobody else, as DDP's ``gradient_as_bucket_view``)."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
 
 
 def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -345,11 +345,21 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     if max(counts) == 0:
         return [tensor[:0] for _ in counts]
     staged = _staged(ctx, tensor.contiguous())
-    padded = staged.new_zeros((max(counts), *staged.shape[1:]))
-    padded[: staged.shape[0]] = staged
-    out = [torch.empty_like(padded) for _ in range(ctx.world_size)]
-    dist.all_gather(out, padded)
-    return [o[:c].to(tensor.device) for o, c in zip(out, counts, strict=False)]
+    longest = max(counts)
+    if staged.shape[0] == longest:
+        padded = staged
+    else:
+        padded = staged.new_zeros((longest, *staged.shape[1:]))
+        padded[: staged.shape[0]] = staged
+    # One receive buffer, every rank's rows a view of it: NCCL gathers into it directly (its
+    # list form gathers into a flat buffer and copies each part out); gloo writes each view.
+    received = padded.new_empty((ctx.world_size, *padded.shape))
+    if ctx.backend == "nccl":
+        dist.all_gather_into_tensor(received, padded)
+    else:
+        dist.all_gather(list(received.unbind(0)), padded)
+    received = received.to(tensor.device)
+    return [part[:c] for part, c in zip(received.unbind(0), counts, strict=True)]
 
 
 def all_to_all_counts(ctx: DistContext, counts: Sequence[int]) -> list[int]:

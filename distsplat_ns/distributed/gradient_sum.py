@@ -35,7 +35,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from distsplat_ns.distributed.collectives import DEFAULT_BUCKET_BYTES
+from distsplat_ns.distributed.collectives import DEFAULT_BUCKET_BYTES, grads_from_bucket
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.torch_compat import post_accumulate_grad_hook
 
@@ -155,8 +155,8 @@ class BucketedGradientSum(GradientSum):
         self._started.append((flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
 
     def finish(self) -> int:
-        """Start the buckets not started yet (in order), wait for every bucket and write the sums
-        into the gradients; returns the bytes reduced. Call it right after the backward, before any
+        """Start the buckets not started yet (in order), wait for every bucket and make each
+        gradient its view of the summed bucket; returns the bytes reduced. Call it right after the backward, before any
         other collective. The time it takes is :attr:`exposed_s`.
 
         **Host sync:** waits for the all-reduces (gloo: on the host; NCCL: the stream waits).
@@ -166,13 +166,6 @@ class BucketedGradientSum(GradientSum):
             self._start(len(self._started))
         for bucket, (flat, work) in zip(self._buckets, self._started, strict=True):
             work.wait()
-            offset = 0
-            for p in (self._params[i] for i in bucket):
-                view = flat[offset : offset + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = view.clone()
-                else:
-                    p.grad.copy_(view)
-                offset += p.numel()
+            grads_from_bucket([self._params[i] for i in bucket], flat)
         self.exposed_s = time.perf_counter() - start
         return self.bytes_reduced
