@@ -194,7 +194,8 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
     norms = torch.where(visible, grads.norm(dim=-1), torch.zeros((), device=grads.device))
     for c in range(visible.shape[0]):  # camera order, as gsplat's index_add_ over (c, n) pairs
         state["grad2d"] += norms[c]
-        state["count"] += visible[c].to(state["count"].dtype)
+    # Counts are small integers, exact in float32 in any order: one sum, not one add per camera.
+    state["count"] += visible.sum(dim=0, dtype=state["count"].dtype)
     if strategy.refine_scale2d_stop_iter > 0:
         width, height = info["width"], info["height"]
         scale = torch.maximum(width, height) if isinstance(width, torch.Tensor) else float(max(width, height))

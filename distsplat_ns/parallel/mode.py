@@ -217,6 +217,10 @@ def batch_statistics(
         absgrad = getattr(means2d, "absgrad", None)
         absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
         return grads, absgrads, proj_radii.detach().to(torch.int32)
+    positions = [p for call_positions, _, _ in projections for p in call_positions]
+    if len(set(positions)) == len(positions):
+        return _stacked_statistics(projections, batch_size, n, device, dtype)
+    # A position projected by more than one call: sum the gradients, maximise the radii.
     grads = torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
     absgrads = torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
     radii = torch.zeros(batch_size, n, dtype=torch.int32, device=device)
@@ -229,6 +233,30 @@ def batch_statistics(
             absgrads[idx] += absgrad.detach()
         radii[idx] = torch.maximum(radii[idx], proj_radii.detach().to(torch.int32))
     return grads, absgrads, radii
+
+
+def _stacked_statistics(
+    projections: Sequence[StatisticsProjection], batch_size: int, n: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``batch_statistics`` where every position is projected at most once: each position's rows
+    are a view of its call's tensors (or of one zeros row), stacked in batch order -- three
+    stacks, whatever the number of calls, instead of an indexed add per call and tensor."""
+    grads: list[torch.Tensor | None] = [None] * batch_size
+    absgrads: list[torch.Tensor | None] = [None] * batch_size
+    radii: list[torch.Tensor | None] = [None] * batch_size
+    for positions, means2d, proj_radii in projections:
+        grad = means2d.grad
+        absgrad = getattr(means2d, "absgrad", None)
+        for j, position in enumerate(positions):
+            grads[position] = None if grad is None else grad[j].detach()
+            absgrads[position] = None if absgrad is None else absgrad[j].detach()
+            radii[position] = proj_radii[j].detach().to(torch.int32)
+    zero_xy = torch.zeros(n, 2, device=device, dtype=dtype) if any(g is None for g in grads + absgrads) else None
+    zero_radii = torch.zeros(n, dtype=torch.int32, device=device) if any(r is None for r in radii) else None
+    grads = [zero_xy if g is None else g for g in grads]
+    absgrads = [zero_xy if g is None else g for g in absgrads]
+    stacked_radii = torch.stack([zero_radii if r is None else r for r in radii])
+    return torch.stack(grads), torch.stack(absgrads), stacked_radii
 
 
 def info_for(
