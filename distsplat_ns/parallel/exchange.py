@@ -39,6 +39,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import Projector, RenderGroup, RenderInputs, StatisticsProjection
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.rendering import Projection
+from distsplat_ns.utils.host_to_device import host_tensor
 
 #: Columns of a row of screen-space terms: the differentiable ones first.
 _MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
@@ -283,13 +284,7 @@ def exchange_screen_terms(
     device = ids.device
     where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
     footprints: dict[int, tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
-    counts = torch.zeros(world, batch_size, dtype=torch.int64, device=device)
-    pieces, fixed, row_ids, call_idx, cam_idx, gauss_idx = [], [], [], [], [], []
-    empty = torch.zeros(0, dtype=torch.int64, device=device)
-    # An empty selection of the first call keeps the sent rows in the projection's graph (the
-    # exchange's backward is a collective: it must run on every rank, also one that sends nothing).
-    selections = [(0, 0, empty)]
-    pairs, masks, sizes = [], [], []  # per (destination, position), destination-major, positions ascending
+    pairs, masks = [], []  # per (destination, position), destination-major, positions ascending
     for dest in range(world):
         dest_masks = _destination_masks(calls, where, bands_of_rank[dest], footprints)
         for position in sorted(dest_masks):
@@ -298,20 +293,31 @@ def exchange_screen_terms(
     if pairs:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
         stacked = torch.stack(masks)
-        selected = torch.nonzero(stacked)[:, 1]  # host sync: the selection's size
+        pair_of_row, gaussian_of_row = torch.nonzero(stacked).unbind(1)  # host sync: the selection's size
         sizes = [int(n) for n in stacked.sum(dim=1).tolist()]  # host sync: the rows of each pair
-        for (dest, position), idx in zip(pairs, torch.split(selected, sizes), strict=True):
-            c, k = where[position]
-            counts[dest, position] = idx.numel()
-            selections.append((c, k, idx))
-    for c, k, idx in selections:
-        proj = calls[c][1]
-        pieces.append(torch.cat([proj.means2d[k, idx], proj.conics[k, idx], proj.colors[k, idx][:, :3], proj.opacities[k, idx, None]], dim=-1))
-        fixed.append(torch.stack([proj.depths[k, idx].detach(), proj.radii[k, idx].to(proj.depths.dtype)], dim=-1))
-        row_ids.append(ids[idx])
-        call_idx.append(torch.full_like(idx, c))
-        cam_idx.append(torch.full_like(idx, k))
-        gauss_idx.append(idx)
+    else:
+        pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
+        sizes = []
+    # Per pair: its call, its camera in the call, its camera in all calls (the fields' first axis).
+    first_camera = [0]
+    for positions, _ in calls:
+        first_camera.append(first_camera[-1] + len(positions))
+    pair_table = host_tensor([[where[p][0], where[p][1], first_camera[where[p][0]] + where[p][1]] for _, p in pairs],
+                             torch.int64, device).reshape(-1, 3)
+    call_of_row, camera_of_row, batch_camera = pair_table[pair_of_row].unbind(1)
+    # Each field indexed once for every pair. The index keeps the sent rows in the projection's
+    # graph even when empty (the exchange's backward is a collective: it runs on every rank).
+    means2d, conics, colors, opacities, depths, radii = (
+        _all_cameras([getattr(proj, name) for _, proj in calls])
+        for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
+    )
+    rows = (batch_camera, gaussian_of_row)
+    sent = torch.cat([means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1)], dim=-1)
+    fixed = torch.stack([depths[rows].detach(), radii[rows].to(depths.dtype)], dim=-1)
+    counts_host = [[0] * batch_size for _ in range(world)]
+    for (dest, position), n in zip(pairs, sizes, strict=True):
+        counts_host[dest][position] = n
+    counts = host_tensor(counts_host, torch.int64, device)
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):
         send_counts[dest] += n
@@ -319,20 +325,19 @@ def exchange_screen_terms(
     recv_matrix, _ = all_to_all_rows(ctx, counts, [1] * world, [1] * world)
     recv_by_source = [[int(n) for n in row] for row in recv_matrix.tolist()]  # host sync: the received rows' sizes
     recv_counts = [sum(row) for row in recv_by_source]
-    sent_ids = torch.cat(row_ids)
-    recv_ids, _ = all_to_all_rows(ctx, sent_ids, send_counts, recv_counts)
+    recv_ids, _ = all_to_all_rows(ctx, ids[gaussian_of_row], send_counts, recv_counts)
     route = Route(
         ctx=ctx,
-        call_of_row=torch.cat(call_idx),
-        camera_of_row=torch.cat(cam_idx),
-        gaussian_of_row=torch.cat(gauss_idx),
+        call_of_row=call_of_row,
+        camera_of_row=camera_of_row,
+        gaussian_of_row=gaussian_of_row,
         send_counts=send_counts,
         recv_counts=recv_counts,
         calls=list(calls),
         rows_of_position=_rows_by_position(recv_by_source, recv_ids),
         timer=timer,
     )
-    leaf = _ScreenTermExchange.apply(torch.cat(pieces), torch.cat(fixed), route)
+    leaf = _ScreenTermExchange.apply(sent, fixed, route)
     return ReceivedProjections(
         leaf=leaf,
         ids=recv_ids,
@@ -340,6 +345,12 @@ def exchange_screen_terms(
         sizes_px={position: (calls[c][1].width, calls[c][1].height) for position, (c, _) in where.items()},
         backend=calls[0][1].backend,
     )
+
+
+def _all_cameras(per_call: list[Tensor]) -> Tensor:
+    """One field of every projection call, cameras along the first axis (the calls project the
+    same shard: one ``N``)."""
+    return per_call[0] if len(per_call) == 1 else torch.cat(per_call)
 
 
 def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor) -> dict[int, Tensor]:

@@ -29,6 +29,7 @@ from distsplat_ns.distributed.collectives import all_gather_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import HaloMessage
 from distsplat_ns.model.losses import halo_end_row
+from distsplat_ns.utils.host_to_device import host_tensor
 
 #: Channels of a halo row's gradient: the loss is computed on rendered RGB (``model/band_terms.py``).
 HALO_CHANNELS = 3
@@ -166,9 +167,9 @@ def gather_step_costs(
         raise RuntimeError(f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}")
     parts = [counts[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
     if verdict is not None:
-        parts += [verdict.reshape(1).to(ctx.device, torch.float64), _host_values([render_s, float(view_posted)], ctx.device)]
+        parts += [verdict.reshape(1).to(ctx.device, torch.float64), host_tensor([render_s, float(view_posted)], torch.float64, ctx.device)]
     else:
-        parts.append(_host_values([0.0, render_s, float(view_posted)], ctx.device))
+        parts.append(host_tensor([0.0, render_s, float(view_posted)], torch.float64, ctx.device))
     lengths = [sum(n) + _TRAILING for n in rows]
     gathered = all_gather_rows(ctx, torch.cat(parts), lengths)
     host = (torch.cat(gathered) if len(gathered) > 1 else gathered[0]).cpu().tolist()  # host sync: the costs decide the next cut
@@ -185,12 +186,3 @@ def gather_step_costs(
         views.append(view)
         start += _TRAILING
     return StepCosts(measured=measured, render_s=render_times, nonfinite=any(verdicts), view_posted=bool(views[0]))
-
-
-def _host_values(values: list[float], device: torch.device) -> torch.Tensor:
-    """Host floats as a float64 tensor on ``device``; to a GPU from pinned memory without waiting
-    for its queue (a pageable copy would synchronise the stream)."""
-    values_t = torch.tensor(values, dtype=torch.float64)
-    if device.type == "cuda":
-        return values_t.pin_memory().to(device, non_blocking=True)
-    return values_t.to(device)
