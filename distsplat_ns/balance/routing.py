@@ -29,35 +29,35 @@ def footprint_tile_rows(
     Gaussian that covers no tile of the image (culled, or left/right/above/below of it).
 
     Args:
-        means2d: Projected centres. `[N, 2]`, px, (x, y).
-        radii: 3-sigma screen radii, 0 = culled. `[N]` or `[N, 2]` (x, y), px.
+        means2d: Projected centres. `[..., N, 2]`, px, (x, y): one camera, or several of one size.
+        radii: 3-sigma screen radii, 0 = culled. `[..., N]` or `[..., N, 2]` (x, y), px.
         width: Image width, px.
         height: Image height, px.
         tile_size: Tile side, px.
 
     Returns:
-        ``(first_row, end_row)``, each `[N]` int64, clipped to the image's tile grid.
+        ``(first_row, end_row)``, each `[..., N]` int64, clipped to the image's tile grid.
     """
-    num = means2d.shape[0]
     means = means2d.detach().to(torch.float64)
     radius = radii.detach().to(torch.float64)
-    radius_xy = radius.unsqueeze(-1).expand(num, 2) if radius.ndim == 1 else radius
+    radius_xy = radius.unsqueeze(-1).expand(*radius.shape, 2) if radius.ndim == means.ndim - 1 else radius
     visible = (radius_xy > 0).all(dim=-1)
     reach = (radius_xy + MARGIN_PX) / tile_size
     centre = means / tile_size
     lo = torch.floor(centre - reach).to(torch.int64)
     hi = torch.ceil(centre + reach).to(torch.int64)
     tiles_wide, tiles_high = -(-width // tile_size), -(-height // tile_size)
-    inside_x = (hi[:, 0] > 0) & (lo[:, 0] < tiles_wide)
-    first = lo[:, 1].clamp(0, tiles_high)
-    end = hi[:, 1].clamp(0, tiles_high)
+    inside_x = (hi[..., 0] > 0) & (lo[..., 0] < tiles_wide)
+    first = lo[..., 1].clamp(0, tiles_high)
+    end = hi[..., 1].clamp(0, tiles_high)
     end = torch.where(visible & inside_x, end, first)
     return first, end
 
 
-def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int, band_end_row: int) -> Tensor:
+def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int | Tensor, band_end_row: int | Tensor) -> Tensor:
     """Which Gaussians' tile rows ``[first_row, end_row)`` meet the tile rows
-    ``[band_first_row, band_end_row)``. `[N]` bool."""
+    ``[band_first_row, band_end_row)``. `[N]` bool; with several bands' rows as `[bands, 1]`
+    tensors and their cameras' ``first_row``/``end_row`` `[bands, N]`, `[bands, N]`."""
     return (first_row < band_end_row) & (end_row > band_first_row) & (end_row > first_row)
 
 

@@ -236,20 +236,33 @@ def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
     return band.first_row_px // TILE_SIZE, -(-end_px // TILE_SIZE)
 
 
-def _destination_masks(
-    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], bands: Sequence[Band], footprints: dict[int, tuple[Tensor, Tensor]]
-) -> dict[int, Tensor]:
-    """Per batch position, which of the shard's Gaussians one destination's bands need (the
-    union over its bands of the position). ``footprints`` caches each position's tile rows."""
-    masks: dict[int, Tensor] = {}
-    for band in bands:
-        c, k = where[band.position]
-        proj = calls[c][1]
-        if band.position not in footprints:
-            footprints[band.position] = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
-        touches = touches_rows(*footprints[band.position], *render_tile_rows(band, proj.height))
-        masks[band.position] = masks[band.position] | touches if band.position in masks else touches
-    return masks
+def _pair_masks(
+    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], first_camera: list[int],
+    bands_of_rank: Sequence[Sequence[Band]],
+) -> tuple[list[tuple[int, int]], Tensor | None]:
+    """Which of the shard's Gaussians each (destination, position) pair needs: the union over
+    the destination's bands of the position. Pairs destination-major, positions ascending; the
+    masks `[P, N]` bool (None without pairs). Each call's footprints and every band's test are
+    one batch of operations, whatever W and B."""
+    keyed = sorted(((dest, band.position, band) for dest, bands in enumerate(bands_of_rank) for band in bands), key=lambda t: t[:2])
+    if not keyed:
+        return [], None
+    pairs = sorted({(dest, position) for dest, position, _ in keyed})
+    pair_index = {pair: i for i, pair in enumerate(pairs)}
+    footprints = [footprint_tile_rows(proj.means2d, proj.radii, proj.width, proj.height) for _, proj in calls]
+    first = _all_cameras([f for f, _ in footprints])  # [cameras of all calls, N]
+    end = _all_cameras([e for _, e in footprints])
+    table = []  # per band: its pair, its camera among all calls', its tile rows [lo, hi)
+    for dest, position, band in keyed:
+        c, k = where[position]
+        table.append([pair_index[(dest, position)], first_camera[c] + k, *render_tile_rows(band, calls[c][1].height)])
+    pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unsqueeze(-1).unbind(1)
+    touches = touches_rows(first[camera.squeeze(-1)], end[camera.squeeze(-1)], lo, hi)  # [bands, N]
+    if len(pairs) == len(keyed):
+        return pairs, touches
+    # Several bands of one pair: a Gaussian is needed if any of them touches it.
+    hits = torch.zeros(len(pairs), touches.shape[1], dtype=torch.int32, device=touches.device)
+    return pairs, hits.index_add_(0, pair_of_band.squeeze(-1), touches.to(torch.int32)) > 0
 
 
 def exchange_screen_terms(
@@ -283,25 +296,18 @@ def exchange_screen_terms(
     world = ctx.world_size
     device = ids.device
     where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
-    footprints: dict[int, tuple[Tensor, Tensor]] = {}  # per position, computed once for every destination
-    pairs, masks = [], []  # per (destination, position), destination-major, positions ascending
-    for dest in range(world):
-        dest_masks = _destination_masks(calls, where, bands_of_rank[dest], footprints)
-        for position in sorted(dest_masks):
-            pairs.append((dest, position))
-            masks.append(dest_masks[position])
-    if pairs:
+    first_camera = [0]  # each call's first camera among all calls' (the fields' first axis)
+    for positions, _ in calls:
+        first_camera.append(first_camera[-1] + len(positions))
+    pairs, stacked = _pair_masks(calls, where, first_camera, bands_of_rank)
+    if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
-        stacked = torch.stack(masks)
         pair_of_row, gaussian_of_row = torch.nonzero(stacked).unbind(1)  # host sync: the selection's size
         sizes = [int(n) for n in stacked.sum(dim=1).tolist()]  # host sync: the rows of each pair
     else:
         pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
         sizes = []
-    # Per pair: its call, its camera in the call, its camera in all calls (the fields' first axis).
-    first_camera = [0]
-    for positions, _ in calls:
-        first_camera.append(first_camera[-1] + len(positions))
+    # Per pair: its call, its camera in the call, its camera among all calls'.
     pair_table = host_tensor([[where[p][0], where[p][1], first_camera[where[p][0]] + where[p][1]] for _, p in pairs],
                              torch.int64, device).reshape(-1, 3)
     call_of_row, camera_of_row, batch_camera = pair_table[pair_of_row].unbind(1)

@@ -1,0 +1,88 @@
+"""The sharded exchange's routing in one batch of operations (``parallel/exchange.py:_pair_masks``,
+``balance/routing.py:footprint_tile_rows`` over several cameras) against the test written one
+camera and one band at a time: the same Gaussians for every (destination, position) pair."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from distsplat_ns.balance.bands import Band
+from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
+from distsplat_ns.parallel.exchange import _pair_masks, render_tile_rows
+
+N = 200
+
+
+def _projection(num_cameras: int, width: int, height: int, seed: int, radius_xy: bool = False) -> SimpleNamespace:
+    gen = torch.Generator().manual_seed(seed)
+    means2d = torch.rand(num_cameras, N, 2, generator=gen) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor([width * 0.2, height * 0.2])
+    shape = (num_cameras, N, 2) if radius_xy else (num_cameras, N)
+    radii = torch.randint(0, 40, shape, generator=gen, dtype=torch.int32)
+    return SimpleNamespace(means2d=means2d, radii=radii, width=width, height=height)
+
+
+@pytest.mark.parametrize("radius_xy", [False, True])
+def test_footprints_of_several_cameras_equal_each_camera_alone(radius_xy: bool) -> None:
+    proj = _projection(3, 96, 80, 1, radius_xy)
+    first, end = footprint_tile_rows(proj.means2d, proj.radii, proj.width, proj.height)
+    for k in range(3):
+        f, e = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+        assert torch.equal(first[k], f) and torch.equal(end[k], e)
+
+
+def _expected(calls, bands_of_rank):
+    """Band by band, camera by camera: the union per (destination, position)."""
+    where = {p: (c, k) for c, (positions, _) in enumerate(calls) for k, p in enumerate(positions)}
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+    for dest, bands in enumerate(bands_of_rank):
+        for band in bands:
+            c, k = where[band.position]
+            proj = calls[c][1]
+            first, end = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+            touch = touches_rows(first, end, *render_tile_rows(band, proj.height))
+            key = (dest, band.position)
+            masks[key] = masks[key] | touch if key in masks else touch
+    return sorted(masks), masks
+
+
+def _check(calls, bands_of_rank) -> None:
+    where = {p: (c, k) for c, (positions, _) in enumerate(calls) for k, p in enumerate(positions)}
+    first_camera = [0]
+    for positions, _ in calls:
+        first_camera.append(first_camera[-1] + len(positions))
+    pairs, stacked = _pair_masks(calls, where, first_camera, bands_of_rank)
+    want_pairs, want = _expected(calls, bands_of_rank)
+    assert pairs == want_pairs
+    assert stacked.shape == (len(pairs), N)
+    for i, pair in enumerate(pairs):
+        assert torch.equal(stacked[i], want[pair]), pair
+    assert stacked.any()  # the scene reaches the bands: the comparison is not of empty masks
+
+
+def test_one_call_bands_cut_across_ranks() -> None:
+    # Three ranks, batch of three 80-px images (5 tile rows): rank 1 holds the end of image 0 and
+    # the start of image 1, rank 2 the rest; rank 0's bands are listed out of position order.
+    calls = [([0, 1, 2], _projection(3, 96, 80, 2))]
+    bands = [[Band(2, 0, 5), Band(0, 0, 3)], [Band(0, 3, 5), Band(1, 0, 2)], [Band(1, 2, 5)]]
+    _check(calls, bands)
+
+
+def test_two_bands_of_one_pair_are_united() -> None:
+    calls = [([0, 1], _projection(2, 96, 80, 3))]
+    bands = [[Band(0, 0, 1), Band(0, 4, 5)], [Band(0, 1, 4), Band(1, 0, 5)]]
+    _check(calls, bands)
+
+
+def test_calls_of_two_sizes() -> None:
+    # Cameras of two sizes projected in two calls; positions interleave across the calls.
+    calls = [([0, 2], _projection(2, 96, 80, 4)), ([1], _projection(1, 64, 48, 5))]
+    bands = [[Band(0, 0, 5), Band(1, 0, 1)], [Band(1, 1, 3), Band(2, 0, 5)]]
+    _check(calls, bands)
+
+
+def test_no_bands_no_pairs() -> None:
+    calls = [([0], _projection(1, 96, 80, 6))]
+    assert _pair_masks(calls, {0: (0, 0)}, [0, 1], [[], []]) == ([], None)
