@@ -16,6 +16,7 @@ torch ops here showed up in the per-step operator count growing with the world s
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -54,14 +55,22 @@ def _host_costs(name: str, values: ArrayLike) -> np.ndarray:
     return array
 
 
-def _check_costs(names: Sequence[str], arrays: Sequence[np.ndarray], flat: np.ndarray) -> None:
-    """ValueError naming the first band (``names[i]``) with a non-finite or negative cost.
+def _band_prefix(index: int | None) -> str:
+    """How an error names band ``index`` of ``update_bands`` (``None``: the one band of ``update``)."""
+    return "" if index is None else f"measurements[{index}]: "
 
-    ``flat`` is ``arrays`` concatenated: one finiteness and one sign check over every band.
+
+def _check_costs(arrays: Sequence[np.ndarray], flat: np.ndarray, *, numbered: bool) -> None:
+    """ValueError naming the first band with a non-finite or negative cost.
+
+    ``flat`` is ``arrays`` concatenated: one finiteness and one sign check over every band; the
+    bands are looked at one by one only to name the bad one. ``numbered``: name them as
+    ``update_bands`` does (``measurements[i]: row_costs``), else ``row_costs``.
     """
     if np.isfinite(flat).all() and flat.min() >= 0.0:
         return
-    for name, array in zip(names, arrays, strict=True):
+    for i, array in enumerate(arrays):
+        name = f"{_band_prefix(i if numbered else None)}row_costs"
         if not np.isfinite(array).all():
             raise ValueError(f"{name}: expected finite costs, got a non-finite value")
         if array.min() < 0:
@@ -114,6 +123,7 @@ class CostHistory:
         self._counts = np.array(counts, dtype=np.int64)  # [C]
         self._offsets = np.zeros(len(counts) + 1, dtype=np.int64)  # [C + 1]: camera c's rows start at [c]
         np.cumsum(self._counts, out=self._offsets[1:])
+        self._row_offsets = tuple(self._offsets.tolist())  # the same as ints, for per-band arithmetic
         total = int(self._offsets[-1])
         self._values = np.zeros(total, dtype=np.float64)
         self._measured = np.zeros(total, dtype=np.bool_)
@@ -260,7 +270,7 @@ class CostHistory:
         """
         camera = self._camera(camera_index)
         costs = _host_costs("row_costs", row_costs)
-        _check_costs(["row_costs"], [costs], costs)
+        _check_costs([costs], costs, numbered=False)
         if costs.shape[0] != self._row_counts[camera]:
             raise ValueError(
                 f"row_costs: expected {self._row_counts[camera]} rows for camera {camera}, "
@@ -315,41 +325,43 @@ class CostHistory:
 
     def _update(self, measurements: Sequence[BandMeasurement], *, single: bool) -> None:
         """Validate every band, then fold them in (``update``/``update_bands``)."""
-        num_bands = len(measurements)
-        cameras = np.empty(num_bands, dtype=np.int64)
-        starts = np.empty(num_bands, dtype=np.int64)  # history row of each band's first row
-        names, arrays = [], []
+        num_cameras, offsets, row_counts = self.num_cameras, self._row_offsets, self._row_counts
+        cameras, spans, arrays = [], [], []  # per band: camera, history rows [start, end), costs
         for i, band in enumerate(measurements):
-            prefix = "" if single else f"measurements[{i}]: "
+            prefix = _band_prefix(None if single else i)
             try:
-                camera_index, first_row, row_costs = band
+                camera, first_row, row_costs = band
             except (TypeError, ValueError):
                 raise TypeError(
                     f"measurements[{i}]: expected a (camera_index, first_row, row_costs) triple, "
                     f"got {type(band).__name__}"
                 ) from None
-            camera = self._camera(camera_index, f"{prefix}camera_index")
-            first = check_int(f"{prefix}first_row", first_row, 0)
+            # Plain in-range ints skip the validators (every band of every step goes through here).
+            if not (type(camera) is int and 0 <= camera < num_cameras):
+                camera = self._camera(camera, f"{prefix}camera_index")
+            if not (type(first_row) is int and first_row >= 0):
+                first_row = check_int(f"{prefix}first_row", first_row, 0)
             costs = _host_costs(f"{prefix}row_costs", row_costs)
-            end_row = first + costs.shape[0]
-            if end_row > self._row_counts[camera]:
+            end_row = first_row + costs.shape[0]
+            if end_row > row_counts[camera]:
                 raise ValueError(
-                    f"{prefix}first_row + len(row_costs): expected <= {self._row_counts[camera]} "
+                    f"{prefix}first_row + len(row_costs): expected <= {row_counts[camera]} "
                     f"(rows of camera {camera}), got {end_row}"
                 )
-            cameras[i] = camera
-            starts[i] = self._offsets[camera] + first
-            names.append(f"{prefix}row_costs")
+            cameras.append(camera)
+            spans.append((offsets[camera] + first_row, offsets[camera] + end_row))
             arrays.append(costs)
-        if num_bands == 0:
+        if not arrays:
             return
-        costs = np.concatenate(arrays) if num_bands > 1 else arrays[0]  # read only: may alias the caller's
-        _check_costs(names, arrays, costs)
-        lengths = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        costs = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]  # read only: may alias the caller's
+        _check_costs(arrays, costs, numbered=not single)
+        lengths = np.array([end - start for start, end in spans], dtype=np.int64)
         begins = np.cumsum(lengths) - lengths
+        starts = np.array([start for start, _ in spans], dtype=np.int64)
         rows = np.arange(costs.shape[0], dtype=np.int64) + np.repeat(starts - begins, lengths)
-        band_cameras = np.repeat(cameras, lengths)
-        if num_bands > 1 and np.unique(rows).shape[0] != rows.shape[0]:
+        band_cameras = np.repeat(np.array(cameras, dtype=np.int64), lengths)
+        ordered = sorted(spans)
+        if any(later[0] < earlier[1] for earlier, later in itertools.pairwise(ordered)):
             # Overlapping bands: a row's second measurement must blend into its first.
             for begin, end in zip(begins.tolist(), (begins + lengths).tolist(), strict=True):
                 self._fold(rows[begin:end], band_cameras[begin:end], costs[begin:end])
