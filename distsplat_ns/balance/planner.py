@@ -146,7 +146,8 @@ class BandPlanner:
             return []
         hist = self.history(downscale)
         done = self._with_prior[downscale]
-        return sorted({c for c in batch if not hist.has_measurement(c) and c not in done})
+        measured = hist.measured_mask(batch).tolist()
+        return sorted({c for c, m in zip(batch, measured, strict=True) if not m and c not in done})
 
     def set_prior(self, downscale: int, camera_index: int, row_costs: torch.Tensor) -> None:
         self.history(downscale).set_prior(camera_index, row_costs)
@@ -159,7 +160,7 @@ class BandPlanner:
         heights = self.heights_at(downscale, batch)
         row_counts = [num_tile_rows(h, TILE_SIZE) for h in heights]
         hist = self.history(downscale)
-        costs = [hist.get(c).numpy() * self.level_factor(downscale, c) for c in batch]
+        costs = [row_costs * self.level_factor(downscale, c) for row_costs, c in zip(hist.get_arrays(batch), batch, strict=True)]
         if self.mode == "balanced":
             bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
         elif self.mode == "whole-images":
@@ -201,14 +202,17 @@ class BandPlanner:
         measured = []
         rows_measured = 0
         cameras_measured = []
+        bands = []
         for rank_meas in measurements:
             total = 0.0
             for position, first_tile_row, row_costs in rank_meas:
-                hist.update(batch[position], first_tile_row, torch.tensor(row_costs, dtype=torch.float64))
+                bands.append((batch[position], first_tile_row, row_costs))
                 total += float(sum(row_costs))
                 rows_measured += len(row_costs)
                 cameras_measured.append(batch[position])
             measured.append(total)
+        # One vectorised fold of every rank's bands, in rank order: no torch operator per band.
+        hist.update_bands(bands)
         if rows_measured:
             step_level = sum(measured) / rows_measured
             old = self._level.get(downscale)

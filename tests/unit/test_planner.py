@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
+import torch
 
+from distsplat_ns.balance.cost import CostHistory
 from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner
+from tests.helpers.torch_ops import count_torch_ops
 
 
 def _measure(plan, costs_by_camera, batch):
@@ -40,6 +44,56 @@ def test_measured_costs_balance_the_next_plan() -> None:
     planner.observe(plan, batch, 1, _measure(plan, costs, batch))
     plan = planner.plan(batch, 2, 1)
     assert max(plan.predicted_costs) / (sum(plan.predicted_costs) / 2) <= 1.1
+
+
+def _four_rank_step(planner: BandPlanner, batch: list[int], costs: dict[int, list[float]]):
+    """Plan a W = 4 step (priors for new cameras first, as the pipeline does) and its measurements."""
+    for camera in planner.cameras_needing_prior(1, batch):
+        planner.set_prior(1, camera, _prior(camera, planner.history(1).row_counts[camera]))
+    plan = planner.plan(batch, 4, 1)
+    return plan, _measure(plan, costs, batch)
+
+
+def _prior(camera: int, rows: int) -> list[float]:
+    return [float(1 + (camera + row) % 3) for row in range(rows)]
+
+
+def _step_costs(seed: int, num_cameras: int, rows: int) -> dict[int, list[float]]:
+    rng = random.Random(seed)
+    return {c: [rng.uniform(0.0, 50.0) for _ in range(rows)] for c in range(num_cameras)}
+
+
+def test_observe_folds_every_ranks_bands_as_per_band_updates_in_rank_order() -> None:
+    planner = BandPlanner("balanced", [96] * 6, decay=0.3)
+    reference = CostHistory([6] * 6, decay=0.3)
+    for step, batch in enumerate(([0, 1, 2, 3], [4, 1, 5, 0], [2, 3, 4, 5])):
+        costs = _step_costs(step, 6, 6)
+        plan, measurements = _four_rank_step(planner, batch, costs)
+        for camera in {0: range(4), 1: (4, 5)}.get(step, ()):
+            reference.set_prior(camera, _prior(camera, 6))
+        planner.observe(plan, batch, 1, measurements)
+        for rank_bands in measurements:
+            for position, first_row, row_costs in rank_bands:
+                reference.update(batch[position], first_row, row_costs)
+    got, expected = planner.history(1).state_dict(), reference.state_dict()
+    for key in ("values", "measured", "prior", "has_prior"):
+        assert torch.equal(got[key], expected[key]), key
+
+
+def test_a_four_rank_step_dispatches_no_torch_operator() -> None:
+    # The history's per-step work is numpy: torch operators here were host time on every step and
+    # grew the step's operator count with the number of ranks (docs/host_cost.md).
+    planner = BandPlanner("balanced", [80] * 6 + [160], decay=0.3)
+    batch = [0, 6, 3, 5]  # 5 + 10 + 5 + 5 tile rows: W = 4 cuts an image, 5 or more bands
+    plan, measurements = _four_rank_step(planner, batch, _step_costs(0, 7, 10))
+    assert sum(len(bands) for bands in plan.bands) >= 5
+    with count_torch_ops() as observe_ops:
+        planner.observe(plan, batch, 1, measurements)
+    with count_torch_ops() as plan_ops:
+        need_prior = planner.cameras_needing_prior(1, batch)
+        planner.plan(batch, 4, 1)
+    assert need_prior == []
+    assert (dict(observe_ops), dict(plan_ops)) == ({}, {})
 
 
 def test_costs_of_cameras_measured_earlier_follow_the_scene_cost_level() -> None:
