@@ -215,22 +215,14 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.isfinite(grads_inf_norm(grads))
 
 
-def nonfinite_verdict(ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], agree: bool = False) -> torch.Tensor:
-    """Whether a gradient holds NaN or Inf, as a device-side flag: 1 or 0, `[1]` int32.
+def nonfinite_verdict(named_params: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """Whether one of this rank's gradients holds NaN or Inf, as a device-side flag: 1 or 0,
+    `[1]` int32. Local: the flags of all ranks travel in the step's cost gather
+    (``parallel/plan_gathers.py``), where any rank's stops every rank.
 
-    Called after :func:`sum_gradients_`: a non-finite value on any rank has then reached every
-    rank's summed gradient, so every rank computes the same flag without another collective. Where
-    each rank holds different gradients (sharded mode: each its own Gaussians'), ``agree=True``
-    max-reduces the flag so every rank holds the same one.
-
-    **Collective:** with ``agree`` (and more than one rank), one max-reduce of one int.
-    **Host sync:** none on CPU or with NCCL; gloo with CUDA tensors stages the flag through the host.
+    **Host sync:** none.
     """
-    bad = (~gradients_finite(p for _, p in named_params)).to(torch.int32).reshape(1)
-    if agree and ctx.is_distributed:
-        device = bad.device
-        bad = all_reduce_max_(ctx, bad.to(_collective_device(ctx))).to(device)
-    return bad
+    return (~gradients_finite(p for _, p in named_params)).to(torch.int32).reshape(1)
 
 
 def raise_if_nonfinite(bad: bool, named_params: Sequence[tuple[str, torch.Tensor]], step: int) -> None:
@@ -245,30 +237,6 @@ def raise_if_nonfinite(bad: bool, named_params: Sequence[tuple[str, torch.Tensor
         f"non-finite gradient at step {step} ({where}); stopping before the optimizer step "
         "so the last checkpoint stays good"
     )
-
-
-def check_finite_gradients(
-    ctx: DistContext, named_params: Sequence[tuple[str, torch.Tensor]], step: int, agree: bool = False
-) -> None:
-    """Stop the run when the summed gradient holds NaN or Inf: :func:`nonfinite_verdict` read on
-    the host, then :func:`raise_if_nonfinite`. (The training step reads the flag in the host copy
-    it makes anyway: ``pipeline.py``.)
-
-    Args:
-        ctx: The process context.
-        named_params: ``(name, parameter)`` pairs, e.g. ``("means", ...)``; the names go into the
-            error message.
-        step: The step, for the message.
-        agree: Max-reduce the verdict (ranks holding different gradients).
-
-    Raises:
-        NonFiniteGradientError: on every rank, naming the step and the parameters holding NaN/Inf.
-
-    **Collective:** with ``agree`` (and more than one rank), one max-reduce of an int.
-    **Host sync:** the verdict.
-    """
-    bad = bool(nonfinite_verdict(ctx, named_params, agree).item())  # host sync: the verdict decides the update
-    raise_if_nonfinite(bad, named_params, step)
 
 
 def tensor_digest(tensors: Iterable[torch.Tensor]) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.distributed.collectives import NonFiniteGradientError, check_finite_gradients, gradients_finite
-from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.collectives import NonFiniteGradientError, gradients_finite, nonfinite_verdict, raise_if_nonfinite
 
 
 def _params(*grads):
@@ -38,7 +37,22 @@ def test_empty_gradients_are_skipped() -> None:
     assert not bool(gradients_finite(_params(torch.zeros(0, 6), torch.tensor([float("nan")]))))
 
 
-def test_check_names_the_step_and_parameter() -> None:
-    named = list(zip(["means", "scales"], _params(torch.ones(2), torch.tensor([float("nan")])), strict=False))
+def test_verdict_and_error_name_the_step_and_parameter() -> None:
+    named = list(zip(["means", "scales"], _params(torch.ones(2), torch.tensor([float("nan")])), strict=True))
+    verdict = nonfinite_verdict(named)
+    assert verdict.tolist() == [1] and verdict.dtype == torch.int32
     with pytest.raises(NonFiniteGradientError, match=r"step 7 \(parameters scales\)"):
-        check_finite_gradients(DistContext(device=torch.device("cpu")), named, 7)
+        raise_if_nonfinite(bool(verdict.item()), named, 7)
+
+
+def test_finite_verdict_is_zero_and_raises_nothing() -> None:
+    named = list(zip(["means"], _params(torch.ones(2)), strict=True))
+    assert nonfinite_verdict(named).tolist() == [0]
+    raise_if_nonfinite(False, named, 3)
+
+
+def test_a_verdict_from_another_rank_says_so() -> None:
+    # The cost gather carried another rank's flag; this rank's gradients are finite.
+    named = list(zip(["means"], _params(torch.ones(2)), strict=True))
+    with pytest.raises(NonFiniteGradientError, match=r"step 4 \(on another rank\)"):
+        raise_if_nonfinite(True, named, 4)
