@@ -73,8 +73,8 @@ class Route:
 
     Attributes:
         ctx: The process context.
-        call_of_row: Which projection call each sent row came from. `[S]`, int64.
-        camera_of_row: Camera index within that call. `[S]`, int64.
+        camera_of_row: Each sent row's camera among the projection calls' cameras, laid end to
+            end (call 0's, then call 1's, ...). `[S]`, int64.
         gaussian_of_row: Index into this rank's shard. `[S]`, int64.
         send_counts: Rows sent to each rank. Length W.
         recv_counts: Rows received from each rank. Length W.
@@ -87,7 +87,6 @@ class Route:
     """
 
     ctx: DistContext
-    call_of_row: Tensor
     camera_of_row: Tensor
     gaussian_of_row: Tensor
     send_counts: list[int]
@@ -99,7 +98,7 @@ class Route:
 
     @property
     def num_rows(self) -> int:
-        return int(self.call_of_row.shape[0])
+        return int(self.camera_of_row.shape[0])
 
     def payload_bytes(self, item_bytes: int) -> int:
         """Payload bytes that leave this rank in both directions: terms and int64 ids out,
@@ -150,15 +149,24 @@ class _ScreenTermExchange(torch.autograd.Function):
 
 
 def _deposit_absgrad(route: Route, absgrad_rows: Tensor) -> None:
-    """Add the returned absgrads `[S, 2]` to the shard's projected means (``means2d.absgrad``)."""
-    for c, (_, proj) in enumerate(route.calls):
+    """Add the returned absgrads `[S, 2]` to the shard's projected means (``means2d.absgrad``).
+    Several calls (cameras of several sizes): summed over all calls' cameras at once, then each
+    call takes its cameras' part -- no per-call selection of rows."""
+    index = (route.camera_of_row, route.gaussian_of_row)
+    if len(route.calls) == 1:
+        means2d = route.calls[0][1].means2d
+        if getattr(means2d, "absgrad", None) is None:
+            means2d.absgrad = torch.zeros_like(means2d, requires_grad=False)  # type: ignore[attr-defined]
+        means2d.absgrad.index_put_(index, absgrad_rows.to(means2d.dtype), accumulate=True)  # type: ignore[attr-defined]
+        return
+    first = route.calls[0][1].means2d
+    summed = first.new_zeros((sum(len(positions) for positions, _ in route.calls), *first.shape[1:]))
+    summed.index_put_(index, absgrad_rows.to(first.dtype), accumulate=True)
+    for (_, proj), part in zip(route.calls, summed.split([len(p) for p, _ in route.calls]), strict=True):
         if getattr(proj.means2d, "absgrad", None) is None:
-            proj.means2d.absgrad = torch.zeros_like(proj.means2d, requires_grad=False)  # type: ignore[attr-defined]
-        cameras, gaussians, rows = route.camera_of_row, route.gaussian_of_row, absgrad_rows
-        if len(route.calls) > 1:  # rows of several calls: this call's (a boolean mask: host syncs)
-            mine = route.call_of_row == c
-            cameras, gaussians, rows = cameras[mine], gaussians[mine], rows[mine]
-        proj.means2d.absgrad.index_put_((cameras, gaussians), rows.to(proj.means2d.dtype), accumulate=True)  # type: ignore[attr-defined]
+            proj.means2d.absgrad = part  # type: ignore[attr-defined]
+        else:
+            proj.means2d.absgrad += part  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -307,17 +315,15 @@ def exchange_screen_terms(
     else:
         pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
         sizes = []
-    # Per pair: its call, its camera in the call, its camera among all calls'.
-    pair_table = host_tensor([[where[p][0], where[p][1], first_camera[where[p][0]] + where[p][1]] for _, p in pairs],
-                             torch.int64, device).reshape(-1, 3)
-    call_of_row, camera_of_row, batch_camera = pair_table[pair_of_row].unbind(1)
+    camera_of_pair = host_tensor([first_camera[where[p][0]] + where[p][1] for _, p in pairs], torch.int64, device)
+    camera_of_row = camera_of_pair[pair_of_row]  # among all calls' cameras
     # Each field indexed once for every pair. The index keeps the sent rows in the projection's
     # graph even when empty (the exchange's backward is a collective: it runs on every rank).
     means2d, conics, colors, opacities, depths, radii = (
         _all_cameras([getattr(proj, name) for _, proj in calls])
         for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
     )
-    rows = (batch_camera, gaussian_of_row)
+    rows = (camera_of_row, gaussian_of_row)
     sent = torch.cat([means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1)], dim=-1)
     fixed = torch.stack([depths[rows].detach(), radii[rows].to(depths.dtype)], dim=-1)
     counts_host = [[0] * batch_size for _ in range(world)]
@@ -334,7 +340,6 @@ def exchange_screen_terms(
     recv_ids, _ = all_to_all_rows(ctx, ids[gaussian_of_row], send_counts, recv_counts)
     route = Route(
         ctx=ctx,
-        call_of_row=call_of_row,
         camera_of_row=camera_of_row,
         gaussian_of_row=gaussian_of_row,
         send_counts=send_counts,
