@@ -244,6 +244,26 @@ def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
     return band.first_row_px // TILE_SIZE, -(-end_px // TILE_SIZE)
 
 
+#: Cameras x Gaussians per batch of footprints: bounds ``footprint_tile_rows``' float64
+#: temporaries (about 80 bytes per element) to about 320 MiB, the per-camera figure at 4M Gaussians.
+FOOTPRINT_BATCH_ELEMENTS = 1 << 22
+
+
+def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
+    """A call's tile rows ``[first, end)`` for all its cameras, `[C, N]`, as int16 (int32 above
+    32767 tile rows): the per-band gathers of ``_pair_masks`` then cost 2 bytes per element.
+    Computed in batches of ``FOOTPRINT_BATCH_ELEMENTS``: all cameras at once for a small shard,
+    fewer per batch for a large one, so the temporaries never exceed one batch."""
+    num_cameras, num = proj.means2d.shape[0], proj.means2d.shape[1]
+    step = max(1, FOOTPRINT_BATCH_ELEMENTS // max(1, num))
+    parts = [footprint_tile_rows(proj.means2d[i : i + step], proj.radii[i : i + step], proj.width, proj.height)
+             for i in range(0, num_cameras, step)]
+    dtype = torch.int16 if -(-proj.height // TILE_SIZE) < 2**15 else torch.int32  # values in [0, tile rows]
+    first = _all_cameras([f for f, _ in parts]).to(dtype)
+    end = _all_cameras([e for _, e in parts]).to(dtype)
+    return first, end
+
+
 def _pair_masks(
     calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], first_camera: list[int],
     bands_of_rank: Sequence[Sequence[Band]],
@@ -257,7 +277,7 @@ def _pair_masks(
         return [], None
     pairs = sorted({(dest, position) for dest, position, _ in keyed})
     pair_index = {pair: i for i, pair in enumerate(pairs)}
-    footprints = [footprint_tile_rows(proj.means2d, proj.radii, proj.width, proj.height) for _, proj in calls]
+    footprints = [_call_footprints(proj) for _, proj in calls]
     first = _all_cameras([f for f, _ in footprints])  # [cameras of all calls, N]
     end = _all_cameras([e for _, e in footprints])
     table = []  # per band: its pair, its camera among all calls', its tile rows [lo, hi)

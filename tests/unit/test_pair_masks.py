@@ -11,6 +11,7 @@ import torch
 
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
+from distsplat_ns.parallel import exchange
 from distsplat_ns.parallel.exchange import _pair_masks, render_tile_rows
 
 N = 200
@@ -86,3 +87,13 @@ def test_calls_of_two_sizes() -> None:
 def test_no_bands_no_pairs() -> None:
     calls = [([0], _projection(1, 96, 80, 6))]
     assert _pair_masks(calls, {0: (0, 0)}, [0, 1], [[], []]) == ([], None)
+
+
+@pytest.mark.parametrize("cameras_per_batch", [1, 2])
+def test_footprints_in_batches_of_cameras_give_the_same_masks(monkeypatch: pytest.MonkeyPatch, cameras_per_batch: int) -> None:
+    # A large shard computes its footprints a few cameras at a time (the temporaries' bound);
+    # 3 cameras in batches of 1 or of 2 (an uneven last batch) must route as all at once.
+    monkeypatch.setattr(exchange, "FOOTPRINT_BATCH_ELEMENTS", cameras_per_batch * N)
+    calls = [([0, 1, 2], _projection(3, 96, 80, 8))]
+    bands = [[Band(0, 0, 5), Band(1, 0, 2)], [Band(1, 2, 5), Band(2, 0, 5)]]
+    _check(calls, bands)
