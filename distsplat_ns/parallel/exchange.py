@@ -265,7 +265,7 @@ def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
 
 
 def _pair_masks(
-    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], first_camera: list[int],
+    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], camera_of: dict[int, int],
     bands_of_rank: Sequence[Sequence[Band]],
 ) -> tuple[list[tuple[int, int]], Tensor | None]:
     """Which of the shard's Gaussians each (destination, position) pair needs: the union over
@@ -282,15 +282,14 @@ def _pair_masks(
     end = _all_cameras([e for _, e in footprints])
     table = []  # per band: its pair, its camera among all calls', its tile rows [lo, hi)
     for dest, position, band in keyed:
-        c, k = where[position]
-        table.append([pair_index[(dest, position)], first_camera[c] + k, *render_tile_rows(band, calls[c][1].height)])
-    pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unsqueeze(-1).unbind(1)
-    touches = touches_rows(first[camera.squeeze(-1)], end[camera.squeeze(-1)], lo, hi)  # [bands, N]
+        table.append([pair_index[(dest, position)], camera_of[position], *render_tile_rows(band, calls[where[position][0]][1].height)])
+    pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unbind(1)
+    touches = touches_rows(first[camera], end[camera], lo[:, None], hi[:, None])  # [bands, N]
     if len(pairs) == len(keyed):
         return pairs, touches
     # Several bands of one pair: a Gaussian is needed if any of them touches it.
     hits = torch.zeros(len(pairs), touches.shape[1], dtype=torch.int32, device=touches.device)
-    return pairs, hits.index_add_(0, pair_of_band.squeeze(-1), touches.to(torch.int32)) > 0
+    return pairs, hits.index_add_(0, pair_of_band, touches.to(torch.int32)) > 0
 
 
 def exchange_screen_terms(
@@ -324,10 +323,9 @@ def exchange_screen_terms(
     world = ctx.world_size
     device = ids.device
     where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
-    first_camera = [0]  # each call's first camera among all calls' (the fields' first axis)
-    for positions, _ in calls:
-        first_camera.append(first_camera[-1] + len(positions))
-    pairs, stacked = _pair_masks(calls, where, first_camera, bands_of_rank)
+    # Each position's camera among all calls' cameras laid end to end (the fields' first axis).
+    camera_of = {position: camera for camera, position in enumerate(p for positions, _ in calls for p in positions)}
+    pairs, stacked = _pair_masks(calls, where, camera_of, bands_of_rank)
     if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
         pair_of_row, gaussian_of_row = torch.nonzero(stacked).unbind(1)  # host sync: the selection's size
@@ -335,7 +333,7 @@ def exchange_screen_terms(
     else:
         pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
         sizes = []
-    camera_of_pair = host_tensor([first_camera[where[p][0]] + where[p][1] for _, p in pairs], torch.int64, device)
+    camera_of_pair = host_tensor([camera_of[p] for _, p in pairs], torch.int64, device)
     camera_of_row = camera_of_pair[pair_of_row]  # among all calls' cameras
     # Each field indexed once for every pair. The index keeps the sent rows in the projection's
     # graph even when empty (the exchange's backward is a collective: it runs on every rank).

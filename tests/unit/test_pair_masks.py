@@ -51,10 +51,8 @@ def _expected(calls, bands_of_rank):
 
 def _check(calls, bands_of_rank) -> None:
     where = {p: (c, k) for c, (positions, _) in enumerate(calls) for k, p in enumerate(positions)}
-    first_camera = [0]
-    for positions, _ in calls:
-        first_camera.append(first_camera[-1] + len(positions))
-    pairs, stacked = _pair_masks(calls, where, first_camera, bands_of_rank)
+    camera_of = {p: i for i, p in enumerate(p for positions, _ in calls for p in positions)}
+    pairs, stacked = _pair_masks(calls, where, camera_of, bands_of_rank)
     want_pairs, want = _expected(calls, bands_of_rank)
     assert pairs == want_pairs
     assert stacked.shape == (len(pairs), N)
@@ -86,7 +84,7 @@ def test_calls_of_two_sizes() -> None:
 
 def test_no_bands_no_pairs() -> None:
     calls = [([0], _projection(1, 96, 80, 6))]
-    assert _pair_masks(calls, {0: (0, 0)}, [0, 1], [[], []]) == ([], None)
+    assert _pair_masks(calls, {0: (0, 0)}, {0: 0}, [[], []]) == ([], None)
 
 
 @pytest.mark.parametrize("cameras_per_batch", [1, 2])
