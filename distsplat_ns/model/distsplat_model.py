@@ -234,10 +234,15 @@ class DistSplatModel(SplatfactoModel):
     def gauss_ids(self) -> torch.Tensor:
         """Global identity of each Gaussian held here, in parameter order. `[N]`, int64, on the
         model's device (new Gaussians get ids from ``next_gauss_id`` on; docs/sharded.md)."""
-        ids = self.strategy_state["gauss_ids"]
-        if ids.device != self.device:
-            ids = self.strategy_state["gauss_ids"] = ids.to(self.device)
-        return ids
+        return self.rows.ids
+
+    def _apply(self, fn: Callable, *args: Any, **kwargs: Any) -> DistSplatModel:
+        # nn.Module's to/cuda/cpu go through here. The row state (ids, statistics) is a plain dict,
+        # not buffers, so it follows the parameters here: every reader finds it on their device.
+        super()._apply(fn, *args, **kwargs)
+        if "rows" in self.__dict__:
+            self.rows.follow_parameters_()
+        return self
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -248,7 +253,6 @@ class DistSplatModel(SplatfactoModel):
     def get_extra_state(self) -> dict[str, Any]:
         """Densification statistics and ids (``GaussianRows.saved_state``), so a resumed run refines
         exactly as an uninterrupted one."""
-        self.gauss_ids  # noqa: B018 -- the ids on the model's device first, as every reader finds them
         return {"strategy_state": self.rows.saved_state(), "step": int(self.step), "next_gauss_id": int(self.next_gauss_id)}
 
     def set_extra_state(self, state: Any) -> None:

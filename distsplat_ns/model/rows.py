@@ -279,6 +279,8 @@ class GaussianRows:
         (a declared ``row_shape`` of ``()`` on a parameter means "any")."""
         num = len(self)
         for key, value in self.tensors().items():
+            if value is not None and value.device != self.device:
+                raise ValueError(f"{key}: on {value.device}, the parameters on {self.device}")
             if value is None or key.startswith(OPT_PREFIX):
                 continue
             f = self.schema.field(key.split(".", 1)[1])
@@ -307,6 +309,15 @@ class GaussianRows:
                 self.state[f.name] = saved[f.name].to(device)
         if IDS not in saved:
             self.state[IDS] = torch.arange(len(self), dtype=torch.int64, device=device)
+
+    def follow_parameters_(self) -> None:
+        """Move the statistics and ids to the parameters' device. The state is a plain dict, which
+        ``nn.Module.to`` does not reach: the model calls this whenever it moves."""
+        device = self.device
+        for f in self.schema.state_fields:
+            value = self.state.get(f.name)
+            if isinstance(value, torch.Tensor) and value.device != device:
+                self.state[f.name] = value.to(device)
 
     # ------------------------------------------------------------------ the one primitive
     def _rebuild_(self, param_fn: RowFn, moment_fn: MomentFn, state_fn: RowFn) -> None:

@@ -37,6 +37,27 @@ def test_a_row_of_the_wrong_shape_is_refused_by_check() -> None:
         model.rows.check(model.compute_dtype)
 
 
+def test_the_ids_and_statistics_follow_the_model_to_another_device() -> None:
+    # The first CUDA run (benchmarks/results/gpu_check_2026-12-04) crashed at the first refinement:
+    # the ids, made on the CPU in populate_modules, stayed there after model.to("cuda"). "meta"
+    # stands in for the second device a CPU machine lacks.
+    model = make_model(batch_size=1, num_points=N)
+    model.strategy_state["grad2d"] = torch.zeros(N)  # a statistic as the strategy accumulates it
+    model.rows.check(model.compute_dtype)
+    model.to("meta")
+    assert model.gauss_params["means"].device.type == "meta"
+    placed = {key: value.device.type for key, value in model.rows.tensors().items() if value is not None}
+    assert placed == dict.fromkeys(placed, "meta") and f"state.{IDS}" in placed and "state.grad2d" in placed
+    model.rows.check(model.compute_dtype)
+
+
+def test_a_row_on_another_device_than_the_parameters_is_refused_by_check() -> None:
+    model = make_model(batch_size=1, num_points=N)
+    model.strategy_state[IDS] = model.strategy_state[IDS].to("meta")
+    with pytest.raises(ValueError, match=f"state.{IDS}: on meta"):
+        model.rows.check(model.compute_dtype)
+
+
 def _rows_with_an_extra_parameter() -> GaussianRows:
     """Rows with a declared seventh parameter ("appearance", `[N, 4]`) and Adam moments on all."""
     gen = torch.Generator().manual_seed(0)
