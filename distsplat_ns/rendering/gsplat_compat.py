@@ -1,10 +1,13 @@
 """gsplat 1.4.0's ``rasterization`` signature over ``project`` + ``rasterize_rows``, packed or not.
 
-``packed=True`` (gsplat's default) gives the same images and input gradients as ``packed=False``;
-only ``meta``'s per-pair entries change layout: `[nnz, ...]` over the visible (camera, Gaussian)
-pairs, named by ``camera_ids`` / ``gaussian_ids``. On CUDA this is gsplat's packed pipeline
-(``gsplat_backend.rasterize_packed``); on the reference backend ``packed.py`` re-lays the
-reference projection.
+``packed=True`` (gsplat's default) changes ``meta``'s per-pair entries to `[nnz, ...]` over the
+visible (camera, Gaussian) pairs, named by ``camera_ids`` / ``gaussian_ids``. On the reference
+backend ``packed.py`` re-lays the reference projection: images and input gradients are bitwise
+those of ``packed=False``. On CUDA this is gsplat's packed pipeline
+(``gsplat_backend.rasterize_packed``), whose projection floors ``b^2 - det`` at 0.1 px^4 where the
+unpacked one floors it at 0.01 (gsplat 1.4.0): a radius can be a pixel larger, so there it keeps a
+superset of the unpacked pairs and its images differ within the reference tolerance
+(tests/gpu/test_gsplat_packed.py).
 
 Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``H``, ``W`` pixels, ``nnz`` visible
 (camera, Gaussian) pairs.
@@ -62,10 +65,10 @@ def rasterization(
 
     Same positional signature and defaults as gsplat. Arguments are those of ``project`` and
     ``rasterize_rows``; the gsplat-only ones must keep their neutral values. ``packed`` changes
-    only the layout of ``meta`` (as in gsplat, a memory/speed trade-off): the images and the
-    gradients of the inputs are the same. On CUDA it runs gsplat's packed kernels; on the
-    reference backend the packed tensors are gathered from, and scattered back to, the
-    ``[C, N]`` layout (``distsplat_ns/rendering/packed.py``), which saves no memory.
+    the layout of ``meta`` (as in gsplat, a memory/speed trade-off; the module docstring says how
+    gsplat's packed radii differ). On CUDA it runs gsplat's packed kernels; on the reference
+    backend the packed tensors are gathered from, and scattered back to, the ``[C, N]`` layout
+    (``distsplat_ns/rendering/packed.py``), which saves no memory.
 
     Returns:
         ``(render_colors [C, H, W, D], render_alphas [C, H, W, 1], meta)``; ``meta`` holds

@@ -4,10 +4,14 @@ Tolerances:
 
 - against the reference: those of ``test_gsplat_parity.py`` (1e-4 absolute on pixels, 1e-3 of each
   gradient's scale), for the same reasons (fast-math, other float32 association orders, atomics);
-- packed against unpacked gsplat: pixels and gradients within 1e-5 of each tensor's scale. Both
-  run the same float32 device math per pair; only the order of the atomic additions into the
-  per-pair and per-Gaussian gradients differs (the 1e-5 budget test_gsplat_parity.py gives reordered sums). The
-  visible pairs (``camera_ids``, ``gaussian_ids``) come from the same projection code: exact.
+- packed against unpacked gsplat: not the same pairs. gsplat 1.4.0's packed projection
+  (``fully_fused_projection_packed_fwd.cu``) floors ``b^2 - det`` under the radius' square root at
+  0.1 px^4, the unpacked one (``fully_fused_projection_fwd.cu``) and the reference at 0.01, so a
+  near-isotropic Gaussian's packed radius can be a pixel larger: the packed pairs are a superset,
+  with radii >= (the first CUDA run, benchmarks/results/gpu_check_2026-12-04, found the pair sets
+  unequal). The extra reach adds pixels beyond 3 sigma, as the reference's 0.01 floor does against
+  gsplat's packed path, so pixels and gradients get the tolerances against the reference; radii get
+  test_gsplat_parity.py's budget of rounding flips (3 pairs by 1 px).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ pytestmark = [
 
 _COLOR_ATOL = 1e-4  # as test_gsplat_parity.py
 _GRAD_REL = 1e-3  # as test_gsplat_parity.py
-_REORDER_REL = 1e-5  # packed vs unpacked gsplat: reordered float32 atomics only
+_RADIUS_FLIPS = 3  # as test_gsplat_parity.py: ceil(3 sqrt(lambda)) within ~1e-6 of an integer
 
 _PARAMS = ("means", "quats", "scales", "opacities", "colors")
 
@@ -97,17 +101,23 @@ def test_gsplat_packed_matches_gsplat_unpacked():
     c_p, a_p, g_p, meta_p = _render(scene, "gsplat", packed=True)
     c_u, a_u, g_u, meta_u = _render(scene, "gsplat", packed=False)
     cam, gid = meta_p["camera_ids"], meta_p["gaussian_ids"]
-    visible = meta_u["radii"] > 0
-    assert torch.equal(cam * scene.num_gaussians + gid, torch.nonzero(visible.reshape(-1)).squeeze(1))
-    assert torch.equal(meta_p["radii"], meta_u["radii"][cam, gid])
-    assert torch.equal(meta_p["tile_counts"], meta_u["tile_counts"])
-    assert_grads_close(c_p, c_u, _REORDER_REL, "colors")
-    assert_grads_close(a_p, a_u, _REORDER_REL, "alphas")
+    packed_keys = cam * scene.num_gaussians + gid
+    assert torch.equal(packed_keys, torch.sort(packed_keys).values), "camera-major, Gaussian-ascending"
+    unpacked_keys = torch.nonzero(meta_u["radii"].reshape(-1) > 0).squeeze(1)
+    assert int((~torch.isin(unpacked_keys, packed_keys)).sum()) <= _RADIUS_FLIPS  # superset, up to flips
+    common = meta_u["radii"][cam, gid] > 0
+    grown = meta_p["radii"][common] - meta_u["radii"][cam, gid][common]
+    assert int(grown.min()) >= -1 and int((grown < 0).sum()) <= _RADIUS_FLIPS
+    assert int(meta_p["tile_counts"].sum()) >= int(meta_u["tile_counts"].sum()) - _RADIUS_FLIPS
+    torch.testing.assert_close(c_p, c_u, atol=_COLOR_ATOL, rtol=0)
+    torch.testing.assert_close(a_p, a_u, atol=_COLOR_ATOL, rtol=0)
     for name in g_u:
-        assert_grads_close(g_p[name], g_u[name], _REORDER_REL, name)
-    assert_grads_close(meta_p["means2d"].grad, meta_u["means2d"].grad[cam, gid], _REORDER_REL, "means2d.grad")
+        assert_grads_close(g_p[name], g_u[name], _GRAD_REL, name)
+    grad_u = meta_u["means2d"].grad[cam, gid]
+    assert_grads_close(meta_p["means2d"].grad[common], grad_u[common], _GRAD_REL, "means2d.grad")
     assert float(meta_p["means2d"].absgrad.sum()) > 0
-    assert_grads_close(meta_p["means2d"].absgrad, meta_u["means2d"].absgrad[cam, gid], _REORDER_REL, "absgrad")
+    absgrad_u = meta_u["means2d"].absgrad[cam, gid]
+    assert_grads_close(meta_p["means2d"].absgrad[common], absgrad_u[common], _GRAD_REL, "absgrad")
 
 
 def test_gsplat_packed_equals_gsplat_rasterization():
