@@ -38,6 +38,39 @@ def test_training_step_on_gsplat_matches_reference() -> None:
         assert (gsplat[name] - ref).abs().max() / scale <= 1e-3, name
 
 
+def _refined(device: str) -> dict[str, torch.Tensor]:
+    """One refine event (duplicate, split, prune) of a model built on the CPU and moved to
+    ``device``, as the trainer does; its rows back on the CPU."""
+    from distsplat_ns.model.strategy import batch_info, gather_local
+    from tests.helpers.model_factory import WIDTH
+
+    model = make_model(batch_size=1, num_points=200).to(device)
+    with torch.no_grad():
+        model.gauss_params["scales"][:60] = -6.0  # small: duplicated; the rest split where the gradient is large
+        model.gauss_params["opacities"][:20] = -5.0  # sigmoid(-5) < cull_alpha_thresh: pruned
+    optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in model.gauss_params.items()}
+    gen = torch.Generator().manual_seed(3)
+    n = model.num_points
+    grads = (2e-4 * torch.randn(1, n, 2, generator=gen)).to(device)
+    radii = torch.randint(0, 4, (1, n), generator=gen, dtype=torch.int32).to(device)
+    step = model.schedule.refine_start_iter + model.schedule.refine_every
+    step += -step % model.schedule.refine_every
+    model.refine(step, optimizers, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_ids=gather_local)
+    return {key: value.cpu() for key, value in model.rows.tensors().items() if value is not None}
+
+
+def test_refinement_of_a_model_moved_to_cuda_equals_the_cpus() -> None:
+    # The first CUDA run (benchmarks/results/gpu_check_2026-12-04) crashed here: ids made on the CPU
+    # stayed there after model.to("cuda"). Same decisions and ids on both; the children's offsets are
+    # float32 element-wise on other hardware (FMA contraction): 1e-5 relative.
+    cuda, cpu = _refined("cuda"), _refined("cpu")
+    assert cuda.keys() == cpu.keys()
+    assert torch.equal(cuda["state.gauss_ids"], cpu["state.gauss_ids"])
+    assert cpu["state.gauss_ids"].numel() != 200, "the event must change the rows"
+    for key, want in cpu.items():
+        torch.testing.assert_close(cuda[key], want, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
+
+
 def test_nccl_sums_gradients_on_one_gpu() -> None:
     (grads,) = run_ranks(rank_fns.cuda_sum_gradients, 1, device_type="cuda", backend="nccl")
     assert torch.equal(grads[0], torch.full((7,), 1.0))
