@@ -281,8 +281,9 @@ def check_replicas(ctx: DistContext, tensors: Sequence[torch.Tensor], step: int)
 
 
 def _staged(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` on the device the backend communicates from (gloo: host memory)."""
-    return tensor if ctx.backend == "nccl" or tensor.device.type == "cpu" else tensor.cpu()
+    """``tensor`` on the device the backend communicates from: the rank's device for NCCL (rows
+    read from a checkpoint start on the host), host memory for gloo."""
+    return tensor.to(_collective_device(ctx))
 
 
 def all_gather_counts(ctx: DistContext, count: int) -> list[int]:

@@ -207,6 +207,6 @@ def bilateral_grid_rows(bil_grids: BilateralGrid, rgb: torch.Tensor, grid_index:
     xs = torch.linspace(0, 1.0, width, device=rgb.device)
     grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
     xy = torch.stack([grid_x, grid_y], dim=-1).unsqueeze(0).to(rgb.dtype)  # [1, rows, W, 2]
-    idx = torch.tensor([grid_index], device=rgb.device, dtype=torch.long)
+    idx = torch.full((1,), grid_index, device=rgb.device, dtype=torch.long)
     affine = bil_grids(xy, rgb.unsqueeze(0), idx)
     return color_affine_transform(affine, rgb.unsqueeze(0)).reshape(rgb.shape)

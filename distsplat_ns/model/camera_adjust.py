@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from distsplat_ns.utils.host_to_device import to_device
+
 if TYPE_CHECKING:
     from nerfstudio.cameras.camera_optimizers import CameraOptimizer
     from nerfstudio.cameras.cameras import Cameras
@@ -67,19 +69,19 @@ def adjusted_camera_to_worlds(camera_optimizer: CameraOptimizer, cameras: Camera
             they are returned as given (nerfstudio's viewer cameras).
 
     Returns:
-        OpenGL camera-to-world `[C, 3, 4]`, in the adjustments' dtype when adjusted (float64 in the
-        float64 mode), on the cameras' device.
+        OpenGL camera-to-world `[C, 3, 4]`: when adjusted, in the adjustments' dtype (float64 in
+        the float64 mode) and on their device; otherwise as given.
 
     **Differentiable:** with respect to the camera optimizer's ``pose_adjustment``.
-    **Host sync:** none (the ids are moved to the parameters' device without waiting).
+    **Host sync:** none (host-side ids and poses are sent to the parameters' device without waiting).
     """
     c2w = cameras.camera_to_worlds
     ids = train_camera_ids(cameras) if camera_optimizer.config.mode != "off" else None
     if ids is None:
         return c2w
     adjustment = camera_optimizer.pose_adjustment
-    adj = camera_optimizer(ids.to(adjustment.device, non_blocking=True)).to(c2w.device)  # [C, 3, 4]
-    c2w = c2w.to(adj.dtype)
+    adj = camera_optimizer(to_device(ids, adjustment.device))  # [C, 3, 4]
+    c2w = to_device(c2w, adjustment.device).to(adj.dtype)
     return torch.cat([torch.bmm(adj[..., :3, :3], c2w[..., :3, :3]), c2w[..., :3, 3:] + adj[..., :3, 3:]], dim=-1)
 
 

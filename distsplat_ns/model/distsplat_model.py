@@ -61,6 +61,7 @@ from distsplat_ns.model.strategy import (
 from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
 from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat
 from distsplat_ns.utils.dtype import default_dtype
+from distsplat_ns.utils.host_to_device import to_device
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.validation import one_of
 
@@ -326,27 +327,25 @@ class DistSplatModel(SplatfactoModel):
         that image composites the same colour.
         """
         if self.config.background_color != "random":
-            return get_color(self.config.background_color).to(self.device, self.compute_dtype)
+            return to_device(get_color(self.config.background_color).to(self.compute_dtype), self.device)
         gen = torch.Generator(device="cpu")
         gen.manual_seed((self.seed * 1_000_003 + step) * 4099 + position)
-        return torch.rand(3, generator=gen).to(self.device, self.compute_dtype)
+        return to_device(torch.rand(3, generator=gen).to(self.compute_dtype), self.device)
 
     def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs:
         """View matrices `[C, 4, 4]`, intrinsics `[C, 3, 3]` (on the model's device, scaled by
         ``downscale``) and each camera's rendered ``(width, height)``.
 
-        Pass host-side cameras where possible (training does): their sizes are then read without a
-        device sync; the cameras are moved to the model's device here.
+        Pass host-side cameras where possible (training does): their sizes and intrinsics are then
+        made without a device sync, and only the poses and intrinsics are sent, without waiting.
         """
         sizes = rendered_sizes_px(cameras, downscale)  # a host sync only for device-side cameras (eval, viewer)
-        if cameras.device != self.device:
-            cameras = cameras.to(self.device)
+        Ks = cameras.get_intrinsics_matrices().to(self.compute_dtype)  # nerfstudio builds K on the host
+        Ks[:, :2, :] /= downscale
         # Training renders use each camera's adjusted pose, eval and the viewer the given one (splatfacto's rule).
         c2w = adjusted_camera_to_worlds(self.camera_optimizer, cameras) if self.training else cameras.camera_to_worlds
-        viewmats = c2w_to_viewmat(c2w.to(self.device, self.compute_dtype))
-        Ks = cameras.get_intrinsics_matrices().to(self.device, self.compute_dtype).clone()
-        Ks[:, :2, :] /= downscale
-        return RenderInputs(viewmats, Ks, sizes)
+        viewmats = c2w_to_viewmat(to_device(c2w, self.device).to(self.compute_dtype))
+        return RenderInputs(viewmats, to_device(Ks, self.device), sizes)
 
     def project_cameras(self, cameras: Cameras, step: int) -> list[tuple[list[int], Projection]]:
         """This model's Gaussians projected into every camera of ``cameras`` at ``step``'s
@@ -479,7 +478,7 @@ class DistSplatModel(SplatfactoModel):
         if self.crop_box is not None and not self.training:
             crop_ids = self.crop_box.within(raw["means"]).squeeze()
             if crop_ids.sum() == 0:
-                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self._get_background_color())
         params = self._activated(raw)
         if crop_ids is not None:
             params = {k: v[crop_ids] for k, v in params.items()}

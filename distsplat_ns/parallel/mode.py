@@ -27,6 +27,7 @@ from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, S
 from distsplat_ns.model.strategy import IdGather, batch_info
 from distsplat_ns.parallel.exchange import Timer
 from distsplat_ns.parallel.full_state import GatheredState
+from distsplat_ns.utils.host_to_device import host_tensor
 
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
@@ -225,7 +226,7 @@ def batch_statistics(
     absgrads = torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
     radii = torch.zeros(batch_size, n, dtype=torch.int32, device=device)
     for positions, means2d, proj_radii in projections:
-        idx = torch.tensor(positions, device=device)
+        idx = host_tensor(positions, torch.int64, device)
         if means2d.grad is not None:
             grads[idx] += means2d.grad.detach()
         absgrad = getattr(means2d, "absgrad", None)
@@ -266,6 +267,6 @@ def info_for(
     batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
     if len(set(sizes_px)) == 1:
         return batch_info(grads, absgrads, radii, sizes_px[0][0], sizes_px[0][1])
-    widths = torch.tensor([w for w, _ in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
-    heights = torch.tensor([h for _, h in sizes_px], dtype=grads.dtype, device=grads.device)[:, None]
+    widths = host_tensor([w for w, _ in sizes_px], grads.dtype, grads.device)[:, None]
+    heights = host_tensor([h for _, h in sizes_px], grads.dtype, grads.device)[:, None]
     return batch_info(grads, absgrads, radii, widths, heights)

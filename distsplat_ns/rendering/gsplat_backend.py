@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from distsplat_ns.rendering.projection import ProjectedGaussians
+from distsplat_ns.utils.host_to_device import host_tensor
 
 __all__ = ["evaluate_sh", "project_gaussians", "rasterize_band", "rasterize_packed"]
 
@@ -123,7 +124,7 @@ def rasterize_band(
     from gsplat import isect_tiles, rasterize_to_pixels
 
     num_cameras = means2d.shape[0]
-    shift_px = torch.tensor(tile_row_starts, device=means2d.device, dtype=means2d.dtype) * tile_size
+    shift_px = host_tensor(tile_row_starts, means2d.dtype, means2d.device) * tile_size
     shift = torch.stack([torch.zeros_like(shift_px), shift_px], dim=-1)[:, None, :]  # [C, 1, 2]
     # Always a new tensor (even for a zero shift): gsplat writes `.absgrad` onto it.
     band_means2d = means2d - shift

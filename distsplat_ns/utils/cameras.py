@@ -23,8 +23,7 @@ def c2w_to_viewmat(c2w: torch.Tensor) -> torch.Tensor:
     """
     if c2w.dim() != 3 or c2w.shape[-2] not in (3, 4) or c2w.shape[-1] != 4:
         raise ValueError(f"c2w must be [C, 3, 4] or [C, 4, 4], got {tuple(c2w.shape)}")
-    flip = torch.tensor([1.0, -1.0, -1.0], dtype=c2w.dtype, device=c2w.device)
-    rot = c2w[:, :3, :3] * flip  # OpenGL -> OpenCV camera axes
+    rot = torch.cat([c2w[:, :3, :1], -c2w[:, :3, 1:3]], dim=-1)  # OpenGL -> OpenCV camera axes (y, z flipped)
     trans = c2w[:, :3, 3:4]
     rot_inv = rot.transpose(1, 2)
     viewmat = torch.zeros(c2w.shape[0], 4, 4, dtype=c2w.dtype, device=c2w.device)

@@ -8,9 +8,13 @@ import torch
 
 
 def host_tensor(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.tensor(values, dtype=dtype)`` on ``device``. To a GPU it goes from pinned memory,
-    without waiting for the queue: a copy from pageable memory would synchronise the stream."""
-    tensor = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
+    """``torch.tensor(values, dtype=dtype)`` on ``device`` (as :func:`to_device` moves it)."""
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor.to(device)``. A host tensor goes to a GPU from pinned memory, without waiting for
+    the queue: torch's blocking copy from pageable memory would synchronise the stream."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)

@@ -71,6 +71,27 @@ def test_refinement_of_a_model_moved_to_cuda_equals_the_cpus() -> None:
         torch.testing.assert_close(cuda[key], want, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
 
 
+def test_a_training_steps_cameras_and_backgrounds_reach_the_gpu_without_a_sync() -> None:
+    # The audit after the first CUDA run: the cameras' fields, K and every background were blocking
+    # copies, each waiting for the GPU's queue, on every step (utils/host_to_device.py).
+    from distsplat_ns.model.camera_adjust import with_train_camera_ids
+
+    model = make_model(2, background_color="random").to("cuda")
+    cameras = with_train_camera_ids(make_cameras(2), [0, 1])  # host-side, as the training step passes them
+    want = make_model(2, background_color="random").render_inputs(cameras, 2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        inputs = model.render_inputs(cameras, 2)
+        background = model.training_background(step=3, position=1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert background.device.type == "cuda" and inputs.sizes_px == want.sizes_px
+    # K is made on the host in both; the view matrices' 3x3 product runs on another BLAS (float32 ulps).
+    torch.testing.assert_close(inputs.Ks.cpu(), want.Ks, rtol=0, atol=0)
+    torch.testing.assert_close(inputs.viewmats.cpu(), want.viewmats, rtol=1e-6, atol=1e-6)
+
+
 def test_nccl_sums_gradients_on_one_gpu() -> None:
     (grads,) = run_ranks(rank_fns.cuda_sum_gradients, 1, device_type="cuda", backend="nccl")
     assert torch.equal(grads[0], torch.full((7,), 1.0))
