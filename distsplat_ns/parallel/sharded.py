@@ -196,7 +196,8 @@ class ShardedMode(ParallelMode):
         """
         if threading.get_ident() == self._training_thread:
             return render_view_collectively(self.ctx, self.model, camera)
-        outputs = self.view_requests.post_and_wait(camera.to("cpu"), self.model.crop_box)
+        background = self.model.background_color.detach().cpu()  # the viewer's choice, set on rank 0's model only
+        outputs = self.view_requests.post_and_wait(camera.to("cpu"), self.model.crop_box, background)
         if outputs is not None:
             return outputs
         width, height = int(camera.width.reshape(-1)[0]), int(camera.height.reshape(-1)[0])
@@ -208,22 +209,25 @@ class ShardedMode(ParallelMode):
         return self.view_requests.take() if self.ctx.is_main else None
 
     def serve_view(self, request: Any) -> None:
-        """Render ``request`` (``(camera, crop box)``, rank 0's) as eval renders a camera, every
-        rank's shard at once, and hand the frame to rank 0's viewer thread.
+        """Render ``request`` (``(camera, crop box, background)``, rank 0's) as eval renders a
+        camera, every rank's shard at once, and hand the frame to rank 0's viewer thread. Every
+        rank composites its bands over rank 0's viewer background.
 
         **Collective:** world group: ``render_view_collectively``'s, on every rank with the same
         request (it came from the all-gather every rank makes at the step boundary).
         """
-        camera, crop_box = request
+        camera, crop_box, background = request
         model = self.model
-        was_training, own_crop = model.training, model.crop_box
+        was_training, own_crop, own_background = model.training, model.crop_box, model.background_color
         model.eval()
         model.crop_box = crop_box
+        if background is not None:
+            model.background_color = background
         try:
             outputs = render_view_collectively(self.ctx, model, camera.to(model.device))
         finally:
             model.train(was_training)
-            model.crop_box = own_crop
+            model.crop_box, model.background_color = own_crop, own_background
         if self.ctx.is_main:
             self.view_requests.answer(outputs)
 

@@ -27,6 +27,7 @@ DEFAULT_WAIT_S = 30.0
 class _Request:
     camera: Any
     crop_box: Any
+    background: Any
     done: threading.Event = field(default_factory=threading.Event)
     outputs: dict[str, torch.Tensor] | None = None
 
@@ -54,18 +55,18 @@ class ViewRequests:
                 self._pending.done.set()
                 self._pending = None
 
-    def post_and_wait(self, camera: Any, crop_box: Any) -> dict[str, torch.Tensor] | None:
-        """Viewer thread: post ``camera`` (host-side) and wait for its frame; None when no step
-        boundary came within ``wait_s`` or the requests are closed. A request not yet taken is
-        updated to the newest camera (its waiters get that frame). Local: the training thread
-        does the collective."""
+    def post_and_wait(self, camera: Any, crop_box: Any, background: Any = None) -> dict[str, torch.Tensor] | None:
+        """Viewer thread: post ``camera`` (host-side), with the crop box and the background the
+        viewer set on rank 0's model, and wait for its frame; None when no step boundary came
+        within ``wait_s`` or the requests are closed. A request not yet taken is updated to the
+        newest camera (its waiters get that frame). Local: the training thread does the collective."""
         with self._lock:
             if self._closed:
                 return None
             if self._pending is None:
-                self._pending = _Request(camera=camera, crop_box=crop_box)
+                self._pending = _Request(camera=camera, crop_box=crop_box, background=background)
             else:  # not taken yet: the newest camera wins, and every waiter gets its frame
-                self._pending.camera, self._pending.crop_box = camera, crop_box
+                self._pending.camera, self._pending.crop_box, self._pending.background = camera, crop_box, background
             request = self._pending
         request.done.wait(self.wait_s)
         with self._lock:
@@ -74,12 +75,12 @@ class ViewRequests:
         return request.outputs
 
     def take(self) -> Any | None:
-        """Training thread: the pending request's ``(camera, crop_box)`` to share with every rank
-        (None when there is none); it stays owed an answer (:meth:`answer`). Local."""
+        """Training thread: the pending request's ``(camera, crop_box, background)`` to share with
+        every rank (None when there is none); it stays owed an answer (:meth:`answer`). Local."""
         with self._lock:
             request, self._pending = self._pending, None
             self._taken = request
-        return None if request is None else (request.camera, request.crop_box)
+        return None if request is None else (request.camera, request.crop_box, request.background)
 
     def answer(self, outputs: dict[str, torch.Tensor] | None) -> None:
         """Training thread: hand the frame rendered for the last :meth:`take` to its waiter. Local."""

@@ -12,16 +12,24 @@ from tests.helpers.model_factory import make_cameras, make_model, take_initial_s
 NUM_POINTS = 300
 
 
-def view_model(dtype: str) -> Any:
+#: The colour nerfstudio's viewer sets on rank 0's model (``set_background``) for its frames:
+#: what a ``background_color="random"`` model composites eval and viewer frames over.
+VIEWER_BACKGROUND = (0.9, 0.1, 0.4)
+
+
+def view_model(dtype: str, **overrides: Any) -> Any:
     """The test scene's model, in eval mode (every rank builds the same one)."""
-    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference")
+    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", **overrides)
     model.eval()
     return model
 
 
-def whole_model_view(dtype: str, camera_index: int) -> dict[str, torch.Tensor]:
-    """One process's ``get_outputs`` of the whole model (no view renderer: nerfstudio's path)."""
-    model = view_model(dtype)
+def whole_model_view(dtype: str, camera_index: int, viewer_background: bool = False) -> dict[str, torch.Tensor]:
+    """One process's ``get_outputs`` of the whole model (no view renderer: nerfstudio's path);
+    with ``viewer_background``, a random-background model with the viewer's colour set."""
+    model = view_model(dtype, background_color="random") if viewer_background else view_model(dtype)
+    if viewer_background:
+        model.set_background(torch.tensor(VIEWER_BACKGROUND))
     with torch.no_grad():
         out = model.get_outputs(make_cameras(4)[camera_index : camera_index + 1])
     return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
@@ -82,8 +90,9 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
 def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
     """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
     step's cost all-gather (``DistSplatPipeline._gather_costs``), which carries rank 0's flag,
-    and renders the request at the step's end (``_observe_costs``). Returns, on rank 0, the frame the viewer thread got and whether the
-    model was back in training mode; on other ranks, whether they rendered (served) it."""
+    and renders the request at the step's end (``_observe_costs``), every rank over rank 0's viewer
+    background. Returns, on rank 0, the frame the viewer thread got and whether the model was back
+    in training mode; on other ranks, whether they rendered (served) it."""
     import threading
     import time
     from types import SimpleNamespace
@@ -94,7 +103,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT
 
-    model = view_model(dtype)
+    model = view_model(dtype, background_color="random")  # splatfacto's default: frames over the viewer's colour
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     model.train()  # mid-training
     mode = ShardedMode(ctx, model)
@@ -108,6 +117,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     viewer = None
     if ctx.rank == 0:
         camera = make_cameras(4)[camera_index : camera_index + 1]
+        model.set_background(torch.tensor(VIEWER_BACKGROUND))  # the viewer's choice, on rank 0's model only
         viewer = threading.Thread(target=lambda: frame.update(out=model.get_outputs(camera)))
         viewer.start()
         while mode.view_requests._pending is None:  # the viewer thread has posted its camera

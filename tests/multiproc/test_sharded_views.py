@@ -35,8 +35,9 @@ def test_view_rendered_by_shards_equals_the_whole_model(world: int, dtype: str) 
 @pytest.mark.parametrize("world", [2])
 def test_viewer_frame_posted_mid_step_is_rendered_by_every_rank_at_the_step_boundary(world: int) -> None:
     """The viewer thread never enters a collective: its camera rides the cost all-gather and the
-    training threads of all ranks render it (a one-rank render would hang or show half the model)."""
-    want = view_fns.whole_model_view("float64", 2)
+    training threads of all ranks render it (a one-rank render would hang or show half the model),
+    every rank over the background the viewer set on rank 0's model."""
+    want = view_fns.whole_model_view("float64", 2, viewer_background=True)
     got = run_ranks(view_fns.viewer_frame_at_step_boundary, world, "float64", 2)
     rank0 = got[0]
     assert rank0["served"] == 1 and rank0["training"], "served once, and the model is back in training mode"

@@ -27,7 +27,7 @@ def test_two_posts_before_a_step_boundary_get_one_frame_of_the_newest_camera() -
     second = _post_in_thread(requests, "new", got)
     while requests._pending.camera != "new":
         time.sleep(0.001)
-    assert requests.take() == ("new", None)
+    assert requests.take() == ("new", None, None)
     requests.answer({"rgb": "frame of new"})
     first.join(5)
     second.join(5)
