@@ -265,7 +265,7 @@ def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
 
 
 def _pair_masks(
-    calls: Sequence[ProjectionCall], where: dict[int, tuple[int, int]], camera_of: dict[int, int],
+    calls: Sequence[ProjectionCall], sizes_px: dict[int, tuple[int, int]], camera_of: dict[int, int],
     bands_of_rank: Sequence[Sequence[Band]],
 ) -> tuple[list[tuple[int, int]], Tensor | None]:
     """Which of the shard's Gaussians each (destination, position) pair needs: the union over
@@ -282,7 +282,7 @@ def _pair_masks(
     end = _all_cameras([e for _, e in footprints])
     table = []  # per band: its pair, its camera among all calls', its tile rows [lo, hi)
     for dest, position, band in keyed:
-        table.append([pair_index[(dest, position)], camera_of[position], *render_tile_rows(band, calls[where[position][0]][1].height)])
+        table.append([pair_index[(dest, position)], camera_of[position], *render_tile_rows(band, sizes_px[position][1])])
     pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unbind(1)
     touches = touches_rows(first[camera], end[camera], lo[:, None], hi[:, None])  # [bands, N]
     if len(pairs) == len(keyed):
@@ -322,10 +322,10 @@ def exchange_screen_terms(
         raise ValueError("exchange_screen_terms: no projection call (the batch has at least one camera)")
     world = ctx.world_size
     device = ids.device
-    where = {position: (c, k) for c, (positions, _) in enumerate(calls) for k, position in enumerate(positions)}
+    sizes_px = {position: (proj.width, proj.height) for positions, proj in calls for position in positions}
     # Each position's camera among all calls' cameras laid end to end (the fields' first axis).
     camera_of = {position: camera for camera, position in enumerate(p for positions, _ in calls for p in positions)}
-    pairs, stacked = _pair_masks(calls, where, camera_of, bands_of_rank)
+    pairs, stacked = _pair_masks(calls, sizes_px, camera_of, bands_of_rank)
     if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
         pair_of_row, gaussian_of_row = torch.nonzero(stacked).unbind(1)  # host sync: the selection's size
@@ -371,7 +371,7 @@ def exchange_screen_terms(
         leaf=leaf,
         ids=recv_ids,
         route=route,
-        sizes_px={position: (calls[c][1].width, calls[c][1].height) for position, (c, _) in where.items()},
+        sizes_px=sizes_px,
         backend=calls[0][1].backend,
     )
 

@@ -50,9 +50,9 @@ def _expected(calls, bands_of_rank):
 
 
 def _check(calls, bands_of_rank) -> None:
-    where = {p: (c, k) for c, (positions, _) in enumerate(calls) for k, p in enumerate(positions)}
+    sizes_px = {p: (proj.width, proj.height) for positions, proj in calls for p in positions}
     camera_of = {p: i for i, p in enumerate(p for positions, _ in calls for p in positions)}
-    pairs, stacked = _pair_masks(calls, where, camera_of, bands_of_rank)
+    pairs, stacked = _pair_masks(calls, sizes_px, camera_of, bands_of_rank)
     want_pairs, want = _expected(calls, bands_of_rank)
     assert pairs == want_pairs
     assert stacked.shape == (len(pairs), N)
