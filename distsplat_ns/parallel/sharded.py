@@ -29,7 +29,7 @@ from distsplat_ns.distributed.collectives import (
     sum_gradients_,
 )
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare
+from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
 from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
@@ -109,8 +109,15 @@ class ShardedMode(ParallelMode):
         whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
         gradients return in backward).
 
-        **Collective:** world group: the exchange's three all-to-alls now, one in backward.
+        At one rank the shard is the whole scene and every term would be routed to itself: the
+        rank projects its Gaussians as its bands are rendered, as the replicated mode does
+        (no exchange, none of its routing; docs/host_cost.md).
+
+        **Collective:** world group: the exchange's three all-to-alls now, one in backward (none
+        at one rank).
         """
+        if not self.ctx.is_distributed:
+            return OwnProjections(), 0
         positions = list(range(len(cameras))) if positions is None else list(positions)
         group = cameras[torch.tensor(positions, dtype=torch.long)]
         # The shard into every camera of the group, each call's cameras named by batch position.
@@ -139,9 +146,12 @@ class ShardedMode(ParallelMode):
     def statistics(
         self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
     ) -> tuple[dict[str, Any], int]:
-        """Complete at each owner: its projections received every band's gradients. Local."""
-        assert all(isinstance(s, ReceivedProjections) for s in sources), "the sharded mode renders from the exchange"
-        projections = [p for source in sources for p in source.shard_projections]  # type: ignore[attr-defined]
+        """Complete at each owner: its projections received every band's gradients (at one rank,
+        its own projections: :meth:`projections`). Local."""
+        projections = [
+            p for source in sources
+            for p in (source.shard_projections if isinstance(source, ReceivedProjections) else source.calls)
+        ]
         grads, absgrads, radii = batch_statistics(self.model, projections, batch_size)
         return info_for(grads, absgrads, radii, sizes_px), 0
 

@@ -163,13 +163,14 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
 def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference") -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
-    exchange (parallel/exchange.py, as parallel/sharded.py runs it). Returns, per split, this rank's
-    loss share and, keyed by global id, its Gaussians' gradients and screen-space statistics."""
+    exchange (parallel/exchange.py, as parallel/sharded.py runs it; at one rank, from its own
+    projections). Returns, per split, this rank's loss share and, keyed by global id, its
+    Gaussians' gradients and screen-space statistics."""
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.model.band_backward import backward_bands
-    from distsplat_ns.model.band_render import RegularizerShare
+    from distsplat_ns.model.band_render import OwnProjections, RegularizerShare
     from distsplat_ns.parallel.sharded import ShardedMode
     from tests.helpers.model_factory import make_cameras, make_images, make_model
 
@@ -191,15 +192,22 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
             [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
         )
         backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
-        sent = received.route
         grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
                  for n, p in model.gauss_params.items()}
-        (_, proj), = sent.calls
-        grads["means2d.grad"] = proj.means2d.grad.detach().cpu()
-        grads["means2d.absgrad"] = proj.means2d.absgrad.detach().cpu()
+        if ctx.is_distributed:
+            sent = received.route
+            (_, proj), = sent.calls
+            means2d = proj.means2d
+            travel = {"sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
+                      "received": int(received.leaf.shape[0])}
+        else:  # one rank: no exchange, the rank's own projections (ShardedMode.projections)
+            assert isinstance(received, OwnProjections), type(received)
+            (_, means2d, _), = received.calls
+            travel = {"sent": 0, "sent_to_others": 0, "received": 0}
+        grads["means2d.grad"] = means2d.grad.detach().cpu()
+        grads["means2d.absgrad"] = means2d.absgrad.detach().cpu()
         out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads,
-                    "sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
-                    "shard": int(model.num_points), "received": int(received.leaf.shape[0])})
+                    "shard": int(model.num_points), **travel})
     return out
 
 
