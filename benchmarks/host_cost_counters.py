@@ -143,10 +143,12 @@ HOST_SIDE_OP_SITES = (
     "distsplat_ns/balance/planner.py:",
     "distsplat_ns/model/band_render.py:rendered_sizes_px",
     "distsplat_ns/pipeline.py:_host_cameras",
+    "distsplat_ns/utils/cameras.py:cameras_at",
 )
 """Callers (``path:function``) whose operators a GPU run performs on host tensors (the cost
-history; the training cameras, indexed on the host: ``pipeline._host_cameras``): CPU work, no
-kernel launch. For ``device_ops`` only; ``ops`` counts them."""
+history; the training cameras, indexed on the host: ``pipeline._host_cameras``, and a batch's
+cameras taken from those by ``utils/cameras.cameras_at``, which training calls only on them):
+CPU work, no kernel launch. For ``device_ops`` only; ``ops`` counts them."""
 
 
 def _host_side_op(args: Any) -> bool:

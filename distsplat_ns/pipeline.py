@@ -400,14 +400,16 @@ class DistSplatPipeline(VanillaPipeline):
         for g, group in enumerate(groups):
             wanted = set(group)
             mine = [i for i, p in enumerate(positions) if p in wanted]
+            mine_positions = [positions[i] for i in mine]
+            # The batch's cameras when this rank renders all of them (one rank); else its own, indexed once.
+            cameras = whole if mine_positions == list(range(len(batch))) else self._host_cameras([batch[p] for p in mine_positions])
             with clock.phase("forward"):
                 source, sent = self.mode.projections(whole, plan, step, lambda: communicating(clock), group)
                 # Host-side cameras: the model reads their sizes without a device sync, then moves them.
                 result = self.model.forward_bands(
-                    self._host_cameras([batch[positions[i]] for i in mine]), [positions[i] for i in mine],
-                    [images[i] for i in mine], [masks[i] for i in mine],
+                    cameras, mine_positions, [images[i] for i in mine], [masks[i] for i in mine],
                     [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
-                    camera_ids=[batch[positions[i]] for i in mine],
+                    camera_ids=[batch[p] for p in mine_positions],
                 )
             with clock.phase("backward"):
                 halos = [halo_slots([b for b in bands if b.position in wanted], sizes_px) for bands in plan.bands]

@@ -36,7 +36,10 @@ RenderGroup = tuple[int, Projection, list[list[Band]]]
 
 
 class Projector(Protocol):
-    """What a source needs of the model: ``DistSplatModel.project_gaussians``."""
+    """What a source needs of the model: ``DistSplatModel.render_inputs`` and ``project_gaussians``."""
+
+    def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs:
+        ...
 
     def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection:
         ...
@@ -82,9 +85,10 @@ class ProjectionSource(Protocol):
     anchors: tuple[torch.Tensor, ...]
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
     ) -> Iterator[RenderGroup]:
-        """The projections and raster calls that render ``bands`` (each band exactly once)."""
+        """The projections and raster calls that render ``bands`` (each band exactly once) of the
+        ``cameras`` at ``positions``, rendered at ``downscale``."""
         ...
 
 
@@ -97,8 +101,9 @@ class OwnProjections:
     anchors: tuple[torch.Tensor, ...] = ()
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
     ) -> Iterator[RenderGroup]:
+        inputs = model.render_inputs(cameras, downscale)  # only a source that projects needs poses and intrinsics
         for first, stop, raster_calls in render_calls(bands, list(positions), inputs.sizes_px):
             width, height = inputs.sizes_px[first]
             proj = model.project_gaussians(inputs.viewmats[first:stop], inputs.Ks[first:stop], width, height, step)

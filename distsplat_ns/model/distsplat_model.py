@@ -59,7 +59,7 @@ from distsplat_ns.model.strategy import (
     schedule_in_steps,
 )
 from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
-from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat
+from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, cameras_at
 from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.host_to_device import to_device
 from distsplat_ns.utils.logging import get_logger
@@ -359,7 +359,7 @@ class DistSplatModel(SplatfactoModel):
         groups = [list(range(len(cameras)))] if len(set(sizes)) == 1 else [[i] for i in range(len(cameras))]
         calls = []
         for group in groups:
-            inputs = self.render_inputs(cameras[torch.tensor(group)], downscale)
+            inputs = self.render_inputs(cameras_at(cameras, group), downscale)
             calls.append((group, self.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)))
         return calls
 
@@ -423,14 +423,14 @@ class DistSplatModel(SplatfactoModel):
             return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero, loss_terms=loss_terms)
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
-        inputs = self.render_inputs(cameras, downscale)
+        sizes_px = rendered_sizes_px(cameras, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
-        gts, gt_masks = self.band_terms.ground_truths(images, masks, backgrounds, downscale, inputs.sizes_px)
+        gts, gt_masks = self.band_terms.ground_truths(images, masks, backgrounds, downscale, sizes_px)
 
         result = BandRenderResult(loss=zero, l1=zero, dssim=zero, projections=source.calls, loss_terms=loss_terms)
         l1_total, dssim_total = zero, zero
-        for first, proj, raster_calls in source.render_groups(self, positions, bands, inputs, step):
-            height = inputs.sizes_px[first][1]  # the cameras of one projection share one size
+        for first, proj, raster_calls in source.render_groups(self, positions, bands, cameras, downscale, step):
+            height = sizes_px[first][1]  # the cameras of one projection share one size
             if self.config.output_depth_during_training:
                 proj = with_depth_channel(proj)  # splatfacto renders RGB+ED while training with the flag
             for call in raster_calls:  # one band per projected camera, all of the same rendered height

@@ -28,6 +28,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -36,10 +37,13 @@ from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.band_render import Projector, RenderGroup, RenderInputs, StatisticsProjection
+from distsplat_ns.model.band_render import Projector, RenderGroup, StatisticsProjection
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.rendering import Projection
 from distsplat_ns.utils.host_to_device import host_tensor
+
+if TYPE_CHECKING:
+    from nerfstudio.cameras.cameras import Cameras
 
 #: Columns of a row of screen-space terms: the differentiable ones first.
 _MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
@@ -226,9 +230,10 @@ class ReceivedProjections:
         )
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], inputs: RenderInputs, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
     ) -> Iterator[RenderGroup]:
-        """Per position this rank renders, the received Gaussians and one raster call per band."""
+        """Per position this rank renders, the received Gaussians and one raster call per band
+        (already projected by their owners: the cameras' poses are not read)."""
         for i, position in enumerate(positions):
             own = [[band] for band in bands if band.position == position]
             if own:

@@ -1,5 +1,5 @@
-"""The one conversion between nerfstudio's camera poses and gsplat's view matrices, and the one
-rule for image sizes at a downscale.
+"""The one conversion between nerfstudio's camera poses and gsplat's view matrices, the one
+rule for image sizes at a downscale, and a batch's cameras taken by position.
 
 nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking down -z); gsplat's
 ``w2c`` (``viewmats``) is world-to-camera in OpenCV axes (x right, y down, looking down +z).
@@ -7,7 +7,14 @@ nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
 import torch
+
+#: nerfstudio's ``Cameras`` (or any tensor dataclass indexed by a long tensor); not imported:
+#: this module is below nerfstudio (tests/unit/test_layers.py).
+CamerasT = TypeVar("CamerasT", bound=Any)
 
 
 def c2w_to_viewmat(c2w: torch.Tensor) -> torch.Tensor:
@@ -65,3 +72,12 @@ class ResolutionSchedule:
 
     def __call__(self, step: int) -> int:
         return 2 ** max(self.num_downscales - step * self.batch_size // self.resolution_schedule, 0)
+
+
+def cameras_at(cameras: CamerasT, indices: Sequence[int]) -> CamerasT:
+    """``cameras[indices]``, or ``cameras`` itself when ``indices`` are all of them in order: an
+    index of nerfstudio's ``Cameras`` costs an operator per field (about 20 a call), and one
+    rank, or one camera group, often takes the whole batch."""
+    if list(indices) == list(range(len(cameras))):
+        return cameras
+    return cameras[torch.tensor(list(indices), dtype=torch.long)]
