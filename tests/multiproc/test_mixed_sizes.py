@@ -57,6 +57,16 @@ def test_two_sizes_on_two_ranks_equal_one_process(reference: dict, two_ranks: tu
     assert reference["gauss_params.means"].abs().max() > 0 and reference["state.grad2d"].abs().max() > 0
 
 
+def test_sharded_at_one_rank_is_one_replicated_process_bitwise(reference: dict) -> None:
+    """At one rank the sharded mode has no exchange (``ShardedMode.projections``): its loss,
+    gradients and densification statistics are the replicated process's, bit for bit (the same
+    projections, the same sums in the same order)."""
+    got = _assemble(run_ranks(rank_fns.mixed_size_step, 1, "sharded", [WHOLE]), 0)
+    assert got.keys() == reference.keys()
+    for name, ref in reference.items():
+        assert torch.equal(got[name], ref), name
+
+
 def test_some_gaussians_are_seen_by_both_cameras(reference: dict) -> None:
     # Their statistics sum the two cameras' gradients, each normalised by its own size.
     assert reference["state.count"].max() == 2
