@@ -401,7 +401,8 @@ class DistSplatPipeline(VanillaPipeline):
             wanted = set(group)
             mine = [i for i, p in enumerate(positions) if p in wanted]
             mine_positions = [positions[i] for i in mine]
-            # The batch's cameras when this rank renders all of them (one rank); else its own, indexed once.
+            # The batch's cameras when this rank renders all of them (one rank); else its own, indexed once from the
+            # dataset (not cameras_at(whole, ...): indexing `whole` also indexes its id metadata, 2 host operators more).
             cameras = whole if mine_positions == list(range(len(batch))) else self._host_cameras([batch[p] for p in mine_positions])
             with clock.phase("forward"):
                 source, sent = self.mode.projections(whole, plan, step, lambda: communicating(clock), group)

@@ -79,10 +79,17 @@ class ProjectionSource(Protocol):
             for a source of received terms), for ``BandRenderResult.projections``.
         anchors: Tensors the band backward must reach on every rank (``backward_bands``): a
             source whose backward is a collective names its output here.
+        statistics_projections: The projection calls of this rank's Gaussians whose ``means2d``
+            hold, after the backward, what this rank sums into the densification statistics
+            (``parallel/mode.py:batch_statistics``).
     """
 
     calls: list[StatisticsProjection]
     anchors: tuple[torch.Tensor, ...]
+
+    @property
+    def statistics_projections(self) -> list[StatisticsProjection]:
+        ...
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
@@ -99,6 +106,12 @@ class OwnProjections:
 
     calls: list[StatisticsProjection] = field(default_factory=list)
     anchors: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def statistics_projections(self) -> list[StatisticsProjection]:
+        """The projections this rank rendered from: the gradients of its bands only (the
+        replicated mode sums them over ranks)."""
+        return self.calls
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int

@@ -200,7 +200,7 @@ class ReceivedProjections:
         return (self.leaf,)
 
     @property
-    def shard_projections(self) -> list[StatisticsProjection]:
+    def statistics_projections(self) -> list[StatisticsProjection]:
         """The shard's projection calls as ``(positions, means2d, radii)``: after backward their
         ``means2d`` hold the whole batch's gradients and absgrads of this rank's Gaussians."""
         return [(positions, proj.means2d, proj.radii) for positions, proj in self.route.calls]

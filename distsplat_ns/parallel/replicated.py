@@ -76,7 +76,7 @@ class ReplicatedMode(ParallelMode):
         **Collective:** world group, two all-reduces: the sum of the gradients and absgrads stacked,
         `[2, B, N, 2]` (one call, not two: issue 28), then the max of the radii, `[B, N]` (none at one rank).
         """
-        grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.calls], batch_size)
+        grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.statistics_projections], batch_size)
         if self.ctx.is_distributed:
             grads, absgrads = all_reduce_sum_(self.ctx, torch.stack([grads, absgrads])).unbind(0)
         all_reduce_max_(self.ctx, radii)

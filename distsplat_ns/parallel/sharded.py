@@ -32,7 +32,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.model.strategy import IdGather
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
-from distsplat_ns.parallel.exchange import ProjectionCall, ReceivedProjections, Timer, exchange_screen_terms
+from distsplat_ns.parallel.exchange import ProjectionCall, Timer, exchange_screen_terms
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
 from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint, write_shard_checkpoint
@@ -149,10 +149,7 @@ class ShardedMode(ParallelMode):
     ) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients (at one rank,
         its own projections: :meth:`projections`). Local."""
-        projections = [
-            p for source in sources
-            for p in (source.shard_projections if isinstance(source, ReceivedProjections) else source.calls)
-        ]
+        projections = [p for source in sources for p in source.statistics_projections]
         grads, absgrads, radii = batch_statistics(self.model, projections, batch_size)
         return info_for(grads, absgrads, radii, sizes_px), 0
 

@@ -8,13 +8,13 @@ nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking d
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 #: nerfstudio's ``Cameras`` (or any tensor dataclass indexed by a long tensor); not imported:
 #: this module is below nerfstudio (tests/unit/test_layers.py).
-CamerasT = TypeVar("CamerasT", bound=Any)
+CamerasT = TypeVar("CamerasT")
 
 
 def c2w_to_viewmat(c2w: torch.Tensor) -> torch.Tensor:
