@@ -47,7 +47,7 @@ from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelCon
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
-from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.cameras import BatchCameras, downscaled_px
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
@@ -390,7 +390,7 @@ class DistSplatPipeline(VanillaPipeline):
         **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
         all-gather, the source's backward.
         """
-        whole = self._host_cameras(batch)
+        batch_cameras = BatchCameras(batch, self._host_cameras)
         share = self.mode.regularizer_share(num_gaussians)
         no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=num_gaussians)
         total: BandRenderResult | None = None
@@ -401,11 +401,9 @@ class DistSplatPipeline(VanillaPipeline):
             wanted = set(group)
             mine = [i for i, p in enumerate(positions) if p in wanted]
             mine_positions = [positions[i] for i in mine]
-            # The batch's cameras when this rank renders all of them (one rank); else its own, indexed once from the
-            # dataset (not cameras_at(whole, ...): indexing `whole` also indexes its id metadata, 2 host operators more).
-            cameras = whole if mine_positions == list(range(len(batch))) else self._host_cameras([batch[p] for p in mine_positions])
+            cameras = batch_cameras.at(mine_positions)
             with clock.phase("forward"):
-                source, sent = self.mode.projections(whole, plan, step, lambda: communicating(clock), group)
+                source, sent = self.mode.projections(batch_cameras, plan, step, lambda: communicating(clock), group)
                 # Host-side cameras: the model reads their sizes without a device sync, then moves them.
                 result = self.model.forward_bands(
                     cameras, mine_positions, [images[i] for i in mine], [masks[i] for i in mine],

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from distsplat_ns.balance.planner import StepPlan
     from distsplat_ns.model.distsplat_model import DistSplatModel
+    from distsplat_ns.utils.cameras import BatchCameras
 
 NamedParameters = Sequence[tuple[str, torch.nn.Parameter]]
 
@@ -88,12 +89,13 @@ class ParallelMode(ABC):
 
     @abstractmethod
     def projections(
-        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+        self, cameras: BatchCameras[Cameras], plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
     ) -> tuple[ProjectionSource, int]:
         """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
 
         Args:
-            cameras: Host-side cameras of the whole batch, in batch order.
+            cameras: Host-side cameras of the whole batch by position, indexed on demand (a mode
+                that does not read them costs no index).
             plan: The step's plan (every rank's bands).
             step: The step.
             timer: Counts communication time (also the time spent in backward by the source).

@@ -39,7 +39,7 @@ from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint, write_
 from distsplat_ns.parallel.shard_rows import rebalance_shards_
 from distsplat_ns.parallel.view_render import render_view_collectively
 from distsplat_ns.parallel.view_requests import ViewRequests
-from distsplat_ns.utils.cameras import cameras_at
+from distsplat_ns.utils.cameras import BatchCameras
 
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
@@ -104,7 +104,7 @@ class ShardedMode(ParallelMode):
         return split_positions(batch_size, size)
 
     def projections(
-        self, cameras: Cameras, plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+        self, cameras: BatchCameras[Cameras], plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
     ) -> tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands of the cameras at ``positions`` (the
         whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
@@ -120,7 +120,7 @@ class ShardedMode(ParallelMode):
         if not self.ctx.is_distributed:
             return OwnProjections(), 0
         positions = list(range(len(cameras))) if positions is None else list(positions)
-        group = cameras_at(cameras, positions)
+        group = cameras.at(positions)
         # The shard into every camera of the group, each call's cameras named by batch position.
         calls: list[ProjectionCall] = [
             ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)

@@ -1,5 +1,6 @@
 """The one conversion between nerfstudio's camera poses and gsplat's view matrices, the one
-rule for image sizes at a downscale, and a batch's cameras taken by position.
+rule for image sizes at a downscale, and a batch's cameras taken by position (``cameras_at``, or
+on demand: ``BatchCameras``).
 
 nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking down -z); gsplat's
 ``w2c`` (``viewmats``) is world-to-camera in OpenCV axes (x right, y down, looking down +z).
@@ -7,8 +8,8 @@ nerfstudio's ``c2w`` is camera-to-world in OpenGL axes (x right, y up, looking d
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import torch
 
@@ -81,3 +82,36 @@ def cameras_at(cameras: CamerasT, indices: Sequence[int]) -> CamerasT:
     if list(indices) == list(range(len(cameras))):
         return cameras
     return cameras[torch.tensor(list(indices), dtype=torch.long)]
+
+
+class BatchCameras(Generic[CamerasT]):
+    """A step's cameras by batch position, indexed only when asked for and once per set of
+    positions: a rank that renders part of the batch reads its own cameras, and only the sharded
+    exchange also reads its camera group's (docs/host_cost.md).
+
+    Args:
+        camera_ids: The training-camera index at each batch position.
+        take: The cameras of the given training-camera indices, in that order.
+    """
+
+    def __init__(self, camera_ids: Sequence[int], take: Callable[[list[int]], CamerasT]) -> None:
+        self.camera_ids = list(camera_ids)
+        self._take = take
+        self._taken: dict[tuple[int, ...], CamerasT] = {}
+
+    @classmethod
+    def of(cls, cameras: CamerasT) -> BatchCameras[CamerasT]:
+        """Cameras already taken, one per batch position in order (``cameras_at`` picks from them)."""
+        return cls(range(len(cameras)), lambda positions: cameras_at(cameras, positions))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.camera_ids)
+
+    def at(self, positions: Sequence[int]) -> CamerasT:
+        """The cameras at ``positions``, in that order."""
+        key = tuple(positions)
+        if not all(0 <= p < len(self.camera_ids) for p in key):
+            raise IndexError(f"BatchCameras.at: positions {list(key)} outside a batch of {len(self.camera_ids)}")
+        if key not in self._taken:
+            self._taken[key] = self._take([self.camera_ids[p] for p in key])
+        return self._taken[key]

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from distsplat_ns.utils.cameras import BatchCameras
 from tests.helpers.model_factory import HEIGHT, make_cameras, make_images, make_model, take_initial_shard_
 
 NUM_POINTS = 300
@@ -31,7 +32,7 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
     bands = plan.bands[ctx.rank]
     positions = sorted({b.position for b in bands})
     model.step = 5
-    source, _ = mode.projections(cameras, plan, 5, contextlib.nullcontext)
+    source, _ = mode.projections(BatchCameras.of(cameras), plan, 5, contextlib.nullcontext)
     result = model.forward_bands(
         cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
         [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,

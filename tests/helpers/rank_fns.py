@@ -15,6 +15,7 @@ from distsplat_ns.distributed.collectives import (
     check_replicas,
     sum_gradients_,
 )
+from distsplat_ns.utils.cameras import BatchCameras
 
 
 def plan_halo_exchange(ctx, model, cameras, bands_per_rank: list, step: int):
@@ -186,7 +187,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         positions = sorted({b.position for b in bands})
         model.step = step
         mode = ShardedMode(ctx, model)
-        received, _ = mode.projections(cameras, SimpleNamespace(bands=plan), step, contextlib.nullcontext)
+        received, _ = mode.projections(BatchCameras.of(cameras), SimpleNamespace(bands=plan), step, contextlib.nullcontext)
         result = model.forward_bands(
             cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
@@ -241,7 +242,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         bands = plan.bands[ctx.rank]
         positions = sorted({b.position for b in bands})
         model.step = step
-        source, _ = mode.projections(cameras, plan, step, contextlib.nullcontext)
+        source, _ = mode.projections(BatchCameras.of(cameras), plan, step, contextlib.nullcontext)
         result = model.forward_bands(
             cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
