@@ -196,10 +196,8 @@ def sum_gradients_(
 def grads_from_bucket(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
     """Make each parameter's ``.grad`` its part of the summed bucket ``flat`` (a view, no copy:
     ``flat`` is built afresh each step and owned by nobody else, as DDP's ``gradient_as_bucket_view``)."""
-    offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
+    for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):  # one split, not a slice each
+        p.grad = part.view_as(p)
 
 
 def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
@@ -323,12 +321,14 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     # One receive buffer, every rank's rows a view of it: NCCL gathers into it directly (its
     # list form gathers into a flat buffer and copies each part out); gloo writes each view.
     received = padded.new_empty((ctx.world_size, *padded.shape))
+    parts = received.unbind(0)
     if ctx.backend == "nccl":
         dist.all_gather_into_tensor(received, padded)
     else:
-        dist.all_gather(list(received.unbind(0)), padded)
-    received = received.to(tensor.device)
-    return [part[:c] for part, c in zip(received.unbind(0), counts, strict=True)]
+        dist.all_gather(list(parts), padded)
+    if received.device != tensor.device:  # staged through the host (``_staged``)
+        parts = received.to(tensor.device).unbind(0)
+    return [part if c == longest else part[:c] for part, c in zip(parts, counts, strict=True)]
 
 
 def all_to_all_counts(ctx: DistContext, counts: Sequence[int]) -> list[int]:

@@ -310,3 +310,13 @@ def plan_sized_step_costs(ctx, bands_per_rank: list, heights_px: list, bad_rank:
     ][::-1]
     verdict = torch.tensor([1 if ctx.rank == bad_rank else 0], dtype=torch.int32) if bad_rank is not None else None
     return gather_step_costs(ctx, plan, counts, verdict, 0.25 * (ctx.rank + 1), ctx.rank in view_ranks)
+
+
+def gather_rank_rows(ctx, counts: list[int], given: bool) -> list[torch.Tensor]:
+    """``all_gather_rows`` of ``counts[rank]`` rows `[n, 2]` valued ``rank * 100 + row``, the
+    counts given or gathered; returns copies of what every rank received."""
+    from distsplat_ns.distributed.collectives import all_gather_rows
+
+    n = counts[ctx.rank]
+    rows = (ctx.rank * 100 + torch.arange(n, dtype=torch.float32))[:, None].expand(n, 2).contiguous()
+    return [part.clone() for part in all_gather_rows(ctx, rows, counts if given else None)]

@@ -36,6 +36,18 @@ def test_overlapped_gradient_sum_equals_the_sum_after_the_backward_bitwise() -> 
     assert torch.equal(overlapped[0][0][2], torch.full((3, 5), 36.0, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("counts", [[2, 2, 2], [2, 0, 3]])
+@pytest.mark.parametrize("given", [True, False])
+def test_all_gather_rows_gives_every_rank_every_ranks_rows_unpadded(counts: list[int], given: bool) -> None:
+    """Equal counts (no padding: each part is the whole gathered row block) and unequal ones
+    (padded to the longest, each part cut to its count); counts given or gathered."""
+    results = run_ranks(rank_fns.gather_rank_rows, 3, counts, given)
+    for parts in results:
+        assert [tuple(p.shape) for p in parts] == [(n, 2) for n in counts]
+        for r, p in enumerate(parts):
+            assert torch.equal(p, (r * 100 + torch.arange(counts[r], dtype=torch.float32))[:, None].expand(-1, 2))
+
+
 def test_all_reduce_max_agrees_on_every_rank() -> None:
     results = run_ranks(rank_fns.max_reduce_rank, 3)
     for r in results:
