@@ -14,6 +14,8 @@ Shims (oldest torch that needs none of it: 2.6):
 - ``planner_kwargs``: DCP planners' keyword arguments (``dedup_save_to_lowest_rank``,
   ``allow_partial_load``) exist from torch 2.4 (see ``_PLANNER_KEYWORDS_SINCE``).
 - ``grads_inf_norm``: ``torch.nn.utils.get_total_norm`` exists from torch 2.6.
+- ``nonzero_of_size``: ``torch.nonzero_static`` runs on the CPU from torch 2.1 and on CUDA from
+  torch 2.6 (pytorch PR 141838); before, ``nonzero`` and its host sync.
 - ``post_accumulate_grad_hook``: ``Tensor.register_post_accumulate_grad_hook`` exists from torch 2.1
   (the oldest supported); where a build lacks it, None: the gradient sum then starts after the backward.
 - ``add_safe_globals``: ``torch.serialization.add_safe_globals`` exists from torch 2.4.
@@ -151,6 +153,29 @@ def _inf_norm_per_tensor(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     their max, in float64 so that no finite float64 norm overflows."""
     norms = [torch.linalg.vector_norm(g, float("inf")).to(torch.float64) for g in grads]
     return torch.stack([n.to(norms[0].device) for n in norms]).max()
+
+
+#: Device types where ``torch.nonzero_static`` was found missing (its first call there raised).
+_NO_NONZERO_STATIC: set[str] = set()
+
+
+def nonzero_of_size(mask: torch.Tensor, size: int) -> torch.Tensor:
+    """``torch.nonzero(mask)`` where its row count ``size`` is already known on the host:
+    `[size, mask.dim()]` int64, in ``nonzero``'s row-major order.
+
+    **Host sync:** none where torch has ``nonzero_static`` for the device (CPU from torch 2.1, CUDA
+    from 2.6); else ``nonzero``'s (the result's size).
+    """
+    kind = mask.device.type
+    if kind not in _NO_NONZERO_STATIC:
+        try:
+            return torch.nonzero_static(mask, size=size)
+        except (AttributeError, NotImplementedError):  # unnecessary from torch 2.6
+            _NO_NONZERO_STATIC.add(kind)
+    found = torch.nonzero(mask)
+    if found.shape[0] != size:
+        raise ValueError(f"nonzero_of_size: the mask holds {found.shape[0]} nonzero elements, not {size}")
+    return found
 
 
 def post_accumulate_grad_hook(param: torch.Tensor, hook: Any) -> Any:

@@ -37,6 +37,7 @@ from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.torch_compat import nonzero_of_size
 from distsplat_ns.model.band_render import Projector, RenderGroup, StatisticsProjection
 from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.rendering import Projection
@@ -320,7 +321,8 @@ def exchange_screen_terms(
 
     **Collective:** world group: the per-position row counts, the rows and their ids (three
     all-to-alls; at one rank, none); in backward, the gradients (one all-to-all).
-    **Host sync:** the selection and its row counts (one each, whatever W), the received counts.
+    **Host sync:** one, whatever W: this rank's row counts and the received ones, read together
+    (the selection is then sized without one where torch has ``nonzero_static``; else one more).
     **Differentiable:** the received rows are a function of the sent terms (``_ScreenTermExchange``).
     """
     if not calls:
@@ -331,13 +333,22 @@ def exchange_screen_terms(
     # Each position's camera among all calls' cameras laid end to end (the fields' first axis).
     camera_of = {position: camera for camera, position in enumerate(p for positions, _ in calls for p in positions)}
     pairs, stacked = _pair_masks(calls, sizes_px, camera_of, bands_of_rank)
+    # Rows per (destination, position) pair, on the device; their [W, B] matrix goes out before
+    # anything is read, so that one host read brings this rank's sizes and every rank's to it.
+    pair_sizes = stacked.sum(dim=1) if stacked is not None else torch.zeros(0, dtype=torch.int64, device=device)
+    cells = host_tensor([dest * batch_size + position for dest, position in pairs], torch.int64, device)
+    counts = torch.zeros(world * batch_size, dtype=torch.int64, device=device).index_put_((cells,), pair_sizes)
+    # Row counts per (source, position): rank s's row s of the received matrix.
+    recv_matrix, _ = all_to_all_rows(ctx, counts.view(world, batch_size), [1] * world, [1] * world)
+    read = [int(n) for n in torch.cat([pair_sizes, recv_matrix.reshape(-1)]).tolist()]  # host sync: both row counts
+    sizes = read[: len(pairs)]
+    recv_by_source = [read[len(pairs) + s * batch_size : len(pairs) + (s + 1) * batch_size] for s in range(world)]
     if stacked is not None:
-        # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero).
-        pair_of_row, gaussian_of_row = torch.nonzero(stacked).unbind(1)  # host sync: the selection's size
-        sizes = [int(n) for n in stacked.sum(dim=1).tolist()]  # host sync: the rows of each pair
+        # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero),
+        # of a size now known: no host sync where torch has nonzero_static (torch_compat).
+        pair_of_row, gaussian_of_row = nonzero_of_size(stacked, sum(sizes)).unbind(1)
     else:
         pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
-        sizes = []
     camera_of_pair = host_tensor([camera_of[p] for _, p in pairs], torch.int64, device)
     camera_of_row = camera_of_pair[pair_of_row]  # among all calls' cameras
     # Each field indexed once for every pair. The index keeps the sent rows in the projection's
@@ -349,16 +360,9 @@ def exchange_screen_terms(
     rows = (camera_of_row, gaussian_of_row)
     sent = torch.cat([means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1)], dim=-1)
     fixed = torch.stack([depths[rows].detach(), radii[rows].to(depths.dtype)], dim=-1)
-    counts_host = [[0] * batch_size for _ in range(world)]
-    for (dest, position), n in zip(pairs, sizes, strict=True):
-        counts_host[dest][position] = n
-    counts = host_tensor(counts_host, torch.int64, device)
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):
         send_counts[dest] += n
-    # Row counts per (source, position): rank s's row s of the received matrix.
-    recv_matrix, _ = all_to_all_rows(ctx, counts, [1] * world, [1] * world)
-    recv_by_source = [[int(n) for n in row] for row in recv_matrix.tolist()]  # host sync: the received rows' sizes
     recv_counts = [sum(row) for row in recv_by_source]
     recv_ids, _ = all_to_all_rows(ctx, ids[gaussian_of_row], send_counts, recv_counts)
     route = Route(

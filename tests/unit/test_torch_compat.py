@@ -15,11 +15,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
+from distsplat_ns.distributed import torch_compat
 from distsplat_ns.distributed.torch_compat import (
     _WRITTEN,
     _has_key_by_counter,
     _inf_norm_per_tensor,
     grads_inf_norm,
+    nonzero_of_size,
     planner_kwargs,
     post_accumulate_grad_hook,
     store_has_key,
@@ -161,3 +163,26 @@ def test_post_accumulate_grad_hook_is_none_where_torch_lacks_it() -> None:
         pass
 
     assert post_accumulate_grad_hook(OldTensor(), lambda q: None) is None
+
+
+@pytest.mark.parametrize("static", ["installed", "missing", "not-on-this-device"])
+def test_nonzero_of_size_is_nonzero_with_or_without_nonzero_static(static: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch lacks ``nonzero_static`` (or has no kernel for the device: CUDA before 2.6) the
+    shim falls back to ``nonzero`` and remembers; either way the rows are ``nonzero``'s, in order."""
+    monkeypatch.setattr(torch_compat, "_NO_NONZERO_STATIC", set())
+    if static == "missing":
+        monkeypatch.delattr(torch, "nonzero_static", raising=False)
+    elif static == "not-on-this-device":
+        def no_kernel(mask, size):
+            raise NotImplementedError("Could not run 'aten::nonzero_static' with arguments from the 'CUDA' backend")
+
+        monkeypatch.setattr(torch, "nonzero_static", no_kernel)
+    gen = torch.Generator().manual_seed(0)
+    masks = [torch.rand(5, 300, generator=gen) < 0.3, torch.zeros(3, 7, dtype=torch.bool), torch.ones(4, dtype=torch.bool)]
+    for mask in masks:
+        got = nonzero_of_size(mask, int(mask.sum()))
+        assert got.dtype == torch.int64 and torch.equal(got, torch.nonzero(mask))
+    assert torch_compat._NO_NONZERO_STATIC == (set() if static == "installed" else {"cpu"})
+    if static != "installed":
+        with pytest.raises(ValueError, match="holds 4 nonzero elements, not 3"):
+            nonzero_of_size(masks[2], 3)
