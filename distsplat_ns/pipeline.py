@@ -321,7 +321,8 @@ class DistSplatPipeline(VanillaPipeline):
             NonFiniteGradientError: a gradient holds NaN/Inf (before the optimizer step).
             ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
-        **Collective:** world group, in this order on every rank: the mode's Gaussian count, its
+        **Collective:** world group, in this order on every rank: the mode's Gaussian count (sharded:
+        on the first step and the first after one that may change shards), its
         projections (an exchange where each rank holds a shard), the SSIM-halo all-gather (where
         the plan cuts an image) and the mode's backward (the reverse exchange), the mode's gradient
         reduction (replicated: its buckets started during the last backward, the rest right after it), with

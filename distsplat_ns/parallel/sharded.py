@@ -62,6 +62,9 @@ class ShardedMode(ParallelMode):
         #: Cameras per group when set (tests); otherwise from the memory budget (camera_groups).
         self.group_cameras: int | None = None
         self._budget_bytes: int | None = None
+        #: (this shard's size, every shard's) when the ranks last agreed them. Shards change only on
+        #: the steps ``after_refine`` handles and on a load (``read_checkpoint``): both forget it.
+        self._agreed_total: tuple[int, int] | None = None
         # At one rank the model is whole and renders views itself (ns-eval, ns-viewer, W = 1).
         model.view_renderer = self._render_view if ctx.is_distributed else None
 
@@ -71,8 +74,25 @@ class ShardedMode(ParallelMode):
         return ctx.rank, ctx.world_size
 
     def num_gaussians_total(self) -> int:
-        """Every shard's size, summed. **Collective:** world group, one all-gather of an int."""
-        return sum(all_gather_counts(self.ctx, self.model.num_points))
+        """Every shard's size, summed: gathered at the first step and at the first after a step
+        that may change shards or a load; the steps between reuse it (docs/host_cost.md).
+
+        **Collective:** world group, one all-gather of an int, on the steps that gather.
+        **Host sync:** on the same steps.
+
+        Raises:
+            RuntimeError: This shard's size changed since the ranks agreed the total, outside those
+                steps (a bug: the total every rank uses would be stale).
+        """
+        mine = self.model.num_points
+        if self._agreed_total is None:
+            self._agreed_total = (mine, sum(all_gather_counts(self.ctx, mine)))
+        elif self._agreed_total[0] != mine:
+            raise RuntimeError(
+                f"rank {self.ctx.rank}'s shard holds {mine} Gaussians, {self._agreed_total[0]} when the ranks last agreed their "
+                "total: it changed outside a step the strategy may change shards at (Densifier.changes_shards_at) and a load"
+            )
+        return self._agreed_total[1]
 
     def regularizer_share(self, num_gaussians_total: int) -> RegularizerShare:
         """Every rank adds its shard's part of the scale term; rank 0 the camera penalty."""
@@ -167,6 +187,7 @@ class ShardedMode(ParallelMode):
         """
         if not self.model.densifier.changes_shards_at(step):
             return 0
+        self._agreed_total = None  # the next step gathers the shards' sizes again
         return rebalance_shards_(self.ctx, self.model.rows.bound(optimizers))
 
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
@@ -260,6 +281,7 @@ class ShardedMode(ParallelMode):
         """This rank's block: of a ``step-N.dcp`` folder, one row range per key read by DCP
         (**Collective**, world group); of a single file, memory-mapped and cut, so only the rows
         it owns are read into memory (local)."""
+        self._agreed_total = None  # the loaded shard's size is agreed again at the next step
         if Path(path).is_dir():
             return read_shard_checkpoint(self.ctx, Path(path), self.ctx.rank, self.ctx.world_size, sharded=True)
         loaded = load_checkpoint_file(path, mmap=True)
