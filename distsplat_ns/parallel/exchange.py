@@ -138,10 +138,13 @@ class _ScreenTermExchange(torch.autograd.Function):
         route: Route = fn_ctx.route
         grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
         grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
-        for position, proj in route.rendered_from.items():
-            absgrad = getattr(proj.means2d, "absgrad", None)
-            if absgrad is not None:
-                grads[route.rows_of_position[position], NUM_DIFFERENTIABLE:] += absgrad[0].to(grads.dtype)
+        # Every rendered position's absgrad into its rows at once (a received row belongs to one position).
+        found = [(route.rows_of_position[p], a[0]) for p, proj in sorted(route.rendered_from.items())
+                 if (a := getattr(proj.means2d, "absgrad", None)) is not None]
+        if found:
+            rows = found[0][0] if len(found) == 1 else torch.cat([r for r, _ in found])
+            absgrads = found[0][1] if len(found) == 1 else torch.cat([a for _, a in found])
+            grads[:, NUM_DIFFERENTIABLE:].index_put_((rows,), absgrads.to(grads.dtype))
         with route.timer():
             back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
         back = back.to(dtype=fn_ctx.sent_dtype)
@@ -194,6 +197,7 @@ class ReceivedProjections:
     sizes_px: dict[int, tuple[int, int]]
     backend: str
     calls: list[StatisticsProjection] = field(default_factory=list)
+    _unpacked: dict[int, Projection] | None = field(default=None, repr=False)
 
     @property
     def anchors(self) -> tuple[Tensor, ...]:
@@ -208,27 +212,45 @@ class ReceivedProjections:
 
     def projection(self, position: int) -> Projection:
         """The received Gaussians of ``position`` as a one-camera projection for
-        ``rendering.rasterize_rows`` (its ``means2d.absgrad`` collects absgrad).
+        ``rendering.rasterize_rows`` (its ``means2d.absgrad`` collects absgrad). The first call
+        unpacks every position's (:meth:`_unpack`).
 
         **Differentiable:** with respect to ``leaf`` (means2d, conics, colours, opacities).
         """
-        rows = self.leaf[self.route.rows_of_position[position]]
-        num = int(rows.shape[0])
-        means2d = rows[:, _MEANS2D].contiguous()[None]
-        return Projection(
-            means2d=means2d,
-            conics=rows[:, _CONICS].contiguous()[None],
-            depths=rows[:, _DEPTH].detach().contiguous()[None],
-            radii=rows[:, _RADIUS].detach().round().to(torch.int32)[None],
-            opacities=rows[:, _OPACITY].contiguous()[None],
-            colors=rows[:, _COLORS].contiguous()[None],
-            width=self.sizes_px[position][0],
-            height=self.sizes_px[position][1],
-            backend=self.backend,
-            render_mode="RGB",
-            num_cameras=1,
-            num_gaussians=num,
-        )
+        if self._unpacked is None:
+            self._unpacked = self._unpack()
+        return self._unpacked[position]
+
+    def _unpack(self) -> dict[int, Projection]:
+        """Every received position's rows as a projection: one index of the leaf (positions
+        ascending, each one's rows in ascending global id) and one copy per field, split into a
+        view per position, so that neither the forward's operators nor their backward's grow
+        with the positions this rank renders."""
+        positions = sorted(self.route.rows_of_position)
+        parts = [self.route.rows_of_position[p] for p in positions]
+        rows = self.leaf[parts[0] if len(parts) == 1 else torch.cat(parts)]
+        sizes = [int(part.shape[0]) for part in parts]
+        fields = {
+            "means2d": rows[:, _MEANS2D].contiguous(),
+            "conics": rows[:, _CONICS].contiguous(),
+            "depths": rows[:, _DEPTH].detach().contiguous(),
+            "radii": rows[:, _RADIUS].detach().round().to(torch.int32),
+            "opacities": rows[:, _OPACITY].contiguous(),
+            "colors": rows[:, _COLORS].contiguous(),
+        }
+        split = {name: values.split(sizes) for name, values in fields.items()}
+        return {
+            position: Projection(
+                **{name: split[name][i][None] for name in fields},
+                width=self.sizes_px[position][0],
+                height=self.sizes_px[position][1],
+                backend=self.backend,
+                render_mode="RGB",
+                num_cameras=1,
+                num_gaussians=sizes[i],
+            )
+            for i, position in enumerate(positions)
+        }
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
