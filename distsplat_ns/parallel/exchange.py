@@ -238,7 +238,7 @@ class ReceivedProjections:
             "opacities": rows[:, _OPACITY].contiguous(),
             "colors": rows[:, _COLORS].contiguous(),
         }
-        split = {name: values.split(sizes) for name, values in fields.items()}
+        split = {name: values.split(sizes) if len(sizes) > 1 else (values,) for name, values in fields.items()}
         return {
             position: Projection(
                 **{name: split[name][i][None] for name in fields},
