@@ -197,7 +197,7 @@ class ReceivedProjections:
     sizes_px: dict[int, tuple[int, int]]
     backend: str
     calls: list[StatisticsProjection] = field(default_factory=list)
-    _unpacked: dict[int, Projection] | None = field(default=None, repr=False)
+    _unpacked: dict[int, Projection] | None = field(default=None, init=False, repr=False)
 
     @property
     def anchors(self) -> tuple[Tensor, ...]:

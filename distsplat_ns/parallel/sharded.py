@@ -90,7 +90,7 @@ class ShardedMode(ParallelMode):
         elif self._agreed_total[0] != mine:
             raise RuntimeError(
                 f"rank {self.ctx.rank}'s shard holds {mine} Gaussians, {self._agreed_total[0]} when the ranks last agreed their "
-                "total: it changed outside a step the strategy may change shards at (Densifier.changes_shards_at) and a load"
+                "total: it changed on a step that is neither one the strategy may change shards at (Densifier.changes_shards_at) nor a load"
             )
         return self._agreed_total[1]
 
