@@ -85,9 +85,9 @@ class Route:
         recv_counts: Rows received from each rank. Length W.
         calls: The shard's projection calls (their ``means2d`` get ``.grad`` and ``.absgrad``).
         rows_of_position: Per batch position, indices of the received rows in ascending global id.
-        rendered_from: Per batch position this rank rendered, the projection it rendered from
-            (filled by ``ReceivedProjections.render_groups``; their ``means2d.absgrad`` is read in
-            backward).
+        rendered_from: Per received batch position, the projection rendered from it (filled,
+            every position at once, by the first ``ReceivedProjections.projection``; the
+            ``means2d.absgrad`` of those rendered is read in backward).
         timer: Counts the reverse all-to-all as communication.
     """
 
@@ -139,7 +139,7 @@ class _ScreenTermExchange(torch.autograd.Function):
         grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
         grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
         # Every rendered position's absgrad into its rows at once (a received row belongs to one position).
-        found = [(route.rows_of_position[p], a[0]) for p, proj in sorted(route.rendered_from.items())
+        found = [(route.rows_of_position[p], a[0]) for p, proj in route.rendered_from.items()
                  if (a := getattr(proj.means2d, "absgrad", None)) is not None]
         if found:
             rows = found[0][0] if len(found) == 1 else torch.cat([r for r, _ in found])
@@ -197,7 +197,6 @@ class ReceivedProjections:
     sizes_px: dict[int, tuple[int, int]]
     backend: str
     calls: list[StatisticsProjection] = field(default_factory=list)
-    _unpacked: dict[int, Projection] | None = field(default=None, init=False, repr=False)
 
     @property
     def anchors(self) -> tuple[Tensor, ...]:
@@ -213,13 +212,13 @@ class ReceivedProjections:
     def projection(self, position: int) -> Projection:
         """The received Gaussians of ``position`` as a one-camera projection for
         ``rendering.rasterize_rows`` (its ``means2d.absgrad`` collects absgrad). The first call
-        unpacks every position's (:meth:`_unpack`).
+        unpacks every position's (:meth:`_unpack`) into ``route.rendered_from``.
 
         **Differentiable:** with respect to ``leaf`` (means2d, conics, colours, opacities).
         """
-        if self._unpacked is None:
-            self._unpacked = self._unpack()
-        return self._unpacked[position]
+        if not self.route.rendered_from:
+            self.route.rendered_from.update(self._unpack())
+        return self.route.rendered_from[position]
 
     def _unpack(self) -> dict[int, Projection]:
         """Every received position's rows as a projection: one index of the leaf (positions
@@ -260,9 +259,7 @@ class ReceivedProjections:
         for i, position in enumerate(positions):
             own = [[band] for band in bands if band.position == position]
             if own:
-                proj = self.projection(position)
-                self.route.rendered_from[position] = proj
-                yield i, proj, own
+                yield i, self.projection(position), own
 
 
 def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
