@@ -84,7 +84,8 @@ class Route:
         send_counts: Rows sent to each rank. Length W.
         recv_counts: Rows received from each rank. Length W.
         calls: The shard's projection calls (their ``means2d`` get ``.grad`` and ``.absgrad``).
-        rows_of_position: Per batch position, indices of the received rows in ascending global id.
+        rows_of_position: Per batch position this rank renders or received rows of, indices of
+            the received rows in ascending global id (empty where no Gaussian reaches its bands).
         rendered_from: Per received batch position, the projection rendered from it (filled,
             every position at once, by the first ``ReceivedProjections.projection``; the
             ``means2d.absgrad`` of those rendered is read in backward).
@@ -391,7 +392,7 @@ def exchange_screen_terms(
         send_counts=send_counts,
         recv_counts=recv_counts,
         calls=list(calls),
-        rows_of_position=_rows_by_position(recv_by_source, recv_ids),
+        rows_of_position=_rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]}),
         timer=timer,
     )
     leaf = _ScreenTermExchange.apply(sent, fixed, route)
@@ -410,10 +411,12 @@ def _all_cameras(per_call: list[Tensor]) -> Tensor:
     return per_call[0] if len(per_call) == 1 else torch.cat(per_call)
 
 
-def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor) -> dict[int, Tensor]:
+def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor, rendered: set[int]) -> dict[int, Tensor]:
     """Per batch position, the received rows (source-major, then position-major, as sent)
-    reordered by ascending global id. ``recv_by_source[s][p]``: rows from rank ``s`` for position ``p``."""
-    offsets: dict[int, list[Tensor]] = {}
+    reordered by ascending global id. ``recv_by_source[s][p]``: rows from rank ``s`` for position
+    ``p``. Every position in ``rendered`` (this rank's bands') has an entry, empty where no
+    Gaussian reaches its bands: the band is still rendered (background) and differentiated."""
+    offsets: dict[int, list[Tensor]] = {position: [] for position in sorted(rendered)}
     start = 0
     for source_counts in recv_by_source:
         for position, n in enumerate(source_counts):
@@ -422,6 +425,9 @@ def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor) -> dict
                 start += n
     out = {}
     for position, parts in offsets.items():
-        rows = torch.cat(parts)
+        if not parts:
+            out[position] = torch.zeros(0, dtype=torch.int64, device=recv_ids.device)
+            continue
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
         out[position] = rows[torch.argsort(recv_ids[rows], stable=True)]
     return out

@@ -99,7 +99,7 @@ def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Ca
 def _render_band(received: ReceivedProjections, first_row_px: int, num_rows_px: int, width: int, background: torch.Tensor) -> torch.Tensor:
     """Rows ``[first_row_px, first_row_px + num_rows_px)`` of the view from the received rows:
     `[rows, W, 5]` (colour over ``background``, expected depth, opacity)."""
-    if 0 not in received.route.rows_of_position:  # no Gaussian reaches these rows
+    if received.route.rows_of_position[0].numel() == 0:  # no Gaussian reaches these rows
         out = background.new_zeros(num_rows_px, width, NUM_PIXEL_CHANNELS)
         out[..., _RGB] = background
         return out

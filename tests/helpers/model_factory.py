@@ -39,6 +39,16 @@ def make_model(batch_size: int, num_points: int = 400, seed: int = 0, **config_o
     return model
 
 
+def keep_to_top_rows_(model: DistSplatModel) -> None:
+    """Lift the Gaussians above the sphere and shrink them so that, in ``make_cameras``' views,
+    none reaches pixel row 32 (measured: the lowest footprint ends at row 17): the bands of rows
+    ``[32, HEIGHT)`` see no Gaussian."""
+    with torch.no_grad():
+        means = model.gauss_params["means"]
+        means[:, 1] = 1.4 + 0.1 * means[:, 1]
+        model.gauss_params["scales"] -= 1.0
+
+
 def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
     """Keep rank's ``owned_block`` of a whole model built in this process (ids ``0..N-1``), before
     any optimizer exists: the whole-then-partitioned set-up of the tests that compare a shard with

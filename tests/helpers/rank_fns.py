@@ -89,26 +89,29 @@ def replica_check_outcome(ctx, drift_rank: int) -> str:
     return "identical"
 
 
-def band_gradients_dtype(ctx, splits: list, batch_size: int, step: int, dtype: str) -> list:
-    return band_gradients(ctx, splits, batch_size, step, dtype)
+def band_gradients_dtype(ctx, splits: list, batch_size: int, step: int, dtype: str, top_rows: bool = False) -> list:
+    return band_gradients(ctx, splits, batch_size, step, dtype, top_rows=top_rows)
 
 
 def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "float32", camera_ids: list | None = None,
-                   overrides: dict | None = None) -> list:
+                   overrides: dict | None = None, top_rows: bool = False) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros) and
     the batch loss (the ranks' shares summed). ``camera_ids``: each batch position's training
     camera (which bilateral grid); ``overrides``: model config fields. With the bilateral grid, the
-    grids are perturbed from identity by a fixed generator (an identity grid hides wrong coordinates)."""
+    grids are perturbed from identity by a fixed generator (an identity grid hides wrong coordinates).
+    ``top_rows``: the Gaussians kept to the images' top rows (``model_factory.keep_to_top_rows_``)."""
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.band_render import RegularizerShare
-    from tests.helpers.model_factory import make_cameras, make_images, make_model
+    from tests.helpers.model_factory import keep_to_top_rows_, make_cameras, make_images, make_model
 
     out = []
     for bands_per_rank in splits:
         overrides = overrides or {}
         model = make_model(batch_size, param_dtype=dtype, **overrides)
+        if top_rows:
+            keep_to_top_rows_(model)
         if overrides.get("use_bilateral_grid"):
             with torch.no_grad():
                 grids = model.bil_grids.grids
@@ -161,23 +164,27 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
     return [p.grad.cpu() for p in params]
 
 
-def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference") -> list:
+def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference",
+                           top_rows: bool = False) -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
     exchange (parallel/exchange.py, as parallel/sharded.py runs it; at one rank, from its own
     projections). Returns, per split, this rank's loss share and, keyed by global id, its
-    Gaussians' gradients and screen-space statistics."""
+    Gaussians' gradients and screen-space statistics. ``top_rows``: as ``band_gradients``'."""
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.model.band_render import OwnProjections, RegularizerShare
     from distsplat_ns.parallel.sharded import ShardedMode
-    from tests.helpers.model_factory import make_cameras, make_images, make_model
+    from tests.helpers.model_factory import keep_to_top_rows_, make_cameras, make_images, make_model
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(batch_size, param_dtype=dtype, rendering_backend=backend).to(ctx.device)
+        model = make_model(batch_size, param_dtype=dtype, rendering_backend=backend)
+        if top_rows:
+            keep_to_top_rows_(model)
+        model = model.to(ctx.device)
         keep = torch.nonzero(model.gauss_ids % ctx.world_size == ctx.rank).reshape(-1)
         model.rows.select_(keep)
         cameras = make_cameras(batch_size)

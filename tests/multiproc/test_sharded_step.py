@@ -24,6 +24,13 @@ SPLITS = {
     },
 }
 CASES = [(w, name) for w, splits in SPLITS.items() for name in splits]
+# With the Gaussians kept to rows [0, 32) (model_factory.keep_to_top_rows_): bands of rows
+# [32, HEIGHT) receive no Gaussian. Rank 1 of W = 2 renders only such a band; rank 1 of W = 3 one
+# such position beside one with Gaussians, rank 2 only such a band.
+EMPTY_BAND_SPLITS = {
+    2: [[(0, 0, 32), (1, 0, HEIGHT)], [(0, 32, HEIGHT)]],
+    3: [[(0, 0, 32)], [(0, 32, HEIGHT), (1, 0, 32)], [(1, 32, HEIGHT)]],
+}
 
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
@@ -46,6 +53,11 @@ def sharded(dtype: str) -> dict:
     return results
 
 
+@pytest.fixture(scope="module")
+def top_rows_reference(dtype: str) -> dict:
+    return run_ranks(rank_fns.band_gradients_dtype, 1, [WHOLE], 2, 5, dtype, True)[0][0]
+
+
 def _assemble(rank_results: list, index: int) -> dict:
     """Per-Gaussian values of every rank, ordered by global id, and the summed loss."""
     ids = torch.cat([r[index]["ids"] for r in rank_results])
@@ -61,7 +73,10 @@ def _assemble(rank_results: list, index: int) -> dict:
 @pytest.mark.parametrize("world,split", [(1, "whole")] + CASES)
 def test_sharded_equals_one_process(reference: dict, sharded: dict, dtype: str, world: int, split: str) -> None:
     index = 0 if world == 1 else list(SPLITS[world]).index(split)
-    got = _assemble(sharded[world], index)
+    _assert_equal_to_one_process(_assemble(sharded[world], index), reference, dtype, f"W={world} {split}")
+
+
+def _assert_equal_to_one_process(got: dict, reference: dict, dtype: str, case: str) -> None:
     # Summation order differs (bands, then owners); float32: 1e-5 of the largest entry, as the
     # replicated band test; float64 has 2^29 times less rounding: 1e-12.
     tol = 1e-12 if dtype == "float64" else 1e-5
@@ -69,8 +84,17 @@ def test_sharded_equals_one_process(reference: dict, sharded: dict, dtype: str, 
         if ref.numel() == 0:
             continue
         scale = ref.abs().max().clamp_min(1e-12)
-        assert ((got[name] - ref).abs().max() / scale) <= tol, f"W={world} {split}: {name}"
+        assert ((got[name] - ref).abs().max() / scale) <= tol, f"{case}: {name}"
     assert got["means2d.absgrad"].abs().max() > 0 and got["gauss_params.means"].abs().max() > 0
+
+
+@pytest.mark.parametrize("world", sorted(EMPTY_BAND_SPLITS))
+def test_bands_no_gaussian_reaches_render_their_background(top_rows_reference: dict, dtype: str, world: int) -> None:
+    """A rank whose bands of a position receive no Gaussian renders them (background, zero
+    gradient) and still joins the exchange's reverse pass; the batch equals one process."""
+    ranks = run_ranks(rank_fns.sharded_band_gradients, world, [EMPTY_BAND_SPLITS[world]], 2, 5, dtype, "reference", True)
+    assert ranks[-1][0]["received"] == 0  # the case holds: the last rank's only band is empty
+    _assert_equal_to_one_process(_assemble(ranks, 0), top_rows_reference, dtype, f"W={world} empty bands")
 
 
 def test_gaussians_travel_only_where_needed(sharded: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -184,3 +185,31 @@ def test_per_camera_colors_equal_shared_colors():
     per_camera = dict(scene.kwargs(), colors=scene.colors[None].expand(2, -1, -1).contiguous())
     colors, _, _ = rasterization(**per_camera, packed=False, backend="reference")
     torch.testing.assert_close(colors, shared, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "reference",
+        pytest.param("gsplat", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+    ],
+)
+def test_a_band_of_no_gaussian_is_its_background_and_differentiable(backend):
+    # A sharded rank whose band no Gaussian reaches renders a projection of N = 0 (parallel/exchange.py).
+    device = "cuda" if backend == "gsplat" else "cpu"
+    scene = random_scene(num_gaussians=8, num_cameras=1, width=WIDTH, height=HEIGHT, seed=5, device=device).with_grad()
+    proj = project(**scene.kwargs(), backend=backend)
+    empty = dataclasses.replace(
+        proj, **{name: getattr(proj, name)[:, :0] for name in ("means2d", "conics", "depths", "radii", "opacities", "colors")},
+        num_gaussians=0,
+    )
+    background = torch.tensor([[0.2, 0.4, 0.6]], device=device, requires_grad=True)
+    out = rasterize_rows(empty, [16], 20, backgrounds=background, absgrad=True)
+    assert out.colors.shape == (1, 20, WIDTH, 3)
+    torch.testing.assert_close(out.colors, background.detach()[:, None, None].expand_as(out.colors), rtol=0, atol=0)
+    assert not out.alphas.any()
+    assert int(out.tile_counts.sum()) == 0
+    out.colors.sum().backward()
+    # Every pixel shows the background unattenuated: d sum / d background = pixels per channel (exact in float32).
+    torch.testing.assert_close(background.grad, torch.full_like(background, 20 * WIDTH), rtol=0, atol=0)
+    assert empty.means2d.absgrad.shape == (1, 0, 2)
