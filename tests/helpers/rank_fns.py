@@ -165,12 +165,13 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
 
 
 def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference",
-                           top_rows: bool = False) -> list:
+                           top_rows: bool = False, empty_rank: int | None = None) -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
     exchange (parallel/exchange.py, as parallel/sharded.py runs it; at one rank, from its own
     projections). Returns, per split, this rank's loss share and, keyed by global id, its
-    Gaussians' gradients and screen-space statistics. ``top_rows``: as ``band_gradients``'."""
+    Gaussians' gradients and screen-space statistics. ``top_rows``: as ``band_gradients``';
+    ``empty_rank``: that rank owns no Gaussian (the next rank owns its share)."""
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
@@ -185,7 +186,10 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         if top_rows:
             keep_to_top_rows_(model)
         model = model.to(ctx.device)
-        keep = torch.nonzero(model.gauss_ids % ctx.world_size == ctx.rank).reshape(-1)
+        owner = model.gauss_ids % ctx.world_size
+        if empty_rank is not None:
+            owner = torch.where(owner == empty_rank, (empty_rank + 1) % ctx.world_size, owner)
+        keep = torch.nonzero(owner == ctx.rank).reshape(-1)
         model.rows.select_(keep)
         cameras = make_cameras(batch_size)
         images = make_images(batch_size)

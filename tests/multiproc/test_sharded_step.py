@@ -97,6 +97,15 @@ def test_bands_no_gaussian_reaches_render_their_background(top_rows_reference: d
     _assert_equal_to_one_process(_assemble(ranks, 0), top_rows_reference, dtype, f"W={world} empty bands")
 
 
+def test_a_rank_that_owns_no_gaussian_renders_what_it_receives(reference: dict, dtype: str) -> None:
+    """Rank 1 of 3 owns nothing (all pruned, say): it sends no row, renders its band from the
+    rows the others send, and the batch still equals one process."""
+    split = SPLITS[3]["unaligned-mixed"]
+    ranks = run_ranks(rank_fns.sharded_band_gradients, 3, [split], 2, 5, dtype, "reference", False, 1)
+    assert ranks[1][0]["shard"] == 0 and ranks[1][0]["sent"] == 0 and ranks[1][0]["received"] > 0
+    _assert_equal_to_one_process(_assemble(ranks, 0), reference, dtype, "W=3 rank 1 empty")
+
+
 def test_gaussians_travel_only_where_needed(sharded: dict) -> None:
     """Whole images, one per rank: each rank keeps what its own image needs and sends the other
     rank at most its whole shard once (one camera), not once per camera."""
