@@ -3,6 +3,9 @@ loss and per-Gaussian gradients of the whole batch, at W = 1, 2 and 3."""
 
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
 import torch
 
@@ -104,6 +107,26 @@ def test_a_rank_that_owns_no_gaussian_renders_what_it_receives(reference: dict, 
     ranks = run_ranks(rank_fns.sharded_band_gradients, 3, [split], 2, 5, dtype, "reference", False, 1)
     assert ranks[1][0]["shard"] == 0 and ranks[1][0]["sent"] == 0 and ranks[1][0]["received"] > 0
     _assert_equal_to_one_process(_assemble(ranks, 0), reference, dtype, "W=3 rank 1 empty")
+
+
+def _random_plan(rng: random.Random, world: int, batch_size: int) -> list:
+    """Each image cut at up to 3 random pixel rows, each band to a random rank (ranks may get
+    nothing, several bands of one image, or bands no Gaussian reaches)."""
+    plan: list = [[] for _ in range(world)]
+    for position in range(batch_size):
+        edges = [0, *sorted(rng.sample(range(1, HEIGHT), rng.randint(0, 3))), HEIGHT]
+        for first, end in itertools.pairwise(edges):
+            plan[rng.randrange(world)].append((position, first, end))
+    return plan
+
+
+def test_random_plans_equal_one_process(top_rows_reference: dict, dtype: str) -> None:
+    """Seeded random plans at W = 3 over the top-rows scene, rank 1 owning nothing: whatever the
+    cut, the batch equals one process."""
+    plans = [_random_plan(random.Random(seed), 3, 2) for seed in range(4)]
+    ranks = run_ranks(rank_fns.sharded_band_gradients, 3, plans, 2, 5, dtype, "reference", True, 1)
+    for i, plan in enumerate(plans):
+        _assert_equal_to_one_process(_assemble(ranks, i), top_rows_reference, dtype, f"plan {plan}")
 
 
 def test_gaussians_travel_only_where_needed(sharded: dict) -> None:
