@@ -84,8 +84,8 @@ class Route:
         send_counts: Rows sent to each rank. Length W.
         recv_counts: Rows received from each rank. Length W.
         calls: The shard's projection calls (their ``means2d`` get ``.grad`` and ``.absgrad``).
-        rows_of_position: Per batch position this rank renders or received rows of, indices of
-            the received rows in ascending global id (empty where no Gaussian reaches its bands).
+        rows_of_position: Per batch position this rank renders, indices of the received rows in
+            ascending global id (empty where no Gaussian reaches its bands).
         rendered_from: Per received batch position, the projection rendered from it (filled,
             every position at once, by the first ``ReceivedProjections.projection``; the
             ``means2d.absgrad`` of those rendered is read in backward).
