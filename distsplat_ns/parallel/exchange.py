@@ -416,17 +416,17 @@ def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor, rendere
     reordered by ascending global id. ``recv_by_source[s][p]``: rows from rank ``s`` for position
     ``p``. Every position in ``rendered`` (this rank's bands') has an entry, empty where no
     Gaussian reaches its bands: the band is still rendered (background) and differentiated."""
-    offsets: dict[int, list[Tensor]] = {position: [] for position in sorted(rendered)}
+    offsets: dict[int, list[Tensor]] = {position: [] for position in rendered}  # rows come only for these
     start = 0
     for source_counts in recv_by_source:
         for position, n in enumerate(source_counts):
             if n:
-                offsets.setdefault(position, []).append(torch.arange(start, start + n, device=recv_ids.device))
+                offsets[position].append(torch.arange(start, start + n, device=recv_ids.device))
                 start += n
     out = {}
     for position, parts in offsets.items():
         if not parts:
-            out[position] = torch.zeros(0, dtype=torch.int64, device=recv_ids.device)
+            out[position] = recv_ids.new_zeros(0)
             continue
         rows = parts[0] if len(parts) == 1 else torch.cat(parts)
         out[position] = rows[torch.argsort(recv_ids[rows], stable=True)]

@@ -98,11 +98,8 @@ def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Ca
 
 def _render_band(received: ReceivedProjections, first_row_px: int, num_rows_px: int, width: int, background: torch.Tensor) -> torch.Tensor:
     """Rows ``[first_row_px, first_row_px + num_rows_px)`` of the view from the received rows:
-    `[rows, W, 5]` (colour over ``background``, expected depth, opacity)."""
-    if received.route.rows_of_position[0].numel() == 0:  # no Gaussian reaches these rows
-        out = background.new_zeros(num_rows_px, width, NUM_PIXEL_CHANNELS)
-        out[..., _RGB] = background
-        return out
+    `[rows, W, 5]` (colour over ``background``, expected depth, opacity). Rows no Gaussian reaches
+    render from zero received rows: the background, depth and opacity 0."""
     proj = received.projection(0)
     proj = dataclasses.replace(proj, colors=torch.cat([proj.colors, proj.depths[..., None]], dim=-1), render_mode="RGB+ED")
     out = rasterize_rows(proj, [first_row_px], num_rows_px, tile_size=TILE_SIZE)

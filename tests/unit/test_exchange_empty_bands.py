@@ -4,17 +4,17 @@ rendered as background, and a view's band of it is the background (parallel/view
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import torch
 
 from distsplat_ns.balance.bands import Band
+from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.parallel.exchange import exchange_screen_terms
 from distsplat_ns.parallel.view_render import NUM_PIXEL_CHANNELS, _render_band
 from distsplat_ns.rendering import project, rasterize_rows
 
 WIDTH, HEIGHT = 64, 96
-ONE_RANK = SimpleNamespace(world_size=1, rank=0, is_distributed=False, backend="gloo", device=torch.device("cpu"))
+ONE_RANK = DistContext()
 
 
 def _projection_near_row(row_px: float, num: int = 5):
