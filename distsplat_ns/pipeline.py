@@ -47,7 +47,7 @@ from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelCon
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
-from distsplat_ns.utils.cameras import BatchCameras, downscaled_px
+from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
@@ -155,18 +155,6 @@ def communicating(clock: PhaseClock, phase: str | None = "all_reduce") -> Iterat
     (once where such blocks nest: the sharded exchange times its parts inside its whole)."""
     with clock.span("exposed_comm"), clock.phase(phase) if phase is not None else nullcontext():
         yield
-
-
-def batch_sizes_px(image_sizes: Sequence[tuple[int, int]], batch: Sequence[int], downscale: int) -> list[tuple[int, int]]:
-    """The rendered ``(width, height)`` of each camera of the batch, in batch order (cameras of
-    one batch may differ in size: a multi-camera capture).
-
-    Args:
-        image_sizes: Full ``(width, height)`` of every training camera, px.
-        batch: The step's camera ids.
-        downscale: The step's resolution divisor.
-    """
-    return [(downscaled_px(image_sizes[c][0], downscale), downscaled_px(image_sizes[c][1], downscale)) for c in batch]
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -338,7 +326,8 @@ class DistSplatPipeline(VanillaPipeline):
         optimizers.zero_grad_all()
         clock = PhaseClock()
         batch = self.datamanager.batch_camera_ids(step)
-        sizes_px = batch_sizes_px(self._image_sizes, batch, self.model.downscale_factor_at(step))
+        cameras = BatchCameras(batch, self._host_cameras, [self._image_sizes[c] for c in batch])
+        sizes_px = cameras.sizes_px(range(len(batch)), self.model.downscale_factor_at(step))
         num_gaussians = self.mode.num_gaussians_total()
         plan = self.plan(step, batch)
         bands = plan.bands[self.ctx.rank]
@@ -347,7 +336,7 @@ class DistSplatPipeline(VanillaPipeline):
         # Buckets start during the last backward, unless a test reads the gradients before the sum.
         gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
         result, sources, moved = self._forward_backward(
-            step, batch, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum
+            step, cameras, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum
         )
         with clock.phase("all_reduce"):
             if before_gradient_sum_hook is not None:
@@ -378,7 +367,7 @@ class DistSplatPipeline(VanillaPipeline):
         )
 
     def _forward_backward(
-        self, step: int, batch: Sequence[int], sizes_px: Sequence[tuple[int, int]], plan: StepPlan, positions: list[int],
+        self, step: int, cameras: BatchCameras, sizes_px: Sequence[tuple[int, int]], plan: StepPlan, positions: list[int],
         images: list[torch.Tensor], masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock,
         gradient_sum: GradientSum,
     ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
@@ -391,25 +380,23 @@ class DistSplatPipeline(VanillaPipeline):
         **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
         all-gather, the source's backward.
         """
-        batch_cameras = BatchCameras(batch, self._host_cameras)
         share = self.mode.regularizer_share(num_gaussians)
         no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=num_gaussians)
         total: BandRenderResult | None = None
         sources: list[ProjectionSource] = []
         moved = 0
-        groups = list(self.mode.camera_groups(len(batch), num_gaussians))
+        groups = list(self.mode.camera_groups(len(cameras), num_gaussians))
         for g, group in enumerate(groups):
             wanted = set(group)
             mine = [i for i, p in enumerate(positions) if p in wanted]
             mine_positions = [positions[i] for i in mine]
-            cameras = batch_cameras.at(mine_positions)
             with clock.phase("forward"):
-                source, sent = self.mode.projections(batch_cameras, plan, step, lambda: communicating(clock), group)
-                # Host-side cameras: the model reads their sizes without a device sync, then moves them.
+                source, sent = self.mode.projections(cameras, plan, step, lambda: communicating(clock), group)
+                # Host-side cameras: indexed only where this rank projects them, then moved.
                 result = self.model.forward_bands(
                     cameras, mine_positions, [images[i] for i in mine], [masks[i] for i in mine],
                     [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
-                    camera_ids=[batch[p] for p in mine_positions],
+                    camera_ids=[cameras.camera_ids[p] for p in mine_positions],
                 )
             with clock.phase("backward"):
                 halos = [halo_slots([b for b in bands if b.position in wanted], sizes_px) for bands in plan.bands]

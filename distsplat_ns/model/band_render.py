@@ -26,6 +26,8 @@ from distsplat_ns.utils.cameras import downscaled_px
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
+    from distsplat_ns.utils.cameras import BatchCameras
+
 StatisticsProjection = tuple[list[int], torch.Tensor, torch.Tensor]
 """``(batch positions [C], means2d [C, N, 2], radii [C, N])`` of one projection call of this
 rank's own Gaussians: after backward ``means2d.grad``/``.absgrad`` hold its screen-space gradients."""
@@ -92,7 +94,7 @@ class ProjectionSource(Protocol):
         ...
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
     ) -> Iterator[RenderGroup]:
         """The projections and raster calls that render ``bands`` (each band exactly once) of the
         ``cameras`` at ``positions``, rendered at ``downscale``."""
@@ -114,9 +116,9 @@ class OwnProjections:
         return self.calls
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
     ) -> Iterator[RenderGroup]:
-        inputs = model.render_inputs(cameras, downscale)  # only a source that projects needs poses and intrinsics
+        inputs = model.render_inputs(cameras.at(positions), downscale)  # only a source that projects indexes its cameras
         for first, stop, raster_calls in render_calls(bands, list(positions), inputs.sizes_px):
             width, height = inputs.sizes_px[first]
             proj = model.project_gaussians(inputs.viewmats[first:stop], inputs.Ks[first:stop], width, height, step)

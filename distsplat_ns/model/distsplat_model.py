@@ -59,7 +59,7 @@ from distsplat_ns.model.strategy import (
     schedule_in_steps,
 )
 from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
-from distsplat_ns.utils.cameras import ResolutionSchedule, c2w_to_viewmat, cameras_at
+from distsplat_ns.utils.cameras import BatchCameras, ResolutionSchedule, c2w_to_viewmat, cameras_at
 from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.host_to_device import to_device
 from distsplat_ns.utils.logging import get_logger
@@ -378,7 +378,7 @@ class DistSplatModel(SplatfactoModel):
     # ------------------------------------------------------------------ training forward
     def forward_bands(
         self,
-        cameras: Cameras,
+        cameras: BatchCameras[Cameras],
         positions: Sequence[int],
         images: Sequence[torch.Tensor],
         masks: Sequence[torch.Tensor | None],
@@ -391,8 +391,8 @@ class DistSplatModel(SplatfactoModel):
         """Render this rank's bands of the step's batch and compute its share of the loss.
 
         Args:
-            cameras: The cameras of the images this rank renders, in the order of ``positions``.
-            positions: Batch positions of those images (``0 <= p < B``).
+            cameras: The batch's cameras (indexed only where the source projects them).
+            positions: Batch positions of the images this rank renders (``0 <= p < B``).
             images: Their ground-truth images. Each `[H, W, 3 or 4]` uint8.
             masks: Their masks `[H, W, 1]` or None.
             bands: This rank's bands (rows at the resolution rendered this step); each band's
@@ -410,8 +410,8 @@ class DistSplatModel(SplatfactoModel):
         **Differentiable:** with respect to every Gaussian parameter (and camera adjustments), or
         to the source's terms.
         """
-        if len(cameras) != len(positions) or len(images) != len(positions):
-            raise ValueError(f"forward_bands: {len(cameras)} cameras, {len(positions)} positions, {len(images)} images")
+        if len(images) != len(positions) or len(masks) != len(positions):
+            raise ValueError(f"forward_bands: {len(positions)} positions, {len(images)} images, {len(masks)} masks")
         if self.config.use_bilateral_grid and (camera_ids is None or len(camera_ids) != len(positions)):
             raise ValueError(f"forward_bands: the bilateral grid needs one camera id per position, got {camera_ids!r}")
         zero = self.means.new_zeros(())
@@ -423,7 +423,7 @@ class DistSplatModel(SplatfactoModel):
             return BandRenderResult(loss=regularizer_loss, l1=zero, dssim=zero, loss_terms=loss_terms)
         source = OwnProjections() if source is None else source
         downscale = self.downscale_factor_at(step)
-        sizes_px = rendered_sizes_px(cameras, downscale)
+        sizes_px = cameras.sizes_px(positions, downscale)
         backgrounds = [self.training_background(step, p) for p in positions]
         gts, gt_masks = self.band_terms.ground_truths(images, masks, backgrounds, downscale, sizes_px)
 

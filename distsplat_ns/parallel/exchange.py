@@ -46,6 +46,8 @@ from distsplat_ns.utils.host_to_device import host_tensor
 if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
+    from distsplat_ns.utils.cameras import BatchCameras
+
 #: Columns of a row of screen-space terms: the differentiable ones first.
 _MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
 NUM_DIFFERENTIABLE = 9
@@ -287,7 +289,7 @@ class ReceivedProjections:
         }
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: Cameras, downscale: int, step: int
+        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
     ) -> Iterator[RenderGroup]:
         """Per position this rank renders, the received Gaussians and one raster call per band
         (already projected by their owners: the cameras' poses are not read)."""

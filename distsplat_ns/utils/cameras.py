@@ -86,32 +86,53 @@ def cameras_at(cameras: CamerasT, indices: Sequence[int]) -> CamerasT:
 
 class BatchCameras(Generic[CamerasT]):
     """A step's cameras by batch position, indexed only when asked for and once per set of
-    positions: a rank that renders part of the batch reads its own cameras, and only the sharded
-    exchange also reads its camera group's (docs/host_cost.md).
+    positions, and their rendered sizes without any index: a rank that projects reads the
+    cameras it projects, one that renders only received terms (the sharded mode) reads none of
+    its own (docs/host_cost.md).
 
     Args:
         camera_ids: The training-camera index at each batch position.
         take: The cameras of the given training-camera indices, in that order.
+        image_sizes_px: Full ``(width, height)`` of the camera at each batch position.
     """
 
-    def __init__(self, camera_ids: Sequence[int], take: Callable[[list[int]], CamerasT]) -> None:
+    def __init__(
+        self, camera_ids: Sequence[int], take: Callable[[list[int]], CamerasT], image_sizes_px: Sequence[tuple[int, int]]
+    ) -> None:
         self.camera_ids = list(camera_ids)
+        if len(image_sizes_px) != len(self.camera_ids):
+            raise ValueError(f"BatchCameras: {len(image_sizes_px)} image sizes for a batch of {len(self.camera_ids)}")
+        self._image_sizes_px = [(int(w), int(h)) for w, h in image_sizes_px]
         self._take = take
         self._taken: dict[tuple[int, ...], CamerasT] = {}
 
     @classmethod
     def of(cls, cameras: CamerasT) -> BatchCameras[CamerasT]:
-        """Cameras already taken, one per batch position in order (``cameras_at`` picks from them)."""
-        return cls(range(len(cameras)), lambda positions: cameras_at(cameras, positions))  # type: ignore[arg-type]
+        """Cameras already taken, one per batch position in order (``cameras_at`` picks from them).
+
+        **Host sync:** their sizes, for device-side cameras.
+        """
+        sizes = zip(cameras.width.reshape(-1).tolist(), cameras.height.reshape(-1).tolist(), strict=True)  # type: ignore[attr-defined]
+        return cls(range(len(cameras)), lambda positions: cameras_at(cameras, positions), list(sizes))  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.camera_ids)
 
+    def _check(self, positions: tuple[int, ...]) -> None:
+        if not all(0 <= p < len(self.camera_ids) for p in positions):
+            raise IndexError(f"BatchCameras: positions {list(positions)} outside a batch of {len(self.camera_ids)}")
+
     def at(self, positions: Sequence[int]) -> CamerasT:
         """The cameras at ``positions``, in that order."""
         key = tuple(positions)
-        if not all(0 <= p < len(self.camera_ids) for p in key):
-            raise IndexError(f"BatchCameras.at: positions {list(key)} outside a batch of {len(self.camera_ids)}")
+        self._check(key)
         if key not in self._taken:
             self._taken[key] = self._take([self.camera_ids[p] for p in key])
         return self._taken[key]
+
+    def sizes_px(self, positions: Sequence[int], downscale: int) -> list[tuple[int, int]]:
+        """The rendered ``(width, height)`` at ``downscale`` of the cameras at ``positions`` (cameras
+        of one batch may differ in size: a multi-camera capture)."""
+        key = tuple(positions)
+        self._check(key)
+        return [(downscaled_px(w, downscale), downscaled_px(h, downscale)) for w, h in (self._image_sizes_px[p] for p in key)]

@@ -34,7 +34,7 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
     model.step = 5
     source, _ = mode.projections(BatchCameras.of(cameras), plan, 5, contextlib.nullcontext)
     result = model.forward_bands(
-        cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+        BatchCameras.of(cameras), positions, [images[p] for p in positions],
         [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
         **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )

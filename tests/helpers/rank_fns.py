@@ -126,7 +126,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
         exchange = plan_halo_exchange(ctx, model, cameras, plan, step)
         if positions:
             result = model.forward_bands(
-                cameras[torch.tensor(positions)], positions, [images[p] for p in positions], [None] * len(positions),
+                BatchCameras.of(cameras), positions, [images[p] for p in positions], [None] * len(positions),
                 bands, step, RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
                 camera_ids=None if camera_ids is None else [camera_ids[p] for p in positions],
             )
@@ -200,7 +200,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         mode = ShardedMode(ctx, model)
         received, _ = mode.projections(BatchCameras.of(cameras), SimpleNamespace(bands=plan), step, contextlib.nullcontext)
         result = model.forward_bands(
-            cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+            BatchCameras.of(cameras), positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
         )
         backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
@@ -255,7 +255,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         model.step = step
         source, _ = mode.projections(BatchCameras.of(cameras), plan, step, contextlib.nullcontext)
         result = model.forward_bands(
-            cameras[torch.tensor(positions, dtype=torch.long)], positions, [images[p] for p in positions],
+            BatchCameras.of(cameras), positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
             camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )

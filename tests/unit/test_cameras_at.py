@@ -37,7 +37,7 @@ def test_batch_cameras_index_on_demand_once_per_positions() -> None:
         taken.append(ids)
         return with_train_camera_ids(dataset[torch.tensor(ids, dtype=torch.long)], ids)
 
-    batch = BatchCameras([7, 2, 5], take)
+    batch = BatchCameras([7, 2, 5], take, [(32, 24)] * 3)
     assert len(batch) == 3 and taken == []  # nothing indexed until asked for
     mine = batch.at([2, 0])
     assert taken == [[5, 7]] and train_camera_ids(mine).tolist() == [5, 7]
@@ -46,6 +46,7 @@ def test_batch_cameras_index_on_demand_once_per_positions() -> None:
     assert train_camera_ids(batch.at([0, 1, 2])).tolist() == [7, 2, 5] and len(taken) == 2
     with pytest.raises(IndexError, match="outside a batch of 3"):
         batch.at([3])
+    assert batch.sizes_px([1, 0], 2) == [(16, 12), (16, 12)] and len(taken) == 2  # sizes index nothing
 
 
 def test_batch_cameras_of_taken_cameras_picks_with_cameras_at() -> None:
@@ -53,3 +54,4 @@ def test_batch_cameras_of_taken_cameras_picks_with_cameras_at() -> None:
     batch = BatchCameras.of(cameras)
     assert len(batch) == 3 and batch.at([0, 1, 2]) is cameras
     assert train_camera_ids(batch.at([1])).tolist() == [2]
+    assert batch.sizes_px([2], 1) == [(int(cameras.width[2]), int(cameras.height[2]))]
