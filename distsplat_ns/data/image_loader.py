@@ -8,7 +8,8 @@ The steps replicate nerfstudio 1.1.5 exactly (``InputDataset.get_data`` then
 ``FullImageDatamanager``'s ``_undistort_image``), so pixels match its loader bit for bit:
 decode (``decode.py``) -> resize by ``scale_factor`` (PIL bilinear) -> alpha compositing
 (``alpha_color``) -> mask (PIL nearest resize) -> undistortion of image and mask (``undistort.py``)
--> crop to the valid region.
+-> crop to the valid region. FISHEYE624 cameras have no mask files (refused at start-up,
+``image_specs.py``): their undistortion generates each image's mask.
 
 Decode at the training scale (docs/data.md): an image wanted at ``1 / f`` of its file's size is
 decoded by libjpeg-turbo at the largest DCT-domain scale ``1 / s`` (``s`` in 1, 2, 4, 8) dividing

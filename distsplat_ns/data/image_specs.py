@@ -4,7 +4,9 @@ nerfstudio glue. The datamanager calls ``undistort_cameras`` on each split's ``I
 (rewriting them to the intrinsics and sizes of the delivered, undistorted images: the arithmetic is
 ``undistort.py``'s, no image is decoded) and ``image_specs`` to tell the workers, per image, the
 size of the file, the resize, alpha and mask colours, and the undistortion
-(``image_loader.ImageSpec``, picklable and free of nerfstudio).
+(``image_loader.ImageSpec``, picklable and free of nerfstudio). FISHEYE624 cameras take their crop
+radius from the cameras' ``fisheye_crop_radius`` metadata (transforms.json) and generate their
+masks, so mask files are refused with them (as nerfstudio's loader asserts).
 
 Shape legend: ``C``: cameras.
 """
@@ -18,6 +20,7 @@ from nerfstudio.data.datasets.base_dataset import InputDataset
 from distsplat_ns.data.dataparse import parsed_size_hw
 from distsplat_ns.data.image_loader import ImageSpec
 from distsplat_ns.data.undistort import UndistortSpec, undistort_intrinsics
+from distsplat_ns.utils.errors import UserError
 
 
 def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
@@ -26,7 +29,9 @@ def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
     Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
     operations, same OpenCV calls: ``undistort.undistort_intrinsics``) without decoding any image,
     once per distinct camera. Distortion parameters of undistorted cameras are set to zero: the
-    cameras then describe the delivered pixels.
+    cameras then describe the delivered pixels (nerfstudio keeps them; their camera type stays,
+    as in nerfstudio). FISHEYE624 cameras use ``cameras.metadata["fisheye_crop_radius"]`` (one
+    radius for all cameras, in pixels, as nerfstudio's dataparser sets it, not rescaled).
 
     Args:
         cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.
@@ -35,8 +40,9 @@ def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
         Per camera, its ``UndistortSpec`` or None (no distortion).
 
     Raises:
-        NotImplementedError: A distorted camera of a model other than perspective or fisheye.
-        ValueError: A perspective camera with a non-zero k4 (unsupported by nerfstudio as well).
+        NotImplementedError: A distorted camera of a model other than perspective, fisheye or FISHEYE624.
+        ValueError: A perspective camera with a non-zero k4 (unsupported by nerfstudio as well); a
+            distorted FISHEYE624 camera without a usable ``fisheye_crop_radius``.
     """
     if len(cameras.shape) != 1:
         raise ValueError(f"cameras must have one batch dimension, got shape {tuple(cameras.shape)}")
@@ -46,6 +52,7 @@ def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
     # Dataparsers may hand out expanded views (one row shared by all cameras): write to copies.
     for name in ("fx", "fy", "cx", "cy", "width", "height", "distortion_params"):
         setattr(cameras, name, getattr(cameras, name).clone())
+    radius = cameras.metadata.get("fisheye_crop_radius") if cameras.metadata is not None else None
     results = undistort_intrinsics(
         [CameraType(int(t)).name for t in cameras.camera_type[:, 0].tolist()],
         cameras.fx[:, 0].cpu().numpy(),
@@ -55,6 +62,7 @@ def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
         cameras.width[:, 0].cpu().numpy(),
         cameras.height[:, 0].cpu().numpy(),
         cameras.distortion_params.detach().cpu().numpy().copy(),
+        fisheye_crop_radius=[radius] * num_cameras,
     )
     for i, result in enumerate(results):
         if result is None:
@@ -77,8 +85,17 @@ def image_specs(
     source_downscale: int = 1,
 ) -> list[ImageSpec]:
     """Per-image decode instructions for ``dataset`` (sizes before undistortion); files are
-    decoded at ``1 / source_downscale`` (a dataparser downscale without its images_N folder)."""
+    decoded at ``1 / source_downscale`` (a dataparser downscale without its images_N folder).
+
+    Raises:
+        ValueError: Mask files together with undistorted FISHEYE624 cameras (they generate their masks).
+    """
     outputs: DataparserOutputs = dataset._dataparser_outputs
+    if outputs.mask_filenames is not None and any(u is not None and u.camera_model == "fisheye624" for u in undistort):
+        raise UserError(
+            "mask files (mask_path in transforms.json) cannot be used with FISHEYE624 cameras: their undistortion "
+            "generates the mask from fisheye_crop_radius (nerfstudio refuses them too); remove mask_path"
+        )
     parsed = parsed_size_hw(outputs) if source_downscale > 1 else [None] * len(dataset)
     alpha = outputs.alpha_color
     alpha_color = tuple(float(v) for v in alpha.reshape(-1).tolist()) if alpha is not None else None

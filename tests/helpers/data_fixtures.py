@@ -22,7 +22,12 @@ from distsplat_ns.data.image_loader import ImageLoader
 
 SHARED_DATA = (Path(__file__).resolve().parents[2] / ".." / "shared" / "data").resolve()
 
+FISHEYE624_PARAMS = (0.39, -0.42, 0.05, 1.3, -1.8, 0.65, 1e-3, -6e-4, 4e-4, -2e-4, -3e-4, 1e-4)
+"""Aria-like FISHEYE624 distortion (k0..k5, p0, p1, s0..s3): the radial terms of a ~150 degree lens,
+small tangential and thin-prism terms, deliberately not symmetric under swapping x and y."""
+
 __all__ = [
+    "FISHEYE624_PARAMS",
     "SHARED_DATA",
     "START_LOCK",
     "hold_stream_workers",
@@ -167,6 +172,7 @@ def write_nerfstudio_scene(
     with_masks: bool = False,
     seed: int = 0,
     camera_model: str = "OPENCV",
+    fisheye_crop_radius: float | None = None,
 ) -> Path:
     """A small nerfstudio-data scene: seeded JPEGs on a circle of cameras, optional distortion and masks.
 
@@ -174,10 +180,12 @@ def write_nerfstudio_scene(
         folder: Where to write (created).
         num_frames: Frames (cameras) to write.
         size_hw: ``(H, W)`` of every image.
-        k1: First radial distortion coefficient (0: undistorted camera).
+        k1: First radial distortion coefficient (0: undistorted camera); ignored for FISHEYE624.
         with_masks: Also write one PNG mask per frame (a seeded blob, 0/255) as ``mask_path``.
         seed: RNG seed.
-        camera_model: ``OPENCV`` or ``OPENCV_FISHEYE``.
+        camera_model: ``OPENCV``, ``OPENCV_FISHEYE`` or ``FISHEYE624`` (``FISHEYE624_PARAMS`` as
+            ``distortion_params``, an Aria-like focal length of 0.45 W).
+        fisheye_crop_radius: Written as transforms.json's ``fisheye_crop_radius`` when not None (pixels).
 
     Returns:
         ``folder``.
@@ -218,6 +226,13 @@ def write_nerfstudio_scene(
         "p2": 0.0,
         "frames": frames,
     }
+    if camera_model == "FISHEYE624":
+        for key in ("k1", "k2", "p1", "p2"):
+            del meta[key]
+        meta["fl_x"] = meta["fl_y"] = 0.45 * w
+        meta["distortion_params"] = list(FISHEYE624_PARAMS)
+    if fisheye_crop_radius is not None:
+        meta["fisheye_crop_radius"] = fisheye_crop_radius
     (folder / "transforms.json").write_text(json.dumps(meta))
     return folder
 

@@ -112,9 +112,18 @@ def test_only_distributed_imports_torch_distributed(path: Path) -> None:
     assert not any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in _imports(path))
 
 
+#: Function-level nerfstudio imports allowed below the glue layer (never at module level):
+#: undistort.py calls nerfstudio's FISHEYE624 projection functions only for such cameras (docs/data.md).
+LAZY_NERFSTUDIO = {"data/undistort.py": {"nerfstudio.cameras.camera_utils"}}
+
+
 @pytest.mark.parametrize("path", [p for p in ALL_MODULES if _layer(p) < NERFSTUDIO_LAYER], ids=lambda p: str(p.relative_to(PKG)))
 def test_pure_layers_do_not_import_nerfstudio(path: Path) -> None:
-    assert not any(n.split(".")[0] == "nerfstudio" for n in _imports(path))
+    allowed = LAZY_NERFSTUDIO.get(path.relative_to(PKG).as_posix(), set())
+    top = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top_names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
+    assert not any(n.split(".")[0] == "nerfstudio" for n in top_names)
+    assert not any(n.split(".")[0] == "nerfstudio" and n not in allowed for n in _imports(path))
 
 
 @pytest.mark.parametrize("path", [p for p in PKG.rglob("*.py") if p.name not in ("gsplat_backend.py", "strategy.py")], ids=lambda p: str(p.relative_to(PKG)))
