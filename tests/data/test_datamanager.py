@@ -151,24 +151,47 @@ def _nerfstudio_full_image_manager(dataparser, scale: float):
 
 @pytest.mark.parametrize(
     "k1, masks, scale, model",
-    [(0.0, False, 1.0, "OPENCV"), (0.08, True, 1.0, "OPENCV"), (0.08, True, 0.5, "OPENCV"), (0.08, False, 1.0, "OPENCV_FISHEYE")],
-    ids=["undistorted", "distorted-masks", "distorted-masks-half-res", "fisheye"],
+    [
+        (0.0, False, 1.0, "OPENCV"),
+        (0.08, True, 1.0, "OPENCV"),
+        (0.08, True, 0.5, "OPENCV"),
+        (0.08, False, 1.0, "OPENCV_FISHEYE"),
+        (0.0, False, 1.0, "FISHEYE624"),
+    ],
+    ids=["undistorted", "distorted-masks", "distorted-masks-half-res", "fisheye", "fisheye624"],
 )
 def test_synthetic_scene_matches_nerfstudio_pixel_for_pixel(tmp_path: Path, k1: float, masks: bool, scale: float, model: str) -> None:
-    scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=5, size_hw=(60, 80), k1=k1, with_masks=masks, camera_model=model)
+    # FISHEYE624: masks generated from the crop circle (55 x 55 images from 80 x 60), none without distortion or mask files.
+    radius = 27.5 if model == "FISHEYE624" else None
+    scene = write_nerfstudio_scene(
+        tmp_path / "scene", num_frames=5, size_hw=(60, 80), k1=k1, with_masks=masks, camera_model=model, fisheye_crop_radius=radius
+    )
     dataparser = NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all")
     ours = _manager(dataparser, camera_res_scale_factor=scale, num_workers=1)
     reference = _nerfstudio_full_image_manager(NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"), scale)
     cached = reference.cached_train
     ours.configure_training(len(cached), 0, 1)
     batch = ours.next_train_batch(0)
-    for index, image, mask in zip(batch.camera_indices, batch.images, batch.masks, strict=False):
-        assert torch.equal(image, cached[index]["image"])
-        if masks:
-            assert torch.equal(mask, cached[index]["mask"])
-    for name in ("fx", "fy", "cx", "cy", "width", "height"):
-        assert torch.equal(getattr(ours.train_dataset.cameras, name), getattr(reference.train_dataset.cameras, name)), name
+    assert sorted(batch.camera_indices) == list(range(len(cached)))
+    for index, image, mask in zip(batch.camera_indices, batch.images, batch.masks, strict=True):
+        _assert_same_image_and_mask(image, mask, cached[index])
+    cached_eval = reference.cached_eval
+    eval_items = list(ours.fixed_indices_eval_dataloader)
+    assert len(eval_items) == len(cached_eval)
+    for _, data in eval_items:
+        _assert_same_image_and_mask(data["image"], data.get("mask"), cached_eval[data["image_idx"]])
+    for split in ("train_dataset", "eval_dataset"):
+        for name in ("fx", "fy", "cx", "cy", "width", "height", "camera_type"):
+            theirs = getattr(getattr(reference, split).cameras, name)
+            assert torch.equal(getattr(getattr(ours, split).cameras, name), theirs), (split, name)
     ours.close()
+
+
+def _assert_same_image_and_mask(image: torch.Tensor, mask: torch.Tensor | None, expected: dict) -> None:
+    assert torch.equal(image, expected["image"])
+    assert (mask is None) == ("mask" not in expected)
+    if mask is not None:
+        assert mask.dtype == torch.bool and torch.equal(mask, expected["mask"])
 
 
 @pytest.mark.parametrize("index", [0, 33, 60])
