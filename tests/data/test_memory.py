@@ -51,9 +51,11 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 def test_tree_memory_grows_by_at_most_the_encoded_bytes(memory: dict[str, dict]) -> None:
     extra_bytes = memory["large"]["store_bytes"] - memory["small"]["store_bytes"]
-    extra_pss = memory["large"]["pss"] - memory["small"]["pss"]
+    extra_pss = memory["large"]["own_pss"] - memory["small"]["own_pss"]
     # PSS counts each shared page once across the tree; 1.3x is docs/data.md's target, plus 8 MiB of
-    # interpreter noise between two fresh processes.
+    # interpreter noise between two fresh processes. Anonymous and shared memory only: the file pages
+    # of torch's libraries are split with whatever else maps them, which moves the total by more
+    # than the bound when other processes start or end between the two measurements.
     assert extra_pss <= 1.3 * extra_bytes + (8 << 20), (extra_pss, extra_bytes)
 
 
@@ -68,6 +70,6 @@ def test_workers_hold_no_private_copy_of_the_bytes(memory: dict[str, dict]) -> N
 def test_over_budget_memory_does_not_grow_with_frames(memory: dict[str, dict]) -> None:
     extra_bytes = memory["large"]["store_bytes"] - memory["small"]["store_bytes"]
     assert memory["large_over_budget"]["disk_mode"] and not memory["small"]["disk_mode"]
-    extra_pss = memory["large_over_budget"]["pss"] - memory["small"]["pss"]
+    extra_pss = memory["large_over_budget"]["own_pss"] - memory["small"]["own_pss"]
     # Disk mode keeps paths and sizes only: a few hundred bytes per frame, within process noise.
     assert extra_pss <= 0.15 * extra_bytes + (8 << 20), (extra_pss, extra_bytes)

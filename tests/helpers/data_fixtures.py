@@ -136,20 +136,35 @@ def make_repeated_fox(fox: Path, out: Path, num_frames: int) -> Path:
     return out
 
 
+def _own_pss(pid: int) -> int:
+    """Pss_Anon + Pss_Shmem of ``pid`` in bytes (``/proc/PID/smaps_rollup``; 0 once it has exited)."""
+    total_kib = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Pss_Anon:", "Pss_Shmem:")):
+                    total_kib += int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return total_kib << 10
+
+
 def process_tree_memory(pid: int | None = None) -> dict[str, int]:
     """Memory of a process and all its descendants, in bytes.
 
     Returns:
         ``rss`` (sum of RSS: counts shared pages once per process), ``pss`` (proportional set
         size: shared pages split between their users, so the sum is the tree's real footprint),
-        ``uss`` (pages private to each process, summed), ``num_processes``, and ``worker_uss``
-        (the largest USS among the descendants, 0 without any).
+        ``uss`` (pages private to each process, summed), ``own_pss`` (PSS of anonymous and shared
+        memory only: unlike ``pss`` it does not fall when processes outside the tree map the same
+        library files, so two trees measured at different times compare under load), ``num_processes``,
+        and ``worker_uss`` (the largest USS among the descendants, 0 without any).
     """
     import psutil
 
     root = psutil.Process(pid if pid is not None else os.getpid())
     procs = [root] + root.children(recursive=True)
-    totals = {"rss": 0, "pss": 0, "uss": 0, "num_processes": 0, "worker_uss": 0}
+    totals = {"rss": 0, "pss": 0, "uss": 0, "own_pss": 0, "num_processes": 0, "worker_uss": 0}
     for proc in procs:
         try:
             info = proc.memory_full_info()
@@ -158,6 +173,7 @@ def process_tree_memory(pid: int | None = None) -> dict[str, int]:
         totals["rss"] += info.rss
         totals["pss"] += info.pss
         totals["uss"] += info.uss
+        totals["own_pss"] += _own_pss(proc.pid)
         totals["num_processes"] += 1
         if proc.pid != root.pid:
             totals["worker_uss"] = max(totals["worker_uss"], info.uss)
