@@ -32,9 +32,10 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
     bands = plan.bands[ctx.rank]
     positions = sorted({b.position for b in bands})
     model.step = 5
-    source, _ = mode.projections(BatchCameras.of(cameras), plan, 5, contextlib.nullcontext)
+    batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
+    source, _ = mode.projections(batch_cameras, plan, 5, contextlib.nullcontext)
     result = model.forward_bands(
-        BatchCameras.of(cameras), positions, [images[p] for p in positions],
+        batch_cameras, positions, [images[p] for p in positions],
         [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
         **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )

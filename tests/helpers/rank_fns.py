@@ -198,9 +198,10 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         positions = sorted({b.position for b in bands})
         model.step = step
         mode = ShardedMode(ctx, model)
-        received, _ = mode.projections(BatchCameras.of(cameras), SimpleNamespace(bands=plan), step, contextlib.nullcontext)
+        batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
+        received, _ = mode.projections(batch_cameras, SimpleNamespace(bands=plan), step, contextlib.nullcontext)
         result = model.forward_bands(
-            BatchCameras.of(cameras), positions, [images[p] for p in positions],
+            batch_cameras, positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
         )
         backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
@@ -253,9 +254,10 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         bands = plan.bands[ctx.rank]
         positions = sorted({b.position for b in bands})
         model.step = step
-        source, _ = mode.projections(BatchCameras.of(cameras), plan, step, contextlib.nullcontext)
+        batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
+        source, _ = mode.projections(batch_cameras, plan, step, contextlib.nullcontext)
         result = model.forward_bands(
-            BatchCameras.of(cameras), positions, [images[p] for p in positions],
+            batch_cameras, positions, [images[p] for p in positions],
             [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
             camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )
