@@ -47,13 +47,13 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     """One sharded step's forward and backward (``DistSplatPipeline._forward_backward``) on a
     batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
     rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
-    from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.balance.planner import StepPlan
     from distsplat_ns.distributed.gradient_sum import GradientSum
     from distsplat_ns.parallel.sharded import ShardedMode
     from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.utils.cameras import BatchCameras
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
 
@@ -66,14 +66,13 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     pipe = object.__new__(DistSplatPipeline)  # only what _forward_backward reads
     torch.nn.Module.__init__(pipe)
     pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
-    pipe.datamanager = SimpleNamespace(train_dataset=SimpleNamespace(cameras=make_cameras(len(batch))))
     cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
     bands = [[Band(*b, tile_size=1) for b in rank] for rank in cuts]
     plan = StepPlan(bands=bands, predicted_costs=[0.0] * len(bands), heights_px=[HEIGHT] * len(batch), downscale=1)
     positions = sorted({b.position for b in plan.bands[ctx.rank]})
     images = make_images(len(batch))
     result, sources, _ = pipe._forward_backward(
-        5, batch, [(WIDTH, HEIGHT)] * len(batch), plan, positions, [images[p] for p in positions], [None] * len(positions),
+        5, BatchCameras.of(make_cameras(len(batch))), [(WIDTH, HEIGHT)] * len(batch), plan, positions, [images[p] for p in positions], [None] * len(positions),
         NUM_POINTS, PhaseClock(),
         GradientSum(lambda: 0),  # no gradient sum: the test reads each rank's own gradients
     )
