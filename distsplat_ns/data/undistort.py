@@ -169,10 +169,10 @@ def _crop_radius(radius: object) -> float:
 
 def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
     camera_model, fx, fy, cx, cy, width, height = key[:7]
-    if camera_model == "FISHEYE624":
-        return _fisheye624_undistortion(key, params)
     # float32, like Cameras.get_intrinsics_matrices().numpy() in nerfstudio.
     K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
+    if camera_model == "FISHEYE624":
+        return _fisheye624_undistortion(key, params, K)
     if camera_model == "PERSPECTIVE":
         if params[3] != 0:
             raise UserError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
@@ -202,7 +202,7 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
     )
 
 
-def _fisheye624_undistortion(key: tuple, params: np.ndarray) -> Undistortion:
+def _fisheye624_undistortion(key: tuple, params: np.ndarray, K: np.ndarray) -> Undistortion:
     """A square pinhole camera over the crop circle's field of view, as nerfstudio's FISHEYE624 case.
 
     The same float32 torch operations in the same order: ``fov`` is the larger of the angles
@@ -230,7 +230,6 @@ def _fisheye624_undistortion(key: tuple, params: np.ndarray) -> Undistortion:
     new_K = torch.eye(3)
     new_K[0, 0] = new_K[1, 1] = side / (2 * torch.tan(fov / 2.0))
     new_K[0, 2] = new_K[1, 2] = (side - 1) / 2.0
-    K = np.array([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]], dtype=np.float32)
     spec = _spec("fisheye624", K, params, new_K.numpy(), (width, height), (0, 0, side, side), radius)
     return _result(spec, new_K.numpy(), side, side)
 
