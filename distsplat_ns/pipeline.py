@@ -73,7 +73,7 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     batch_size: int = 1
     """Images per optimizer step, summed over all ranks (independent of the number of processes). Schedules are counted in images, and lr x sqrt(B), Adam eps / sqrt(B), betas^B (Grendel-GS's rule) keep the optimisation comparable across B."""
     partition: PartitionMode = "balanced"
-    """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (Gaussian-tile intersections); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
+    """How each batch is split across ranks: "balanced" cuts the batch's 16-px tile rows into parts of near-equal measured cost (the renderer's work: Gaussian-tile intersections on gsplat, composited pixel-Gaussian pairs on the reference); "whole-images" hands each rank whole images (gsplat's multi-GPU split); "equal-rows" gives each rank the same number of rows (Grendel-GS's cold start)."""
     parallel: ParallelModeName = "replicated"
     """How the Gaussians are held: "replicated" (every rank holds all of them and gradients are all-reduced: best while the model fits one device and the batch is small) or "sharded" (each rank owns 1/W of them with their optimizer state; screen-space terms go to the ranks rendering each band: for scenes that outgrow one device, or many ranks). See docs/sharded.md."""
     replica_check_every: int = 100
@@ -409,7 +409,7 @@ class DistSplatPipeline(VanillaPipeline):
                 total.loss = total.loss.detach() + result.loss.detach()
                 total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
                 total.loss_terms = {k: v + result.loss_terms[k] for k, v in total.loss_terms.items()}
-                total.band_tile_counts.extend(result.band_tile_counts)
+                total.band_tile_work.extend(result.band_tile_work)
                 total.band_depths.extend(result.band_depths)
             total.pixel_links = []  # consumed by the backward
         assert total is not None, "a batch has at least one camera"
@@ -544,7 +544,7 @@ class DistSplatPipeline(VanillaPipeline):
         view = self.mode.pending_view()
         with communicating(clock, phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
             costs = gather_step_costs(
-                self.ctx, plan, result.band_tile_counts, verdict, clock["forward"] + clock["backward"], view is not None
+                self.ctx, plan, result.band_tile_work, verdict, clock["forward"] + clock["backward"], view is not None
             )
         return costs, view
 

@@ -3,9 +3,10 @@
 Pure (no nerfstudio, no torch.distributed): the pipeline feeds it identical inputs on every rank --
 the batch, the resolution, all-gathered measurements -- so every rank computes the same plan.
 
-Costs are Gaussian-tile intersections per tile row (``TILE_SIZE`` px), as the renderer reports them for the rows
-it rendered (gsplat's ``isect_offsets`` on CUDA, the reference's count on CPU): a measure of the
-work on the backend in use, not a constant (docs/balance.md).
+Costs are the renderer's work per tile row (``TILE_SIZE`` px), as it reports it for the rows it
+rendered (``RowRender.tile_work``): Gaussian-tile intersections on gsplat (its ``isect_offsets``),
+composited pixel-Gaussian pairs on the reference backend, whose time follows them (docs/balance.md,
+"The reference backend's cost unit"). A history saved in another unit is not loaded.
 The training resolution changes with splatfacto's schedule, so one history is kept per downscale.
 
 Shape letters: B images in the batch, R ranks, T tile rows.
@@ -28,11 +29,17 @@ from distsplat_ns.balance.partition import (
     whole_image_partition,
 )
 from distsplat_ns.utils.cameras import downscaled_px
+from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 
 PartitionMode = Literal["balanced", "whole-images", "equal-rows"]
 """``--pipeline.partition``: how each batch is cut across ranks (``BandPlanner``)."""
 PARTITION_MODES: tuple[PartitionMode, ...] = get_args(PartitionMode)
+
+INTERSECTIONS = "Gaussian-tile intersections"
+"""The cost unit of gsplat, and of every history saved before the unit was recorded."""
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -93,6 +100,8 @@ class BandPlanner:
         min_band_rows: Thinnest band, in tile rows.
         snap_tolerance: How much more than its share a part may cost to end on an image edge.
         level_smoothing: Weight of the newest step in the smoothed cost level (1 = no smoothing).
+        cost_unit: What the measurements count (``rendering/api.py:WORK_UNITS``); saved with
+            the history, which is only loaded back in the same unit.
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class BandPlanner:
         min_band_rows: int = 1,
         snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
         level_smoothing: float = 0.2,
+        cost_unit: str = INTERSECTIONS,
     ) -> None:
         if not 0.0 < level_smoothing <= 1.0:
             raise ValueError(f"level_smoothing must be in (0, 1], got {level_smoothing}")
@@ -116,6 +126,7 @@ class BandPlanner:
         self.decay = decay
         self.min_band_rows = min_band_rows
         self.snap_tolerance = snap_tolerance
+        self.cost_unit = cost_unit
         self._histories: dict[int, CostHistory] = {}
         self._with_prior: dict[int, set[int]] = {}
         # Cost level (mean measured cost per tile row, smoothed over steps) now and when each
@@ -236,6 +247,7 @@ class BandPlanner:
     def state_dict(self) -> dict:
         return {
             "mode": self.mode,
+            "cost_unit": self.cost_unit,
             "histories": {str(d): h.state_dict() for d, h in self._histories.items()},
             "with_prior": {str(d): sorted(s) for d, s in self._with_prior.items()},
             "level": {str(d): v for d, v in self._level.items()},
@@ -243,8 +255,18 @@ class BandPlanner:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a saved history; one in another cost unit (a checkpoint of the other backend)
+        is dropped with a warning: costs are then estimated again, as at a fresh start."""
         self._histories.clear()
         self._with_prior.clear()
+        saved_unit = state.get("cost_unit", INTERSECTIONS)
+        if saved_unit != self.cost_unit:
+            self._level, self._camera_level = {}, {}
+            logger.warning(
+                "the checkpoint's balancing costs count %s, this renderer's count %s: they are measured again "
+                "(footprint estimates until each camera is rendered once)", saved_unit, self.cost_unit
+            )
+            return
         for key, hist_state in state.get("histories", {}).items():
             hist = self.history(int(key))
             hist.load_state_dict(hist_state)

@@ -153,8 +153,8 @@ class BandRenderResult:
         dssim: This rank's share of the mean ``1 - SSIM`` (detached). 0-d.
         projections: The projections of this rank's own Gaussians it rendered from
             (:class:`OwnProjections`; empty when it rendered received terms).
-        band_tile_counts: Per band, Gaussian-tile intersections of the tile rows it owns
-            `[tile_rows, tile_cols]`, int.
+        band_tile_work: Per band, the renderer's work per tile of the tile rows it owns
+            (``RowRender.tile_work``, the balancer's cost) `[tile_rows, tile_cols]`, int.
         pixel_links: Per band, its rendered pixels and their detached copy, for
             ``model/band_backward.py``'s ``backward_bands``.
         loss_terms: This rank's shares of the named batch-independent terms that are part of
@@ -167,7 +167,7 @@ class BandRenderResult:
     l1: torch.Tensor
     dssim: torch.Tensor
     projections: list[StatisticsProjection] = field(default_factory=list)
-    band_tile_counts: list[tuple[Band, torch.Tensor]] = field(default_factory=list)
+    band_tile_work: list[tuple[Band, torch.Tensor]] = field(default_factory=list)
     pixel_links: list[PixelLink] = field(default_factory=list)
     loss_terms: dict[str, torch.Tensor] = field(default_factory=dict)
     band_depths: list[BandDepth] = field(default_factory=list)

@@ -447,7 +447,7 @@ class DistSplatModel(SplatfactoModel):
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     if self.config.output_depth_during_training:
                         result.band_depths.append(band_depth(band, height, out.colors[k], out.alphas[k]))
-                    result.band_tile_counts.append((band, out.tile_counts[k][: band.num_cost_rows(height)]))
+                    result.band_tile_work.append((band, out.tile_work[k][: band.num_cost_rows(height)]))
 
         lam = self.config.ssim_lambda
         result.loss = ((1 - lam) * l1_total + lam * dssim_total) / self.batch_size + regularizer_loss

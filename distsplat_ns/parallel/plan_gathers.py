@@ -136,7 +136,7 @@ class StepCosts:
 def gather_step_costs(
     ctx: DistContext,
     plan: StepPlan,
-    band_tile_counts: Sequence[tuple[Band, torch.Tensor]],
+    band_tile_work: Sequence[tuple[Band, torch.Tensor]],
     verdict: torch.Tensor | None,
     render_s: float,
     view_posted: bool,
@@ -146,26 +146,26 @@ def gather_step_costs(
     Args:
         ctx: The process context.
         plan: The step's plan; this rank rendered ``plan.bands[ctx.rank]``.
-        band_tile_counts: This rank's ``(band, tile intersections `[tile rows, tile columns]`)``
-            from the render, one per band of its plan, any order.
+        band_tile_work: This rank's ``(band, work per tile `[tile rows, tile columns]`)`` from
+            the render (``RowRender.tile_work``), one per band of its plan, any order.
         verdict: The finite verdict, a device flag `[1]` the same on every rank, or None.
         render_s: This rank's render time, s.
         view_posted: This rank took a viewer frame to serve (rank 0 only).
 
     Raises:
-        RuntimeError: ``band_tile_counts`` does not hold the plan's bands with their rows.
+        RuntimeError: ``band_tile_work`` does not hold the plan's bands with their rows.
 
     **Collective:** world group, one all-gather (each rank's length from the plan).
     **Host sync:** one copy of every rank's values: the next step's cut needs the costs.
     """
-    counts = dict(band_tile_counts)
+    work = dict(band_tile_work)
     rows = [[b.num_cost_rows(plan.heights_px[b.position]) for b in rank_bands] for rank_bands in plan.bands]
     bands, own_rows = plan.bands[ctx.rank], rows[ctx.rank]
-    if set(counts) != set(bands) or any(counts[b].shape[0] != n for b, n in zip(bands, own_rows, strict=True)):
-        measured = sorted((b.position, b.first_row, c.shape[0]) for b, c in counts.items())
+    if set(work) != set(bands) or any(work[b].shape[0] != n for b, n in zip(bands, own_rows, strict=True)):
+        measured = sorted((b.position, b.first_row, c.shape[0]) for b, c in work.items())
         planned = [(b.position, b.first_row, n) for b, n in zip(bands, own_rows, strict=True)]
         raise RuntimeError(f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}")
-    parts = [counts[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
+    parts = [work[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
     if verdict is not None:
         parts += [verdict.reshape(1).to(ctx.device, torch.float64), host_tensor([render_s, float(view_posted)], torch.float64, ctx.device)]
     else:

@@ -26,7 +26,10 @@ from distsplat_ns.rendering import projection as _ref_projection
 from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
 
-__all__ = ["BACKENDS", "RASTERIZE_MODES", "Backend", "Projection", "RowRender", "project", "rasterize_rows", "resolve_backend"]
+__all__ = [
+    "BACKENDS", "RASTERIZE_MODES", "WORK_UNITS", "Backend", "Projection", "RowRender", "project", "rasterize_rows",
+    "resolve_backend",
+]
 
 Backend = Literal["auto", "gsplat", "reference"]
 """A rasterizer: ``--pipeline.model.rendering-backend`` (see the module docstring)."""
@@ -34,6 +37,8 @@ BACKENDS: tuple[Backend, ...] = get_args(Backend)
 _RENDER_MODES = ("RGB", "RGB+ED")
 RASTERIZE_MODES = ("classic", "antialiased")
 """The rasterize modes both backends render (splatfacto's ``rasterize_mode``)."""
+WORK_UNITS = {"gsplat": "Gaussian-tile intersections", "reference": "composited pixel-Gaussian pairs"}
+"""What ``RowRender.tile_work`` counts on each backend: the unit of the balancer's costs."""
 _MIN_ALPHA_FOR_DEPTH = 1e-10  # gsplat divides accumulated depth by alpha.clamp(min=1e-10)
 _KEEPALIVE_ATTR = "_distsplat_band_means2d"  # on proj.means2d: the gsplat bands' shifted means
 
@@ -92,6 +97,11 @@ class RowRender:
             `[C, num_tile_rows, ceil(W / tile_size)]`, int32. When every ``row_starts[c]`` is a
             multiple of ``tile_size`` (always so for whole images), ``num_tile_rows`` is
             ``ceil(num_rows / tile_size)`` and row ``k`` covers band rows ``[k*ts, (k+1)*ts)``.
+        tile_work: The backend's work per tile of the same grid, in ``WORK_UNITS[backend]``: the
+            balancer's cost. gsplat: ``tile_counts`` (its kernels loop over a tile's
+            intersections); reference: composited pairs, which its time follows where the
+            intersections do not (docs/balance.md, "The reference backend's cost unit").
+            `[C, num_tile_rows, ceil(W / tile_size)]`.
         row_starts: First image row of each camera's band. Length C.
         num_rows: Rows per band.
         tile_size: Tile side, px.
@@ -101,6 +111,7 @@ class RowRender:
     colors: Tensor
     alphas: Tensor
     tile_counts: Tensor
+    tile_work: Tensor
     row_starts: list[int]
     num_rows: int
     tile_size: int
@@ -322,7 +333,7 @@ def rasterize_rows(
         chunk_elements: Memory knob of the reference backend (see ``reference.rasterize_to_pixels``).
 
     Returns:
-        The band images and the per-tile intersection counts.
+        The band images, the per-tile intersection counts and the per-tile work.
 
     Raises:
         ValueError: bad ``row_starts``, ``num_rows``, ``tile_size`` or ``backgrounds``.
@@ -384,7 +395,7 @@ def rasterize_rows(
         isects = _ref_raster.intersect_tiles(
             proj.means2d, proj.radii, proj.depths, tile_size, num_tile_rows, num_tile_cols, tile_row_starts
         )
-        colors, alphas = _ref_raster.rasterize_to_pixels(
+        colors, alphas, tile_work = _ref_raster.rasterize_to_pixels_with_work(
             proj.means2d, proj.conics, proj.colors, proj.opacities, proj.width, rows_rendered, isects,
             backgrounds=backgrounds, absgrad_sink=sink, chunk_elements=chunk_elements,
         )  # fmt: skip
@@ -405,6 +416,7 @@ def rasterize_rows(
         colors=colors,
         alphas=alphas,
         tile_counts=tile_counts,
+        tile_work=tile_counts if proj.backend == "gsplat" else tile_work,
         row_starts=starts,
         num_rows=num_rows,
         tile_size=tile_size,

@@ -54,6 +54,7 @@ __all__ = [
     "TileIntersections",
     "intersect_tiles",
     "rasterize_to_pixels",
+    "rasterize_to_pixels_with_work",
 ]
 
 _LOGGER = get_logger(__name__)
@@ -237,8 +238,9 @@ def _log_transmittance(log_keep: Tensor, first: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: int) -> list[_PairChunk]:
-    """Phase 1: the composited (pixel, Gaussian) pairs of every tile, grouped into chunks."""
+def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: int) -> tuple[list[_PairChunk], Tensor]:
+    """Phase 1: the composited (pixel, Gaussian) pairs of every tile, grouped into chunks, and
+    how many each tile has (`[C * T]`, int64: the work of phase 2, ``rasterize_to_pixels_with_work``)."""
     num_pixels = isects.tile_size**2
     device, dtype = feats.device, feats.dtype
     counts = isects.tile_counts.reshape(-1).to(torch.int64)
@@ -259,6 +261,7 @@ def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: i
     basis = torch.stack([0.5 * di * di, di * dj, 0.5 * dj * dj, -di, -dj, torch.ones_like(di)], dim=-1)  # [P, 6]
     geometry = feats[:, :_COLOR].contiguous()  # x, y, a, b, c, o: all the find phase reads
     found: list[_PairChunk] = []
+    pairs_per_tile = torch.zeros_like(counts)
     start = 0
     while start < num_nonempty:
         width = sorted_list[start]
@@ -300,8 +303,13 @@ def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: i
         # within a pixel, so this also drops everything after gsplat's early stop.
         keep = (valid & (torch.exp(log_after) > _T_MIN)).nonzero().squeeze(1)
         found.append(_PairChunk(cand_gauss[keep], cand_pix[keep], px[keep], py[keep]))
+        # ``flat`` and ``keep`` are ascending and a tile's entries are contiguous in ``flat``, so
+        # two searches over the block's tile boundaries count each tile's kept pairs.
+        tile_bounds = torch.arange(tiles.numel() + 1, device=device) * (num_pixels * width)
+        kept_bounds = torch.searchsorted(keep, torch.searchsorted(flat, tile_bounds))
+        pairs_per_tile[tiles] = kept_bounds[1:] - kept_bounds[:-1]
         start = stop
-    return _group_pairs(found, max(1, chunk_elements // _PAIRS_PER_ELEMENT))
+    return _group_pairs(found, max(1, chunk_elements // _PAIRS_PER_ELEMENT)), pairs_per_tile
 
 
 def _group_pairs(parts: list[_PairChunk], max_pairs: int) -> list[_PairChunk]:
@@ -377,7 +385,7 @@ class _CompositePairs(torch.autograd.Function):
         return grad_feats, None, None, None
 
 
-def rasterize_to_pixels(
+def rasterize_to_pixels_with_work(
     means2d: Tensor,
     conics: Tensor,
     colors: Tensor,
@@ -389,8 +397,9 @@ def rasterize_to_pixels(
     backgrounds: Tensor | None = None,
     absgrad_sink: Tensor | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-) -> tuple[Tensor, Tensor]:
-    """Composite the Gaussians of each tile into pixels, as gsplat's ``rasterize_to_pixels``.
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Composite the Gaussians of each tile into pixels, as gsplat's ``rasterize_to_pixels``, and
+    count each tile's work.
 
     The image covers rows ``tile_row_starts[c] * tile_size + [0, image_height)`` of camera ``c``'s
     whole image (``isects`` decides the grid); pixel coordinates are whole-image coordinates.
@@ -410,7 +419,10 @@ def rasterize_to_pixels(
             composite phase works on ``chunk_elements // 8`` composited pairs at a time.
 
     Returns:
-        ``(colors [C, H, W, D], alphas [C, H, W, 1])``.
+        ``(colors [C, H, W, D], alphas [C, H, W, 1], pairs_per_tile [C, rows, cols])``; the last
+        (int64) counts each tile's composited (pixel, Gaussian) pairs: what the composite phase
+        and its backward process, so this backend's time follows their sum, not the tile
+        intersections (docs/balance.md, "The reference backend's cost unit").
 
     **Memory:** transient peaks, float32: in the find phase about
     ``5 bytes x max(chunk_elements, P x max_count)`` (a block and its boolean mask;
@@ -432,7 +444,7 @@ def rasterize_to_pixels(
     feats = torch.cat(
         [means2d.reshape(-1, 2), conics.reshape(-1, 3), opacities.reshape(-1, 1), colors.reshape(-1, depth)], dim=-1
     )  # [C * N, 6 + D]
-    chunks = _find_composited(feats.detach(), isects, chunk_elements)
+    chunks, pairs_per_tile = _find_composited(feats.detach(), isects, chunk_elements)
     sink_flat = absgrad_sink.view(-1, 2) if absgrad_sink is not None else None
     accum, trans = _CompositePairs.apply(feats, chunks, num_cameras * rows * cols * ts * ts, sink_flat)
 
@@ -445,4 +457,29 @@ def rasterize_to_pixels(
     trans_img = to_image(trans[:, None], 1)
     if backgrounds is not None:
         render_colors = render_colors + trans_img * backgrounds[:, None, None, :]
-    return render_colors, 1.0 - trans_img
+    return render_colors, 1.0 - trans_img, pairs_per_tile.reshape(num_cameras, rows, cols)
+
+
+def rasterize_to_pixels(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    image_width: int,
+    image_height: int,
+    isects: TileIntersections,
+    *,
+    backgrounds: Tensor | None = None,
+    absgrad_sink: Tensor | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> tuple[Tensor, Tensor]:
+    """``(colors, alphas)`` of :func:`rasterize_to_pixels_with_work`: gsplat's signature.
+
+    **Differentiable:** as :func:`rasterize_to_pixels_with_work`.
+    **Host sync:** once, to lay out the find phase's blocks.
+    """
+    render_colors, alphas, _ = rasterize_to_pixels_with_work(
+        means2d, conics, colors, opacities, image_width, image_height, isects,
+        backgrounds=backgrounds, absgrad_sink=absgrad_sink, chunk_elements=chunk_elements,
+    )  # fmt: skip
+    return render_colors, alphas

@@ -148,6 +148,14 @@ def test_auto_backend_on_cuda_is_gsplat():
     assert project(**_scene().kwargs()).backend == "gsplat"
 
 
+def test_gsplat_tile_work_is_its_intersections():
+    # The balancer's cost on gsplat (rendering/api.py:WORK_UNITS): the reference counts composited
+    # pairs instead (tests/reference/test_bands.py).
+    proj = project(**_scene().kwargs(), backend="gsplat")
+    out = rasterize_rows(proj, [0, 0], HEIGHT)
+    assert out.tile_work is out.tile_counts and int(out.tile_counts.sum()) > 0
+
+
 def _render_bands(scene, starts):
     """Render ``starts``-delimited bands from one gsplat projection; backward of one loss."""
     scene = scene.with_grad()

@@ -82,7 +82,7 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
         "loss": result.loss.detach(), "ids": model.gauss_ids.clone(), "grads": grads,
         "means2d_grad": info["means2d"].grad.detach().clone(), "absgrad": info["means2d"].absgrad.detach().clone(),
         "radii": info["radii"].clone(), "num_groups": len(sources),
-        "num_tile_counts": len(result.band_tile_counts),
+        "num_tile_work": len(result.band_tile_work),
     }
 
 
@@ -111,7 +111,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     pipe.ctx, pipe.mode, pipe._model, pipe.time_imbalance = ctx, mode, model, []
     pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
     plan = pipe.planner.plan([0], ctx.world_size, 1)
-    result = SimpleNamespace(band_tile_counts=[(b, torch.ones(b.num_cost_rows(HEIGHT), 2)) for b in plan.bands[ctx.rank]])
+    result = SimpleNamespace(band_tile_work=[(b, torch.ones(b.num_cost_rows(HEIGHT), 2)) for b in plan.bands[ctx.rank]])
     frame: dict[str, Any] = {}
     viewer = None
     if ctx.rank == 0:

@@ -21,7 +21,7 @@ def test_camera_groups_give_the_loss_and_gradients_of_one_group(one_group: list,
     grouped = run_ranks(view_fns.grouped_step, 2, group_cameras, "float64")
     for got, want in zip(grouped, one_group, strict=False):
         assert got["num_groups"] == -(-3 // group_cameras) and want["num_groups"] == 1
-        assert torch.equal(got["ids"], want["ids"]) and got["num_tile_counts"] == want["num_tile_counts"]
+        assert torch.equal(got["ids"], want["ids"]) and got["num_tile_work"] == want["num_tile_work"]
         # float64; the groups' gradients are summed into .grad one group after the other instead
         # of by one backward: rounding only, 1e-12 of the largest entry.
         for name in want["grads"]:

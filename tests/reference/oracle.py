@@ -29,11 +29,13 @@ def naive_rasterize(
     tile_size: int = 16,
     backgrounds: Tensor | None = None,
     pixel_means2d: Tensor | None = None,
+    pair_counts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Render ``[C, H, W, D]`` colours and ``[C, H, W, 1]`` alphas from a projection.
 
     ``pixel_means2d`` (`[C, N, H, W, 2]`), if given, replaces ``means2d`` pixel by pixel so that
-    its ``.grad`` holds every pixel's own contribution (for absgrad).
+    its ``.grad`` holds every pixel's own contribution (for absgrad). ``pair_counts`` (`[C, H, W]`
+    int64 zeros), if given, receives how many Gaussians each pixel composited.
     """
     num_cameras, _num_gaussians = opacities.shape
     dtype, device = means2d.dtype, means2d.device
@@ -73,6 +75,8 @@ def naive_rasterize(
             stop = valid & (next_trans <= 1e-4)
             done = done | stop
             take = valid & ~stop
+            if pair_counts is not None:
+                pair_counts[c] += take
             weight = torch.where(take, alpha * trans, torch.zeros_like(alpha))
             acc = acc + weight[..., None] * colors[c, g]
             trans = torch.where(take, next_trans, trans)

@@ -10,6 +10,7 @@ import torch
 
 from distsplat_ns.rendering import project, rasterization, rasterize_rows
 from tests.helpers.scenes import assert_grads_close, random_scene
+from tests.reference.oracle import naive_rasterize
 
 WIDTH, HEIGHT = 45, 61  # neither a multiple of 16
 
@@ -158,6 +159,33 @@ def test_tile_counts_match_brute_force_intersections(tile_size):
     expected = _brute_force_tile_counts(proj, tile_size)
     assert out.tile_counts.dtype == torch.int32
     torch.testing.assert_close(out.tile_counts.to(torch.int64), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tile_size", [8, 16])
+def test_reference_tile_work_is_each_tiles_composited_pairs(tile_size):
+    # The balancer's cost on this backend. Every pixel of a tile is composited, also those past
+    # the image's edge that the crop drops: the oracle renders the whole tile grid.
+    scene = _scene()
+    proj = project(**scene.kwargs(), backend="reference")
+    out = rasterize_rows(proj, [0, 0], HEIGHT, tile_size=tile_size, chunk_elements=4096)  # many blocks, many chunks
+    rows, cols = math.ceil(HEIGHT / tile_size), math.ceil(WIDTH / tile_size)
+    per_pixel = torch.zeros(2, rows * tile_size, cols * tile_size, dtype=torch.int64)
+    naive_rasterize(proj.means2d.detach(), proj.conics.detach(), proj.colors.detach(), proj.opacities.detach(), proj.radii,
+                    proj.depths, cols * tile_size, rows * tile_size, tile_size, pair_counts=per_pixel)  # fmt: skip
+    expected = per_pixel.reshape(2, rows, tile_size, cols, tile_size).sum(dim=(2, 4))
+    assert out.tile_work.dtype == torch.int64 and int(expected.sum()) > 0
+    torch.testing.assert_close(out.tile_work, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("split", SPLITS.values(), ids=SPLITS.keys())
+def test_a_bands_tile_work_is_the_whole_images_on_the_same_tile_rows(split):
+    # What the balancer measures on a band is what the whole image costs on those tile rows, so
+    # measurements of any cut fold into one history.
+    proj, whole = _whole(_scene())
+    for start, stop in _bands(split):
+        out = rasterize_rows(proj, [start, start], stop - start)
+        first = out.tile_row_starts[0]
+        torch.testing.assert_close(out.tile_work, whole.tile_work[:, first : first + out.tile_work.shape[1]], rtol=0, atol=0)
 
 
 def test_tile_size_does_not_change_the_image():

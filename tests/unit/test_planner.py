@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 
 import pytest
 import torch
 
 from distsplat_ns.balance.cost import CostHistory
-from distsplat_ns.balance.planner import BandPlanner, ExpectedImagesAssigner
+from distsplat_ns.balance.planner import INTERSECTIONS, BandPlanner, ExpectedImagesAssigner
+from distsplat_ns.rendering.api import WORK_UNITS
 from tests.helpers.torch_ops import count_torch_ops
 
 
@@ -115,6 +117,29 @@ def test_planner_state_round_trips() -> None:
     restored = BandPlanner("balanced", [64, 64])
     restored.load_state_dict(planner.state_dict())
     assert restored.plan([1, 0], 2, 1).bands == planner.plan([1, 0], 2, 1).bands
+
+
+def test_a_history_in_another_cost_unit_is_measured_again_not_loaded(caplog: pytest.LogCaptureFixture) -> None:
+    # A checkpoint of the gsplat backend (intersections) resumed on the reference (composited
+    # pairs): ~40x apart, the old costs would mis-weigh every camera measured before the resume.
+    planner = BandPlanner("balanced", [64, 64], cost_unit=INTERSECTIONS)
+    plan = planner.plan([0, 1], 2, 1)
+    planner.observe(plan, [0, 1], 1, _measure(plan, {0: [1.0, 2.0, 3.0, 4.0], 1: [4.0, 3.0, 2.0, 1.0]}, [0, 1]))
+    state = planner.state_dict()
+    assert state["cost_unit"] == INTERSECTIONS
+    pairs = BandPlanner("balanced", [64, 64], cost_unit=WORK_UNITS["reference"])
+    with caplog.at_level(logging.WARNING):
+        pairs.load_state_dict(state)
+    assert "measured again" in caplog.text
+    assert pairs.state_dict() == BandPlanner("balanced", [64, 64], cost_unit=WORK_UNITS["reference"]).state_dict()
+    same = BandPlanner("balanced", [64, 64])
+    legacy = {k: v for k, v in state.items() if k != "cost_unit"}  # saved before the unit was recorded: intersections
+    same.load_state_dict(legacy)
+    assert same.plan([1, 0], 2, 1).bands == planner.plan([1, 0], 2, 1).bands
+
+
+def test_the_planners_default_unit_is_the_gsplat_backends() -> None:
+    assert WORK_UNITS["gsplat"] == INTERSECTIONS
 
 
 @pytest.mark.parametrize("batch_size, world_size", [(1, 2), (2, 2), (3, 2), (8, 4), (1, 4)])

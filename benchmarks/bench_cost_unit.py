@@ -1,0 +1,162 @@
+"""Which count predicts the reference backend's render time: tile intersections or composited pairs.
+
+The balancer cuts each batch by the renderer's measured work per tile row (``RowRender.tile_work``,
+docs/balance.md). This script checks the unit on the CPU reference backend, with a trained model of
+a real scene: it trains the time-to-quality benchmark's 1-rank run (same scene, size, schedule and
+seed; ``--images`` of them), loads its last checkpoint, and for every training camera times a whole
+image's forward (projection + ``rasterize_rows``) and backward, in ``--repeats`` passes over the
+cameras, one thread on one core. Each camera's time is the median of its repeats; ``noise_ms`` is the median absolute
+difference of a repeat from its camera's median (what no count can predict).
+
+Reported for each count, and for both together: the least-squares fit ``time = a * count + b``
+over the cameras, its R^2 and the residual standard deviation in ms. A count whose residual is near the noise predicts
+the time; the balancer can then cut the ranks' times equal.
+
+Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3]`` (about 4 min on 2
+idle cores). Writes benchmarks/results/cost_unit_<date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+ttq = sys.modules.get("bench_time_to_quality")
+if ttq is None:  # loaded once, by path (benchmarks/ is not a package)
+    _SPEC = importlib.util.spec_from_file_location("bench_time_to_quality", REPO / "benchmarks" / "bench_time_to_quality.py")
+    assert _SPEC is not None and _SPEC.loader is not None
+    ttq = sys.modules["bench_time_to_quality"] = importlib.util.module_from_spec(_SPEC)  # dataclasses look their module up by name
+    _SPEC.loader.exec_module(ttq)
+
+COUNTS = ("intersections", "composited_pairs")
+
+
+def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
+    """Least squares ``y = sum_k coefficients[k] * columns[k] + intercept``; its R^2 and the
+    residual s.d. (population)."""
+    ys = np.asarray(y, dtype=np.float64)
+    xs = np.asarray(columns, dtype=np.float64).reshape(len(columns), -1)
+    if xs.shape[1] != ys.shape[0] or ys.shape[0] < xs.shape[0] + 2:
+        raise ValueError(f"fit_linear: expected columns of {ys.shape[0]} values and more values than columns + 1, got {xs.shape}")
+    design = np.concatenate([xs.T, np.ones((ys.shape[0], 1))], axis=1)
+    solution = np.linalg.lstsq(design, ys, rcond=None)[0]
+    residual = ys - design @ solution
+    total = float(np.sum((ys - ys.mean()) ** 2))
+    return {"coefficients": solution[:-1].tolist(), "intercept": float(solution[-1]),
+            "r2": 1.0 - float(np.sum(residual**2)) / total if total > 0 else 1.0,
+            "residual_sd": float(residual.std())}
+
+
+def summarise(cameras: list[dict]) -> dict:
+    """The lines fitted to the cameras' median times (ms) on each count and on both, and the
+    timing noise (ms)."""
+    times_ms = [1000 * statistics.median(c["times_s"]) for c in cameras]
+    noise = statistics.median(abs(1000 * t - m) for c, m in zip(cameras, times_ms, strict=True) for t in c["times_s"])
+    fits = {name: fit_linear([[c[name] for c in cameras]], times_ms) for name in COUNTS}
+    fits["both"] = fit_linear([[c[name] for c in cameras] for name in COUNTS], times_ms)
+    for fit in fits.values():
+        fit["residual_sd_ms"] = fit.pop("residual_sd")
+    return {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits}
+
+
+def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
+    """Every training camera's render times and counts with the run's last checkpoint."""
+    import torch
+    from nerfstudio.utils.eval_utils import eval_setup
+
+    from distsplat_ns.rendering.api import RowRender, rasterize_rows, resolve_backend
+    from distsplat_ns.utils.cameras import cameras_at
+    from distsplat_ns.utils.host_allocator import keep_freed_host_memory
+
+    torch.set_num_threads(1)
+    keep_freed_host_memory()  # as the trainer does: no page faults on the step's fresh memory
+    _, pipeline, _, step = eval_setup(run_dir / "config.yml", test_mode="test")
+    model = pipeline.model
+    cameras = pipeline.datamanager.train_dataset.cameras
+
+    def render(camera) -> tuple[float, RowRender]:
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        ((_, proj),) = model.project_cameras(camera, step)
+        out = rasterize_rows(proj, [0], proj.height, tile_size=16)
+        out.colors.square().mean().backward()
+        return time.perf_counter() - start, out
+
+    for _ in range(3):  # warm-up: the allocator's pools, the first calls' dispatch
+        render(cameras_at(cameras, [0]))
+    rows = [{"camera": index, "times_s": []} for index in range(len(cameras))]
+    for _ in range(repeats):  # whole passes: a slow spell of the machine falls on one repeat of many cameras
+        for row in rows:
+            seconds, out = render(cameras_at(cameras, [row["camera"]]))
+            row["times_s"].append(seconds)
+            row["intersections"], row["composited_pairs"] = int(out.tile_counts.sum()), int(out.tile_work.sum())
+    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": resolve_backend(model.config.rendering_backend, model.device),
+                  "size_px": list(out.colors.shape[1:3][::-1])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=300, help="training images of the 1-rank run")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per camera")
+    parser.add_argument("--data", type=Path, default=ttq.SHARED_DATA / "bird")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / f"cost_unit_{dt.date.today().isoformat()}.json")
+    parser.add_argument("--time-run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--time-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.time_run is not None:
+        rows, model = time_cameras(args.time_run, args.repeats)
+        args.time_out.write_text(json.dumps({"rows": rows, "model": model}))
+        return
+    if args.repeats < 2:
+        raise SystemExit(f"error: --repeats {args.repeats}: at least 2 are needed to measure the noise")
+    size = replace(ttq.SIZES["full"], images=args.images, every=args.images)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    with tempfile.TemporaryDirectory(prefix="cost_unit_") as tmp:
+        work = Path(tmp)
+        spec = ttq.RunSpec("w1_b1", 1, "replicated", 1)
+        train = ttq._train_command(spec, size, work, args.data, "cpu", args.seed)
+        print(f"[cost_unit] training: {' '.join(train)}", flush=True)
+        proc = subprocess.run(train, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: training failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        result_path = work / "times.json"
+        timing = ["taskset", "-c", "0", sys.executable, str(Path(__file__).resolve()), "--time-run",
+                  str(work / "ttq" / "distsplat" / spec.name), "--time-out", str(result_path), "--repeats", str(args.repeats)]
+        print("[cost_unit] timing every training camera", flush=True)
+        proc = subprocess.run(timing, capture_output=True, text=True, env=env, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: timing failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        measured = json.loads(result_path.read_text())
+    result = {
+        "benchmark": "bench_cost_unit",
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "train_command": train,
+        "scene": str(args.data.name), "images": args.images, "seed": args.seed, "repeats": args.repeats,
+        "model": measured["model"],
+        "summary": summarise(measured["rows"]),
+        "cameras": measured["rows"],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("model", "summary")}, indent=1))
+    print(f"[cost_unit] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
