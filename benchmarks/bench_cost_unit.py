@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
 import os
 import statistics
@@ -35,12 +34,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-ttq = sys.modules.get("bench_time_to_quality")
-if ttq is None:  # loaded once, by path (benchmarks/ is not a package)
-    _SPEC = importlib.util.spec_from_file_location("bench_time_to_quality", REPO / "benchmarks" / "bench_time_to_quality.py")
-    assert _SPEC is not None and _SPEC.loader is not None
-    ttq = sys.modules["bench_time_to_quality"] = importlib.util.module_from_spec(_SPEC)  # dataclasses look their module up by name
-    _SPEC.loader.exec_module(ttq)
+sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by path (tests): benchmarks/ is not a package
+import bench_time_to_quality as ttq  # its run command, scene and sizes
 
 COUNTS = ("intersections", "composited_pairs")
 

@@ -395,7 +395,7 @@ def rasterize_rows(
         isects = _ref_raster.intersect_tiles(
             proj.means2d, proj.radii, proj.depths, tile_size, num_tile_rows, num_tile_cols, tile_row_starts
         )
-        colors, alphas, tile_work = _ref_raster.rasterize_to_pixels_with_work(
+        colors, alphas, tile_work = _ref_raster.rasterize_to_pixels(
             proj.means2d, proj.conics, proj.colors, proj.opacities, proj.width, rows_rendered, isects,
             backgrounds=backgrounds, absgrad_sink=sink, chunk_elements=chunk_elements,
         )  # fmt: skip

@@ -21,7 +21,8 @@ How, in two phases:
    In real scenes that is a few percent of the block. The exact gsplat tests then run on that
    short list, and pairs past a pixel's early termination are dropped. What remains -- the
    *composited* pairs, pixel-major and front to back within a pixel -- is all the later phase
-   sees.
+   sees. Their count per tile is returned with the image: the time follows it, so it is the
+   balancer's cost on this backend (``rendering/api.py:WORK_UNITS``).
 2. *Composite* (differentiable): per pair ``alpha``, ``log(1 - alpha)``, a segmented exclusive
    cumulative sum (float64) per pixel gives the transmittance in front of each pair, and
    ``index_add`` sums the weighted colours per pixel. It runs in chunks of pairs inside a custom
@@ -54,7 +55,6 @@ __all__ = [
     "TileIntersections",
     "intersect_tiles",
     "rasterize_to_pixels",
-    "rasterize_to_pixels_with_work",
 ]
 
 _LOGGER = get_logger(__name__)
@@ -240,7 +240,7 @@ def _log_transmittance(log_keep: Tensor, first: Tensor) -> Tensor:
 @torch.no_grad()
 def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: int) -> tuple[list[_PairChunk], Tensor]:
     """Phase 1: the composited (pixel, Gaussian) pairs of every tile, grouped into chunks, and
-    how many each tile has (`[C * T]`, int64: the work of phase 2, ``rasterize_to_pixels_with_work``)."""
+    how many each tile has (`[C * T]`, int64: the work of phase 2, ``rasterize_to_pixels``)."""
     num_pixels = isects.tile_size**2
     device, dtype = feats.device, feats.dtype
     counts = isects.tile_counts.reshape(-1).to(torch.int64)
@@ -385,7 +385,7 @@ class _CompositePairs(torch.autograd.Function):
         return grad_feats, None, None, None
 
 
-def rasterize_to_pixels_with_work(
+def rasterize_to_pixels(
     means2d: Tensor,
     conics: Tensor,
     colors: Tensor,
@@ -459,27 +459,3 @@ def rasterize_to_pixels_with_work(
         render_colors = render_colors + trans_img * backgrounds[:, None, None, :]
     return render_colors, 1.0 - trans_img, pairs_per_tile.reshape(num_cameras, rows, cols)
 
-
-def rasterize_to_pixels(
-    means2d: Tensor,
-    conics: Tensor,
-    colors: Tensor,
-    opacities: Tensor,
-    image_width: int,
-    image_height: int,
-    isects: TileIntersections,
-    *,
-    backgrounds: Tensor | None = None,
-    absgrad_sink: Tensor | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-) -> tuple[Tensor, Tensor]:
-    """``(colors, alphas)`` of :func:`rasterize_to_pixels_with_work`: gsplat's signature.
-
-    **Differentiable:** as :func:`rasterize_to_pixels_with_work`.
-    **Host sync:** once, to lay out the find phase's blocks.
-    """
-    render_colors, alphas, _ = rasterize_to_pixels_with_work(
-        means2d, conics, colors, opacities, image_width, image_height, isects,
-        backgrounds=backgrounds, absgrad_sink=absgrad_sink, chunk_elements=chunk_elements,
-    )  # fmt: skip
-    return render_colors, alphas

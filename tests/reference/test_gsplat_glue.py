@@ -38,7 +38,7 @@ class _FakeRasterizeToPixels(torch.autograd.Function):
     def forward(ctx, means2d, conics, colors, opacities, width, height, isects, absgrad):  # type: ignore[override]
         ctx.save_for_backward(means2d, conics, colors, opacities)
         ctx.width, ctx.height, ctx.isects, ctx.absgrad = width, height, isects, absgrad
-        return ref.rasterize_to_pixels(means2d, conics, colors, opacities, width, height, isects)
+        return ref.rasterize_to_pixels(means2d, conics, colors, opacities, width, height, isects)[:2]
 
     @staticmethod
     def backward(ctx, grad_colors, grad_alphas):  # type: ignore[override]
@@ -46,7 +46,7 @@ class _FakeRasterizeToPixels(torch.autograd.Function):
         sink = torch.zeros_like(means2d) if ctx.absgrad else None
         with torch.enable_grad():
             leaves = [t.detach().requires_grad_() for t in (means2d, conics, colors, opacities)]
-            outputs = ref.rasterize_to_pixels(*leaves, ctx.width, ctx.height, ctx.isects, absgrad_sink=sink)
+            outputs = ref.rasterize_to_pixels(*leaves, ctx.width, ctx.height, ctx.isects, absgrad_sink=sink)[:2]
             grads = torch.autograd.grad(outputs, leaves, (grad_colors, grad_alphas))
         if ctx.absgrad:
             means2d.absgrad = sink  # exactly what gsplat's _RasterizeToPixels.backward does

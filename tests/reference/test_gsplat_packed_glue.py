@@ -81,7 +81,7 @@ class _FakePackedRasterize(torch.autograd.Function):
     def _render(means2d, conics, colors, opacities, ctx, sink=None):
         dense = [_Pairs.dense(t) for t in (means2d, conics, colors, opacities)]
         return ref.rasterize_to_pixels(*dense, ctx.width, ctx.height, ctx.isects, backgrounds=ctx.backgrounds,
-                                       absgrad_sink=sink)  # fmt: skip
+                                       absgrad_sink=sink)[:2]  # fmt: skip
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, width, height, isects, backgrounds, absgrad):  # type: ignore[override]

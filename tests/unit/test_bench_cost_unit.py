@@ -1,0 +1,51 @@
+"""The pure parts of benchmarks/bench_cost_unit.py: the least-squares fits and the summary."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cost_unit.py"
+_SPEC = importlib.util.spec_from_file_location("bench_cost_unit", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+cost_unit = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(cost_unit)
+
+
+def test_an_exact_line_is_fitted_with_no_residual() -> None:
+    fit = cost_unit.fit_linear([[1.0, 2.0, 3.0, 4.0]], [5.0, 7.0, 9.0, 11.0])
+    assert fit["coefficients"] == pytest.approx([2.0]) and fit["intercept"] == pytest.approx(3.0)
+    assert fit["r2"] == pytest.approx(1.0) and fit["residual_sd"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_residual_is_what_the_count_leaves_unexplained() -> None:
+    # y = x + (1, -1, -1, 1): the deviations are orthogonal to x and to a constant, so the best
+    # line is y = x and they are its residual, s.d. 1; R^2 = 1 - 4 / sum((y - 1.5)^2) = 1 - 4 / 9.
+    fit = cost_unit.fit_linear([[0.0, 1.0, 2.0, 3.0]], [1.0, 0.0, 1.0, 4.0])
+    assert fit["coefficients"] == pytest.approx([1.0]) and fit["intercept"] == pytest.approx(0.0, abs=1e-12)
+    assert fit["residual_sd"] == pytest.approx(1.0)
+    assert fit["r2"] == pytest.approx(5.0 / 9.0)
+
+
+def test_two_counts_fit_a_plane() -> None:
+    xs, zs = [0.0, 1.0, 0.0, 1.0, 2.0], [0.0, 0.0, 1.0, 1.0, 3.0]
+    fit = cost_unit.fit_linear([xs, zs], [2 * x + 5 * z + 1 for x, z in zip(xs, zs, strict=True)])
+    assert fit["coefficients"] == pytest.approx([2.0, 5.0]) and fit["intercept"] == pytest.approx(1.0)
+
+
+def test_too_few_cameras_are_refused() -> None:
+    with pytest.raises(ValueError, match="fit_linear"):
+        cost_unit.fit_linear([[1.0, 2.0]], [1.0, 2.0])
+
+
+def test_the_summary_takes_each_cameras_median_and_the_repeats_deviation() -> None:
+    # Times are 10 * pairs ms (+-1 ms noise on one repeat each); intersections say nothing.
+    cameras = [{"times_s": [p / 100, p / 100 + 0.001, p / 100], "intersections": 7, "composited_pairs": p}
+               for p in (1, 2, 3, 4, 5)]
+    summary = cost_unit.summarise(cameras)
+    assert summary["noise_ms"] == pytest.approx(0.0, abs=1e-9)  # the median deviation: 2 of 3 repeats are exact
+    assert summary["fits"]["composited_pairs"]["r2"] == pytest.approx(1.0)
+    assert summary["fits"]["composited_pairs"]["residual_sd_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["fits"]["intersections"]["r2"] == pytest.approx(0.0, abs=1e-9)
