@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distsplat_ns.rendering.api import WORK_UNITS
 from tests.helpers.nsrun import (
     latest_checkpoint,
     load_gauss_params,
@@ -43,6 +44,16 @@ def test_summary_gaussian_count_matches_checkpoint(trained_run: tuple[Path, str]
     out, ts = trained_run
     params = load_gauss_params(latest_checkpoint(out, ts))
     assert params["means"].shape[0] == read_stats(out, ts)["final_gaussian_count"]
+
+
+def test_the_checkpoint_keeps_the_balancers_costs_in_the_cpu_renderers_unit(trained_run: tuple[Path, str]) -> None:
+    # Measured in composited pairs on the reference backend; a resume on gsplat (intersections)
+    # then measures again instead of mixing the units (balance/planner.py).
+    out, ts = trained_run
+    pipeline = torch.load(latest_checkpoint(out, ts), map_location="cpu", weights_only=True)["pipeline"]
+    planner = pipeline["_extra_state"]["planner"]
+    assert planner["cost_unit"] == WORK_UNITS["reference"]
+    assert planner["histories"], "no cost was measured"
 
 
 def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path: Path, trained_run: tuple[Path, str]) -> None:
