@@ -120,20 +120,14 @@ def main() -> None:
     if args.repeats < 2:
         raise SystemExit(f"error: --repeats {args.repeats}: at least 2 are needed to measure the noise")
     size = replace(ttq.SIZES["full"], images=args.images, every=args.images)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="cost_unit_") as tmp:
         work = Path(tmp)
-        spec = ttq.RunSpec("w1_b1", 1, "replicated", 1)
-        train = ttq._train_command(spec, size, work, args.data, "cpu", args.seed)
-        print(f"[cost_unit] training: {' '.join(train)}", flush=True)
-        proc = subprocess.run(train, capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: training failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        run = ttq.train_run(ttq.RunSpec("w1_b1", 1, "replicated", 1), size, work, args.data, "cpu", args.seed)
         result_path = work / "times.json"
         timing = ["taskset", "-c", "0", sys.executable, str(Path(__file__).resolve()), "--time-run",
-                  str(work / "ttq" / "distsplat" / spec.name), "--time-out", str(result_path), "--repeats", str(args.repeats)]
+                  run["run_dir"], "--time-out", str(result_path), "--repeats", str(args.repeats)]
         print("[cost_unit] timing every training camera", flush=True)
-        proc = subprocess.run(timing, capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run(timing, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
         if proc.returncode != 0:
             raise SystemExit(f"error: timing failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
         measured = json.loads(result_path.read_text())
@@ -141,7 +135,7 @@ def main() -> None:
         "benchmark": "bench_cost_unit",
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "train_command": train,
+        "train_command": run["command"],
         "scene": str(args.data.name), "images": args.images, "seed": args.seed, "repeats": args.repeats,
         "model": measured["model"],
         "summary": summarise(measured["rows"]),

@@ -391,6 +391,7 @@ def rasterize_rows(
             proj.width, rows_rendered, tile_size, tile_row_starts,
             backgrounds=backgrounds, absgrad_sink=sink, keepalive=keepalive,
         )  # fmt: skip
+        tile_work = tile_counts  # its kernels loop over a tile's intersections
     else:
         isects = _ref_raster.intersect_tiles(
             proj.means2d, proj.radii, proj.depths, tile_size, num_tile_rows, num_tile_cols, tile_row_starts
@@ -416,7 +417,7 @@ def rasterize_rows(
         colors=colors,
         alphas=alphas,
         tile_counts=tile_counts,
-        tile_work=tile_counts if proj.backend == "gsplat" else tile_work,
+        tile_work=tile_work,
         row_starts=starts,
         num_rows=num_rows,
         tile_size=tile_size,
