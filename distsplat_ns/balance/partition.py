@@ -23,6 +23,10 @@ The algorithm (docs/balance.md has the proof of the bound):
 5. Repair: push cuts apart so that every part is non-empty and every band is legal, clamping each
    cut to the latest position that leaves room for the parts after it.
 
+With ``band_cost > 0`` (a fixed cost per band) the steps above are replaced by a min-max search:
+bisection over the bottleneck, each probe the greedy "every part as far as the bottleneck
+allows"; exact when ``min_band_rows == 1`` (``_BandCostCuts``; docs/balance.md).
+
 Bound. Let ``S = total / W'``, ``tau = snap_tolerance``, ``b = min_band_rows``, ``m`` the largest
 row cost and ``Q`` the largest cost of at most ``2b - 1`` consecutive rows of one image
 (``Q = m`` when ``b == 1``). Every rank's cost is at most ``max(S + Q, (1 + tau) * S)``, so with
@@ -53,7 +57,6 @@ d. Repair, ``c'_k = min(max(s_k, next(c'_{k-1})), latest_k)``: if ``c'_{k+1} > n
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -72,7 +75,7 @@ from distsplat_ns.balance.bands import (
     tile_rows_to_pixel_rows,
 )
 from distsplat_ns.utils.logging import get_logger
-from distsplat_ns.utils.validation import check_int
+from distsplat_ns.utils.validation import check_int, check_nonnegative_float
 
 __all__ = [
     "DEFAULT_SNAP_TOLERANCE",
@@ -302,17 +305,111 @@ def _repair(cuts: list[int], layout: _Layout, num_parts: int) -> list[int]:
     return repaired
 
 
+# --------------------------------------------------------------------------------------------
+# With a fixed cost per band
+# --------------------------------------------------------------------------------------------
+
+
+class _BandCostCuts:
+    """Min-max contiguous cuts when each band also costs ``band_cost`` (docs/balance.md, "With a
+    fixed cost per band", has the proofs).
+
+    A part ``[a, p)`` costs ``upper[p] - lower[a]`` (indices into ``layout.allowed``), where
+    ``upper[p] = P[p] + band_cost * #(images starting before p)`` and ``lower[a] = P[a] +
+    band_cost * #(images ending at or before a)``: its rows plus ``band_cost`` per image it
+    touches. Both arrays are non-decreasing in float64 too, so the computed cost only grows when
+    ``p`` moves right or ``a`` moves left -- all the greedy's exchange argument needs.
+    """
+
+    def __init__(self, prefix: np.ndarray, layout: _Layout, band_cost: float) -> None:
+        allowed = layout.allowed
+        starts_before = np.searchsorted(layout.offsets[:-1], allowed, side="left")
+        ends_by = np.searchsorted(layout.offsets[1:], allowed, side="right")
+        self.allowed = allowed.tolist()
+        self.upper = (prefix[allowed] + band_cost * starts_before).tolist()
+        self.lower = (prefix[allowed] + band_cost * ends_by).tolist()
+        # first[j]: index of the earliest legal cut after a cut at allowed[j].
+        self.first = np.searchsorted(allowed, layout.nxt, side="left").tolist()
+
+    def _farthest(self, j: int, bottleneck: float) -> int:
+        """One past the largest index ``q >= first[j]`` with part cost ``<= bottleneck``."""
+        base = self.lower[j]
+        lo, hi = self.first[j], len(self.upper)
+        while lo < hi:  # first index whose part cost exceeds the bottleneck
+            mid = (lo + hi) // 2
+            if self.upper[mid] - base <= bottleneck:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def greedy(self, bottleneck: float, num_parts: int) -> tuple[list[int] | None, float]:
+        """Each part as far as its cost allows: ``(cuts, largest part cost)`` if at most
+        ``num_parts`` parts cover the batch, else ``(None, next)``: ``next`` is the least part cost
+        the greedy refused, so every bottleneck in ``[bottleneck, next)`` gives these same cuts."""
+        last = len(self.upper) - 1
+        cuts, largest, following, j = [0], 0.0, math.inf, 0
+        for _ in range(num_parts):
+            end = self._farthest(j, bottleneck)
+            if end <= last:
+                following = min(following, self.upper[end] - self.lower[j])
+            if end == self.first[j]:  # not even the smallest legal step fits
+                break
+            largest = max(largest, self.upper[end - 1] - self.lower[j])
+            j = end - 1
+            cuts.append(self.allowed[j])
+            if j == last:
+                return cuts, largest
+        return None, following
+
+    def solve(self, world_size: int) -> list[int]:
+        """Cuts of the least bottleneck the greedy meets, found by bisection over part costs.
+
+        ``lo`` stays at most the answer and ``hi`` is the largest part cost of the cuts in hand.
+        A probe at ``mid`` either succeeds (``hi <= mid``) or fails (``lo > mid``), so the gap
+        halves from at most ``W * lo`` down to a float's spacing: the loop ends with ``lo >= hi``
+        after at most about ``log2(W) + 55`` probes, each ``O(W log n)``.
+        """
+        last = len(self.upper) - 1
+        # The costliest smallest legal step (one row when min_band_rows == 1) and the mean part:
+        # no cuts beat either. The mean's float sums are off by far less than 1e-9 relative.
+        steps = max(self.upper[self.first[j]] - self.lower[j] for j in range(last))
+        mean = (self.upper[last] - self.lower[0]) / world_size * (1.0 - 1e-9)
+        lo = max(steps, mean)
+        best, hi = self.greedy(math.inf, world_size)
+        assert best is not None, "one part always covers the batch"
+        for _ in range(_MAX_PROBES):
+            if lo >= hi:
+                break
+            mid = lo + (hi - lo) / 2.0
+            if not lo < mid < hi:  # adjacent floats: probe lo itself
+                mid = lo
+            cuts, value = self.greedy(mid, world_size)
+            if cuts is None:
+                lo = value
+            else:
+                best, hi = cuts, value
+        return best
+
+
+_MAX_PROBES = 256
+"""A cap the bisection never reaches (about ``log2(W) + 55`` probes at worst): a bug cannot hang
+a training step, and the cuts in hand are legal whatever happens."""
+
+
 def partition_rows(
     row_costs: Sequence[ArrayLike],
     world_size: int,
     *,
     min_band_rows: int = 1,
     snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
+    band_cost: float = 0.0,
 ) -> list[list[Band]]:
     """Split a batch's tile rows across ranks into contiguous parts of near-equal cost.
 
-    See the module docstring for the five steps. Deterministic: no RNG, float64 host arithmetic,
-    ties broken by position, so every rank computes the same partition from the same costs.
+    See the module docstring for the five steps (``band_cost == 0``) and the min-max search
+    (``band_cost > 0``). Deterministic: no RNG, float64 host arithmetic, ties broken by position,
+    so every rank computes the same partition from the same costs.
 
     Args:
         row_costs: One 1-D array per camera of the batch, in batch order: estimated cost of each
@@ -322,7 +419,13 @@ def partition_rows(
             thinner than that. >= 1.
         snap_tolerance: Snap a cut onto an image edge when the part that grows costs at most
             ``(1 + snap_tolerance)`` times the ideal share ``total / W'``. >= 0; 0 snaps only
-            moves that keep every part within its share.
+            moves that keep every part within its share. Ignored when ``band_cost > 0``.
+        band_cost: Fixed cost of rendering one band, in the unit of ``row_costs`` (each band
+            projects all of its camera's Gaussians again and renders its own SSIM halo). >= 0,
+            finite. 0 (default): the five steps above. > 0: a part costs its rows plus
+            ``band_cost`` per image it touches, and the cuts minimise the largest part cost
+            (exactly when ``min_band_rows == 1``); whether cutting an image pays is then decided
+            by that cost, not by snapping.
 
     Returns:
         ``result[r]``: the bands of rank ``r``, in batch order.
@@ -330,18 +433,24 @@ def partition_rows(
     Raises:
         TypeError: ``row_costs`` is a single array, or an argument has the wrong type.
         ValueError: Empty batch, an empty, non-1-D, negative or non-finite cost array, or a bad
-            ``world_size``, ``min_band_rows`` or ``snap_tolerance``.
+            ``world_size``, ``min_band_rows``, ``snap_tolerance`` or ``band_cost``.
 
     Invariants:
         - Every row of every image is in exactly one band; bands of one image do not overlap.
         - Rank ``r``'s rows are one contiguous range of the laid-out order, and ranks follow each
           other in rank order (rank 0 starts at image 0, row 0).
-        - Only ranks ``W' .. R-1`` are empty, where ``W' = min(R, capacity)``; ``capacity`` is
-          the total row count when ``min_band_rows == 1``.
+        - Only trailing ranks are empty. With ``band_cost == 0`` these are ranks ``W' .. R-1``,
+          where ``W' = min(R, capacity)``; ``capacity`` is the total row count when
+          ``min_band_rows == 1``. With ``band_cost > 0`` more may be empty where fewer bands
+          are cheaper.
         - Every band has ``num_rows >= min_band_rows`` or is a whole image.
-        - Every rank's cost is at most ``max(total / W' + Q, (1 + snap_tolerance) * total / W')``,
-          ``Q`` = the largest cost of ``2 * min_band_rows - 1`` consecutive rows of one image
-          (the largest row cost when ``min_band_rows == 1``); see docs/balance.md for the proof.
+        - ``band_cost == 0``: every rank's cost is at most ``max(total / W' + Q, (1 +
+          snap_tolerance) * total / W')``, ``Q`` = the largest cost of ``2 * min_band_rows - 1``
+          consecutive rows of one image (the largest row cost when ``min_band_rows == 1``).
+        - ``band_cost > 0``: the largest part cost (rows plus ``band_cost`` per band) is the least
+          any partition achieves when ``min_band_rows == 1``; otherwise at most the larger of
+          that least value and the costliest smallest legal step (at most ``Q + band_cost``).
+          docs/balance.md has the proofs.
 
     Host sync:
         Only if ``row_costs`` live on a device (they are copied to the host).
@@ -349,14 +458,14 @@ def partition_rows(
     costs = as_cost_arrays(row_costs)
     world_size = check_int("world_size", world_size, 1)
     min_band_rows = check_int("min_band_rows", min_band_rows, 1)
-    if isinstance(snap_tolerance, bool) or not isinstance(snap_tolerance, numbers.Real):
-        raise TypeError(f"snap_tolerance: expected a float, got {type(snap_tolerance).__name__}")
-    snap_tolerance = float(snap_tolerance)
-    if not (math.isfinite(snap_tolerance) and snap_tolerance >= 0):
-        raise ValueError(f"snap_tolerance: expected a finite float >= 0, got {snap_tolerance}")
+    snap_tolerance = check_nonnegative_float("snap_tolerance", snap_tolerance)
+    band_cost = check_nonnegative_float("band_cost", band_cost)
 
     layout = _Layout([c.shape[0] for c in costs], min_band_rows)
     prefix = np.concatenate([[0.0], np.cumsum(np.concatenate(costs))])
+    if band_cost > 0:
+        cuts = _BandCostCuts(prefix, layout, band_cost).solve(world_size)
+        return cuts_to_bands(cuts, layout.offsets, world_size)
     num_parts = layout.capacity(world_size)
     if num_parts < world_size:
         logger.debug(
