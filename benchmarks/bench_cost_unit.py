@@ -12,7 +12,14 @@ Reported for each count, and for both together: the least-squares fit ``time = a
 over the cameras, its R^2 and the residual standard deviation in ms. A count whose residual is near the noise predicts
 the time; the balancer can then cut the ranks' times equal.
 
-Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3]`` (about 4 min on 2
+In the same passes each camera is also rendered as two bands (the top and the rest, cut at the middle
+tile row), each with its own projection and render call, as two ranks render a cut image. Their
+composited pairs are the whole image's, so the extra time is the fixed cost of a band:
+``band_overhead_ms`` (median over the cameras), and ``band_cost_fraction``, that cost in the pairs'
+unit (divided by the pairs fit's slope) over the mean image's pairs -- what the planner's
+``band_cost_fraction`` means (docs/balance.md, "With a fixed cost per band").
+
+Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3]`` (about 6 min on 2
 idle cores). Writes benchmarks/results/cost_unit_<date>.json.
 """
 
@@ -57,15 +64,22 @@ def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
 
 
 def summarise(cameras: list[dict]) -> dict:
-    """The lines fitted to the cameras' median times (ms) on each count and on both, and the
-    timing noise (ms)."""
+    """The lines fitted to the cameras' median times (ms) on each count and on both, the timing
+    noise (ms) and, where the cameras were also timed as two bands, a band's fixed cost."""
     times_ms = [1000 * statistics.median(c["times_s"]) for c in cameras]
     noise = statistics.median(abs(1000 * t - m) for c, m in zip(cameras, times_ms, strict=True) for t in c["times_s"])
     fits = {name: fit_linear([[c[name] for c in cameras]], times_ms) for name in COUNTS}
     fits["both"] = fit_linear([[c[name] for c in cameras] for name in COUNTS], times_ms)
     for fit in fits.values():
         fit["residual_sd_ms"] = fit.pop("residual_sd")
-    return {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits}
+    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits}
+    if all(c.get("two_band_times_s") for c in cameras):
+        overhead_ms = statistics.median(1000 * statistics.median(c["two_band_times_s"]) - m for c, m in zip(cameras, times_ms, strict=True))
+        slope = fits["composited_pairs"]["coefficients"][0]  # ms per pair
+        mean_pairs = statistics.fmean(c["composited_pairs"] for c in cameras)
+        summary["band_overhead_ms"] = overhead_ms
+        summary["band_cost_fraction"] = overhead_ms / slope / mean_pairs if slope > 0 and mean_pairs > 0 else None
+    return summary
 
 
 def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
@@ -83,22 +97,31 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
     model = pipeline.model
     cameras = pipeline.datamanager.train_dataset.cameras
 
-    def render(camera) -> tuple[float, RowRender]:
+    def render(camera, split: bool = False) -> tuple[float, RowRender]:
+        """The whole image, or (``split``) its two bands, each projected and rendered on its own;
+        one backward of the summed loss, as a rank's step."""
         model.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        ((_, proj),) = model.project_cameras(camera, step)
-        out = rasterize_rows(proj, [0], proj.height, tile_size=16)
-        out.colors.square().mean().backward()
+        height = int(camera.height[0])
+        cut = 16 * (-(-height // 16) // 2) if split else height
+        loss, out = 0.0, None
+        for first, rows in ((0, cut), (cut, height - cut)) if split else ((0, height),):
+            ((_, proj),) = model.project_cameras(camera, step)
+            out = rasterize_rows(proj, [first], rows, tile_size=16)
+            loss = loss + out.colors.square().mean()
+        loss.backward()
         return time.perf_counter() - start, out
 
     for _ in range(3):  # warm-up: the allocator's pools, the first calls' dispatch
         render(cameras_at(cameras, [0]))
-    rows = [{"camera": index, "times_s": []} for index in range(len(cameras))]
+        render(cameras_at(cameras, [0]), split=True)
+    rows = [{"camera": index, "times_s": [], "two_band_times_s": []} for index in range(len(cameras))]
     for _ in range(repeats):  # whole passes: a slow spell of the machine falls on one repeat of many cameras
         for row in rows:
             seconds, out = render(cameras_at(cameras, [row["camera"]]))
             row["times_s"].append(seconds)
             row["intersections"], row["composited_pairs"] = int(out.tile_counts.sum()), int(out.tile_work.sum())
+            row["two_band_times_s"].append(render(cameras_at(cameras, [row["camera"]]), split=True)[0])
     return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": resolve_backend(model.config.rendering_backend, model.device),
                   "size_px": list(out.colors.shape[1:3][::-1])}
 

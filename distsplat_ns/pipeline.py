@@ -47,7 +47,7 @@ from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelCon
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
-from distsplat_ns.rendering.api import WORK_UNITS, resolve_backend
+from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
@@ -231,9 +231,12 @@ class DistSplatPipeline(VanillaPipeline):
         train_cameras = self.datamanager.train_dataset.cameras
         heights = [int(h) for h in train_cameras.height.reshape(-1).tolist()]
         self._image_sizes = list(zip([int(w) for w in train_cameras.width.reshape(-1).tolist()], heights, strict=False))
-        # Costs in the unit of the renderer this rank uses (the same on every rank: one device type).
+        # Costs in the unit of the renderer this rank uses, and its fixed cost per band (the same on
+        # every rank: one device type).
         backend = resolve_backend(self.model.config.rendering_backend, self.ctx.device)
-        self.planner = BandPlanner(config.partition, heights, cost_unit=WORK_UNITS[backend])
+        self.planner = BandPlanner(
+            config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend]
+        )
         self.time_imbalance: list[float] = []
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
@@ -572,7 +575,10 @@ class DistSplatPipeline(VanillaPipeline):
         """Balance figures for the run summary (measured after the first epoch: before it, most
         cameras have only a footprint prior)."""
         warmup = steps_to_cover(len(self.datamanager.train_dataset), self.config.batch_size)
-        summary: dict[str, Any] = {"partition": self.config.partition, **self.planner.log.summary(warmup_steps=warmup)}
+        summary: dict[str, Any] = {
+            "partition": self.config.partition, "band_cost_fraction": self.planner.band_cost_fraction,
+            **self.planner.log.summary(warmup_steps=warmup),
+        }
         tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
         if tail:
             summary["time_imbalance_mean"], summary["time_imbalance_p95"] = mean_and_p95(tail)

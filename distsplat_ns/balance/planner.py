@@ -102,6 +102,11 @@ class BandPlanner:
         level_smoothing: Weight of the newest step in the smoothed cost level (1 = no smoothing).
         cost_unit: What the measurements count (``rendering/api.py:WORK_UNITS``); saved with
             the history, which is only loaded back in the same unit.
+        band_cost_fraction: The fixed cost of rendering one band (its camera's projection and
+            render call), as a fraction of the batch's mean image cost (``rendering/api.py:
+            BAND_COST_FRACTIONS``). Above 0 the balanced cut minimises the largest rank's rows plus
+            this cost per band, and cuts an image only where that pays; 0 balances the rows and
+            snaps within ``snap_tolerance`` instead (docs/balance.md, "With a fixed cost per band").
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class BandPlanner:
         snap_tolerance: float = DEFAULT_SNAP_TOLERANCE,
         level_smoothing: float = 0.2,
         cost_unit: str = INTERSECTIONS,
+        band_cost_fraction: float = 0.0,
     ) -> None:
         if not 0.0 < level_smoothing <= 1.0:
             raise ValueError(f"level_smoothing must be in (0, 1], got {level_smoothing}")
@@ -121,12 +127,15 @@ class BandPlanner:
             raise ValueError(f"partition mode must be one of {PARTITION_MODES}, got {mode!r}")
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"cost decay must be in [0, 1), got {decay}")
+        if not 0.0 <= band_cost_fraction < 1.0:
+            raise ValueError(f"band_cost_fraction must be in [0, 1), got {band_cost_fraction}")
         self.mode = mode
         self.full_heights_px = [int(h) for h in full_heights_px]
         self.decay = decay
         self.min_band_rows = min_band_rows
         self.snap_tolerance = snap_tolerance
         self.cost_unit = cost_unit
+        self.band_cost_fraction = float(band_cost_fraction)
         self._histories: dict[int, CostHistory] = {}
         self._with_prior: dict[int, set[int]] = {}
         # Cost level (mean measured cost per tile row, smoothed over steps) now and when each
@@ -173,7 +182,10 @@ class BandPlanner:
         hist = self.history(downscale)
         costs = [row_costs * self.level_factor(downscale, c) for row_costs, c in zip(hist.get_arrays(batch), batch, strict=True)]
         if self.mode == "balanced":
-            bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance)
+            band_cost = self.band_cost_fraction * sum(float(c.sum()) for c in costs) / len(costs)
+            bands = partition_rows(
+                costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance, band_cost=band_cost
+            )
         elif self.mode == "whole-images":
             bands = whole_image_partition(row_counts, world_size)
         else:

@@ -27,7 +27,7 @@ from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
 
 __all__ = [
-    "BACKENDS", "RASTERIZE_MODES", "WORK_UNITS", "Backend", "Projection", "RowRender", "project", "rasterize_rows",
+    "BACKENDS", "BAND_COST_FRACTIONS", "RASTERIZE_MODES", "WORK_UNITS", "Backend", "Projection", "RowRender", "project", "rasterize_rows",
     "resolve_backend",
 ]
 
@@ -39,6 +39,12 @@ RASTERIZE_MODES = ("classic", "antialiased")
 """The rasterize modes both backends render (splatfacto's ``rasterize_mode``)."""
 WORK_UNITS = {"gsplat": "Gaussian-tile intersections", "reference": "composited pixel-Gaussian pairs"}
 """What ``RowRender.tile_work`` counts on each backend: the unit of the balancer's costs."""
+BAND_COST_FRACTIONS = {"gsplat": 0.0, "reference": 0.056}
+"""The fixed cost of rendering one more band (its camera's projection and render call), as a
+fraction of a mean image's cost, per backend: the balancer's ``band_cost_fraction``. reference:
+measured by ``benchmarks/bench_cost_unit.py`` (11.6 ms a band, 0.056 of a 231 ms image's pairs;
+docs/balance.md, "With a fixed cost per band"). gsplat: not measured (no GPU was lent), so 0: the
+balancer snaps within its tolerance instead."""
 _MIN_ALPHA_FOR_DEPTH = 1e-10  # gsplat divides accumulated depth by alpha.clamp(min=1e-10)
 _KEEPALIVE_ATTR = "_distsplat_band_means2d"  # on proj.means2d: the gsplat bands' shifted means
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distsplat_ns.rendering.api import WORK_UNITS
+from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS
 from tests.helpers.nsrun import (
     latest_checkpoint,
     load_gauss_params,
@@ -26,6 +26,8 @@ def test_training_completes_with_checkpoint_logs_and_summary(trained_run: tuple[
     stats = read_stats(out, ts)
     assert stats["images_trained"] == 60 and stats["steps"] == 60
     assert stats["backend"] == "reference" and stats["world_size"] == 1
+    # The planner was given the CPU renderer's measured fixed cost per band (rendering/api.py).
+    assert stats["balance"]["band_cost_fraction"] == BAND_COST_FRACTIONS["reference"] > 0
     for key in ("wall_time_s", "images_per_s", "data_wait_fraction", "final_gaussian_count", "final_eval_psnr", "time_breakdown_s"):
         assert key in stats
     assert latest_checkpoint(out, ts).name == "step-000000059.ckpt"

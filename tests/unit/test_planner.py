@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from distsplat_ns.balance.cost import CostHistory
+from distsplat_ns.balance.partition import partition_rows
 from distsplat_ns.balance.planner import INTERSECTIONS, BandPlanner, ExpectedImagesAssigner
 from distsplat_ns.rendering.api import WORK_UNITS
 from tests.helpers.torch_ops import count_torch_ops
@@ -82,10 +83,11 @@ def test_observe_folds_every_ranks_bands_as_per_band_updates_in_rank_order() -> 
         assert torch.equal(got[key], expected[key]), key
 
 
-def test_a_four_rank_step_dispatches_no_torch_operator() -> None:
+@pytest.mark.parametrize("band_cost_fraction", [0.0, 0.05])
+def test_a_four_rank_step_dispatches_no_torch_operator(band_cost_fraction: float) -> None:
     # The history's per-step work is numpy: torch operators here were host time on every step and
     # grew the step's operator count with the number of ranks (docs/host_cost.md).
-    planner = BandPlanner("balanced", [80] * 6 + [160], decay=0.3)
+    planner = BandPlanner("balanced", [80] * 6 + [160], decay=0.3, band_cost_fraction=band_cost_fraction)
     batch = [0, 6, 3, 5]  # 5 + 10 + 5 + 5 tile rows: W = 4 cuts an image, 5 or more bands
     plan, measurements = _four_rank_step(planner, batch, _step_costs(0, 7, 10))
     assert sum(len(bands) for bands in plan.bands) >= 5
@@ -165,3 +167,26 @@ def test_the_halo_exchange_is_empty_exactly_where_a_plan_cuts_no_image() -> None
     cut = BandPlanner("equal-rows", [64, 48]).plan([0], world_size=2, downscale=1)
     assert any(band.first_row > 0 for bands in cut.bands for band in bands)
     assert any(halo_slots(bands, [(40, 64)]) for bands in cut.bands)
+
+def test_the_fixed_cost_per_band_is_a_fraction_of_the_batchs_mean_image_cost() -> None:
+    # Two images of 16 tile rows, measured at 100 and 150: the row balance cuts the second after
+    # 3 of its rows (150 > 1.05 x 125, the snap limit). A band's fixed cost, 0.08 x 125 = 10, moves
+    # the cut a row up: rank 0 renders two bands, so it gets fewer rows (max 141.25 against 148.1).
+    batch, fraction = [0, 1], 0.08
+    costs = {0: [100.0 / 16] * 16, 1: [150.0 / 16] * 16}
+    planners = {f: BandPlanner("balanced", [256, 256], band_cost_fraction=f) for f in (0.0, fraction)}
+    for planner in planners.values():
+        first = planner.plan(batch, 2, 1)
+        planner.observe(first, batch, 1, _measure(first, costs, batch))
+    arrays = planners[fraction].history(1).get_arrays(batch)
+    with_cost = planners[fraction].plan(batch, 2, 1)
+    assert with_cost.bands == partition_rows(arrays, 2, band_cost=fraction * 125.0)
+    assert [b.end_row for b in with_cost.bands[0]] == [16, 2]
+    assert with_cost.bands != planners[0.0].plan(batch, 2, 1).bands
+    assert planners[0.0].plan(batch, 2, 1).bands == partition_rows(arrays, 2)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0])
+def test_a_band_cost_fraction_outside_0_1_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError, match="band_cost_fraction"):
+        BandPlanner("balanced", [64], band_cost_fraction=fraction)
