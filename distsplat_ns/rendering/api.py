@@ -22,6 +22,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
+from distsplat_ns.balance.planner import INTERSECTIONS
 from distsplat_ns.rendering import projection as _ref_projection
 from distsplat_ns.rendering import reference as _ref_raster
 from distsplat_ns.rendering.sh import evaluate_sh
@@ -37,14 +38,16 @@ BACKENDS: tuple[Backend, ...] = get_args(Backend)
 _RENDER_MODES = ("RGB", "RGB+ED")
 RASTERIZE_MODES = ("classic", "antialiased")
 """The rasterize modes both backends render (splatfacto's ``rasterize_mode``)."""
-WORK_UNITS = {"gsplat": "Gaussian-tile intersections", "reference": "composited pixel-Gaussian pairs"}
-"""What ``RowRender.tile_work`` counts on each backend: the unit of the balancer's costs."""
+WORK_UNITS = {"gsplat": INTERSECTIONS, "reference": "composited pixel-Gaussian pairs"}
+"""What ``RowRender.tile_work`` counts on each backend: the unit of the balancer's costs (gsplat's
+is the planner's legacy unit, the one a history saved without a unit was measured in)."""
 BAND_COST_FRACTIONS = {"gsplat": 0.0, "reference": 0.056}
 """The fixed cost of rendering one more band (its camera's projection and render call), as a
 fraction of a mean image's cost, per backend: the balancer's ``band_cost_fraction``. reference:
 measured by ``benchmarks/bench_cost_unit.py`` (11.6 ms a band, 0.056 of a 231 ms image's pairs;
-docs/balance.md, "With a fixed cost per band"). gsplat: not measured (no GPU was lent), so 0: the
-balancer snaps within its tolerance instead."""
+docs/balance.md, "With a fixed cost per band"). gsplat: not measured yet (no GPU was lent since
+the band cost), so 0: the balancer snaps within its tolerance instead; scripts/gpu_check.sh
+measures it (cost_unit.json, summary.band_cost_fraction)."""
 _MIN_ALPHA_FOR_DEPTH = 1e-10  # gsplat divides accumulated depth by alpha.clamp(min=1e-10)
 _KEEPALIVE_ATTR = "_distsplat_band_means2d"  # on proj.means2d: the gsplat bands' shifted means
 
