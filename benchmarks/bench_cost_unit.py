@@ -1,26 +1,29 @@
-"""Which count predicts the reference backend's render time: tile intersections or composited pairs.
+"""Which count predicts a backend's render time, and what a band costs beyond its rows.
 
 The balancer cuts each batch by the renderer's measured work per tile row (``RowRender.tile_work``,
-docs/balance.md). This script checks the unit on the CPU reference backend, with a trained model of
-a real scene: it trains the time-to-quality benchmark's 1-rank run (same scene, size, schedule and
-seed; ``--images`` of them), loads its last checkpoint, and for every training camera times a whole
-image's forward (projection + ``rasterize_rows``) and backward, in ``--repeats`` passes over the
-cameras, one thread on one core. Each camera's time is the median of its repeats; ``noise_ms`` is the median absolute
+docs/balance.md). This script checks the unit with a trained model of a real scene: it trains the
+time-to-quality benchmark's 1-rank run (same scene, size, schedule and seed; ``--images`` of them)
+on ``--device`` (cpu: the reference backend; cuda: gsplat), loads its last checkpoint, and for
+every training camera times a whole image's forward (projection + ``rasterize_rows``) and backward,
+in ``--repeats`` passes over the cameras, one thread on one core (on cuda, from a device sync to a
+device sync). Each camera's time is the median of its repeats; ``noise_ms`` is the median absolute
 difference of a repeat from its camera's median (what no count can predict).
 
-Reported for each count, and for both together: the least-squares fit ``time = a * count + b``
+Reported for each count (intersections; on the reference backend also composited pairs, the
+count its ``tile_work`` is), and for both together: the least-squares fit ``time = a * count + b``
 over the cameras, its R^2 and the residual standard deviation in ms. A count whose residual is near the noise predicts
 the time; the balancer can then cut the ranks' times equal.
 
 In the same passes each camera is also rendered as two bands (the top and the rest, cut at the middle
 tile row), each with its own projection and render call, as two ranks render a cut image. Their
-composited pairs are the whole image's, so the extra time is the fixed cost of a band:
-``band_overhead_ms`` (median over the cameras), and ``band_cost_fraction``, that cost in the pairs'
-unit (divided by the pairs fit's slope) over the mean image's pairs -- what the planner's
-``band_cost_fraction`` means (docs/balance.md, "With a fixed cost per band").
+work is the whole image's, so the extra time is the fixed cost of a band: ``band_overhead_ms``
+(median over the cameras), and ``band_cost_fraction``, that cost in the backend's unit (divided by
+the slope of its count's fit) over the mean image's count -- what ``rendering/api.py:
+BAND_COST_FRACTIONS`` holds per backend (docs/balance.md, "With a fixed cost per band").
 
-Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3]`` (about 6 min on 2
-idle cores). Writes benchmarks/results/cost_unit_<date>.json.
+Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3] [--device cpu|cuda]``
+(about 6 min on 2 idle cores; scripts/gpu_check.sh runs it on cuda). Writes
+benchmarks/results/cost_unit_<date>.json.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by path (tests)
 import bench_time_to_quality as ttq  # its run command, scene and sizes
 
 COUNTS = ("intersections", "composited_pairs")
+"""The counts a camera can carry, in this order; the last one a camera has is its backend's
+``tile_work`` (gsplat counts intersections only)."""
 
 
 def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
@@ -64,21 +69,25 @@ def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
 
 
 def summarise(cameras: list[dict]) -> dict:
-    """The lines fitted to the cameras' median times (ms) on each count and on both, the timing
-    noise (ms) and, where the cameras were also timed as two bands, a band's fixed cost."""
+    """The lines fitted to the cameras' median times (ms) on each count they carry (and on both,
+    where they carry two), the timing noise (ms) and, where the cameras were also timed as two
+    bands, a band's fixed cost in the unit of their backend's work (``work_count``)."""
     times_ms = [1000 * statistics.median(c["times_s"]) for c in cameras]
     noise = statistics.median(abs(1000 * t - m) for c, m in zip(cameras, times_ms, strict=True) for t in c["times_s"])
-    fits = {name: fit_linear([[c[name] for c in cameras]], times_ms) for name in COUNTS}
-    fits["both"] = fit_linear([[c[name] for c in cameras] for name in COUNTS], times_ms)
+    counts = [name for name in COUNTS if name in cameras[0]]
+    fits = {name: fit_linear([[c[name] for c in cameras]], times_ms) for name in counts}
+    if len(counts) > 1:
+        fits["both"] = fit_linear([[c[name] for c in cameras] for name in counts], times_ms)
     for fit in fits.values():
         fit["residual_sd_ms"] = fit.pop("residual_sd")
-    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits}
+    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits,
+               "work_count": counts[-1]}
     if all(c.get("two_band_times_s") for c in cameras):
         overhead_ms = statistics.median(1000 * statistics.median(c["two_band_times_s"]) - m for c, m in zip(cameras, times_ms, strict=True))
-        slope = fits["composited_pairs"]["coefficients"][0]  # ms per pair
-        mean_pairs = statistics.fmean(c["composited_pairs"] for c in cameras)
+        slope = fits[counts[-1]]["coefficients"][0]  # ms per unit of work
+        mean_work = statistics.fmean(c[counts[-1]] for c in cameras)
         summary["band_overhead_ms"] = overhead_ms
-        summary["band_cost_fraction"] = overhead_ms / slope / mean_pairs if slope > 0 and mean_pairs > 0 else None
+        summary["band_cost_fraction"] = overhead_ms / slope / mean_work if slope > 0 and mean_work > 0 else None
     return summary
 
 
@@ -96,11 +105,14 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
     _, pipeline, _, step = eval_setup(run_dir / "config.yml", test_mode="test")
     model = pipeline.model
     cameras = pipeline.datamanager.train_dataset.cameras
+    backend = resolve_backend(model.config.rendering_backend, model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
 
     def render(camera, split: bool = False) -> tuple[float, RowRender]:
         """The whole image, or (``split``) its two bands, each projected and rendered on its own;
         one backward of the summed loss, as a rank's step."""
         model.zero_grad(set_to_none=True)
+        sync()
         start = time.perf_counter()
         height = int(camera.height[0])
         cut = 16 * (-(-height // 16) // 2) if split else height
@@ -110,6 +122,7 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
             out = rasterize_rows(proj, [first], rows, tile_size=16)
             loss = loss + out.colors.square().mean()
         loss.backward()
+        sync()
         return time.perf_counter() - start, out
 
     for _ in range(3):  # warm-up: the allocator's pools, the first calls' dispatch
@@ -120,9 +133,11 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
         for row in rows:
             seconds, out = render(cameras_at(cameras, [row["camera"]]))
             row["times_s"].append(seconds)
-            row["intersections"], row["composited_pairs"] = int(out.tile_counts.sum()), int(out.tile_work.sum())
+            row["intersections"] = int(out.tile_counts.sum())
+            if backend == "reference":  # its tile_work counts composited pairs; gsplat's is the intersections
+                row["composited_pairs"] = int(out.tile_work.sum())
             row["two_band_times_s"].append(render(cameras_at(cameras, [row["camera"]]), split=True)[0])
-    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": resolve_backend(model.config.rendering_backend, model.device),
+    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": backend,
                   "size_px": list(out.colors.shape[1:3][::-1])}
 
 
@@ -132,6 +147,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timings per camera")
     parser.add_argument("--data", type=Path, default=ttq.SHARED_DATA / "bird")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the reference backend; cuda: gsplat")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / f"cost_unit_{dt.date.today().isoformat()}.json")
     parser.add_argument("--time-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--time-out", type=Path, help=argparse.SUPPRESS)
@@ -145,10 +161,12 @@ def main() -> None:
     size = replace(ttq.SIZES["full"], images=args.images, every=args.images)
     with tempfile.TemporaryDirectory(prefix="cost_unit_") as tmp:
         work = Path(tmp)
-        run = ttq.train_run(ttq.RunSpec("w1_b1", 1, "replicated", 1), size, work, args.data, "cpu", args.seed)
+        run = ttq.train_run(ttq.RunSpec("w1_b1", 1, "replicated", 1), size, work, args.data, args.device, args.seed)
         result_path = work / "times.json"
-        timing = ["taskset", "-c", "0", sys.executable, str(Path(__file__).resolve()), "--time-run",
+        timing = [sys.executable, str(Path(__file__).resolve()), "--time-run",
                   run["run_dir"], "--time-out", str(result_path), "--repeats", str(args.repeats)]
+        if args.device == "cpu":
+            timing = ["taskset", "-c", "0", *timing]
         print("[cost_unit] timing every training camera", flush=True)
         proc = subprocess.run(timing, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
         if proc.returncode != 0:
@@ -159,7 +177,7 @@ def main() -> None:
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "train_command": run["command"],
-        "scene": str(args.data.name), "images": args.images, "seed": args.seed, "repeats": args.repeats,
+        "scene": str(args.data.name), "device": args.device, "images": args.images, "seed": args.seed, "repeats": args.repeats,
         "model": measured["model"],
         "summary": summarise(measured["rows"]),
         "cameras": measured["rows"],

@@ -5,9 +5,11 @@
 #   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
 #   3. train distsplat (B=1, B=4, 2 processes on one GPU over gloo) and splatfacto on the same scene
 #      for the same number of images, recording step time, images/s, peak GPU memory, final PSNR;
+#   3a. benchmarks/bench_cost_unit.py --device cuda: gsplat's time per intersection and fixed cost per
+#      band (what rendering/api.py:BAND_COST_FRACTIONS["gsplat"] should hold);
 #   3b. with the time left: benchmarks/bench_time_to_quality.py --quick (1 vs 2 ranks, PSNR vs wall time);
-#   4. write summary.json, env.json, tests.json, bench.json, time_to_quality.json (+ gpu_check.log,
-#      gsplat_cuda.so.gz) to OUTDIR.
+#   4. write summary.json, env.json, tests.json, bench.json, cost_unit.json, time_to_quality.json
+#      (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
 #
 # Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
 #   --dry-run (implied when torch sees no CUDA device): use the current Python environment instead of
@@ -22,7 +24,9 @@
 #   GPU_CHECK_RESUME=1         a second call on the same (warm) machine, or with .gpu_prebuilt/previous/
 #                              carried: reuse the previous call's tests.json and its finished runs,
 #                              run only what is missing (each call saves its results in .gpu_cache/previous)
+#   GPU_CHECK_SKIP_COST_UNIT=1 leave out the cost-unit step (3a); GPU_COST_UNIT_IMAGES [300] its training images
 #   GPU_CHECK_SKIP_TTQ=1       leave out the time-to-quality step (3b); GPU_TTQ_DATA [.gpu_data/bird] its scene
+#                              (and step 3a's)
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
 #   GPU_CHECK_INSTALL=1        with --dry-run: install as the real run does (the wheels of .whl with pip
 #                              --no-index --no-deps --target, the project, PYTHONPATH, the import check)
@@ -298,41 +302,62 @@ else
   step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
 fi
 
-# ------------------------------------------------------------------ 3b. time to quality (issue 21)
-# benchmarks/bench_time_to_quality.py --quick on the GPU: 1 rank vs 2 ranks (gloo, one GPU),
-# replicated and sharded, B = 1 and 2, eval PSNR per checkpoint. Last, and only with the time
-# left: the JSON comes back (time_to_quality.json; `--replot` draws its plot here).
-t0=$(date +%s)
+# ------------------------------------------------------------------ 3a, 3b. benchmarks on bird
 TTQ_DATA="${GPU_TTQ_DATA:-.gpu_data/bird}"
-if [[ -n "$PREV" && -f "$PREV/time_to_quality.json" ]]; then
-  cp "$PREV/time_to_quality.json" "$OUTDIR/time_to_quality.json"
-  step time_to_quality reused 0 "GPU_CHECK_RESUME=1: time_to_quality.json of the previous call ($PREV)"
-elif ((DRY)); then
-  step time_to_quality skipped 0 "dry run: its CPU path is validated with python benchmarks/bench_time_to_quality.py --quick"
-elif [[ "${GPU_CHECK_SKIP_TTQ:-0}" == 1 ]]; then
-  step time_to_quality skipped 0 "GPU_CHECK_SKIP_TTQ=1"
-elif ((GSPLAT_MISSING)); then
-  step time_to_quality skipped 0 "gsplat's extension is not built"
-elif [[ ! -d "$TTQ_DATA/sparse/0" ]]; then
-  step time_to_quality failed 0 "scene $TTQ_DATA not found (scripts/prepare_gpu_wheels.sh copies ../shared/data/bird into .gpu_data/bird; carry .gpu_data)"
-elif (($(left) < 200)); then
-  step time_to_quality skipped 0 "time budget: $(left) s left (needs about 200 s)"
-else
-  say "time to quality (--quick) on $TTQ_DATA, limit $(($(left) - 15)) s"
-  timeout -k 10 $(($(left) - 15)) "$PY" benchmarks/bench_time_to_quality.py --quick --device cuda --data "$TTQ_DATA" \
-    --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
-  RC=$?
-  if ((RC == 0)); then
-    cp "$WORK/time_to_quality.json" "$OUTDIR/time_to_quality.json"
-    step time_to_quality ok $(($(date +%s) - t0)) "ratios in time_to_quality.json (ratios_to_1_rank_final_psnr)"
+# bird_step NAME SKIP_VAR NEEDS_S DRY_DETAIL OK_DETAIL CMD...: run a benchmark on gsplat with the
+# scene TTQ_DATA when NEEDS_S of the budget are left; CMD writes $WORK/NAME.json, which comes back
+# as $OUTDIR/NAME.json. A resumed call reuses the previous call's file; a dry run skips it.
+bird_step() {
+  local name="$1" skip_var="$2" needs="$3" dry_detail="$4" ok_detail="$5" t0 rc
+  shift 5
+  t0=$(date +%s)
+  if [[ -n "$PREV" && -f "$PREV/$name.json" ]]; then
+    cp "$PREV/$name.json" "$OUTDIR/$name.json"
+    step "$name" reused 0 "GPU_CHECK_RESUME=1: $name.json of the previous call ($PREV)"
+  elif ((DRY)); then
+    step "$name" skipped 0 "dry run: $dry_detail"
+  elif [[ "${!skip_var:-0}" == 1 ]]; then
+    step "$name" skipped 0 "$skip_var=1"
+  elif ((GSPLAT_MISSING)); then
+    step "$name" skipped 0 "gsplat's extension is not built"
+  elif [[ ! -d "$TTQ_DATA/sparse/0" ]]; then
+    step "$name" failed 0 "scene $TTQ_DATA not found (scripts/prepare_gpu_wheels.sh copies ../shared/data/bird into .gpu_data/bird; carry .gpu_data)"
+  elif (($(left) < needs)); then
+    step "$name" skipped 0 "time budget: $(left) s left (needs about $needs s)"
   else
-    step time_to_quality failed $(($(date +%s) - t0)) "exit code $RC (124: out of time); see gpu_check.log"
+    say "$name on $TTQ_DATA, limit $(($(left) - 15)) s"
+    timeout -k 10 $(($(left) - 15)) "$@"
+    rc=$?
+    if ((rc == 0)); then
+      cp "$WORK/$name.json" "$OUTDIR/$name.json"
+      step "$name" ok $(($(date +%s) - t0)) "$ok_detail"
+    else
+      step "$name" failed $(($(date +%s) - t0)) "exit code $rc (124: out of time); see gpu_check.log"
+    fi
   fi
-fi
+}
+
+# 3a. Cost unit (issue 28): benchmarks/bench_cost_unit.py on gsplat, each bird camera rendered whole
+# and as two bands from a 1-rank run's checkpoint; summary.band_cost_fraction is the figure
+# rendering/api.py:BAND_COST_FRACTIONS["gsplat"] waits for (docs/balance.md).
+bird_step cost_unit GPU_CHECK_SKIP_COST_UNIT 120 \
+  "its CPU path is python benchmarks/bench_cost_unit.py (the reference backend)" \
+  "band_overhead_ms and band_cost_fraction in cost_unit.json's summary" \
+  "$PY" benchmarks/bench_cost_unit.py --device cuda --data "$TTQ_DATA" --images "${GPU_COST_UNIT_IMAGES:-300}" \
+  --out "$WORK/cost_unit.json"
+
+# 3b. Time to quality (issue 21), last and only with the time left: benchmarks/bench_time_to_quality.py
+# --quick on the GPU, 1 rank vs 2 ranks (gloo, one GPU), replicated and sharded, B = 1 and 2, eval
+# PSNR per checkpoint (`--replot` draws its plot from the JSON here).
+bird_step time_to_quality GPU_CHECK_SKIP_TTQ 200 \
+  "its CPU path is validated with python benchmarks/bench_time_to_quality.py --quick" \
+  "ratios in time_to_quality.json (ratios_to_1_rank_final_psnr)" \
+  "$PY" benchmarks/bench_time_to_quality.py --quick --device cuda --data "$TTQ_DATA" \
+  --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
 
 # ------------------------------------------------------------------ 4. summary
 "$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
 mkdir -p "$CACHE/previous"
-for f in tests.json bench.json time_to_quality.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done
+for f in tests.json bench.json cost_unit.json time_to_quality.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done
 say "done in $(($(date +%s) - T_START)) s; results in $OUTDIR: $(ls "$OUTDIR" | tr '\n' ' ')"
 sleep 1  # let tee finish writing gpu_check.log

@@ -64,3 +64,20 @@ def test_a_bands_fixed_cost_is_the_two_band_time_over_the_whole_in_the_pairs_uni
 def test_no_band_figure_without_two_band_timings() -> None:
     cameras = [{"times_s": [p / 100] * 2, "intersections": p % 2, "composited_pairs": p} for p in (1, 2, 3, 4)]
     assert "band_cost_fraction" not in cost_unit.summarise(cameras)
+
+
+def test_on_gsplat_a_bands_fixed_cost_is_in_the_intersections_unit() -> None:
+    # gsplat's cameras carry intersections only (its tile_work): 10 ms per intersection, two bands
+    # take 4 ms more, 0.4 intersections' worth, over the mean image's 4 intersections. No pairs
+    # fit and no fit on both counts.
+    cameras = [{"times_s": [i / 100] * 2, "two_band_times_s": [i / 100 + 0.004] * 2, "intersections": i} for i in (2, 3, 4, 5, 6)]
+    summary = cost_unit.summarise(cameras)
+    assert summary["work_count"] == "intersections" and set(summary["fits"]) == {"intersections"}
+    assert summary["band_overhead_ms"] == pytest.approx(4.0)
+    assert summary["band_cost_fraction"] == pytest.approx(0.4 / 4.0)
+
+
+def test_on_the_reference_backend_the_work_count_is_the_composited_pairs() -> None:
+    cameras = [{"times_s": [p / 100] * 2, "intersections": p % 2, "composited_pairs": p} for p in (1, 2, 3, 4)]
+    summary = cost_unit.summarise(cameras)
+    assert summary["work_count"] == "composited_pairs" and set(summary["fits"]) == {"intersections", "composited_pairs", "both"}

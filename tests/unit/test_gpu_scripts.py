@@ -79,6 +79,7 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert steps["gsplat_build"]["status"] == "skipped"
     assert steps["time_to_quality"]["status"] == "skipped" and "dry run" in steps["time_to_quality"]["detail"]
+    assert steps["cost_unit"]["status"] == "skipped" and "dry run" in steps["cost_unit"]["detail"]
     log = calls.read_text().splitlines()
     pip_calls = [line for line in log if "ARGS=-m pip install" in line]
     if not install:
