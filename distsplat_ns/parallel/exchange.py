@@ -120,24 +120,30 @@ class Route:
 
 
 class _ScreenTermExchange(torch.autograd.Function):
-    """Forward: the all-to-all of the terms (``Route.send_counts``). Backward: the reverse
-    all-to-all of their gradients with absgrad; the absgrad lands on the owner's projected means.
+    """Forward: the all-to-all of the terms with their global ids (``Route.send_counts``), one
+    collective: each int64 id rides in the payload as its bytes, ``8 / itemsize`` columns of the
+    terms' dtype (bits are copied, never computed on). Returns the received terms `[R, 11]` and
+    ids `[R]`. Backward: the reverse all-to-all of the terms' gradients with absgrad; the absgrad
+    lands on the owner's projected means.
 
     **Collective:** world group, in forward and in backward on every rank (the band backward
     anchors the output so that its backward runs even on a rank that rendered nothing).
-    **Differentiable:** with respect to the sent differentiable terms `[S, 9]`.
+    **Differentiable:** with respect to the sent differentiable terms `[S, 9]` (not the ids).
     """
 
     @staticmethod
-    def forward(fn_ctx, rows: Tensor, fixed: Tensor, route: Route) -> Tensor:
+    def forward(fn_ctx, rows: Tensor, fixed: Tensor, ids: Tensor, route: Route) -> tuple[Tensor, Tensor]:
         fn_ctx.route = route
         fn_ctx.sent_dtype = rows.dtype
-        payload = torch.cat([rows.detach(), fixed], dim=-1)
+        id_columns = 8 // rows.element_size()  # int64 ids as the terms' dtype, bit for bit
+        payload = torch.cat([rows.detach(), fixed, ids.contiguous().view(rows.dtype).reshape(ids.shape[0], id_columns)], dim=-1)
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
-        return recv
+        recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).reshape(recv.shape[0])
+        fn_ctx.mark_non_differentiable(recv_ids)
+        return recv[:, :NUM_COLUMNS], recv_ids
 
     @staticmethod
-    def backward(fn_ctx, grad_recv: Tensor):
+    def backward(fn_ctx, grad_recv: Tensor, _grad_ids: Tensor | None):
         route: Route = fn_ctx.route
         grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
         grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
@@ -156,7 +162,7 @@ class _ScreenTermExchange(torch.autograd.Function):
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
         # projections stayed alive. The pipeline keeps its own reference to read the statistics.
         fn_ctx.route = None
-        return back[:, :NUM_DIFFERENTIABLE], None, None
+        return back[:, :NUM_DIFFERENTIABLE], None, None, None
 
 
 class _ReceivedFields(torch.autograd.Function):
@@ -375,7 +381,7 @@ def exchange_screen_terms(
     Returns:
         What was received, to render from; its backward returns the gradients to their owners.
 
-    **Collective:** world group: the per-position row counts, the rows and their ids (three
+    **Collective:** world group: the per-position row counts, then the rows with their ids (two
     all-to-alls; at one rank, none); in backward, the gradients (one all-to-all).
     **Host sync:** one, whatever W: this rank's row counts and the received ones, read together
     (the selection is then sized without one where torch has ``nonzero_static``; else one more).
@@ -419,19 +425,18 @@ def exchange_screen_terms(
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):
         send_counts[dest] += n
-    recv_counts = [sum(row) for row in recv_by_source]
-    recv_ids, _ = all_to_all_rows(ctx, ids[gaussian_of_row], send_counts, recv_counts)
     route = Route(
         ctx=ctx,
         camera_of_row=camera_of_row,
         gaussian_of_row=gaussian_of_row,
         send_counts=send_counts,
-        recv_counts=recv_counts,
+        recv_counts=[sum(row) for row in recv_by_source],
         calls=list(calls),
-        rows_of_position=_rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]}),
+        rows_of_position={},  # from the received ids, below (before any backward reads it)
         timer=timer,
     )
-    leaf = _ScreenTermExchange.apply(sent, fixed, route)
+    leaf, recv_ids = _ScreenTermExchange.apply(sent, fixed, ids[gaussian_of_row], route)
+    route.rows_of_position = _rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]})
     return ReceivedProjections(
         leaf=leaf,
         ids=recv_ids,

@@ -134,7 +134,7 @@ class ShardedMode(ParallelMode):
         rank projects its Gaussians as its bands are rendered, as the replicated mode does
         (no exchange, none of its routing; docs/host_cost.md).
 
-        **Collective:** world group: the exchange's three all-to-alls now, one in backward (none
+        **Collective:** world group: the exchange's two all-to-alls now, one in backward (none
         at one rank).
         """
         if not self.ctx.is_distributed:

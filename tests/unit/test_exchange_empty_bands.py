@@ -11,25 +11,14 @@ from distsplat_ns.balance.bands import Band
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.parallel.exchange import exchange_screen_terms
 from distsplat_ns.parallel.view_render import NUM_PIXEL_CHANNELS, _render_band
-from distsplat_ns.rendering import project, rasterize_rows
+from distsplat_ns.rendering import rasterize_rows
+from tests.helpers.exchange_fns import WIDTH, projection_near_row
 
-WIDTH, HEIGHT = 64, 96
 ONE_RANK = DistContext()
 
 
-def _projection_near_row(row_px: float, num: int = 5):
-    """``num`` small Gaussians projecting around pixel ``(32, row_px)`` (all in one tile row)."""
-    gen = torch.Generator().manual_seed(0)
-    means = torch.tensor([[0.0, (row_px - HEIGHT / 2) / 50 * 5, 5.0]]) + 0.01 * torch.randn(num, 3, generator=gen)
-    return project(
-        means, torch.tensor([[1.0, 0, 0, 0]]).expand(num, 4), torch.full((num, 3), 0.01), torch.full((num,), 0.9),
-        torch.rand(num, 3, generator=gen), torch.eye(4)[None],
-        torch.tensor([[[50.0, 0, WIDTH / 2], [0, 50.0, HEIGHT / 2], [0, 0, 1]]]), WIDTH, HEIGHT, backend="reference",
-    )  # fmt: skip
-
-
 def test_a_band_no_gaussian_reaches_has_an_empty_entry_and_renders_background():
-    proj = _projection_near_row(88.0)  # tile row 5
+    proj = projection_near_row(88.0)  # tile row 5
     assert (proj.radii > 0).all() and ((proj.means2d[..., 1] - 88).abs() < 2).all()
     bands = [[Band(0, 0, 1)]]  # tile row 0: rows [0, 16)
     received = exchange_screen_terms(ONE_RANK, [([0], proj)], torch.arange(5), bands, 1)
@@ -47,7 +36,7 @@ def test_a_band_no_gaussian_reaches_has_an_empty_entry_and_renders_background():
 def test_positions_with_and_without_gaussians_each_get_their_rows():
     """Two positions of one call, only the second reached: the first is empty, the second holds
     every Gaussian in ascending id (the unpack's split with a zero size)."""
-    proj = _projection_near_row(88.0)
+    proj = projection_near_row(88.0)
     fields = ("means2d", "conics", "depths", "radii", "opacities", "colors")
     two = dataclasses.replace(proj, **{n: torch.cat([getattr(proj, n)] * 2) for n in fields}, num_cameras=2)
     bands = [[Band(0, 0, 1), Band(1, 5, 6)]]
