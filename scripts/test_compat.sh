@@ -66,6 +66,8 @@ SUBSET=(
   # float64 one process = 2 replicated ranks (torchrun: store reads, DistError paths; finite check:
   # grads_inf_norm; no post-accumulate-grad hook before 2.2: the gradient sum after the backward)
   tests/multiproc/test_train_distributed.py::test_two_processes_match_one_process_parameters
+  # the sharded exchange's ids as payload columns and back (Tensor.view to a dtype of another size)
+  tests/multiproc/test_exchange_ids.py
   # float64 one process = 2 sharded ranks through 3 refine events
   "tests/multiproc/test_train_sharded.py::test_sharded_ranks_make_the_decisions_of_one_process[2]"
   # DCP save on 2 ranks, resumed on 1 rank sharded and 2 replicated (dcp_save/dcp_load, planner_kwargs)

@@ -122,9 +122,9 @@ class Route:
 class _ScreenTermExchange(torch.autograd.Function):
     """Forward: the all-to-all of the terms with their global ids (``Route.send_counts``), one
     collective: each int64 id rides in the payload as its bytes, ``8 / itemsize`` columns of the
-    terms' dtype (bits are copied, never computed on). Returns the received terms `[R, 11]` and
-    ids `[R]`. Backward: the reverse all-to-all of the terms' gradients with absgrad; the absgrad
-    lands on the owner's projected means.
+    terms' dtype after the terms (bits are copied, never computed on). Returns the received rows
+    `[R, 11 + 8 / itemsize]` and their ids `[R]` int64. Backward: the reverse all-to-all of the
+    terms' gradients with absgrad; the absgrad lands on the owner's projected means.
 
     **Collective:** world group, in forward and in backward on every rank (the band backward
     anchors the output so that its backward runs even on a rank that rendered nothing).
@@ -135,16 +135,18 @@ class _ScreenTermExchange(torch.autograd.Function):
     def forward(fn_ctx, rows: Tensor, fixed: Tensor, ids: Tensor, route: Route) -> tuple[Tensor, Tensor]:
         fn_ctx.route = route
         fn_ctx.sent_dtype = rows.dtype
-        id_columns = 8 // rows.element_size()  # int64 ids as the terms' dtype, bit for bit
-        payload = torch.cat([rows.detach(), fixed, ids.contiguous().view(rows.dtype).reshape(ids.shape[0], id_columns)], dim=-1)
+        fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient
+        payload = torch.cat([rows.detach(), fixed, ids[:, None].view(rows.dtype)], dim=-1)  # an id: its bytes, as terms
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
-        recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).reshape(recv.shape[0])
+        recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
         fn_ctx.mark_non_differentiable(recv_ids)
-        return recv[:, :NUM_COLUMNS], recv_ids
+        return recv, recv_ids
 
     @staticmethod
-    def backward(fn_ctx, grad_recv: Tensor, _grad_ids: Tensor | None):
+    def backward(fn_ctx, grad_recv: Tensor | None, _grad_ids: None):
         route: Route = fn_ctx.route
+        if grad_recv is None:  # the band backward always passes one (its anchors); kept collective anyway
+            grad_recv = torch.zeros(sum(route.recv_counts), NUM_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
         grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
         grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
         # Every rendered position's absgrad into its rows at once (a received row belongs to one position).
@@ -173,13 +175,13 @@ class _ReceivedFields(torch.autograd.Function):
     one indexed copy, where autograd's backward of the index and the slices fills a zeroed
     buffer per slice and adds them (4 device operators fewer a step: docs/host_cost.md).
 
-    **Differentiable:** with respect to ``leaf`` `[R, 11]` (its first ``NUM_DIFFERENTIABLE`` columns).
+    **Differentiable:** with respect to ``leaf`` `[R, C]`, ``C >= 11`` (its first ``NUM_DIFFERENTIABLE`` columns).
     """
 
     @staticmethod
     def forward(fn_ctx, leaf: Tensor, index: Tensor):
         fn_ctx.save_for_backward(index)
-        fn_ctx.num_rows = leaf.shape[0]
+        fn_ctx.leaf_shape = leaf.shape
         rows = leaf.index_select(0, index)
         radii = rows[:, _RADIUS].round().to(torch.int32)
         depths = rows[:, _DEPTH].contiguous()
@@ -199,7 +201,7 @@ class _ReceivedFields(torch.autograd.Function):
             [like.new_zeros(index.shape[0], w) if g is None else g.reshape(index.shape[0], w) for g, w in zip(grads, widths, strict=True)],
             dim=1,
         )  # [M, 9], the leaf's column order
-        grad_leaf = like.new_zeros(fn_ctx.num_rows, NUM_COLUMNS)
+        grad_leaf = like.new_zeros(fn_ctx.leaf_shape)
         grad_leaf[:, :NUM_DIFFERENTIABLE].index_copy_(0, index, columns)
         return grad_leaf, None
 
@@ -230,7 +232,7 @@ class ReceivedProjections:
     """The rows this rank received, as a ``ProjectionSource`` for ``DistSplatModel.forward_bands``.
 
     Attributes:
-        leaf: Every received row, the exchange's output. `[R, 11]`.
+        leaf: Every received row, the exchange's output: the terms and the id's columns. `[R, 11 + 8 / itemsize]`.
         ids: Global id of each row. `[R]`, int64.
         route: The exchange's record (counts, the shard's projection calls, the rows per position).
         sizes_px: Per batch position, the rendered ``(width, height)`` of its camera.
