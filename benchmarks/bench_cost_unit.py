@@ -96,6 +96,7 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
     import torch
     from nerfstudio.utils.eval_utils import eval_setup
 
+    from distsplat_ns.balance.bands import TILE_SIZE, num_tile_rows
     from distsplat_ns.rendering.api import RowRender, rasterize_rows, resolve_backend
     from distsplat_ns.utils.cameras import cameras_at
     from distsplat_ns.utils.host_allocator import keep_freed_host_memory
@@ -115,11 +116,11 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
         sync()
         start = time.perf_counter()
         height = int(camera.height[0])
-        cut = 16 * (-(-height // 16) // 2) if split else height
+        cut = TILE_SIZE * (num_tile_rows(height) // 2) if split else height
         loss, out = 0.0, None
         for first, rows in ((0, cut), (cut, height - cut)) if split else ((0, height),):
             ((_, proj),) = model.project_cameras(camera, step)
-            out = rasterize_rows(proj, [first], rows, tile_size=16)
+            out = rasterize_rows(proj, [first], rows, tile_size=TILE_SIZE)
             loss = loss + out.colors.square().mean()
         loss.backward()
         sync()
