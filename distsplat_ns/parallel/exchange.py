@@ -128,15 +128,20 @@ class _ScreenTermExchange(torch.autograd.Function):
 
     **Collective:** world group, in forward and in backward on every rank (the band backward
     anchors the output so that its backward runs even on a rank that rendered nothing).
-    **Differentiable:** with respect to the sent differentiable terms `[S, 9]` (not the ids).
+    **Differentiable:** with respect to the sent means2d `[S, 2]`, conics `[S, 3]`, colours `[S, 3]`
+    and opacities `[S, 1]`; not the depths, radii (as the terms' dtype) and ids, each `[S, 1]` / `[S]`.
     """
 
     @staticmethod
-    def forward(fn_ctx, rows: Tensor, fixed: Tensor, ids: Tensor, route: Route) -> tuple[Tensor, Tensor]:
+    def forward(
+        fn_ctx, means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, depths: Tensor, radii: Tensor,
+        ids: Tensor, route: Route,
+    ) -> tuple[Tensor, Tensor]:
         fn_ctx.route = route
-        fn_ctx.sent_dtype = rows.dtype
+        fn_ctx.sent_dtype = means2d.dtype
         fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient
-        payload = torch.cat([rows.detach(), fixed, ids[:, None].view(rows.dtype)], dim=-1)  # an id: its bytes, as terms
+        # One concatenation of every column: an id rides as its bytes, 8 / itemsize columns of the terms' dtype.
+        payload = torch.cat([means2d, conics, colors, opacities, depths, radii, ids[:, None].view(means2d.dtype)], dim=-1)
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
         recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
         fn_ctx.mark_non_differentiable(recv_ids)
@@ -164,7 +169,7 @@ class _ScreenTermExchange(torch.autograd.Function):
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
         # projections stayed alive. The pipeline keeps its own reference to read the statistics.
         fn_ctx.route = None
-        return back[:, :NUM_DIFFERENTIABLE], None, None, None
+        return back[:, _MEANS2D], back[:, _CONICS], back[:, _COLORS], back[:, _OPACITY : _OPACITY + 1], None, None, None, None
 
 
 class _ReceivedFields(torch.autograd.Function):
@@ -422,8 +427,9 @@ def exchange_screen_terms(
         for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
     )
     rows = (camera_of_row, gaussian_of_row)
-    sent = torch.cat([means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1)], dim=-1)
-    fixed = torch.stack([depths[rows].detach(), radii[rows].to(depths.dtype)], dim=-1)
+    sent_colors = colors[rows] if colors.shape[-1] == 3 else colors[rows][:, :3]  # a no-op slice still zero-fills in backward
+    fields = (means2d[rows], conics[rows], sent_colors, opacities[rows].unsqueeze(-1),
+              depths[rows].detach().unsqueeze(-1), radii[rows].to(depths.dtype).unsqueeze(-1))
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):
         send_counts[dest] += n
@@ -437,7 +443,7 @@ def exchange_screen_terms(
         rows_of_position={},  # from the received ids, below (before any backward reads it)
         timer=timer,
     )
-    leaf, recv_ids = _ScreenTermExchange.apply(sent, fixed, ids[gaussian_of_row], route)
+    leaf, recv_ids = _ScreenTermExchange.apply(*fields, ids[gaussian_of_row], route)
     route.rows_of_position = _rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]})
     return ReceivedProjections(
         leaf=leaf,
@@ -458,7 +464,11 @@ def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor, rendere
     """Per batch position, the received rows (source-major, then position-major, as sent)
     reordered by ascending global id. ``recv_by_source[s][p]``: rows from rank ``s`` for position
     ``p``. Every position in ``rendered`` (this rank's bands') has an entry, empty where no
-    Gaussian reaches its bands: the band is still rendered (background) and differentiated."""
+    Gaussian reaches its bands: the band is still rendered (background) and differentiated.
+    One rendered position (B = W: the common plan) holds every received row, so one sort, the
+    same whatever W; several take one range per (source, position) block."""
+    if len(rendered) == 1:
+        return {next(iter(rendered)): torch.argsort(recv_ids, stable=True)}
     offsets: dict[int, list[Tensor]] = {position: [] for position in rendered}  # rows come only for these
     start = 0
     for source_counts in recv_by_source:
