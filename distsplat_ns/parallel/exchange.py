@@ -186,6 +186,7 @@ class _ReceivedFields(torch.autograd.Function):
     @staticmethod
     def forward(fn_ctx, leaf: Tensor, index: Tensor):
         fn_ctx.save_for_backward(index)
+        fn_ctx.set_materialize_grads(False)  # no zeros for the depths' and radii's gradients (never read)
         fn_ctx.leaf_shape = leaf.shape
         rows = leaf.index_select(0, index)
         radii = rows[:, _RADIUS].round().to(torch.int32)
@@ -427,8 +428,7 @@ def exchange_screen_terms(
         for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
     )
     rows = (camera_of_row, gaussian_of_row)
-    sent_colors = colors[rows] if colors.shape[-1] == 3 else colors[rows][:, :3]  # a no-op slice still zero-fills in backward
-    fields = (means2d[rows], conics[rows], sent_colors, opacities[rows].unsqueeze(-1),
+    fields = (means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1),
               depths[rows].detach().unsqueeze(-1), radii[rows].to(depths.dtype).unsqueeze(-1))
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):

@@ -4,6 +4,7 @@ camera and one band at a time: the same Gaussians for every (destination, positi
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -95,3 +96,32 @@ def test_footprints_in_batches_of_cameras_give_the_same_masks(monkeypatch: pytes
     calls = [([0, 1, 2], _projection(3, 96, 80, 8))]
     bands = [[Band(0, 0, 5), Band(1, 0, 2)], [Band(1, 2, 5), Band(2, 0, 5)]]
     _check(calls, bands)
+
+
+@pytest.mark.parametrize("radius_xy", [False, True])
+def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool) -> None:
+    """``touches_rows`` of ``footprint_tile_rows`` against the footprint's definition, Gaussian by
+    Gaussian in Python floats: visible, and its square ``mean2d +- (radius + MARGIN_PX)`` spans
+    tiles ``[floor, ceil)`` of which one lies in the image's columns and the band's rows. The
+    projection puts Gaussians culled, left, right, above and below the image, and on its edges;
+    the bands include the first and the last tile row."""
+    from distsplat_ns.balance.routing import MARGIN_PX
+
+    width, height, tile = 96, 80, 16  # 6 x 5 tiles
+    proj = _projection(1, width, height, 9, radius_xy)
+    edges = torch.tensor([[-40.0, 40.0], [140.0, 40.0], [48.0, -40.0], [48.0, 130.0], [0.0, 0.0], [96.0, 80.0], [-17.0, -17.0]])
+    proj.means2d[0, : len(edges)] = edges
+    proj.radii[0, : len(edges)] = 8
+    proj.radii[0, len(edges)] = 0  # culled, inside the image
+    first, end = footprint_tile_rows(proj.means2d[0], proj.radii[0], width, height)
+    radii_xy = proj.radii[0] if radius_xy else proj.radii[0][:, None].expand(N, 2)
+    for band_first, band_end in [(0, 1), (0, 5), (1, 3), (4, 5)]:
+        got = touches_rows(first, end, band_first, band_end)
+        for n in range(N):
+            (mx, my), (rx, ry) = proj.means2d[0, n].tolist(), radii_xy[n].tolist()
+            visible = rx > 0 and ry > 0
+            x0, x1 = math.floor((mx - rx - MARGIN_PX) / tile), math.ceil((mx + rx + MARGIN_PX) / tile)
+            y0, y1 = math.floor((my - ry - MARGIN_PX) / tile), math.ceil((my + ry + MARGIN_PX) / tile)
+            want = visible and max(x0, 0) < min(x1, width // tile) and max(y0, band_first) < min(y1, band_end)
+            assert bool(got[n]) == want, (n, band_first, band_end)
+        assert got.any() and not got.all()  # the comparison is of mixed masks
