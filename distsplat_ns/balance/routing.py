@@ -23,7 +23,7 @@ MARGIN_PX = 1.0
 
 
 def footprint_tile_rows(
-    means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
+    means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.int64
 ) -> tuple[Tensor, Tensor]:
     """The tile rows ``[first, end)`` each Gaussian's footprint covers; ``end <= first`` for a
     Gaussian that covers no tile of the image (culled, or left/right/above/below of it).
@@ -34,24 +34,28 @@ def footprint_tile_rows(
         width: Image width, px.
         height: Image height, px.
         tile_size: Tile side, px.
+        dtype: Integer dtype of the result; it must hold the image's tile rows.
 
     Returns:
-        ``(first_row, end_row)``, each `[..., N]` int64, clipped to the image's tile grid.
+        ``(first_row, end_row)``, each `[..., N]` ``dtype``, clipped to the image's tile grid.
     """
     means = means2d.detach().to(torch.float64)
     radius = radii.detach().to(torch.float64)
-    radius_xy = radius.unsqueeze(-1).expand(*radius.shape, 2) if radius.ndim == means.ndim - 1 else radius
-    visible = (radius_xy > 0).all(dim=-1)
-    reach = (radius_xy + MARGIN_PX) / tile_size
+    if radius.ndim == means.ndim - 1:  # one radius for both axes
+        visible = radius > 0
+        radius = radius.unsqueeze(-1).expand(*radius.shape, 2)
+    else:
+        visible = (radius > 0).all(dim=-1)
+    reach = (radius + MARGIN_PX) / tile_size
     centre = means / tile_size
-    lo = torch.floor(centre - reach).to(torch.int64)
-    hi = torch.ceil(centre + reach).to(torch.int64)
+    lo = torch.floor(centre - reach)  # whole tiles, exact in float64: converted once, at the end
+    hi = torch.ceil(centre + reach)
     tiles_wide, tiles_high = -(-width // tile_size), -(-height // tile_size)
     inside_x = (hi[..., 0] > 0) & (lo[..., 0] < tiles_wide)
     first = lo[..., 1].clamp(0, tiles_high)
     end = hi[..., 1].clamp(0, tiles_high)
     end = torch.where(visible & inside_x, end, first)
-    return first, end
+    return first.to(dtype), end.to(dtype)
 
 
 def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int | Tensor, band_end_row: int | Tensor) -> Tensor:

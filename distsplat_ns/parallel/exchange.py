@@ -332,12 +332,10 @@ def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
     fewer per batch for a large one, so the temporaries never exceed one batch."""
     num_cameras, num = proj.means2d.shape[0], proj.means2d.shape[1]
     step = max(1, FOOTPRINT_BATCH_ELEMENTS // max(1, num))
-    parts = [footprint_tile_rows(proj.means2d[i : i + step], proj.radii[i : i + step], proj.width, proj.height)
-             for i in range(0, num_cameras, step)]
     dtype = torch.int16 if -(-proj.height // TILE_SIZE) < 2**15 else torch.int32  # values in [0, tile rows]
-    first = _all_cameras([f for f, _ in parts]).to(dtype)
-    end = _all_cameras([e for _, e in parts]).to(dtype)
-    return first, end
+    parts = [footprint_tile_rows(proj.means2d[i : i + step], proj.radii[i : i + step], proj.width, proj.height, dtype=dtype)
+             for i in range(0, num_cameras, step)]
+    return _all_cameras([f for f, _ in parts]), _all_cameras([e for _, e in parts])
 
 
 def _pair_masks(
@@ -360,7 +358,9 @@ def _pair_masks(
     for dest, position, band in keyed:
         table.append([pair_index[(dest, position)], camera_of[position], *render_tile_rows(band, sizes_px[position][1])])
     pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unbind(1)
-    touches = touches_rows(first[camera], end[camera], lo[:, None], hi[:, None])  # [bands, N]
+    if [row[1] for row in table] != list(range(first.shape[0])):  # else one band per camera, in order (B = W): no gather
+        first, end = first[camera], end[camera]
+    touches = touches_rows(first, end, lo[:, None], hi[:, None])  # [bands, N]
     if len(pairs) == len(keyed):
         return pairs, touches
     # Several bands of one pair: a Gaussian is needed if any of them touches it.

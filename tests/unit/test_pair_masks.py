@@ -70,6 +70,12 @@ def test_one_call_bands_cut_across_ranks() -> None:
     _check(calls, bands)
 
 
+def test_one_band_per_camera_in_camera_order() -> None:
+    # B = W with whole images: band k is camera k, and the footprints are tested without a gather.
+    calls = [([0, 1, 2], _projection(3, 96, 80, 10))]
+    _check(calls, [[Band(0, 0, 5)], [Band(1, 0, 5)], [Band(2, 0, 5)]])
+
+
 def test_two_bands_of_one_pair_are_united() -> None:
     calls = [([0, 1], _projection(2, 96, 80, 3))]
     bands = [[Band(0, 0, 1), Band(0, 4, 5)], [Band(0, 1, 4), Band(1, 0, 5)]]
