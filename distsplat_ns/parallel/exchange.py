@@ -150,10 +150,9 @@ class _ScreenTermExchange(torch.autograd.Function):
     @staticmethod
     def backward(fn_ctx, grad_recv: Tensor | None, _grad_ids: None):
         route: Route = fn_ctx.route
-        if grad_recv is None:  # the band backward always passes one (its anchors); kept collective anyway
-            grad_recv = torch.zeros(sum(route.recv_counts), NUM_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
-        grads = torch.zeros(grad_recv.shape[0], NUM_GRAD_COLUMNS, device=grad_recv.device, dtype=grad_recv.dtype)
-        grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
+        grads = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
+        if grad_recv is not None:  # the band backward always passes one (its anchors); without, zeros go back, still collectively
+            grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
         # Every rendered position's absgrad into its rows at once (a received row belongs to one position).
         found = [(route.rows_of_position[p], a[0]) for p, proj in route.rendered_from.items()
                  if (a := getattr(proj.means2d, "absgrad", None)) is not None]
@@ -163,7 +162,6 @@ class _ScreenTermExchange(torch.autograd.Function):
             grads[:, NUM_DIFFERENTIABLE:].index_put_((rows,), absgrads.to(grads.dtype))
         with route.timer():
             back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
-        back = back.to(dtype=fn_ctx.sent_dtype)
         _deposit_absgrad(route, back[:, NUM_DIFFERENTIABLE:])
         # The route holds projections whose tensors' graph holds this node, which holds the route:
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
