@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
-from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
+from distsplat_ns.balance.routing import footprint_tile_rows, footprint_touches_rows
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.torch_compat import nonzero_of_size
@@ -120,16 +120,20 @@ class Route:
 
 
 class _ScreenTermExchange(torch.autograd.Function):
-    """Forward: the all-to-all of the terms with their global ids (``Route.send_counts``), one
-    collective: each int64 id rides in the payload as its bytes, ``8 / itemsize`` columns of the
-    terms' dtype after the terms (bits are copied, never computed on). Returns the received rows
-    `[R, 11 + 8 / itemsize]` and their ids `[R]` int64. Backward: the reverse all-to-all of the
-    terms' gradients with absgrad; the absgrad lands on the owner's projected means.
+    """Forward: the rows ``(Route.camera_of_row, Route.gaussian_of_row)`` of every field, sent with
+    their global ids by the all-to-all of ``Route.send_counts``, one collective: each int64 id
+    rides in the payload as its bytes, ``8 / itemsize`` columns of the terms' dtype after the
+    terms (bits are copied, never computed on). Returns the received rows `[R, 11 + 8 / itemsize]`
+    and their ids `[R]` int64. Backward: the reverse all-to-all of the terms' gradients with
+    absgrad; the absgrad lands on the owner's projected means, and the terms' gradients go into
+    the four fields' rows in one zeroed buffer (autograd's backward of one index per field would
+    zero one buffer each: docs/host_cost.md).
 
     **Collective:** world group, in forward and in backward on every rank (the band backward
     anchors the output so that its backward runs even on a rank that rendered nothing).
-    **Differentiable:** with respect to the sent means2d `[S, 2]`, conics `[S, 3]`, colours `[S, 3]`
-    and opacities `[S, 1]`; not the depths, radii (as the terms' dtype) and ids, each `[S, 1]` / `[S]`.
+    **Differentiable:** with respect to means2d `[C, N, 2]`, conics `[C, N, 3]`, colours
+    `[C, N, K]` (the first 3 channels are sent) and opacities `[C, N]`; not the depths `[C, N]`,
+    radii `[C, N]` int32 (their bits ride in one column, as the ids' do) and ids `[N]`.
     """
 
     @staticmethod
@@ -138,10 +142,16 @@ class _ScreenTermExchange(torch.autograd.Function):
         ids: Tensor, route: Route,
     ) -> tuple[Tensor, Tensor]:
         fn_ctx.route = route
-        fn_ctx.sent_dtype = means2d.dtype
+        fn_ctx.field_shapes = (means2d.shape, conics.shape, colors.shape, opacities.shape)
+        fn_ctx.sent_dtype = dtype = means2d.dtype
         fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient
+        rows = (route.camera_of_row, route.gaussian_of_row)
         # One concatenation of every column: an id rides as its bytes, 8 / itemsize columns of the terms' dtype.
-        payload = torch.cat([means2d, conics, colors, opacities, depths, radii, ids[:, None].view(means2d.dtype)], dim=-1)
+        payload = torch.cat(
+            [means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows][:, None], depths[rows][:, None],
+             radii[rows].to(_int_of_size(dtype)).view(dtype)[:, None], ids[route.gaussian_of_row][:, None].view(dtype)],
+            dim=-1,
+        )
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
         recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
         fn_ctx.mark_non_differentiable(recv_ids)
@@ -163,20 +173,40 @@ class _ScreenTermExchange(torch.autograd.Function):
         with route.timer():
             back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
         _deposit_absgrad(route, back[:, NUM_DIFFERENTIABLE:])
+        field_grads = _rows_into_fields(back, (route.camera_of_row, route.gaussian_of_row), fn_ctx.field_shapes)
         # The route holds projections whose tensors' graph holds this node, which holds the route:
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
         # projections stayed alive. The pipeline keeps its own reference to read the statistics.
         fn_ctx.route = None
-        return back[:, _MEANS2D], back[:, _CONICS], back[:, _COLORS], back[:, _OPACITY : _OPACITY + 1], None, None, None, None
+        return (*field_grads, None, None, None, None)
+
+
+def _int_of_size(dtype: torch.dtype) -> torch.dtype:
+    """The integer dtype as wide as the float ``dtype``: a radius rides in one column as its bits."""
+    return {16: torch.int16, 32: torch.int32, 64: torch.int64}[torch.finfo(dtype).bits]
+
+
+def _rows_into_fields(back: Tensor, rows: tuple[Tensor, Tensor], shapes: Sequence[torch.Size]) -> list[Tensor]:
+    """The returned gradient rows `[S, >= 9]` added into zeroed means2d, conics, colours and
+    opacities gradients of ``shapes`` at ``rows`` (a row sent to several ranks sums, as
+    autograd's backward of an index does). The four are contiguous parts of one zeroed buffer."""
+    buffer = back.new_zeros(sum(shape.numel() for shape in shapes))
+    fields = [part.view(shape) for part, shape in zip(buffer.split([shape.numel() for shape in shapes]), shapes, strict=True)]
+    means2d, conics, colors, opacities = fields
+    means2d.index_put_(rows, back[:, _MEANS2D], accumulate=True)
+    conics.index_put_(rows, back[:, _CONICS], accumulate=True)
+    colors[..., :3].index_put_(rows, back[:, _COLORS], accumulate=True)
+    opacities.index_put_(rows, back[:, _OPACITY], accumulate=True)
+    return fields
 
 
 class _ReceivedFields(torch.autograd.Function):
     """The received rows at ``index`` (`[M]`, unique), as the fields a projection holds: means2d
     `[M, 2]`, conics `[M, 3]`, colours `[M, 3]`, opacities `[M]` (differentiable), depths `[M]`
-    and radii `[M]` int32 (not). One function rather than an index and a slice per field: its
-    backward writes the four fields' gradients into the leaf's rows with one concatenation and
-    one indexed copy, where autograd's backward of the index and the slices fills a zeroed
-    buffer per slice and adds them (4 device operators fewer a step: docs/host_cost.md).
+    and radii `[M]` int32 (not; sent as their bits). One function rather than autograd's index
+    per field: its backward writes the four fields' gradients into the leaf's rows with one
+    concatenation and one indexed copy, where autograd's backward of the indexes fills a zeroed
+    buffer per field and adds them (docs/host_cost.md).
 
     **Differentiable:** with respect to ``leaf`` `[R, C]`, ``C >= 11`` (its first ``NUM_DIFFERENTIABLE`` columns).
     """
@@ -186,14 +216,14 @@ class _ReceivedFields(torch.autograd.Function):
         fn_ctx.save_for_backward(index)
         fn_ctx.set_materialize_grads(False)  # no zeros for the depths' and radii's gradients (never read)
         fn_ctx.leaf_shape = leaf.shape
-        rows = leaf.index_select(0, index)
-        radii = rows[:, _RADIUS].round().to(torch.int32)
-        depths = rows[:, _DEPTH].contiguous()
-        fn_ctx.mark_non_differentiable(depths, radii)
-        return (
-            rows[:, _MEANS2D].contiguous(), rows[:, _CONICS].contiguous(), rows[:, _COLORS].contiguous(),
-            rows[:, _OPACITY].contiguous(), depths, radii,
+        # One index per field, of its columns: each field comes out contiguous, with no copy after.
+        means2d, conics, colors, opacities, depths, radii = (
+            leaf[:, columns].index_select(0, index)
+            for columns in (_MEANS2D, _CONICS, _COLORS, _OPACITY, _DEPTH, _RADIUS)
         )
+        radii = radii.view(_int_of_size(leaf.dtype)).to(torch.int32)  # the bits sent; a no-op at float32
+        fn_ctx.mark_non_differentiable(depths, radii)
+        return means2d, conics, colors, opacities, depths, radii
 
     @staticmethod
     def backward(fn_ctx, grad_means2d, grad_conics, grad_colors, grad_opacities, _depths, _radii):
@@ -358,7 +388,7 @@ def _pair_masks(
     pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unbind(1)
     if [row[1] for row in table] != list(range(first.shape[0])):  # else one band per camera, in order (B = W): no gather
         first, end = first[camera], end[camera]
-    touches = touches_rows(first, end, lo[:, None], hi[:, None])  # [bands, N]
+    touches = footprint_touches_rows(first, end, lo[:, None], hi[:, None])  # [bands, N]
     if len(pairs) == len(keyed):
         return pairs, touches
     # Several bands of one pair: a Gaussian is needed if any of them touches it.
@@ -401,33 +431,38 @@ def exchange_screen_terms(
     # Each position's camera among all calls' cameras laid end to end (the fields' first axis).
     camera_of = {position: camera for camera, position in enumerate(p for positions, _ in calls for p in positions)}
     pairs, stacked = _pair_masks(calls, sizes_px, camera_of, bands_of_rank)
-    # Rows per (destination, position) pair, on the device; their [W, B] matrix goes out before
-    # anything is read, so that one host read brings this rank's sizes and every rank's to it.
+    # Rows per (destination, position) pair, on the device. Every rank knows the plan, so a
+    # destination expects the same pairs from every source: each pair's size goes to its
+    # destination alone (the pairs are destination-major), before anything is read, so that one
+    # host read brings this rank's sizes and the received ones.
     pair_sizes = stacked.sum(dim=1) if stacked is not None else torch.zeros(0, dtype=torch.int64, device=device)
-    cells = host_tensor([dest * batch_size + position for dest, position in pairs], torch.int64, device)
-    counts = torch.zeros(world * batch_size, dtype=torch.int64, device=device).index_put_((cells,), pair_sizes)
-    # Row counts per (source, position): rank s's row s of the received matrix.
-    recv_matrix, _ = all_to_all_rows(ctx, counts.view(world, batch_size), [1] * world, [1] * world)
-    read = [int(n) for n in torch.cat([pair_sizes, recv_matrix.reshape(-1)]).tolist()]  # host sync: both row counts
-    sizes = read[: len(pairs)]
-    recv_by_source = [read[len(pairs) + s * batch_size : len(pairs) + (s + 1) * batch_size] for s in range(world)]
+    pairs_to = [sum(1 for dest, _ in pairs if dest == d) for d in range(world)]
+    mine = [position for dest, position in pairs if dest == ctx.rank]  # ascending
+    recv_sizes, _ = all_to_all_rows(ctx, pair_sizes, pairs_to, [len(mine)] * world)
+    read = [int(n) for n in torch.cat([pair_sizes, recv_sizes]).tolist()]  # host sync: both row counts
+    sizes, received = read[: len(pairs)], read[len(pairs) :]
+    recv_by_source = [[0] * batch_size for _ in range(world)]  # rows from rank s for position p
+    for s, source_row in enumerate(recv_by_source):
+        for j, position in enumerate(mine):
+            source_row[position] = received[s * len(mine) + j]
     if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero),
         # of a size now known: no host sync where torch has nonzero_static (torch_compat).
         pair_of_row, gaussian_of_row = nonzero_of_size(stacked, sum(sizes)).unbind(1)
     else:
         pair_of_row = gaussian_of_row = torch.zeros(0, dtype=torch.int64, device=device)
-    camera_of_pair = host_tensor([camera_of[p] for _, p in pairs], torch.int64, device)
-    camera_of_row = camera_of_pair[pair_of_row]  # among all calls' cameras
-    # Each field indexed once for every pair. The index keeps the sent rows in the projection's
-    # graph even when empty (the exchange's backward is a collective: it runs on every rank).
-    means2d, conics, colors, opacities, depths, radii = (
+    camera_of_pair = [camera_of[p] for _, p in pairs]  # among all calls' cameras
+    if camera_of_pair == list(range(len(pairs))):  # one pair per camera, in order (B = W): the pair is the camera
+        camera_of_row = pair_of_row
+    else:
+        camera_of_row = host_tensor(camera_of_pair, torch.int64, device)[pair_of_row]
+    # Every call's cameras end to end: one field each, indexed inside the exchange. The fields
+    # keep the exchange in the projection's graph even when no row is sent (its backward is a
+    # collective: it runs on every rank).
+    fields = [
         _all_cameras([getattr(proj, name) for _, proj in calls])
         for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
-    )
-    rows = (camera_of_row, gaussian_of_row)
-    fields = (means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows].unsqueeze(-1),
-              depths[rows].detach().unsqueeze(-1), radii[rows].to(depths.dtype).unsqueeze(-1))
+    ]
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
     for (dest, _), n in zip(pairs, sizes, strict=True):
         send_counts[dest] += n
@@ -441,7 +476,7 @@ def exchange_screen_terms(
         rows_of_position={},  # from the received ids, below (before any backward reads it)
         timer=timer,
     )
-    leaf, recv_ids = _ScreenTermExchange.apply(*fields, ids[gaussian_of_row], route)
+    leaf, recv_ids = _ScreenTermExchange.apply(*fields, ids, route)
     route.rows_of_position = _rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]})
     return ReceivedProjections(
         leaf=leaf,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from distsplat_ns.balance.bands import Band
-from distsplat_ns.balance.routing import footprint_tile_rows, touches_rows
+from distsplat_ns.balance.routing import footprint_tile_rows, footprint_touches_rows, touches_rows
 from distsplat_ns.parallel import exchange
 from distsplat_ns.parallel.exchange import _pair_masks, render_tile_rows
 
@@ -104,10 +104,12 @@ def test_footprints_in_batches_of_cameras_give_the_same_masks(monkeypatch: pytes
     _check(calls, bands)
 
 
+@pytest.mark.parametrize("touches", [touches_rows, footprint_touches_rows])
 @pytest.mark.parametrize("radius_xy", [False, True])
-def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool) -> None:
+def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touches) -> None:
     """``touches_rows`` of ``footprint_tile_rows`` against the footprint's definition, Gaussian by
-    Gaussian in Python floats: visible, and its square ``mean2d +- (radius + MARGIN_PX)`` spans
+    Gaussian in Python floats, and the exchange's two-comparison test, which relies on the empty
+    footprints lying on the grid's edge: visible, and its square ``mean2d +- (radius + MARGIN_PX)`` spans
     tiles ``[floor, ceil)`` of which one lies in the image's columns and the band's rows. The
     projection puts Gaussians culled, left, right, above and below the image, and on its edges;
     the bands include the first and the last tile row."""
@@ -122,7 +124,7 @@ def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool) -> No
     first, end = footprint_tile_rows(proj.means2d[0], proj.radii[0], width, height)
     radii_xy = proj.radii[0] if radius_xy else proj.radii[0][:, None].expand(N, 2)
     for band_first, band_end in [(0, 1), (0, 5), (1, 3), (4, 5)]:
-        got = touches_rows(first, end, band_first, band_end)
+        got = touches(first, end, torch.tensor(band_first), torch.tensor(band_end))
         for n in range(N):
             (mx, my), (rx, ry) = proj.means2d[0, n].tolist(), radii_xy[n].tolist()
             visible = rx > 0 and ry > 0
@@ -131,3 +133,34 @@ def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool) -> No
             want = visible and max(x0, 0) < min(x1, width // tile) and max(y0, band_first) < min(y1, band_end)
             assert bool(got[n]) == want, (n, band_first, band_end)
         assert got.any() and not got.all()  # the comparison is of mixed masks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("radius_kind", ["int", "float", "xy"])
+def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, radius_kind: str) -> None:
+    """``footprint_tile_rows`` rounds both edges with one ``ceil`` of negated low edges; the
+    reference rounds each edge on its own (``floor`` low, ``ceil`` high). The same non-empty
+    rows and the same empty ones, on random grids with centres on whole and half tiles."""
+    from distsplat_ns.balance.routing import MARGIN_PX
+
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        width, height = (int(v) for v in torch.randint(1, 300, (2,), generator=gen))
+        means2d = (torch.rand(2, N, 2, generator=gen, dtype=torch.float64) * 1.6 - 0.3) * torch.tensor([width, height])
+        means2d[:, : N // 2] = (means2d[:, : N // 2] / 8).round() * 8  # on tile edges and tile middles
+        means2d = means2d.to(dtype)
+        shape = (2, N, 2) if radius_kind == "xy" else (2, N)
+        radii = torch.randint(0, 50, shape, generator=gen, dtype=torch.int32)
+        if radius_kind == "float":
+            radii = radii.to(dtype) * 1.37
+        first, end = footprint_tile_rows(means2d, radii, width, height, dtype=torch.int16)
+
+        m, r = means2d.double(), radii.double() if radius_kind == "xy" else radii.double()[..., None].expand(2, N, 2)
+        low, high = torch.floor((m - r - MARGIN_PX) / 16), torch.ceil((m + r + MARGIN_PX) / 16)
+        tiles_wide, tiles_high = -(-width // 16), -(-height // 16)
+        want_first, want_end = low[..., 1].clamp(0, tiles_high), high[..., 1].clamp(0, tiles_high)
+        shown = (r > 0).all(-1) & (high[..., 0] > 0) & (low[..., 0] < tiles_wide) & (want_end > want_first)
+        assert torch.equal(end > first, shown)
+        assert torch.equal(first[shown].double(), want_first[shown]) and torch.equal(end[shown].double(), want_end[shown])
+        empty = ~shown  # on the grid's edge: [0, 0) or [tiles_high, <= tiles_high)
+        assert bool(((first[empty] == tiles_high) | ((first[empty] == 0) & (end[empty] == 0))).all())
