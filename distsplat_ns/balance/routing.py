@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from distsplat_ns.balance.bands import TILE_SIZE
+from distsplat_ns.balance.bands import TILE_SIZE, num_tile_rows
 from distsplat_ns.utils.host_to_device import host_tensor
 
 MARGIN_PX = 1.0
@@ -44,7 +44,7 @@ def footprint_tile_rows(
     """
     means = means2d.detach().to(torch.float64)
     radius = radii.detach().to(torch.float64)
-    tiles_wide, tiles_high = -(-width // tile_size), -(-height // tile_size)
+    tiles_wide, tiles_high = -(-width // tile_size), num_tile_rows(height, tile_size)
     # Per side (low edge, high edge): the centre's factor, the clamp's bounds, the x test's bound, the row's sign.
     scale, low, high, past, sign = host_tensor(
         [[-1.0 / tile_size, 1.0 / tile_size], [-tiles_high, 0], [0, tiles_high], [-tiles_wide, 0], [-1, 1]], torch.float64, means.device

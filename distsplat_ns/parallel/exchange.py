@@ -25,6 +25,7 @@ Gaussians of this rank's shard.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from distsplat_ns.balance.bands import TILE_SIZE, Band
+from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
 from distsplat_ns.balance.routing import footprint_tile_rows, footprint_touches_rows
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
@@ -360,7 +361,7 @@ def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
     fewer per batch for a large one, so the temporaries never exceed one batch."""
     num_cameras, num = proj.means2d.shape[0], proj.means2d.shape[1]
     step = max(1, FOOTPRINT_BATCH_ELEMENTS // max(1, num))
-    dtype = torch.int16 if -(-proj.height // TILE_SIZE) < 2**15 else torch.int32  # values in [0, tile rows]
+    dtype = torch.int16 if num_tile_rows(proj.height) < 2**15 else torch.int32  # values in [0, tile rows]
     parts = [footprint_tile_rows(proj.means2d[i : i + step], proj.radii[i : i + step], proj.width, proj.height, dtype=dtype)
              for i in range(0, num_cameras, step)]
     return _all_cameras([f for f, _ in parts]), _all_cameras([e for _, e in parts])
@@ -436,7 +437,8 @@ def exchange_screen_terms(
     # destination alone (the pairs are destination-major), before anything is read, so that one
     # host read brings this rank's sizes and the received ones.
     pair_sizes = stacked.sum(dim=1) if stacked is not None else torch.zeros(0, dtype=torch.int64, device=device)
-    pairs_to = [sum(1 for dest, _ in pairs if dest == d) for d in range(world)]
+    pairs_per_dest = Counter(dest for dest, _ in pairs)
+    pairs_to = [pairs_per_dest[d] for d in range(world)]
     mine = [position for dest, position in pairs if dest == ctx.rank]  # ascending
     recv_sizes, _ = all_to_all_rows(ctx, pair_sizes, pairs_to, [len(mine)] * world)
     read = [int(n) for n in torch.cat([pair_sizes, recv_sizes]).tolist()]  # host sync: both row counts

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from distsplat_ns.balance.bands import Band
-from distsplat_ns.balance.routing import footprint_tile_rows, footprint_touches_rows, touches_rows
+from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
+from distsplat_ns.balance.routing import MARGIN_PX, footprint_tile_rows, footprint_touches_rows, touches_rows
 from distsplat_ns.parallel import exchange
 from distsplat_ns.parallel.exchange import _pair_masks, render_tile_rows
 
@@ -113,8 +113,6 @@ def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touch
     tiles ``[floor, ceil)`` of which one lies in the image's columns and the band's rows. The
     projection puts Gaussians culled, left, right, above and below the image, and on its edges;
     the bands include the first and the last tile row."""
-    from distsplat_ns.balance.routing import MARGIN_PX
-
     width, height, tile = 96, 80, 16  # 6 x 5 tiles
     proj = _projection(1, width, height, 9, radius_xy)
     edges = torch.tensor([[-40.0, 40.0], [140.0, 40.0], [48.0, -40.0], [48.0, 130.0], [0.0, 0.0], [96.0, 80.0], [-17.0, -17.0]])
@@ -141,8 +139,6 @@ def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, r
     """``footprint_tile_rows`` rounds both edges with one ``ceil`` of negated low edges; the
     reference rounds each edge on its own (``floor`` low, ``ceil`` high). The same non-empty
     rows and the same empty ones, on random grids with centres on whole and half tiles."""
-    from distsplat_ns.balance.routing import MARGIN_PX
-
     gen = torch.Generator().manual_seed(11)
     for _ in range(20):
         width, height = (int(v) for v in torch.randint(1, 300, (2,), generator=gen))
@@ -156,8 +152,8 @@ def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, r
         first, end = footprint_tile_rows(means2d, radii, width, height, dtype=torch.int16)
 
         m, r = means2d.double(), radii.double() if radius_kind == "xy" else radii.double()[..., None].expand(2, N, 2)
-        low, high = torch.floor((m - r - MARGIN_PX) / 16), torch.ceil((m + r + MARGIN_PX) / 16)
-        tiles_wide, tiles_high = -(-width // 16), -(-height // 16)
+        low, high = torch.floor((m - r - MARGIN_PX) / TILE_SIZE), torch.ceil((m + r + MARGIN_PX) / TILE_SIZE)
+        tiles_wide, tiles_high = -(-width // TILE_SIZE), num_tile_rows(height)
         want_first, want_end = low[..., 1].clamp(0, tiles_high), high[..., 1].clamp(0, tiles_high)
         shown = (r > 0).all(-1) & (high[..., 0] > 0) & (low[..., 0] < tiles_wide) & (want_end > want_first)
         assert torch.equal(end > first, shown)
