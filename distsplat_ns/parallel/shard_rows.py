@@ -21,9 +21,15 @@ from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
 
+SHARD_BOUND = 1.10
+"""Largest tolerated max/mean shard size before rows move. Every rank projects all of its
+Gaussians for every camera, so a larger shard costs its rank per-Gaussian time; on bird at W = 2,
+B = 2 a 1.01 bound measured no faster than 1.10 (rank 0's render-time excess at equal tile work
+2.4% at both; docs/sharded.md, "Shard balance and step time"), so rows move only past 1.10."""
+
 
 # ---------------------------------------------------------------------- shard balance
-def plan_moves(sizes: Sequence[int], bound: float = 1.10) -> list[tuple[int, int, int]]:
+def plan_moves(sizes: Sequence[int], bound: float = SHARD_BOUND) -> list[tuple[int, int, int]]:
     """Row moves ``(src, dst, count)`` that even out shard sizes; pure and deterministic.
 
     Nothing moves while ``max(sizes) / mean(sizes) <= bound``. Past it, every rank's target is the
@@ -108,7 +114,7 @@ def agree_layout(ctx: DistContext, rows: GaussianRows) -> RowLayout:
     return RowLayout(keys=dict(sorted(keys.items())), adam_steps=steps)
 
 
-def rebalance_shards_(ctx: DistContext, rows: GaussianRows, bound: float = 1.10) -> int:
+def rebalance_shards_(ctx: DistContext, rows: GaussianRows, bound: float = SHARD_BOUND) -> int:
     """Move Gaussians with all their state until every shard is within floor/ceil of the mean,
     when the largest shard exceeds ``bound`` x the mean (:func:`plan_moves`).
 

@@ -181,7 +181,7 @@ class ShardedMode(ParallelMode):
     def after_refine(self, step: int, optimizers: Optimizers) -> int:
         """Growth, pruning and MCMC's relocations and additions make shards drift: on the steps
         the strategy may change them (``Densifier.changes_shards_at``), move rows (with their Adam
-        and strategy state) when the largest exceeds 1.10 x the mean.
+        and strategy state) when the largest exceeds ``SHARD_BOUND`` x the mean.
 
         **Collective:** world group, on those steps: ``rebalance_shards_``'s.
         """

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from distsplat_ns.balance.ownership import owned_block
+from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import (
     NUM_POINTS,
@@ -58,7 +59,7 @@ def test_rebalance_evens_out_the_shards(sharded_run: list) -> None:
     before = [r["sizes_before"] for r in sharded_run]
     after = [r["sizes_after"] for r in sharded_run]
     world = len(sharded_run)
-    assert max(before) * world > 1.10 * NUM_POINTS, "the test's shards must start past the bound"
+    assert max(before) * world > SHARD_BOUND * NUM_POINTS, "the test's shards must start past the bound"
     assert sum(after) == NUM_POINTS and all(NUM_POINTS // world <= s <= -(-NUM_POINTS // world) for s in after)
     # The bytes a rank reports are those it sent: a whole number of equal-sized rows from a donor, none from a receiver.
     sent_rows = [b - a for b, a in zip(before, after, strict=False)]

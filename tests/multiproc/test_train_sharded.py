@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from distsplat_ns.checkpoint import checkpoint_steps
+from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
 from tests.helpers.nsrun import REPO, latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
 
@@ -60,7 +61,7 @@ def test_sharded_ranks_make_the_decisions_of_one_process(one_process_run: Path, 
     # Every rank held a shard, and the shards add up to the model.
     local = [r["local_gaussian_count"] for r in stats["per_rank"]]
     assert sum(local) == one["means"].shape[0] and min(local) > 0
-    assert max(local) <= 1.10 * sum(local) / world + 1
+    assert max(local) <= SHARD_BOUND * sum(local) / world + 1
 
 
 def test_sharded_equals_replicated_on_two_ranks(two_process_run: Path, sharded_two_run: Path) -> None:
