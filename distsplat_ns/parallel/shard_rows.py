@@ -25,7 +25,8 @@ SHARD_BOUND = 1.10
 """Largest tolerated max/mean shard size before rows move. Every rank projects all of its
 Gaussians for every camera, so a larger shard costs its rank per-Gaussian time; on bird at W = 2,
 B = 2 a 1.01 bound measured no faster than 1.10 (rank 0's render-time excess at equal tile work
-2.4% at both; docs/sharded.md, "Shard balance and step time"), so rows move only past 1.10."""
+about 3% at both, over six runs; docs/sharded.md, "Shard balance and step time"), so rows move
+only past 1.10."""
 
 
 # ---------------------------------------------------------------------- shard balance
