@@ -23,6 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
+    out = os.environ.get("DISTSPLAT_STEP_COSTS_OUT")
+    if not out:
+        raise SystemExit("error: ns_train_step_costs.py needs DISTSPLAT_STEP_COSTS_OUT, the JSON file to write")
     from nerfstudio.scripts.train import entrypoint
 
     from distsplat_ns import pipeline
@@ -43,7 +46,6 @@ def main() -> None:
         return observe(self, plan, batch, costs, view, clock)
 
     pipeline.DistSplatPipeline._observe_costs = recording
-    out = os.environ["DISTSPLAT_STEP_COSTS_OUT"]
 
     def write() -> None:
         if os.environ.get("RANK", "0") == "0":
