@@ -237,7 +237,7 @@ def measure_footprints(
                 means, quats, scales, torch.ones(n), torch.zeros(n, 3), scene.viewmats, scene.Ks, width, height,
                 backend="reference",
             )
-        first, end = footprint_tile_rows(proj.means2d.reshape(-1, 2), proj.radii.reshape(-1), width, height)
+        first, end = footprint_tile_rows(proj.means2d.reshape(-1, 2), proj.radii.reshape(-1), height)
         first, end = first.reshape(num_cams, n), end.reshape(num_cams, n)
         seen = end > first
         visible += seen.sum(dim=1).numpy()

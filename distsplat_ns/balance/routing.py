@@ -4,9 +4,9 @@ In sharded training (docs/sharded.md) each rank sends a band's rank only the Gau
 footprint reaches the band's tile rows. The footprint is the rasterizer's: the square
 ``mean2d +- radius`` in tile units, ``floor`` inclusive to ``ceil`` exclusive, as gsplat's
 ``isect_tiles`` and ``rendering/reference.py:intersect_tiles`` count it, widened by
-``MARGIN_PX``: gsplat's kernels round in float32 (possibly with fast-math division), this test in
-float64, and a Gaussian sent in excess meets no tile of the band and changes nothing, while one
-missing would change pixels.
+``MARGIN_PX``: gsplat's kernels round in float32 (possibly with fast-math division), and so does
+the exchange's test (:func:`footprint_touches_px`); a Gaussian sent in excess meets no tile of the
+band and changes nothing, while one missing would change pixels.
 
 Shape letters: N Gaussians.
 """
@@ -17,52 +17,78 @@ import torch
 from torch import Tensor
 
 from distsplat_ns.balance.bands import TILE_SIZE, num_tile_rows
-from distsplat_ns.utils.host_to_device import host_tensor
 
 MARGIN_PX = 1.0
 """Pixels added to every radius before the tile test (see the module docstring)."""
 
 
-def footprint_tile_rows(
-    means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.int64
-) -> tuple[Tensor, Tensor]:
-    """The tile rows ``[first, end)`` each Gaussian's footprint covers. A Gaussian that covers no
-    tile of the image (culled, or left/right/above/below of it) gets an empty interval at the
-    grid's top or bottom edge, ``[0, 0)`` or ``[tiles_high, tiles_high)``, which meets no band
-    (:func:`footprint_touches_rows`).
+def footprint_reach_px(means2d: Tensor, radii: Tensor) -> tuple[Tensor, Tensor]:
+    """Each Gaussian's centre row and vertical reach, px: ``(y, radius + MARGIN_PX)``, the reach
+    ``-inf`` where culled (radius 0), so that it meets no band. Three operators, no copy of the
+    centres (``y`` is a view). The x axis is not tested: both projections (``rendering/projection.py``
+    and gsplat's) cull a Gaussian whose square misses the image, so a kept one meets the image's
+    columns.
 
     Args:
-        means2d: Projected centres. `[..., N, 2]`, px, (x, y): one camera, or several of one size.
+        means2d: Projected centres. `[..., N, 2]`, px, (x, y).
+        radii: 3-sigma screen radii, 0 = culled. `[..., N]` or `[..., N, 2]` (x, y: the y one is
+            used; a Gaussian culled on x alone is sent in excess, which changes nothing), px.
+
+    Returns:
+        ``(y, reach)``, each `[..., N]`, px; ``reach`` float (an integer radius becomes float32
+        in the margin's sum).
+    """
+    radius = (radii[..., 1] if radii.ndim == means2d.ndim else radii).detach()
+    reach = radius.add(MARGIN_PX).masked_fill_(radius <= 0, float("-inf"))
+    return means2d.detach()[..., 1], reach
+
+
+def band_extent_px(first_tile_row: int, end_tile_row: int, tile_size: int = TILE_SIZE) -> tuple[int, int]:
+    """A band of tile rows ``[first, end)`` as its middle row and its half height, px: whole
+    numbers (an even tile side), for the exchange's int64 band table."""
+    if tile_size % 2:
+        raise ValueError(f"band_extent_px: the tile side must be even, got {tile_size}")
+    return (first_tile_row + end_tile_row) * tile_size // 2, (end_tile_row - first_tile_row) * tile_size // 2
+
+
+def footprint_touches_px(y: Tensor, reach: Tensor, band_middle_px: Tensor, band_half_px: Tensor) -> Tensor:
+    """Which footprints (:func:`footprint_reach_px`) meet the band of :func:`band_extent_px`:
+    ``|y - middle| < reach + half``, i.e. ``y - reach < end * T`` and ``y + reach > first * T``
+    (``reach`` = radius + ``MARGIN_PX``), which for whole tile rows are ``floor((y - reach) / T) <
+    end`` and ``ceil((y + reach) / T) > first``: the Gaussians :func:`touches_rows`
+    selects from :func:`footprint_tile_rows`, without rounding to tiles. `[N]` bool; several
+    bands as `[bands, 1]` bounds against their cameras' `[bands, N]`. Four operators.
+
+    In float32 the one rounding of ``y - middle`` is below an ulp of ``|y|`` (gsplat's own
+    rounding likewise), far below ``MARGIN_PX`` for any footprint that reaches an image under 2^21 px.
+    """
+    return (y - band_middle_px).abs_() < reach + band_half_px
+
+
+def footprint_tile_rows(
+    means2d: Tensor, radii: Tensor, height: int, tile_size: int = TILE_SIZE, dtype: torch.dtype = torch.int64
+) -> tuple[Tensor, Tensor]:
+    """The tile rows ``[first, end)`` each Gaussian's footprint covers: ``y -+ (radius +
+    MARGIN_PX)`` (:func:`footprint_reach_px`) in float64, exact for float32 inputs, ``floor`` low
+    and ``ceil`` high, clipped to the image's tile grid. A culled Gaussian gets ``[tiles_high,
+    0)``, which is empty.
+
+    Args:
+        means2d: Projected centres. `[..., N, 2]`, px, (x, y).
         radii: 3-sigma screen radii, 0 = culled. `[..., N]` or `[..., N, 2]` (x, y), px.
-        width: Image width, px.
-        height: Image height, px.
+        height: Image height, px (the grid's columns are not tested: see :func:`footprint_reach_px`).
         tile_size: Tile side, px.
         dtype: Integer dtype of the result; it must hold the image's tile rows.
 
     Returns:
-        ``(first_row, end_row)``, each `[..., N]` ``dtype``, clipped to the image's tile grid.
+        ``(first_row, end_row)``, each `[..., N]` ``dtype``.
     """
-    means = means2d.detach().to(torch.float64)
-    radius = radii.detach().to(torch.float64)
-    tiles_wide, tiles_high = -(-width // tile_size), num_tile_rows(height, tile_size)
-    # Per side (low edge, high edge): the centre's factor, the clamp's bounds, the x test's bound, the row's sign.
-    scale, low, high, past, sign = host_tensor(
-        [[-1.0 / tile_size, 1.0 / tile_size], [-tiles_high, 0], [0, tiles_high], [-tiles_wide, 0], [-1, 1]], torch.float64, means.device
-    )
-    if radius.ndim == means.ndim - 1:  # one radius for both axes
-        culled = radius <= 0
-        reach = radius[..., None, None]
-    else:
-        culled = (radius <= 0).any(dim=-1)
-        reach = radius[..., None]
-    # [..., N, axis, side]: (reach - centre, reach + centre) / tile, whose one ceil is
-    # (-floor(low edge), ceil(high edge)) in tiles. Exact in float64 for float32 inputs (sums of
-    # two float32 values, and a power-of-two tile), so the same as each edge rounded on its own.
-    edges = torch.addcmul(reach.add(MARGIN_PX).div_(tile_size), means[..., None], scale).ceil_()
-    beside = (edges[..., 0, :] <= past).any(dim=-1)  # left or right of the image
-    rows = (edges[..., 1, :].clamp(low, high) * sign).to(dtype)  # (first, end), clipped to the grid
-    first = rows[..., 0].masked_fill_(culled | beside, tiles_high)  # an empty footprint: [tiles_high, end <= tiles_high)
-    return first, rows[..., 1]
+    y, reach = footprint_reach_px(means2d.detach().to(torch.float64), radii.detach().to(torch.float64))
+    low, high = y - reach, y + reach
+    tiles_high = num_tile_rows(height, tile_size)
+    first = torch.floor(low / tile_size).clamp_(0, tiles_high).to(dtype)
+    end = torch.ceil(high / tile_size).clamp_(0, tiles_high).to(dtype)
+    return first, end
 
 
 def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int | Tensor, band_end_row: int | Tensor) -> Tensor:
@@ -70,13 +96,6 @@ def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int | Tenso
     ``[band_first_row, band_end_row)``. `[N]` bool; with several bands' rows as `[bands, 1]`
     tensors and their cameras' ``first_row``/``end_row`` `[bands, N]`, `[bands, N]`."""
     return (first_row < band_end_row) & (end_row > band_first_row) & (end_row > first_row)
-
-
-def footprint_touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: Tensor, band_end_row: Tensor) -> Tensor:
-    """:func:`touches_rows` for the intervals :func:`footprint_tile_rows` returns, in two
-    comparisons: its empty intervals lie on the grid's edge (``[0, 0)`` or ``[tiles_high,
-    tiles_high)``), and every band's rows lie in the grid, so they fail one of the two."""
-    return (first_row < band_end_row) & (end_row > band_first_row)
 
 
 def touching_rows(first_row: Tensor, end_row: Tensor, band_first_row: int, band_end_row: int) -> Tensor:

@@ -187,7 +187,7 @@ def sum_gradients_(
             p = params[i]
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             grads.append(g.reshape(-1))
-        flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
+        flat = torch.cat(grads) if len(grads) > 1 else grads[0]  # one gradient is summed where it lies
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         grads_from_bucket([params[i] for i in bucket], flat)
     return GradSyncResult(bytes_reduced=total_bytes)

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
-from distsplat_ns.balance.routing import footprint_tile_rows, footprint_touches_rows
+from distsplat_ns.balance.bands import TILE_SIZE, Band
+from distsplat_ns.balance.routing import band_extent_px, footprint_reach_px, footprint_touches_px
 from distsplat_ns.distributed.collectives import all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.torch_compat import nonzero_of_size
@@ -54,8 +54,11 @@ _MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
 NUM_DIFFERENTIABLE = 9
 _DEPTH, _RADIUS = 9, 10
 NUM_COLUMNS = 11
-#: Columns of a gradient row: the 9 differentiable terms' gradients, then absgrad (x, y).
+#: Columns of a gradient row: the 9 differentiable terms' gradients, then absgrad (x, y) in the
+#: depth's and radius's columns (which have no gradient): a received row's gradient is a row of its own width.
 NUM_GRAD_COLUMNS = NUM_DIFFERENTIABLE + 2
+_ABSGRAD = slice(NUM_DIFFERENTIABLE, NUM_GRAD_COLUMNS)
+assert NUM_GRAD_COLUMNS == NUM_COLUMNS
 
 
 def exchange_row_bytes(item_bytes: int) -> int:
@@ -124,14 +127,17 @@ class _ScreenTermExchange(torch.autograd.Function):
     """Forward: the rows ``(Route.camera_of_row, Route.gaussian_of_row)`` of every field, sent with
     their global ids by the all-to-all of ``Route.send_counts``, one collective: each int64 id
     rides in the payload as its bytes, ``8 / itemsize`` columns of the terms' dtype after the
-    terms (bits are copied, never computed on). Returns the received rows `[R, 11 + 8 / itemsize]`
-    and their ids `[R]` int64. Backward: the reverse all-to-all of the terms' gradients with
-    absgrad; the absgrad lands on the owner's projected means, and the terms' gradients go into
-    the four fields' rows in one zeroed buffer (autograd's backward of one index per field would
-    zero one buffer each: docs/host_cost.md).
+    terms (bits are copied, never computed on). Returns the received rows' terms `[R, 11]` (a view
+    of the received buffer), their ids `[R]` int64 and a token (an empty view of the received
+    rows, which the band backward anchors, so that this backward runs, a collective, even on a
+    rank that rendered nothing).
+    Backward: the terms' gradient rows arrive with their absgrads in the depth's and radius's
+    columns (``_ReceivedFields``) and go back as they are, by the reverse all-to-all; the absgrad
+    lands on the owner's projected means, and the terms' gradients go into the four fields' rows,
+    all in one zeroed buffer (autograd's backward of one index per field would zero one buffer
+    each: docs/host_cost.md).
 
-    **Collective:** world group, in forward and in backward on every rank (the band backward
-    anchors the output so that its backward runs even on a rank that rendered nothing).
+    **Collective:** world group, in forward and in backward on every rank.
     **Differentiable:** with respect to means2d `[C, N, 2]`, conics `[C, N, 3]`, colours
     `[C, N, K]` (the first 3 channels are sent) and opacities `[C, N]`; not the depths `[C, N]`,
     radii `[C, N]` int32 (their bits ride in one column, as the ids' do) and ids `[N]`.
@@ -141,40 +147,34 @@ class _ScreenTermExchange(torch.autograd.Function):
     def forward(
         fn_ctx, means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, depths: Tensor, radii: Tensor,
         ids: Tensor, route: Route,
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         fn_ctx.route = route
         fn_ctx.field_shapes = (means2d.shape, conics.shape, colors.shape, opacities.shape)
         fn_ctx.sent_dtype = dtype = means2d.dtype
-        fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient
-        rows = (route.camera_of_row, route.gaussian_of_row)
-        # One concatenation of every column: an id rides as its bytes, 8 / itemsize columns of the terms' dtype.
-        payload = torch.cat(
-            [means2d[rows], conics[rows], colors[rows][:, :3], opacities[rows][:, None], depths[rows][:, None],
-             radii[rows].to(_int_of_size(dtype)).view(dtype)[:, None], ids[route.gaussian_of_row][:, None].view(dtype)],
+        fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient, nor the terms' where no band rendered them
+        # Every field's columns side by side for every (camera, Gaussian), then one index of the
+        # sent rows: two operators whatever the fields. An id rides as its bytes, 8 / itemsize
+        # columns of the terms' dtype; a radius as its bits, one column.
+        id_columns = ids[:, None].view(dtype)
+        terms = torch.cat(
+            [means2d, conics, colors[..., :3], opacities[..., None], depths[..., None],
+             radii.to(_int_of_size(dtype)).view(dtype)[..., None], id_columns.expand(means2d.shape[0], *id_columns.shape)],
             dim=-1,
-        )
+        )  # [C, N, 11 + 8 / itemsize]
+        payload = terms[route.camera_of_row, route.gaussian_of_row]
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
         recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
         fn_ctx.mark_non_differentiable(recv_ids)
-        return recv, recv_ids
+        return recv[:, :NUM_COLUMNS], recv_ids, recv[:0]  # the token: no rows, no operator
 
     @staticmethod
-    def backward(fn_ctx, grad_recv: Tensor | None, _grad_ids: None):
+    def backward(fn_ctx, grad_terms: Tensor | None, _grad_ids: None, _grad_token: Tensor | None):
         route: Route = fn_ctx.route
-        grads = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
-        if grad_recv is not None:  # the band backward always passes one (its anchors); without, zeros go back, still collectively
-            grads[:, :NUM_DIFFERENTIABLE] = grad_recv[:, :NUM_DIFFERENTIABLE]
-        # Every rendered position's absgrad into its rows at once (a received row belongs to one position).
-        found = [(route.rows_of_position[p], a[0]) for p, proj in route.rendered_from.items()
-                 if (a := getattr(proj.means2d, "absgrad", None)) is not None]
-        if found:
-            rows = found[0][0] if len(found) == 1 else torch.cat([r for r, _ in found])
-            absgrads = found[0][1] if len(found) == 1 else torch.cat([a for _, a in found])
-            grads[:, NUM_DIFFERENTIABLE:].index_put_((rows,), absgrads.to(grads.dtype))
+        if grad_terms is None:  # no band rendered a received row: zeros go back, still collectively
+            grad_terms = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
         with route.timer():
-            back, _ = all_to_all_rows(route.ctx, grads, route.recv_counts, route.send_counts)
-        _deposit_absgrad(route, back[:, NUM_DIFFERENTIABLE:])
-        field_grads = _rows_into_fields(back, (route.camera_of_row, route.gaussian_of_row), fn_ctx.field_shapes)
+            back, _ = all_to_all_rows(route.ctx, grad_terms, route.recv_counts, route.send_counts)
+        field_grads = _rows_into_fields(route, back, fn_ctx.field_shapes)
         # The route holds projections whose tensors' graph holds this node, which holds the route:
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
         # projections stayed alive. The pipeline keeps its own reference to read the statistics.
@@ -187,34 +187,43 @@ def _int_of_size(dtype: torch.dtype) -> torch.dtype:
     return {16: torch.int16, 32: torch.int32, 64: torch.int64}[torch.finfo(dtype).bits]
 
 
-def _rows_into_fields(back: Tensor, rows: tuple[Tensor, Tensor], shapes: Sequence[torch.Size]) -> list[Tensor]:
-    """The returned gradient rows `[S, >= 9]` added into zeroed means2d, conics, colours and
-    opacities gradients of ``shapes`` at ``rows`` (a row sent to several ranks sums, as
-    autograd's backward of an index does). The four are contiguous parts of one zeroed buffer."""
+def _rows_into_fields(route: Route, back: Tensor, shapes: Sequence[torch.Size]) -> list[Tensor]:
+    """The returned gradient rows `[S, 11]` added at the sent rows into zeroed means2d, conics,
+    colours and opacities gradients of ``shapes`` (a row sent to several ranks sums, as autograd's
+    backward of an index does), which it returns, and their absgrads into the shard's projected
+    means (``means2d.absgrad``, :func:`_deposit_absgrad`). The four gradients and the absgrads
+    are contiguous parts of one zeroed buffer."""
+    rows = (route.camera_of_row, route.gaussian_of_row)
+    shapes = [*shapes, shapes[0]]  # the absgrads: the means' shape
     buffer = back.new_zeros(sum(shape.numel() for shape in shapes))
     fields = [part.view(shape) for part, shape in zip(buffer.split([shape.numel() for shape in shapes]), shapes, strict=True)]
-    means2d, conics, colors, opacities = fields
+    means2d, conics, colors, opacities, absgrads = fields
     means2d.index_put_(rows, back[:, _MEANS2D], accumulate=True)
     conics.index_put_(rows, back[:, _CONICS], accumulate=True)
     colors[..., :3].index_put_(rows, back[:, _COLORS], accumulate=True)
     opacities.index_put_(rows, back[:, _OPACITY], accumulate=True)
-    return fields
+    absgrads.index_put_(rows, back[:, _ABSGRAD], accumulate=True)
+    _deposit_absgrad(route, absgrads)
+    return fields[:4]
 
 
 class _ReceivedFields(torch.autograd.Function):
     """The received rows at ``index`` (`[M]`, unique), as the fields a projection holds: means2d
     `[M, 2]`, conics `[M, 3]`, colours `[M, 3]`, opacities `[M]` (differentiable), depths `[M]`
     and radii `[M]` int32 (not; sent as their bits). One function rather than autograd's index
-    per field: its backward writes the four fields' gradients into the leaf's rows with one
-    concatenation and one indexed copy, where autograd's backward of the indexes fills a zeroed
-    buffer per field and adds them (docs/host_cost.md).
+    per field: its backward writes the four fields' gradients, with the absgrads the rasterizer
+    left on ``route.rendered_from``'s means (positions ascending, as ``index`` lists their rows),
+    into the leaf's rows with one concatenation and one indexed copy, where autograd's backward of
+    the indexes fills a zeroed buffer per field and adds them (docs/host_cost.md).
 
-    **Differentiable:** with respect to ``leaf`` `[R, C]`, ``C >= 11`` (its first ``NUM_DIFFERENTIABLE`` columns).
+    **Differentiable:** with respect to ``leaf`` `[R, 11]` (its first ``NUM_DIFFERENTIABLE`` columns;
+    the gradient's last two columns are the absgrads).
     """
 
     @staticmethod
-    def forward(fn_ctx, leaf: Tensor, index: Tensor):
+    def forward(fn_ctx, leaf: Tensor, index: Tensor, route: Route):
         fn_ctx.save_for_backward(index)
+        fn_ctx.route = route
         fn_ctx.set_materialize_grads(False)  # no zeros for the depths' and radii's gradients (never read)
         fn_ctx.leaf_shape = leaf.shape
         # One index per field, of its columns: each field comes out contiguous, with no copy after.
@@ -229,32 +238,33 @@ class _ReceivedFields(torch.autograd.Function):
     @staticmethod
     def backward(fn_ctx, grad_means2d, grad_conics, grad_colors, grad_opacities, _depths, _radii):
         (index,) = fn_ctx.saved_tensors
+        route: Route = fn_ctx.route
+        fn_ctx.route = None  # the route holds the projections, whose graph holds this node
+        absgrads = [getattr(route.rendered_from[p].means2d, "absgrad", None) for p in sorted(route.rendered_from)]
         grads = [grad_means2d, grad_conics, grad_colors, grad_opacities]
         like = next(g for g in grads if g is not None)  # autograd calls backward only when one is
-        widths = (2, 3, 3, 1)
+        if all(a is not None for a in absgrads):
+            grads.append(absgrads[0][0] if len(absgrads) == 1 else torch.cat([a[0] for a in absgrads]))
+        elif any(a is not None for a in absgrads):
+            grads.append(torch.cat([like.new_zeros(proj.means2d.shape[1], 2) if a is None else a[0]
+                                    for a, proj in zip(absgrads, (route.rendered_from[p] for p in sorted(route.rendered_from)), strict=True)]))
+        else:
+            grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
+        widths = (2, 3, 3, 1, 2)
         columns = torch.cat(
-            [like.new_zeros(index.shape[0], w) if g is None else g.reshape(index.shape[0], w) for g, w in zip(grads, widths, strict=True)],
+            [like.new_zeros(index.shape[0], w) if g is None else g.reshape(index.shape[0], w).to(like.dtype)
+             for g, w in zip(grads, widths, strict=True)],
             dim=1,
-        )  # [M, 9], the leaf's column order
+        )  # [M, 11], the leaf's column order, absgrads in the depth's and radius's columns
         grad_leaf = like.new_zeros(fn_ctx.leaf_shape)
-        grad_leaf[:, :NUM_DIFFERENTIABLE].index_copy_(0, index, columns)
-        return grad_leaf, None
+        grad_leaf.index_copy_(0, index, columns)
+        return grad_leaf, None, None
 
 
-def _deposit_absgrad(route: Route, absgrad_rows: Tensor) -> None:
-    """Add the returned absgrads `[S, 2]` to the shard's projected means (``means2d.absgrad``).
-    Several calls (cameras of several sizes): summed over all calls' cameras at once, then each
-    call takes its cameras' part -- no per-call selection of rows."""
-    index = (route.camera_of_row, route.gaussian_of_row)
-    if len(route.calls) == 1:
-        means2d = route.calls[0][1].means2d
-        if getattr(means2d, "absgrad", None) is None:
-            means2d.absgrad = torch.zeros_like(means2d, requires_grad=False)  # type: ignore[attr-defined]
-        means2d.absgrad.index_put_(index, absgrad_rows.to(means2d.dtype), accumulate=True)  # type: ignore[attr-defined]
-        return
-    first = route.calls[0][1].means2d
-    summed = first.new_zeros((sum(len(positions) for positions, _ in route.calls), *first.shape[1:]))
-    summed.index_put_(index, absgrad_rows.to(first.dtype), accumulate=True)
+def _deposit_absgrad(route: Route, summed: Tensor) -> None:
+    """Add the returned absgrads, summed per (camera, Gaussian) over all calls' cameras `[C, N,
+    2]`, to the shard's projected means (``means2d.absgrad``): each call takes its cameras' part
+    -- no per-call selection of rows."""
     for (_, proj), part in zip(route.calls, summed.split([len(p) for p, _ in route.calls]), strict=True):
         if getattr(proj.means2d, "absgrad", None) is None:
             proj.means2d.absgrad = part  # type: ignore[attr-defined]
@@ -267,16 +277,18 @@ class ReceivedProjections:
     """The rows this rank received, as a ``ProjectionSource`` for ``DistSplatModel.forward_bands``.
 
     Attributes:
-        leaf: Every received row, the exchange's output: the terms and the id's columns. `[R, 11 + 8 / itemsize]`.
+        leaf: Every received row's terms, the exchange's output. `[R, 11]`.
         ids: Global id of each row. `[R]`, int64.
         route: The exchange's record (counts, the shard's projection calls, the rows per position).
         sizes_px: Per batch position, the rendered ``(width, height)`` of its camera.
         backend: The rasterizer backend of the projections.
         calls: Empty: this rank renders no projection of its own Gaussians.
-        anchors: ``(leaf,)``.
+        token: The exchange's empty output, anchored so that its backward runs on every rank.
+        anchors: ``(token,)``.
     """
 
     leaf: Tensor
+    token: Tensor
     ids: Tensor
     route: Route
     sizes_px: dict[int, tuple[int, int]]
@@ -285,8 +297,8 @@ class ReceivedProjections:
 
     @property
     def anchors(self) -> tuple[Tensor, ...]:
-        """The received rows: their backward (the reverse all-to-all) must run on every rank."""
-        return (self.leaf,)
+        """The exchange's token: its backward (the reverse all-to-all) must run on every rank."""
+        return (self.token,)
 
     @property
     def statistics_projections(self) -> list[StatisticsProjection]:
@@ -314,7 +326,7 @@ class ReceivedProjections:
         parts = [self.route.rows_of_position[p] for p in positions]
         sizes = [int(part.shape[0]) for part in parts]
         means2d, conics, colors, opacities, depths, radii = _ReceivedFields.apply(
-            self.leaf, parts[0] if len(parts) == 1 else torch.cat(parts)
+            self.leaf, parts[0] if len(parts) == 1 else torch.cat(parts), self.route
         )
         fields = {"means2d": means2d, "conics": conics, "depths": depths, "radii": radii, "opacities": opacities, "colors": colors}
         split = {name: values.split(sizes) if len(sizes) > 1 else (values,) for name, values in fields.items()}
@@ -349,24 +361,6 @@ def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
     return band.first_row_px // TILE_SIZE, -(-end_px // TILE_SIZE)
 
 
-#: Cameras x Gaussians per batch of footprints: bounds ``footprint_tile_rows``' float64
-#: temporaries (about 80 bytes per element) to about 320 MiB, the per-camera figure at 4M Gaussians.
-FOOTPRINT_BATCH_ELEMENTS = 1 << 22
-
-
-def _call_footprints(proj: Projection) -> tuple[Tensor, Tensor]:
-    """A call's tile rows ``[first, end)`` for all its cameras, `[C, N]`, as int16 (int32 above
-    32767 tile rows): the per-band gathers of ``_pair_masks`` then cost 2 bytes per element.
-    Computed in batches of ``FOOTPRINT_BATCH_ELEMENTS``: all cameras at once for a small shard,
-    fewer per batch for a large one, so the temporaries never exceed one batch."""
-    num_cameras, num = proj.means2d.shape[0], proj.means2d.shape[1]
-    step = max(1, FOOTPRINT_BATCH_ELEMENTS // max(1, num))
-    dtype = torch.int16 if num_tile_rows(proj.height) < 2**15 else torch.int32  # values in [0, tile rows]
-    parts = [footprint_tile_rows(proj.means2d[i : i + step], proj.radii[i : i + step], proj.width, proj.height, dtype=dtype)
-             for i in range(0, num_cameras, step)]
-    return _all_cameras([f for f, _ in parts]), _all_cameras([e for _, e in parts])
-
-
 def _pair_masks(
     calls: Sequence[ProjectionCall], sizes_px: dict[int, tuple[int, int]], camera_of: dict[int, int],
     bands_of_rank: Sequence[Sequence[Band]],
@@ -380,16 +374,16 @@ def _pair_masks(
         return [], None
     pairs = sorted({(dest, position) for dest, position, _ in keyed})
     pair_index = {pair: i for i, pair in enumerate(pairs)}
-    footprints = [_call_footprints(proj) for _, proj in calls]
-    first = _all_cameras([f for f, _ in footprints])  # [cameras of all calls, N]
-    end = _all_cameras([e for _, e in footprints])
-    table = []  # per band: its pair, its camera among all calls', its tile rows [lo, hi)
+    footprints = [footprint_reach_px(proj.means2d, proj.radii) for _, proj in calls]
+    y = _all_cameras([f for f, _ in footprints])  # [cameras of all calls, N], px
+    reach = _all_cameras([r for _, r in footprints])
+    table = []  # per band: its pair, its camera among all calls', its middle row and widened half height (px)
     for dest, position, band in keyed:
-        table.append([pair_index[(dest, position)], camera_of[position], *render_tile_rows(band, sizes_px[position][1])])
-    pair_of_band, camera, lo, hi = host_tensor(table, torch.int64, first.device).unbind(1)
-    if [row[1] for row in table] != list(range(first.shape[0])):  # else one band per camera, in order (B = W): no gather
-        first, end = first[camera], end[camera]
-    touches = footprint_touches_rows(first, end, lo[:, None], hi[:, None])  # [bands, N]
+        table.append([pair_index[(dest, position)], camera_of[position], *band_extent_px(*render_tile_rows(band, sizes_px[position][1]))])
+    pair_of_band, camera, middle, half = host_tensor(table, torch.int64, y.device).unbind(1)
+    if [row[1] for row in table] != list(range(y.shape[0])):  # else one band per camera, in order (B = W): no gather
+        y, reach = y[camera], reach[camera]
+    touches = footprint_touches_px(y, reach, middle[:, None], half[:, None])  # [bands, N]
     if len(pairs) == len(keyed):
         return pairs, touches
     # Several bands of one pair: a Gaussian is needed if any of them touches it.
@@ -478,10 +472,11 @@ def exchange_screen_terms(
         rows_of_position={},  # from the received ids, below (before any backward reads it)
         timer=timer,
     )
-    leaf, recv_ids = _ScreenTermExchange.apply(*fields, ids, route)
+    leaf, recv_ids, token = _ScreenTermExchange.apply(*fields, ids, route)
     route.rows_of_position = _rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]})
     return ReceivedProjections(
         leaf=leaf,
+        token=token,
         ids=recv_ids,
         route=route,
         sizes_px=sizes_px,

@@ -128,7 +128,9 @@ def project_gaussians(
     """
     rot_w2c = viewmats[:, :3, :3]  # [C, 3, 3]
     t_w2c = viewmats[:, :3, 3]  # [C, 3]
-    means_c = torch.einsum("cij,nj->cni", rot_w2c, means) + t_w2c[:, None, :]  # [C, N, 3]
+    # A broadcast product, not an einsum: its backward sums the cameras' [C, N, 3] gradients into a
+    # contiguous [N, 3] one (the einsum's is transposed, which AccumulateGrad copies), as gsplat's.
+    means_c = torch.matmul(means, rot_w2c.transpose(-1, -2)) + t_w2c[:, None, :]  # [C, N, 3]
 
     covars = _covariances(quats, scales)  # [N, 3, 3]
     covars_c = rot_w2c[:, None] @ covars[None] @ rot_w2c.transpose(-1, -2)[:, None]  # [C, N, 3, 3]

@@ -1,6 +1,7 @@
-"""The sharded exchange's routing in one batch of operations (``parallel/exchange.py:_pair_masks``,
-``balance/routing.py:footprint_tile_rows`` over several cameras) against the test written one
-camera and one band at a time: the same Gaussians for every (destination, position) pair."""
+"""The sharded exchange's routing in one batch of operations (``parallel/exchange.py:_pair_masks``:
+``balance/routing.py:footprint_touches_px`` over several cameras, in the centres' float32) against the
+test written one camera and one band at a time in float64 tile rows (``footprint_tile_rows``): the
+same Gaussians for every (destination, position) pair."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ import pytest
 import torch
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band, num_tile_rows
-from distsplat_ns.balance.routing import MARGIN_PX, footprint_tile_rows, footprint_touches_rows, touches_rows
-from distsplat_ns.parallel import exchange
+from distsplat_ns.balance.routing import (
+    MARGIN_PX,
+    band_extent_px,
+    footprint_reach_px,
+    footprint_tile_rows,
+    footprint_touches_px,
+    touches_rows,
+)
 from distsplat_ns.parallel.exchange import _pair_masks, render_tile_rows
 
 N = 200
@@ -29,10 +36,13 @@ def _projection(num_cameras: int, width: int, height: int, seed: int, radius_xy:
 @pytest.mark.parametrize("radius_xy", [False, True])
 def test_footprints_of_several_cameras_equal_each_camera_alone(radius_xy: bool) -> None:
     proj = _projection(3, 96, 80, 1, radius_xy)
-    first, end = footprint_tile_rows(proj.means2d, proj.radii, proj.width, proj.height)
+    first, end = footprint_tile_rows(proj.means2d, proj.radii, proj.height)
+    y, reach = footprint_reach_px(proj.means2d, proj.radii)
     for k in range(3):
-        f, e = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+        f, e = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.height)
+        y_k, reach_k = footprint_reach_px(proj.means2d[k], proj.radii[k])
         assert torch.equal(first[k], f) and torch.equal(end[k], e)
+        assert torch.equal(y[k], y_k) and torch.equal(reach[k], reach_k)
 
 
 def _expected(calls, bands_of_rank):
@@ -43,7 +53,7 @@ def _expected(calls, bands_of_rank):
         for band in bands:
             c, k = where[band.position]
             proj = calls[c][1]
-            first, end = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.width, proj.height)
+            first, end = footprint_tile_rows(proj.means2d[k], proj.radii[k], proj.height)
             touch = touches_rows(first, end, *render_tile_rows(band, proj.height))
             key = (dest, band.position)
             masks[key] = masks[key] | touch if key in masks else touch
@@ -94,41 +104,39 @@ def test_no_bands_no_pairs() -> None:
     assert _pair_masks(calls, {0: (0, 0)}, {0: 0}, [[], []]) == ([], None)
 
 
-@pytest.mark.parametrize("cameras_per_batch", [1, 2])
-def test_footprints_in_batches_of_cameras_give_the_same_masks(monkeypatch: pytest.MonkeyPatch, cameras_per_batch: int) -> None:
-    # A large shard computes its footprints a few cameras at a time (the temporaries' bound);
-    # 3 cameras in batches of 1 or of 2 (an uneven last batch) must route as all at once.
-    monkeypatch.setattr(exchange, "FOOTPRINT_BATCH_ELEMENTS", cameras_per_batch * N)
-    calls = [([0, 1, 2], _projection(3, 96, 80, 8))]
-    bands = [[Band(0, 0, 5), Band(1, 0, 2)], [Band(1, 2, 5), Band(2, 0, 5)]]
-    _check(calls, bands)
+def _touch_tile_rows(proj, band_first: int, band_end: int) -> torch.Tensor:
+    first, end = footprint_tile_rows(proj.means2d[0], proj.radii[0], proj.height)
+    return touches_rows(first, end, torch.tensor(band_first), torch.tensor(band_end))
 
 
-@pytest.mark.parametrize("touches", [touches_rows, footprint_touches_rows])
+def _touch_px(proj, band_first: int, band_end: int) -> torch.Tensor:
+    y, reach = footprint_reach_px(proj.means2d[0], proj.radii[0])
+    middle, half = band_extent_px(band_first, band_end)
+    return footprint_touches_px(y, reach, torch.tensor(middle), torch.tensor(half))
+
+
+@pytest.mark.parametrize("touch", [_touch_tile_rows, _touch_px])
 @pytest.mark.parametrize("radius_xy", [False, True])
-def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touches) -> None:
-    """``touches_rows`` of ``footprint_tile_rows`` against the footprint's definition, Gaussian by
-    Gaussian in Python floats, and the exchange's two-comparison test, which relies on the empty
-    footprints lying on the grid's edge: visible, and its square ``mean2d +- (radius + MARGIN_PX)`` spans
-    tiles ``[floor, ceil)`` of which one lies in the image's columns and the band's rows. The
-    projection puts Gaussians culled, left, right, above and below the image, and on its edges;
-    the bands include the first and the last tile row."""
+def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touch) -> None:
+    """The tile-row test (float64) and the exchange's pixel-row test (float32) against the
+    footprint's definition, Gaussian by Gaussian in Python floats: visible, and its rows
+    ``y +- (radius + MARGIN_PX)`` span tile rows ``[floor, ceil)`` that meet the band's. The x axis
+    is not tested (the projections cull a Gaussian whose square misses the image). The projection
+    puts Gaussians culled, left, right, above and below the image, and on its edges; the bands
+    include the first and the last tile row."""
     width, height, tile = 96, 80, 16  # 6 x 5 tiles
     proj = _projection(1, width, height, 9, radius_xy)
     edges = torch.tensor([[-40.0, 40.0], [140.0, 40.0], [48.0, -40.0], [48.0, 130.0], [0.0, 0.0], [96.0, 80.0], [-17.0, -17.0]])
     proj.means2d[0, : len(edges)] = edges
     proj.radii[0, : len(edges)] = 8
     proj.radii[0, len(edges)] = 0  # culled, inside the image
-    first, end = footprint_tile_rows(proj.means2d[0], proj.radii[0], width, height)
-    radii_xy = proj.radii[0] if radius_xy else proj.radii[0][:, None].expand(N, 2)
+    radii_y = (proj.radii[0][:, 1] if radius_xy else proj.radii[0]).tolist()
     for band_first, band_end in [(0, 1), (0, 5), (1, 3), (4, 5)]:
-        got = touches(first, end, torch.tensor(band_first), torch.tensor(band_end))
+        got = touch(proj, band_first, band_end)
         for n in range(N):
-            (mx, my), (rx, ry) = proj.means2d[0, n].tolist(), radii_xy[n].tolist()
-            visible = rx > 0 and ry > 0
-            x0, x1 = math.floor((mx - rx - MARGIN_PX) / tile), math.ceil((mx + rx + MARGIN_PX) / tile)
+            my, ry = float(proj.means2d[0, n, 1]), radii_y[n]
             y0, y1 = math.floor((my - ry - MARGIN_PX) / tile), math.ceil((my + ry + MARGIN_PX) / tile)
-            want = visible and max(x0, 0) < min(x1, width // tile) and max(y0, band_first) < min(y1, band_end)
+            want = ry > 0 and max(y0, band_first) < min(y1, band_end)
             assert bool(got[n]) == want, (n, band_first, band_end)
         assert got.any() and not got.all()  # the comparison is of mixed masks
 
@@ -136,9 +144,9 @@ def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("radius_kind", ["int", "float", "xy"])
 def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, radius_kind: str) -> None:
-    """``footprint_tile_rows`` rounds both edges with one ``ceil`` of negated low edges; the
-    reference rounds each edge on its own (``floor`` low, ``ceil`` high). The same non-empty
-    rows and the same empty ones, on random grids with centres on whole and half tiles."""
+    """``footprint_tile_rows`` (its float64 edges from ``footprint_reach_px``) against each edge
+    rounded on its own here: the same non-empty rows and the same empty ones, on random grids with
+    centres on whole and half tiles."""
     gen = torch.Generator().manual_seed(11)
     for _ in range(20):
         width, height = (int(v) for v in torch.randint(1, 300, (2,), generator=gen))
@@ -149,14 +157,14 @@ def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, r
         radii = torch.randint(0, 50, shape, generator=gen, dtype=torch.int32)
         if radius_kind == "float":
             radii = radii.to(dtype) * 1.37
-        first, end = footprint_tile_rows(means2d, radii, width, height, dtype=torch.int16)
+        first, end = footprint_tile_rows(means2d, radii, height, dtype=torch.int16)
 
         m, r = means2d.double(), radii.double() if radius_kind == "xy" else radii.double()[..., None].expand(2, N, 2)
         low, high = torch.floor((m - r - MARGIN_PX) / TILE_SIZE), torch.ceil((m + r + MARGIN_PX) / TILE_SIZE)
-        tiles_wide, tiles_high = -(-width // TILE_SIZE), num_tile_rows(height)
+        tiles_high = num_tile_rows(height)
         want_first, want_end = low[..., 1].clamp(0, tiles_high), high[..., 1].clamp(0, tiles_high)
-        shown = (r > 0).all(-1) & (high[..., 0] > 0) & (low[..., 0] < tiles_wide) & (want_end > want_first)
+        shown = (r[..., 1] > 0) & (want_end > want_first)
         assert torch.equal(end > first, shown)
         assert torch.equal(first[shown].double(), want_first[shown]) and torch.equal(end[shown].double(), want_end[shown])
-        empty = ~shown  # on the grid's edge: [0, 0) or [tiles_high, <= tiles_high)
-        assert bool(((first[empty] == tiles_high) | ((first[empty] == 0) & (end[empty] == 0))).all())
+        empty = ~shown
+        assert bool((end[empty] <= first[empty]).all())
