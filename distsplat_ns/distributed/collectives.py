@@ -318,17 +318,29 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     else:
         padded = staged.new_zeros((longest, *staged.shape[1:]))
         padded[: staged.shape[0]] = staged
+    parts = all_gather_stacked(ctx, padded).to(tensor.device).unbind(0)  # staged through the host: ``_staged``
+    return [part if c == longest else part[:c] for part, c in zip(parts, counts, strict=True)]
+
+
+def all_gather_stacked(ctx: DistContext, tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor``, of one shape on every rank, stacked by rank: `[W, *shape]`, one
+    buffer (the host reads it at once). Nothing moves when the shape is empty.
+
+    **Collective:** world group, one all-gather (none at one rank, nor for an empty shape).
+    """
+    if not ctx.is_distributed:
+        return tensor[None]
+    staged = _staged(ctx, tensor.contiguous())
     # One receive buffer, every rank's rows a view of it: NCCL gathers into it directly (its
     # list form gathers into a flat buffer and copies each part out); gloo writes each view.
-    received = padded.new_empty((ctx.world_size, *padded.shape))
-    parts = received.unbind(0)
+    received = staged.new_empty((ctx.world_size, *staged.shape))
+    if staged.numel() == 0:
+        return received
     if ctx.backend == "nccl":
-        dist.all_gather_into_tensor(received, padded)
+        dist.all_gather_into_tensor(received, staged)
     else:
-        dist.all_gather(list(parts), padded)
-    if received.device != tensor.device:  # staged through the host (``_staged``)
-        parts = received.to(tensor.device).unbind(0)
-    return [part if c == longest else part[:c] for part, c in zip(parts, counts, strict=True)]
+        dist.all_gather(list(received.unbind(0)), staged)
+    return received
 
 
 def all_to_all_counts(ctx: DistContext, counts: Sequence[int]) -> list[int]:

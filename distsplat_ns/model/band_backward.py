@@ -82,8 +82,8 @@ def backward_bands(
         exchange: Delivers every rank's list of halo messages to every rank (an all-gather,
             ``parallel/plan_gathers.py:exchange_halo_rows``); each band with halo rows sends one.
         anchors: Tensors whose backward must run on every rank even where this rank's loss does
-            not reach them (the sharded exchange's received terms: its backward is a collective);
-            they join phase 2's roots with a zero gradient.
+            not reach them (the sharded exchange's token: its backward is a collective); they
+            join phase 2's roots with a zero gradient (an empty anchor is its own).
         last_backward: Entered around phase 2's autograd call (not entered when this rank has
             nothing to backpropagate there): the last accumulation into the parameters' gradients
             of this backward, where the gradient sum may start its buckets

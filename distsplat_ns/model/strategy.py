@@ -192,8 +192,10 @@ def update_batch_statistics(strategy: Any, params: Any, state: dict, info: dict)
         state["radii"] = torch.zeros(n, device=grads.device, dtype=grads.dtype)
     visible = info["radii"] > 0  # [C, N]
     norms = torch.where(visible, grads.norm(dim=-1), torch.zeros((), device=grads.device))
-    for c in range(visible.shape[0]):  # camera order, as gsplat's index_add_ over (c, n) pairs
-        state["grad2d"] += norms[c]
+    if visible.shape[0] == 1:
+        state["grad2d"] += norms[0]
+    else:  # camera after camera, in one operator: as gsplat's index_add_ over (c, n) pairs (the same sums on the CPU)
+        state["grad2d"][None].index_add_(0, torch.zeros(visible.shape[0], dtype=torch.int64, device=norms.device), norms)
     # Counts are small integers, exact in float32 in any order: one sum, not one add per camera.
     state["count"] += visible.sum(dim=0, dtype=state["count"].dtype)
     if strategy.refine_scale2d_stop_iter > 0:

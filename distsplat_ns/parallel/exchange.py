@@ -25,7 +25,7 @@ Gaussians of this rank's shard.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -36,7 +36,7 @@ from torch import Tensor
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.balance.routing import band_extent_px, footprint_reach_px, footprint_touches_px
-from distsplat_ns.distributed.collectives import all_to_all_rows
+from distsplat_ns.distributed.collectives import all_gather_stacked, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.torch_compat import nonzero_of_size
 from distsplat_ns.model.band_render import Projector, RenderGroup, StatisticsProjection
@@ -191,20 +191,22 @@ def _rows_into_fields(route: Route, back: Tensor, shapes: Sequence[torch.Size]) 
     """The returned gradient rows `[S, 11]` added at the sent rows into zeroed means2d, conics,
     colours and opacities gradients of ``shapes`` (a row sent to several ranks sums, as autograd's
     backward of an index does), which it returns, and their absgrads into the shard's projected
-    means (``means2d.absgrad``, :func:`_deposit_absgrad`). The four gradients and the absgrads
-    are contiguous parts of one zeroed buffer."""
+    means (``means2d.absgrad``, :func:`_deposit_absgrad`). All are parts of one zeroed buffer:
+    the means', conics' and colours' gradients contiguous (gsplat's projection and SH kernels
+    would copy strided ones), the opacities' and the absgrads side by side `[C, N, 3]`, as the
+    rows hold them, filled by one index (elementwise operators and the statistics' norm read them
+    strided, without a copy)."""
     rows = (route.camera_of_row, route.gaussian_of_row)
-    shapes = [*shapes, shapes[0]]  # the absgrads: the means' shape
-    buffer = back.new_zeros(sum(shape.numel() for shape in shapes))
-    fields = [part.view(shape) for part, shape in zip(buffer.split([shape.numel() for shape in shapes]), shapes, strict=True)]
-    means2d, conics, colors, opacities, absgrads = fields
+    means_shape, conics_shape, colors_shape, opacities_shape = shapes
+    parts = [means_shape, conics_shape, colors_shape, (*opacities_shape, 3)]
+    buffer = back.new_zeros(sum(math.prod(shape) for shape in parts))
+    means2d, conics, colors, tail = (part.view(shape) for part, shape in zip(buffer.split([math.prod(shape) for shape in parts]), parts, strict=True))
     means2d.index_put_(rows, back[:, _MEANS2D], accumulate=True)
     conics.index_put_(rows, back[:, _CONICS], accumulate=True)
     colors[..., :3].index_put_(rows, back[:, _COLORS], accumulate=True)
-    opacities.index_put_(rows, back[:, _OPACITY], accumulate=True)
-    absgrads.index_put_(rows, back[:, _ABSGRAD], accumulate=True)
-    _deposit_absgrad(route, absgrads)
-    return fields[:4]
+    tail.index_put_(rows, back[:, _OPACITY:], accumulate=True)  # the opacity's and the absgrads' columns
+    _deposit_absgrad(route, tail[..., 1:])
+    return [means2d, conics, colors, tail[..., 0]]
 
 
 class _ReceivedFields(torch.autograd.Function):
@@ -412,8 +414,9 @@ def exchange_screen_terms(
     Returns:
         What was received, to render from; its backward returns the gradients to their owners.
 
-    **Collective:** world group: the per-position row counts, then the rows with their ids (two
-    all-to-alls; at one rank, none); in backward, the gradients (one all-to-all).
+    **Collective:** world group: every (destination, position) pair's row count (one all-gather),
+    then the rows with their ids (one all-to-all; at one rank, neither); in backward, the
+    gradients (one all-to-all).
     **Host sync:** one, whatever W: this rank's row counts and the received ones, read together
     (the selection is then sized without one where torch has ``nonzero_static``; else one more).
     **Differentiable:** the received rows are a function of the sent terms (``_ScreenTermExchange``).
@@ -426,21 +429,17 @@ def exchange_screen_terms(
     # Each position's camera among all calls' cameras laid end to end (the fields' first axis).
     camera_of = {position: camera for camera, position in enumerate(p for positions, _ in calls for p in positions)}
     pairs, stacked = _pair_masks(calls, sizes_px, camera_of, bands_of_rank)
-    # Rows per (destination, position) pair, on the device. Every rank knows the plan, so a
-    # destination expects the same pairs from every source: each pair's size goes to its
-    # destination alone (the pairs are destination-major), before anything is read, so that one
-    # host read brings this rank's sizes and the received ones.
+    # Rows per (destination, position) pair, on the device. Every rank knows the plan, so every
+    # rank has the same pairs: one all-gather of every rank's sizes, before anything is read,
+    # brings this rank's sizes and the ones it receives in one host read.
     pair_sizes = stacked.sum(dim=1) if stacked is not None else torch.zeros(0, dtype=torch.int64, device=device)
-    pairs_per_dest = Counter(dest for dest, _ in pairs)
-    pairs_to = [pairs_per_dest[d] for d in range(world)]
-    mine = [position for dest, position in pairs if dest == ctx.rank]  # ascending
-    recv_sizes, _ = all_to_all_rows(ctx, pair_sizes, pairs_to, [len(mine)] * world)
-    read = [int(n) for n in torch.cat([pair_sizes, recv_sizes]).tolist()]  # host sync: both row counts
-    sizes, received = read[: len(pairs)], read[len(pairs) :]
+    read = all_gather_stacked(ctx, pair_sizes).tolist()  # host sync: [source][pair] row counts
+    sizes = [int(n) for n in read[ctx.rank]]
     recv_by_source = [[0] * batch_size for _ in range(world)]  # rows from rank s for position p
     for s, source_row in enumerate(recv_by_source):
-        for j, position in enumerate(mine):
-            source_row[position] = received[s * len(mine) + j]
+        for (dest, position), n in zip(pairs, read[s], strict=True):
+            if dest == ctx.rank:
+                source_row[position] = int(n)
     if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero),
         # of a size now known: no host sync where torch has nonzero_static (torch_compat).

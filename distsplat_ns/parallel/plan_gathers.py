@@ -25,7 +25,7 @@ import torch
 
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.planner import StepPlan
-from distsplat_ns.distributed.collectives import all_gather_rows
+from distsplat_ns.distributed.collectives import all_gather_rows, all_gather_stacked
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_backward import HaloMessage
 from distsplat_ns.model.losses import halo_end_row
@@ -155,7 +155,7 @@ def gather_step_costs(
     Raises:
         RuntimeError: ``band_tile_work`` does not hold the plan's bands with their rows.
 
-    **Collective:** world group, one all-gather (each rank's length from the plan).
+    **Collective:** world group, one all-gather (every rank's values padded to the longest rank's, all lengths from the plan).
     **Host sync:** one copy of every rank's values: the next step's cut needs the costs.
     """
     work = dict(band_tile_work)
@@ -165,17 +165,19 @@ def gather_step_costs(
         measured = sorted((b.position, b.first_row, c.shape[0]) for b, c in work.items())
         planned = [(b.position, b.first_row, n) for b, n in zip(bands, own_rows, strict=True)]
         raise RuntimeError(f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}")
+    # This rank's values padded to the longest rank's, so that every rank's are one row of the
+    # gathered buffer, read at once; the host values carry the padding (no operator for it).
+    lengths = [sum(n) + _TRAILING for n in rows]
+    padding = [0.0] * (max(lengths) - lengths[ctx.rank])
     parts = [work[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
     if verdict is not None:
-        parts += [verdict.reshape(1).to(ctx.device, torch.float64), host_tensor([render_s, float(view_posted)], torch.float64, ctx.device)]
+        parts += [verdict.reshape(1).to(ctx.device, torch.float64), host_tensor([render_s, float(view_posted), *padding], torch.float64, ctx.device)]
     else:
-        parts.append(host_tensor([0.0, render_s, float(view_posted)], torch.float64, ctx.device))
-    lengths = [sum(n) + _TRAILING for n in rows]
-    gathered = all_gather_rows(ctx, torch.cat(parts), lengths)
-    host = (torch.cat(gathered) if len(gathered) > 1 else gathered[0]).cpu().tolist()  # host sync: the costs decide the next cut
-    measured, render_times, verdicts, views, start = [], [], [], [], 0
-    for rank_bands, rank_rows in zip(plan.bands, rows, strict=True):
-        per_band = []
+        parts.append(host_tensor([0.0, render_s, float(view_posted), *padding], torch.float64, ctx.device))
+    gathered = all_gather_stacked(ctx, torch.cat(parts))  # [W, longest]
+    measured, render_times, verdicts, views = [], [], [], []
+    for rank_bands, rank_rows, host in zip(plan.bands, rows, gathered.cpu().tolist(), strict=True):  # host sync: the costs decide the next cut
+        per_band, start = [], 0
         for band, n in zip(rank_bands, rank_rows, strict=True):
             per_band.append((band.position, band.first_row, host[start : start + n]))
             start += n
@@ -184,5 +186,4 @@ def gather_step_costs(
         verdicts.append(bad)
         render_times.append(seconds)
         views.append(view)
-        start += _TRAILING
     return StepCosts(measured=measured, render_s=render_times, nonfinite=any(verdicts), view_posted=bool(views[0]))

@@ -134,8 +134,8 @@ class ShardedMode(ParallelMode):
         rank projects its Gaussians as its bands are rendered, as the replicated mode does
         (no exchange, none of its routing; docs/host_cost.md).
 
-        **Collective:** world group: the exchange's two all-to-alls now, one in backward (none
-        at one rank).
+        **Collective:** world group: the exchange's all-gather of the row counts and all-to-all of
+        the rows now, one all-to-all in backward (none at one rank).
         """
         if not self.ctx.is_distributed:
             return OwnProjections(), 0

@@ -87,6 +87,33 @@ def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
         assert torch.equal(ours[key], theirs[key]), key
 
 
+def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
+    """Two batches of four cameras: the gradient-norm sums and the counts equal gsplat's
+    ``_update_state`` (``index_add_`` over (camera, Gaussian) pairs, camera after camera, onto the
+    running sums) to the last bit, where adding the batch's sum over cameras to the running sums
+    differs in some. The radii are compared in the test below (gsplat keeps the last camera's,
+    not the largest)."""
+    from gsplat.strategy import DefaultStrategy
+
+    from distsplat_ns.model.strategy import update_batch_statistics
+
+    gen = torch.Generator().manual_seed(1)
+    n = 2000
+    params = {"means": torch.zeros(n, 3)}
+    ours, theirs = _state(), _state()
+    strategy = DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100)
+    for _ in range(2):
+        before = None if ours["grad2d"] is None else ours["grad2d"].clone()
+        grads = torch.randn(4, n, 2, generator=gen) * torch.logspace(-3, 3, n)[:, None]
+        radii = (torch.rand(4, n, generator=gen) * 10).to(torch.int32) * (torch.rand(4, n, generator=gen) > 0.3)
+        info = batch_info(grads, grads.abs(), radii, 40, 30)
+        update_batch_statistics(strategy, params, ours, info)
+        strategy._update_state(params, theirs, info)
+        assert torch.equal(ours["grad2d"], theirs["grad2d"]) and torch.equal(ours["count"], theirs["count"])
+    norms = torch.where(radii > 0, (grads.abs() * torch.tensor([20.0 * 4, 15.0 * 4])).norm(dim=-1), 0.0)
+    assert not torch.equal(ours["grad2d"], before + norms.sum(dim=0))  # the order is what the test checks
+
+
 def test_batch_statistics_take_the_largest_radius_over_cameras() -> None:
     from gsplat.strategy import DefaultStrategy
 
