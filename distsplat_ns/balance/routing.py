@@ -83,7 +83,7 @@ def footprint_tile_rows(
     Returns:
         ``(first_row, end_row)``, each `[..., N]` ``dtype``.
     """
-    y, reach = footprint_reach_px(means2d.detach().to(torch.float64), radii.detach().to(torch.float64))
+    y, reach = footprint_reach_px(means2d.to(torch.float64), radii.to(torch.float64))
     low, high = y - reach, y + reach
     tiles_high = num_tile_rows(height, tile_size)
     first = torch.floor(low / tile_size).clamp_(0, tiles_high).to(dtype)

@@ -311,14 +311,13 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
         counts = all_gather_counts(ctx, tensor.shape[0])
     if max(counts) == 0:
         return [tensor[:0] for _ in counts]
-    staged = _staged(ctx, tensor.contiguous())
     longest = max(counts)
-    if staged.shape[0] == longest:
-        padded = staged
+    if tensor.shape[0] == longest:
+        padded = tensor
     else:
-        padded = staged.new_zeros((longest, *staged.shape[1:]))
-        padded[: staged.shape[0]] = staged
-    parts = all_gather_stacked(ctx, padded).to(tensor.device).unbind(0)  # staged through the host: ``_staged``
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+    parts = all_gather_stacked(ctx, padded).to(tensor.device).unbind(0)  # it stages (``_staged``); back to the caller's device
     return [part if c == longest else part[:c] for part, c in zip(parts, counts, strict=True)]
 
 

@@ -242,14 +242,13 @@ class _ReceivedFields(torch.autograd.Function):
         (index,) = fn_ctx.saved_tensors
         route: Route = fn_ctx.route
         fn_ctx.route = None  # the route holds the projections, whose graph holds this node
-        absgrads = [getattr(route.rendered_from[p].means2d, "absgrad", None) for p in sorted(route.rendered_from)]
+        means = [route.rendered_from[p].means2d for p in sorted(route.rendered_from)]  # as ``index`` lists their rows
         grads = [grad_means2d, grad_conics, grad_colors, grad_opacities]
         like = next(g for g in grads if g is not None)  # autograd calls backward only when one is
-        if all(a is not None for a in absgrads):
-            grads.append(absgrads[0][0] if len(absgrads) == 1 else torch.cat([a[0] for a in absgrads]))
-        elif any(a is not None for a in absgrads):
-            grads.append(torch.cat([like.new_zeros(proj.means2d.shape[1], 2) if a is None else a[0]
-                                    for a, proj in zip(absgrads, (route.rendered_from[p] for p in sorted(route.rendered_from)), strict=True)]))
+        absgrads = [getattr(m, "absgrad", None) for m in means]
+        if any(a is not None for a in absgrads):
+            parts = [like.new_zeros(m.shape[1], 2) if a is None else a[0] for a, m in zip(absgrads, means, strict=True)]
+            grads.append(parts[0] if len(parts) == 1 else torch.cat(parts))
         else:
             grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
         widths = (2, 3, 3, 1, 2)
@@ -434,12 +433,12 @@ def exchange_screen_terms(
     # brings this rank's sizes and the ones it receives in one host read.
     pair_sizes = stacked.sum(dim=1) if stacked is not None else torch.zeros(0, dtype=torch.int64, device=device)
     read = all_gather_stacked(ctx, pair_sizes).tolist()  # host sync: [source][pair] row counts
-    sizes = [int(n) for n in read[ctx.rank]]
+    sizes = read[ctx.rank]
     recv_by_source = [[0] * batch_size for _ in range(world)]  # rows from rank s for position p
     for s, source_row in enumerate(recv_by_source):
         for (dest, position), n in zip(pairs, read[s], strict=True):
             if dest == ctx.rank:
-                source_row[position] = int(n)
+                source_row[position] = n
     if stacked is not None:
         # One selection for every pair (row-major: each pair's Gaussians ascending, as its own nonzero),
         # of a size now known: no host sync where torch has nonzero_static (torch_compat).
