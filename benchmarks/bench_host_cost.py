@@ -9,7 +9,8 @@ for nerfstudio's ``splatfacto`` at W = 1, all on distsplat's pure-PyTorch refere
   trainers open around a step, splatfacto's densification callbacks included). Only the ``aten``
   namespace (profiler markers and ``c10d`` ops are listed apart, ``other_ops_by_name``);
   ``non_view_ops`` also leaves out the operators that only make a view (``VIEW_OPS``), which
-  launch nothing, and ``non_view_ops_by_site`` says which caller dispatched each;
+  launch nothing, and ``non_view_ops_by_site`` says which caller dispatched each (``view_ops_by_site``
+  the same for the views);
   ``device_ops`` leaves out as well the non-view operators on tensors a GPU run keeps on the
   host (``HOST_SIDE_OP_SITES``; ``host_side_ops_by_site``): the kernel launches.
 * **Host syncs** outside the rasterizer: operators that return a host value or whose output size
@@ -172,6 +173,7 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
         "syncs_per_step_all": [_total(s["syncs"]) for s in steps],
         "ops_by_name": by_name("ops"),
         "non_view_ops_by_site": by_name("ops_by_site"),
+        "view_ops_by_site": by_name("view_ops_by_site"),
         "host_side_ops_by_site": by_name("host_side_ops"),
         "other_ops_by_name": by_name("other_ops"),
         "syncs_by_name": by_name("syncs"),

@@ -46,7 +46,8 @@ class _Counter:
     def open_step(self) -> None:
         self.current = {
             "ops": collections.Counter(), "syncs": collections.Counter(), "host_side": collections.Counter(),
-            "other_ops": collections.Counter(), "ops_by_site": collections.Counter(), "host_side_ops": collections.Counter(),
+            "other_ops": collections.Counter(), "ops_by_site": collections.Counter(), "view_ops_by_site": collections.Counter(),
+            "host_side_ops": collections.Counter(),
             "collectives": collections.Counter(), "collective_bytes": collections.Counter(), "excluded_ops": 0,
         }
         self.in_step = True
@@ -92,6 +93,8 @@ def _install_dispatch_counter() -> Any:
                         COUNTER.current["ops_by_site"][site] += 1
                         if _host_side_op(args):
                             COUNTER.current["host_side_ops"][site] += 1
+                    else:
+                        COUNTER.current["view_ops_by_site"][f"{short} @ {_call_sites()[0]}"] += 1
                     if (
                         short in SYNC_OPS
                         or (short in ("index", "index_put", "index_put_") and _is_mask_index(args))
