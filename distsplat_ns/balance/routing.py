@@ -32,13 +32,14 @@ def footprint_reach_px(means2d: Tensor, radii: Tensor) -> tuple[Tensor, Tensor]:
     Args:
         means2d: Projected centres. `[..., N, 2]`, px, (x, y).
         radii: 3-sigma screen radii, 0 = culled. `[..., N]` or `[..., N, 2]` (x, y: the y one is
-            used; a Gaussian culled on x alone is sent in excess, which changes nothing), px.
+            used; a Gaussian culled on x alone is sent in excess, which changes nothing), px;
+            integers (both projections' int32) or any tensor outside autograd's graph.
 
     Returns:
         ``(y, reach)``, each `[..., N]`, px; ``reach`` float (an integer radius becomes float32
         in the margin's sum).
     """
-    radius = (radii[..., 1] if radii.ndim == means2d.ndim else radii).detach()
+    radius = radii[..., 1] if radii.ndim == means2d.ndim else radii  # integers: never in a graph, no detach
     reach = radius.add(MARGIN_PX).masked_fill_(radius <= 0, float("-inf"))
     return means2d.detach()[..., 1], reach
 

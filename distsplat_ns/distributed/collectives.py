@@ -182,12 +182,12 @@ def sum_gradients_(
         return GradSyncResult(bytes_reduced=0)
     buckets = _buckets(params, bucket_bytes)
     for bucket in buckets:
-        grads = []
-        for i in bucket:
-            p = params[i]
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            grads.append(g.reshape(-1))
-        flat = torch.cat(grads) if len(grads) > 1 else grads[0]  # one gradient is summed where it lies
+        grads = [params[i].grad.contiguous() if params[i].grad is not None else torch.zeros_like(params[i]) for i in bucket]
+        if len(grads) == 1:  # one gradient is summed where it lies, no flat view of it
+            dist.all_reduce(grads[0], op=dist.ReduceOp.SUM)
+            params[bucket[0]].grad = grads[0]
+            continue
+        flat = torch.cat([g.view(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         grads_from_bucket([params[i] for i in bucket], flat)
     return GradSyncResult(bytes_reduced=total_bytes)
@@ -378,7 +378,7 @@ def all_to_all_rows(
         return send, [int(send.shape[0])]
     if recv_counts is None:
         recv_counts = all_to_all_counts(ctx, send_counts)
-    staged = _staged(ctx, send.detach().contiguous())
+    staged = _staged(ctx, (send.detach() if send.requires_grad else send).contiguous())  # callers pass no graph: no detach to dispatch
     recv = staged.new_empty((sum(recv_counts), *staged.shape[1:]))
     dist.all_to_all_single(recv, staged, [int(c) for c in recv_counts], [int(c) for c in send_counts])
     return recv.to(send.device), [int(c) for c in recv_counts]

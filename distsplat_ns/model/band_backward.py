@@ -119,7 +119,7 @@ def backward_bands(
         grads.append(grad)
     for anchor in (a for a in anchors if a.requires_grad):
         roots.append(anchor)
-        grads.append(anchor.detach() if anchor.numel() == 0 else torch.zeros_like(anchor))  # an empty anchor is its own zero
+        grads.append(anchor if anchor.numel() == 0 else torch.zeros_like(anchor))  # an empty anchor is its own zero: nothing to make
     if roots:
         with last_backward if last_backward is not None else nullcontext():
             torch.autograd.backward(roots, grads)

@@ -49,15 +49,16 @@ if TYPE_CHECKING:
 
     from distsplat_ns.utils.cameras import BatchCameras
 
-#: Columns of a row of screen-space terms: the differentiable ones first.
-_MEANS2D, _CONICS, _COLORS, _OPACITY = slice(0, 2), slice(2, 5), slice(5, 8), 8
+#: Columns of a row of screen-space terms, field by field: means2d, conics, colours, opacity (the
+#: differentiable ones), depth, radius (its bits).
+_TERM_COLUMNS = (2, 3, 3, 1, 1, 1)
 NUM_DIFFERENTIABLE = 9
-_DEPTH, _RADIUS = 9, 10
-NUM_COLUMNS = 11
-#: Columns of a gradient row: the 9 differentiable terms' gradients, then absgrad (x, y) in the
-#: depth's and radius's columns (which have no gradient): a received row's gradient is a row of its own width.
-NUM_GRAD_COLUMNS = NUM_DIFFERENTIABLE + 2
-_ABSGRAD = slice(NUM_DIFFERENTIABLE, NUM_GRAD_COLUMNS)
+NUM_COLUMNS = sum(_TERM_COLUMNS)
+#: Columns of a gradient row: means2d's, conics', colours' gradients, then the opacity's and the
+#: absgrad (x, y) in the depth's and radius's columns (which have no gradient): a received row's
+#: gradient is a row of its own width.
+_GRAD_COLUMNS = (2, 3, 3, 3)
+NUM_GRAD_COLUMNS = sum(_GRAD_COLUMNS)
 assert NUM_GRAD_COLUMNS == NUM_COLUMNS
 
 
@@ -127,7 +128,7 @@ class _ScreenTermExchange(torch.autograd.Function):
     """Forward: the rows ``(Route.camera_of_row, Route.gaussian_of_row)`` of every field, sent with
     their global ids by the all-to-all of ``Route.send_counts``, one collective: each int64 id
     rides in the payload as its bytes, ``8 / itemsize`` columns of the terms' dtype after the
-    terms (bits are copied, never computed on). Returns the received rows' terms `[R, 11]` (a view
+    terms (bits are copied, never computed on). Returns the received rows' terms `[1, R, 11]` (a view
     of the received buffer), their ids `[R]` int64 and a token (an empty view of the received
     rows, which the band backward anchors, so that this backward runs, a collective, even on a
     rank that rendered nothing).
@@ -157,7 +158,7 @@ class _ScreenTermExchange(torch.autograd.Function):
         # columns of the terms' dtype; a radius as its bits, one column.
         id_columns = ids[:, None].view(dtype)
         terms = torch.cat(
-            [means2d, conics, colors[..., :3], opacities[..., None], depths[..., None],
+            [means2d, conics, _rgb(colors), opacities[..., None], depths[..., None],
              radii.to(_int_of_size(dtype)).view(dtype)[..., None], id_columns.expand(means2d.shape[0], *id_columns.shape)],
             dim=-1,
         )  # [C, N, 11 + 8 / itemsize]
@@ -165,21 +166,30 @@ class _ScreenTermExchange(torch.autograd.Function):
         recv, _ = all_to_all_rows(route.ctx, payload, route.send_counts, route.recv_counts)
         recv_ids = recv[:, NUM_COLUMNS:].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
         fn_ctx.mark_non_differentiable(recv_ids)
-        return recv[:, :NUM_COLUMNS], recv_ids, recv[:0]  # the token: no rows, no operator
+        # The terms as one camera's rows `[1, R, 11]`, the projections' shape: the received fields
+        # are then views of no other shape (``_ReceivedFields``).
+        return recv[None, :, :NUM_COLUMNS], recv_ids, recv[:0]  # the token: no rows
 
     @staticmethod
     def backward(fn_ctx, grad_terms: Tensor | None, _grad_ids: None, _grad_token: Tensor | None):
         route: Route = fn_ctx.route
         if grad_terms is None:  # no band rendered a received row: zeros go back, still collectively
-            grad_terms = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
+            rows = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
+        else:
+            rows = grad_terms[0]
         with route.timer():
-            back, _ = all_to_all_rows(route.ctx, grad_terms, route.recv_counts, route.send_counts)
+            back, _ = all_to_all_rows(route.ctx, rows, route.recv_counts, route.send_counts)
         field_grads = _rows_into_fields(route, back, fn_ctx.field_shapes)
         # The route holds projections whose tensors' graph holds this node, which holds the route:
         # a cycle through autograd's C++ side that Python's collector cannot see, so every step's
         # projections stayed alive. The pipeline keeps its own reference to read the statistics.
         fn_ctx.route = None
         return (*field_grads, None, None, None, None)
+
+
+def _rgb(colors: Tensor) -> Tensor:
+    """The first 3 channels of colours `[..., K]`: the colours themselves at K = 3 (no view to make)."""
+    return colors if colors.shape[-1] == 3 else colors[..., :3]
 
 
 def _int_of_size(dtype: torch.dtype) -> torch.dtype:
@@ -201,25 +211,29 @@ def _rows_into_fields(route: Route, back: Tensor, shapes: Sequence[torch.Size]) 
     parts = [means_shape, conics_shape, colors_shape, (*opacities_shape, 3)]
     buffer = back.new_zeros(sum(math.prod(shape) for shape in parts))
     means2d, conics, colors, tail = (part.view(shape) for part, shape in zip(buffer.split([math.prod(shape) for shape in parts]), parts, strict=True))
-    means2d.index_put_(rows, back[:, _MEANS2D], accumulate=True)
-    conics.index_put_(rows, back[:, _CONICS], accumulate=True)
-    colors[..., :3].index_put_(rows, back[:, _COLORS], accumulate=True)
-    tail.index_put_(rows, back[:, _OPACITY:], accumulate=True)  # the opacity's and the absgrads' columns
+    # The row's columns split once: means, conics, colours, then the opacity's and the absgrads'.
+    back_means2d, back_conics, back_colors, back_tail = back.split(_GRAD_COLUMNS, dim=1)
+    means2d.index_put_(rows, back_means2d, accumulate=True)
+    conics.index_put_(rows, back_conics, accumulate=True)
+    _rgb(colors).index_put_(rows, back_colors, accumulate=True)
+    tail.index_put_(rows, back_tail, accumulate=True)
     _deposit_absgrad(route, tail[..., 1:])
     return [means2d, conics, colors, tail[..., 0]]
 
 
 class _ReceivedFields(torch.autograd.Function):
-    """The received rows at ``index`` (`[M]`, unique), as the fields a projection holds: means2d
-    `[M, 2]`, conics `[M, 3]`, colours `[M, 3]`, opacities `[M]` (differentiable), depths `[M]`
-    and radii `[M]` int32 (not; sent as their bits). One function rather than autograd's index
-    per field: its backward writes the four fields' gradients, with the absgrads the rasterizer
-    left on ``route.rendered_from``'s means (positions ascending, as ``index`` lists their rows),
-    into the leaf's rows with one concatenation and one indexed copy, where autograd's backward of
-    the indexes fills a zeroed buffer per field and adds them (docs/host_cost.md).
+    """The received rows at ``index`` (`[M]`, unique), as the fields a one-camera projection holds:
+    means2d `[1, M, 2]`, conics `[1, M, 3]`, colours `[1, M, 3]`, opacities `[1, M]`
+    (differentiable), depths `[1, M]` and radii `[1, M]` int32 (not; sent as their bits). One
+    function rather than autograd's index per field: its backward writes the four fields'
+    gradients, with the absgrads the rasterizer left on ``route.rendered_from``'s means (positions
+    ascending, as ``index`` lists their rows), into the leaf's rows with one concatenation and one
+    indexed copy, where autograd's backward of the indexes fills a zeroed buffer per field and adds
+    them (docs/host_cost.md). The fields' leading camera axis comes from the leaf's: no view per
+    field, nor its backward's.
 
-    **Differentiable:** with respect to ``leaf`` `[R, 11]` (its first ``NUM_DIFFERENTIABLE`` columns;
-    the gradient's last two columns are the absgrads).
+    **Differentiable:** with respect to ``leaf`` `[1, R, 11]` (its first ``NUM_DIFFERENTIABLE``
+    columns; the gradient's last two columns are the absgrads).
     """
 
     @staticmethod
@@ -229,10 +243,8 @@ class _ReceivedFields(torch.autograd.Function):
         fn_ctx.set_materialize_grads(False)  # no zeros for the depths' and radii's gradients (never read)
         fn_ctx.leaf_shape = leaf.shape
         # One index per field, of its columns: each field comes out contiguous, with no copy after.
-        means2d, conics, colors, opacities, depths, radii = (
-            leaf[:, columns].index_select(0, index)
-            for columns in (_MEANS2D, _CONICS, _COLORS, _OPACITY, _DEPTH, _RADIUS)
-        )
+        means2d, conics, colors, *scalars = (columns.index_select(1, index) for columns in leaf.split(_TERM_COLUMNS, dim=2))
+        opacities, depths, radii = (values[..., 0] for values in scalars)  # [1, M, 1] -> [1, M]
         radii = radii.view(_int_of_size(leaf.dtype)).to(torch.int32)  # the bits sent; a no-op at float32
         fn_ctx.mark_non_differentiable(depths, radii)
         return means2d, conics, colors, opacities, depths, radii
@@ -247,18 +259,19 @@ class _ReceivedFields(torch.autograd.Function):
         like = next(g for g in grads if g is not None)  # autograd calls backward only when one is
         absgrads = [getattr(m, "absgrad", None) for m in means]
         if any(a is not None for a in absgrads):
-            parts = [like.new_zeros(m.shape[1], 2) if a is None else a[0] for a, m in zip(absgrads, means, strict=True)]
-            grads.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+            parts = [like.new_zeros(1, m.shape[1], 2) if a is None else a for a, m in zip(absgrads, means, strict=True)]
+            grads.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
         else:
             grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
+        if grad_opacities is not None:
+            grads[3] = grad_opacities[..., None]
         widths = (2, 3, 3, 1, 2)
         columns = torch.cat(
-            [like.new_zeros(index.shape[0], w) if g is None else g.reshape(index.shape[0], w).to(like.dtype)
-             for g, w in zip(grads, widths, strict=True)],
-            dim=1,
-        )  # [M, 11], the leaf's column order, absgrads in the depth's and radius's columns
+            [like.new_zeros(1, index.shape[0], w) if g is None else g.to(like.dtype) for g, w in zip(grads, widths, strict=True)],
+            dim=2,
+        )  # [1, M, 11], the leaf's column order, absgrads in the depth's and radius's columns
         grad_leaf = like.new_zeros(fn_ctx.leaf_shape)
-        grad_leaf.index_copy_(0, index, columns)
+        grad_leaf.index_copy_(1, index, columns)
         return grad_leaf, None, None
 
 
@@ -266,7 +279,8 @@ def _deposit_absgrad(route: Route, summed: Tensor) -> None:
     """Add the returned absgrads, summed per (camera, Gaussian) over all calls' cameras `[C, N,
     2]`, to the shard's projected means (``means2d.absgrad``): each call takes its cameras' part
     -- no per-call selection of rows."""
-    for (_, proj), part in zip(route.calls, summed.split([len(p) for p, _ in route.calls]), strict=True):
+    parts = summed.split([len(p) for p, _ in route.calls]) if len(route.calls) > 1 else (summed,)
+    for (_, proj), part in zip(route.calls, parts, strict=True):
         if getattr(proj.means2d, "absgrad", None) is None:
             proj.means2d.absgrad = part  # type: ignore[attr-defined]
         else:
@@ -278,7 +292,7 @@ class ReceivedProjections:
     """The rows this rank received, as a ``ProjectionSource`` for ``DistSplatModel.forward_bands``.
 
     Attributes:
-        leaf: Every received row's terms, the exchange's output. `[R, 11]`.
+        leaf: Every received row's terms, the exchange's output, as one camera's. `[1, R, 11]`.
         ids: Global id of each row. `[R]`, int64.
         route: The exchange's record (counts, the shard's projection calls, the rows per position).
         sizes_px: Per batch position, the rendered ``(width, height)`` of its camera.
@@ -330,10 +344,10 @@ class ReceivedProjections:
             self.leaf, parts[0] if len(parts) == 1 else torch.cat(parts), self.route
         )
         fields = {"means2d": means2d, "conics": conics, "depths": depths, "radii": radii, "opacities": opacities, "colors": colors}
-        split = {name: values.split(sizes) if len(sizes) > 1 else (values,) for name, values in fields.items()}
+        split = {name: values.split(sizes, dim=1) if len(sizes) > 1 else (values,) for name, values in fields.items()}
         return {
             position: Projection(
-                **{name: split[name][i][None] for name in fields},
+                **{name: split[name][i] for name in fields},
                 width=self.sizes_px[position][0],
                 height=self.sizes_px[position][1],
                 backend=self.backend,
@@ -381,15 +395,16 @@ def _pair_masks(
     table = []  # per band: its pair, its camera among all calls', its middle row and widened half height (px)
     for dest, position, band in keyed:
         table.append([pair_index[(dest, position)], camera_of[position], *band_extent_px(*render_tile_rows(band, sizes_px[position][1]))])
-    pair_of_band, camera, middle, half = host_tensor(table, torch.int64, y.device).unbind(1)
+    # Column-major `[4, bands, 1]`: each column a `[bands, 1]` bound against its cameras' `[bands, N]`, one unbind.
+    pair_of_band, camera, middle, half = host_tensor([[[row[k]] for row in table] for k in range(4)], torch.int64, y.device).unbind(0)
     if [row[1] for row in table] != list(range(y.shape[0])):  # else one band per camera, in order (B = W): no gather
-        y, reach = y[camera], reach[camera]
-    touches = footprint_touches_px(y, reach, middle[:, None], half[:, None])  # [bands, N]
+        y, reach = y[camera[:, 0]], reach[camera[:, 0]]
+    touches = footprint_touches_px(y, reach, middle, half)  # [bands, N]
     if len(pairs) == len(keyed):
         return pairs, touches
     # Several bands of one pair: a Gaussian is needed if any of them touches it.
     hits = torch.zeros(len(pairs), touches.shape[1], dtype=torch.int32, device=touches.device)
-    return pairs, hits.index_add_(0, pair_of_band, touches.to(torch.int32)) > 0
+    return pairs, hits.index_add_(0, pair_of_band[:, 0], touches.to(torch.int32)) > 0
 
 
 def exchange_screen_terms(

@@ -212,7 +212,7 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
             (_, proj), = sent.calls
             means2d = proj.means2d
             travel = {"sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
-                      "received": int(received.leaf.shape[0])}
+                      "received": int(received.leaf.shape[1])}
         else:  # one rank: no exchange, the rank's own projections (ShardedMode.projections)
             assert isinstance(received, OwnProjections), type(received)
             (_, means2d, _), = received.calls
