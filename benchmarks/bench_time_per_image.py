@@ -1,14 +1,14 @@
 """Time per image at W ranks against 1 rank, in alternated rounds (issue 28's figure: <= 0.57 at W = 2, B = 2).
 
 ``bench_time_to_quality.py`` trains each configuration once, one after the other, and this
-machine's speed moves by 20-40% within minutes (docs/time_to_quality.md): one run's ratio can land
+machine's speed shifts whole runs by 20% (docs/time_to_quality.md): one run's ratio can land
 anywhere in that band. This benchmark trains the same configurations (same command, scene, size
 and seed: ``bench_time_to_quality.train_run``) in ``--rounds`` rounds, each round the 1-rank run
 next to the W-rank runs at B = W in both modes, the order reversed every other round so that
 neither side always runs first. Each W-rank run's time per image (the sum of rank 0's step times
-over the images trained) is divided by its own round's 1-rank run's, and by the mean of the two
-1-rank runs around it where there are two. No eval: the time per image needs none, and
-``bench_time_to_quality.py`` gives the PSNRs.
+over the images trained) is divided by its own round's 1-rank run's (``per_round``, and their
+median), and the median time over rounds by the 1-rank median (``of_medians``). No eval: the time
+per image needs none, and ``bench_time_to_quality.py`` gives the PSNRs.
 
 ``python benchmarks/bench_time_per_image.py [--rounds 3] --out benchmarks/results/time_per_image_<date>.json``
 """

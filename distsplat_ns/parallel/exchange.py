@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 #: Columns of a row of screen-space terms, field by field: means2d, conics, colours, opacity (the
 #: differentiable ones), depth, radius (its bits).
 _TERM_COLUMNS = (2, 3, 3, 1, 1, 1)
-NUM_DIFFERENTIABLE = 9
+NUM_DIFFERENTIABLE = sum(_TERM_COLUMNS[:4])
 NUM_COLUMNS = sum(_TERM_COLUMNS)
 #: Columns of a gradient row: means2d's, conics', colours' gradients, then the opacity's and the
 #: absgrad (x, y) in the depth's and radius's columns (which have no gradient): a received row's
@@ -255,7 +255,8 @@ class _ReceivedFields(torch.autograd.Function):
         route: Route = fn_ctx.route
         fn_ctx.route = None  # the route holds the projections, whose graph holds this node
         means = [route.rendered_from[p].means2d for p in sorted(route.rendered_from)]  # as ``index`` lists their rows
-        grads = [grad_means2d, grad_conics, grad_colors, grad_opacities]
+        # Each field's gradient `[1, M, columns]` (the opacities' gets its column's axis).
+        grads = [grad_means2d, grad_conics, grad_colors, None if grad_opacities is None else grad_opacities[..., None]]
         like = next(g for g in grads if g is not None)  # autograd calls backward only when one is
         absgrads = [getattr(m, "absgrad", None) for m in means]
         if any(a is not None for a in absgrads):
@@ -263,9 +264,7 @@ class _ReceivedFields(torch.autograd.Function):
             grads.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
         else:
             grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
-        if grad_opacities is not None:
-            grads[3] = grad_opacities[..., None]
-        widths = (2, 3, 3, 1, 2)
+        widths = (*_TERM_COLUMNS[:4], 2)  # the absgrads' 2 in the depth's and radius's columns
         columns = torch.cat(
             [like.new_zeros(1, index.shape[0], w) if g is None else g.to(like.dtype) for g, w in zip(grads, widths, strict=True)],
             dim=2,
