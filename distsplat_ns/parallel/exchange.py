@@ -209,8 +209,8 @@ def _rows_into_fields(route: Route, back: Tensor, shapes: Sequence[torch.Size]) 
     rows = (route.camera_of_row, route.gaussian_of_row)
     means_shape, conics_shape, colors_shape, opacities_shape = shapes
     parts = [means_shape, conics_shape, colors_shape, (*opacities_shape, 3)]
-    buffer = back.new_zeros(sum(math.prod(shape) for shape in parts))
-    means2d, conics, colors, tail = (part.view(shape) for part, shape in zip(buffer.split([math.prod(shape) for shape in parts]), parts, strict=True))
+    numels = [math.prod(shape) for shape in parts]
+    means2d, conics, colors, tail = (part.view(shape) for part, shape in zip(back.new_zeros(sum(numels)).split(numels), parts, strict=True))
     # The row's columns split once: means, conics, colours, then the opacity's and the absgrads'.
     back_means2d, back_conics, back_colors, back_tail = back.split(_GRAD_COLUMNS, dim=1)
     means2d.index_put_(rows, back_means2d, accumulate=True)
@@ -261,7 +261,7 @@ class _ReceivedFields(torch.autograd.Function):
         absgrads = [getattr(m, "absgrad", None) for m in means]
         if any(a is not None for a in absgrads):
             parts = [like.new_zeros(1, m.shape[1], 2) if a is None else a for a, m in zip(absgrads, means, strict=True)]
-            grads.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+            grads.append(_joined(parts, dim=1))
         else:
             grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
         widths = (*_TERM_COLUMNS[:4], 2)  # the absgrads' 2 in the depth's and radius's columns
@@ -278,8 +278,7 @@ def _deposit_absgrad(route: Route, summed: Tensor) -> None:
     """Add the returned absgrads, summed per (camera, Gaussian) over all calls' cameras `[C, N,
     2]`, to the shard's projected means (``means2d.absgrad``): each call takes its cameras' part
     -- no per-call selection of rows."""
-    parts = summed.split([len(p) for p, _ in route.calls]) if len(route.calls) > 1 else (summed,)
-    for (_, proj), part in zip(route.calls, parts, strict=True):
+    for (_, proj), part in zip(route.calls, _parts(summed, [len(p) for p, _ in route.calls]), strict=True):
         if getattr(proj.means2d, "absgrad", None) is None:
             proj.means2d.absgrad = part  # type: ignore[attr-defined]
         else:
@@ -340,10 +339,10 @@ class ReceivedProjections:
         parts = [self.route.rows_of_position[p] for p in positions]
         sizes = [int(part.shape[0]) for part in parts]
         means2d, conics, colors, opacities, depths, radii = _ReceivedFields.apply(
-            self.leaf, parts[0] if len(parts) == 1 else torch.cat(parts), self.route
+            self.leaf, _joined(parts), self.route
         )
         fields = {"means2d": means2d, "conics": conics, "depths": depths, "radii": radii, "opacities": opacities, "colors": colors}
-        split = {name: values.split(sizes, dim=1) if len(sizes) > 1 else (values,) for name, values in fields.items()}
+        split = {name: _parts(values, sizes, dim=1) for name, values in fields.items()}
         return {
             position: Projection(
                 **{name: split[name][i] for name in fields},
@@ -389,8 +388,8 @@ def _pair_masks(
     pairs = sorted({(dest, position) for dest, position, _ in keyed})
     pair_index = {pair: i for i, pair in enumerate(pairs)}
     footprints = [footprint_reach_px(proj.means2d, proj.radii) for _, proj in calls]
-    y = _all_cameras([f for f, _ in footprints])  # [cameras of all calls, N], px
-    reach = _all_cameras([r for _, r in footprints])
+    y = _joined([f for f, _ in footprints])  # [cameras of all calls, N], px
+    reach = _joined([r for _, r in footprints])
     table = []  # per band: its pair, its camera among all calls', its middle row and widened half height (px)
     for dest, position, band in keyed:
         table.append([pair_index[(dest, position)], camera_of[position], *band_extent_px(*render_tile_rows(band, sizes_px[position][1]))])
@@ -468,7 +467,7 @@ def exchange_screen_terms(
     # keep the exchange in the projection's graph even when no row is sent (its backward is a
     # collective: it runs on every rank).
     fields = [
-        _all_cameras([getattr(proj, name) for _, proj in calls])
+        _joined([getattr(proj, name) for _, proj in calls])  # one shard: one N
         for name in ("means2d", "conics", "colors", "opacities", "depths", "radii")
     ]
     send_counts = [0] * world  # the all-to-all's split sizes, from the host sizes above
@@ -496,10 +495,14 @@ def exchange_screen_terms(
     )
 
 
-def _all_cameras(per_call: list[Tensor]) -> Tensor:
-    """One field of every projection call, cameras along the first axis (the calls project the
-    same shard: one ``N``)."""
-    return per_call[0] if len(per_call) == 1 else torch.cat(per_call)
+def _joined(parts: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat(parts, dim)``; the one part itself when there is one (no operator, no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts), dim)
+
+
+def _parts(tensor: Tensor, sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """``tensor.split(sizes, dim)``; the tensor itself when there is one part (no operator)."""
+    return (tensor,) if len(sizes) == 1 else tensor.split(list(sizes), dim)
 
 
 def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor, rendered: set[int]) -> dict[int, Tensor]:
@@ -523,6 +526,6 @@ def _rows_by_position(recv_by_source: list[list[int]], recv_ids: Tensor, rendere
         if not parts:
             out[position] = recv_ids.new_zeros(0)
             continue
-        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+        rows = _joined(parts)
         out[position] = rows[torch.argsort(recv_ids[rows], stable=True)]
     return out
