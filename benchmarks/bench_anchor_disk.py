@@ -81,20 +81,24 @@ def child_next_train(kind: str, scene: Path, num_workers: int, num_images: int, 
         manager.next_train(step)
     elapsed = time.perf_counter() - loop_start
     main_cpu_s, workers_cpu_s = time.process_time() - cpu_start, _children_cpu_s() - workers_start
-    out.write_text(json.dumps({
-        "kind": kind,
-        "nerfstudio_package": str(Path(nerfstudio.__file__).parent),
-        "distsplat_package": str(Path(sys.modules["distsplat_ns"].__file__).parent) if "distsplat_ns" in sys.modules else None,
-        "image_dtype": str(data["image"].dtype),
-        "image_shape": list(data["image"].shape),
-        "num_train_images": len(manager.train_dataset),
-        "num_images_timed": num_images,
-        "time_to_first_image_s": first_s,
-        "images_per_s": num_images / elapsed,
-        "main_process_cpu_ms_per_image": 1000 * main_cpu_s / num_images,
-        "workers_cpu_ms_per_image": 1000 * workers_cpu_s / num_images,
-        "load_average_1min": [load_start, os.getloadavg()[0]],
-    }))
+    out.write_text(
+        json.dumps(
+            {
+                "kind": kind,
+                "nerfstudio_package": str(Path(nerfstudio.__file__).parent),
+                "distsplat_package": str(Path(sys.modules["distsplat_ns"].__file__).parent) if "distsplat_ns" in sys.modules else None,
+                "image_dtype": str(data["image"].dtype),
+                "image_shape": list(data["image"].shape),
+                "num_train_images": len(manager.train_dataset),
+                "num_images_timed": num_images,
+                "time_to_first_image_s": first_s,
+                "images_per_s": num_images / elapsed,
+                "main_process_cpu_ms_per_image": 1000 * main_cpu_s / num_images,
+                "workers_cpu_ms_per_image": 1000 * workers_cpu_s / num_images,
+                "load_average_1min": [load_start, os.getloadavg()[0]],
+            }
+        )
+    )
     if kind == "ours":
         manager.close()
 
@@ -111,8 +115,18 @@ def main() -> None:
     parser.add_argument("--child", choices=["ours", "anchor"], help=argparse.SUPPRESS)
     parser.add_argument("--scene", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--anchor-root", type=Path, default=DEFAULT_ANCHOR_ROOT, help="folder holding main's nerfstudio package (put first on the anchor's PYTHONPATH)")
-    parser.add_argument("--anchor-image-type", choices=["uint8", "float32"], default="uint8", help="the anchor's cache_images_type (uint8: splatfacto's setting; float32: the config class default)")
+    parser.add_argument(
+        "--anchor-root",
+        type=Path,
+        default=DEFAULT_ANCHOR_ROOT,
+        help="folder holding main's nerfstudio package (put first on the anchor's PYTHONPATH)",
+    )
+    parser.add_argument(
+        "--anchor-image-type",
+        choices=["uint8", "float32"],
+        default="uint8",
+        help="the anchor's cache_images_type (uint8: splatfacto's setting; float32: the config class default)",
+    )
     parser.add_argument("--frames", type=int, default=1910, help="fox repeated to this many frames")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--num-images", type=int, default=900, help="timed next_train calls after the first image")
@@ -139,7 +153,7 @@ def main() -> None:
         "anchor": {
             "root": str(anchor_root),
             "datamanager": "FullImageDatamanagerConfig(cache_images='disk', "
-                           f"cache_images_type='{args.anchor_image_type}', dataloader_num_workers={args.num_workers})",
+            f"cache_images_type='{args.anchor_image_type}', dataloader_num_workers={args.num_workers})",
             "provenance": provenance.read_text().splitlines() if provenance.is_file() else None,
         },
         "ours": {"datamanager": f"ParallelFullImageDatamanagerConfig(num_workers={args.num_workers}, prefetch_batches=4)"},
@@ -148,13 +162,20 @@ def main() -> None:
     pairs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         scene = fox_scene(Path(tmp) / "fox", args.frames)
-        common = ["--scene", str(scene), "--num-workers", str(args.num_workers), "--num-images", str(args.num_images),
-                  "--anchor-image-type", args.anchor_image_type]
+        common = [
+            "--scene",
+            str(scene),
+            "--num-workers",
+            str(args.num_workers),
+            "--num-images",
+            str(args.num_images),
+            "--anchor-image-type",
+            args.anchor_image_type,
+        ]
         script = Path(__file__)
         for _ in range(args.repeats):
             ours = run_child(["--child", "ours", *common], args.timeout_s, limit, script=script)
-            anchor = run_child(["--child", "anchor", *common], args.timeout_s, limit, script=script,
-                               pythonpath_first=anchor_root)
+            anchor = run_child(["--child", "anchor", *common], args.timeout_s, limit, script=script, pythonpath_first=anchor_root)
             pair = {"ours": ours, "anchor": anchor}
             if "failed" not in ours and "failed" not in anchor:
                 pair["ratio_images_per_s"] = ours["images_per_s"] / anchor["images_per_s"]

@@ -63,10 +63,8 @@ DEFAULT_SCENES = [
     # name, dataparser, data folder, downscale of the copy, images to train, dataparser args
     # fox has no point cloud: splatfacto's 50k random Gaussians cost ~30 s per 67x120 image here
     f"name=fox parser=nerfstudio-data data={SHARED / 'fox'} downscale=16 images=2000 train='--pipeline.model.num-random 5000'",
-    (f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 "
-    "args='--colmap-path sparse/0 --load-3D-points True'"),
-    (f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 "
-    "args='--colmap-path sparse/0 --load-3D-points True'"),
+    (f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"),
+    (f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"),
 ]
 DEFAULT_CONFIGS = "1x2,1x4,2x2,3x2,4x2,8x4"
 
@@ -159,7 +157,6 @@ def ensure_trained(scene: dict[str, Any], out: Path, save_every: int, extra: str
     else:
         log(f"[{scene['name']}] cached run: {rdir}")
     return {"run_dir": str(rdir), "data": str(data), "command": cmd, "stats": json.loads(stats.read_text())}
-
 
 
 # ------------------------------------------------------------------------------------ costs
@@ -272,7 +269,20 @@ def evaluate_config(
 
     rng = np.random.default_rng(seed)
     num_cams = len(final)
-    res: dict[str, list[float]] = {k: [] for k in ("whole_images", "equal_rows", "balanced", "balanced_oracle", "err_max", "err_mean", "balanced_history", "hist_err_max", "hist_err_mean")}
+    res: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "whole_images",
+            "equal_rows",
+            "balanced",
+            "balanced_oracle",
+            "err_max",
+            "err_mean",
+            "balanced_history",
+            "hist_err_max",
+            "hist_err_mean",
+        )
+    }
     worse = 0
     for _ in range(num_batches):
         batch = rng.choice(num_cams, size=min(batch_size, num_cams), replace=False).tolist()
@@ -307,9 +317,7 @@ def evaluate_config(
     summary["prediction_error_c"] = {"max_over_ranks": summarise(res["err_max"]), "mean_over_ranks": summarise(res["err_mean"])}
     if history is not None:
         summary["imbalance"]["c_history_in_checkpoint"] = summarise(res["balanced_history"])
-        summary["prediction_error_c_history"] = {
-            "max_over_ranks": summarise(res["hist_err_max"]), "mean_over_ranks": summarise(res["hist_err_mean"])
-        }
+        summary["prediction_error_c_history"] = {"max_over_ranks": summarise(res["hist_err_max"]), "mean_over_ranks": summarise(res["hist_err_mean"])}
     summary["batches_c_worse_than_a"] = worse
     a, b, c = (summary["imbalance"][k]["mean"] for k in ("a_whole_images", "b_equal_rows", "c_balanced"))
     summary["targets"] = {
@@ -389,9 +397,7 @@ def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tupl
         res["configs"] = []
         for b, w in configs:
             log(f"[{scene['name']}] {label} B={b} W={w}")
-            res["configs"].append(
-                evaluate_config(fin, ear, hist, b, w, args.num_batches, args.seed, args.snap_tolerance, args.min_band_rows)
-            )
+            res["configs"].append(evaluate_config(fin, ear, hist, b, w, args.num_batches, args.seed, args.snap_tolerance, args.min_band_rows))
     return result
 
 
@@ -446,7 +452,12 @@ def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[st
 # ------------------------------------------------------------------------------------ main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scene", action="append", default=None, help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args'] [train='ns-train args']; repeatable (default: fox, lund_door, bird)")
+    parser.add_argument(
+        "--scene",
+        action="append",
+        default=None,
+        help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args'] [train='ns-train args']; repeatable (default: fox, lund_door, bird)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="cache folder for scene copies and trained runs")
     parser.add_argument("--train-extra", default="--pipeline.model.num-downscales 0", help="extra ns-train arguments for the cached training runs")
     parser.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (batch size 1: images)")
@@ -461,7 +472,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--wallclock", default="", help="scene name for the torchrun CPU/gloo timing runs (empty: skip)")
     parser.add_argument("--wallclock-batch-sizes", default="1,3", help="comma-separated B for the timing runs")
     parser.add_argument("--wallclock-world-size", type=int, default=2, help="processes of the timing runs")
-    parser.add_argument("--wallclock-images", type=int, default=60, help="images per timing run (the first epoch is excluded from its balance figures)")
+    parser.add_argument(
+        "--wallclock-images", type=int, default=60, help="images per timing run (the first epoch is excluded from its balance figures)"
+    )
     parser.add_argument("--wallclock-repeats", type=int, default=1, help="runs per (mode, B)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)

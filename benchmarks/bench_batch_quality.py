@@ -47,16 +47,51 @@ REPO = Path(__file__).resolve().parents[1]
 
 def train_command(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
     return [
-        str(Path(sys.executable).parent / "ns-train"), "distsplat",
-        "--output-dir", str(out), "--experiment-name", "b", "--timestamp", f"b{batch_size}-s{seed}",
-        "--machine.device-type", "cpu", "--machine.seed", str(seed), "--max-num-iterations", str(args.images),
-        "--pipeline.batch-size", str(batch_size), "--pipeline.model.num-downscales", "0",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
-        "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000", "--steps-per-save", "1000000000",
-        "--pipeline.model.warmup-length", str(args.warmup), "--pipeline.model.refine-every", str(args.refine_every),
-        "--pipeline.model.reset-alpha-every", str(args.reset_alpha_every),
-        "colmap", "--data", str(args.scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", str(args.downscale_factor),
+        str(Path(sys.executable).parent / "ns-train"),
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "b",
+        "--timestamp",
+        f"b{batch_size}-s{seed}",
+        "--machine.device-type",
+        "cpu",
+        "--machine.seed",
+        str(seed),
+        "--max-num-iterations",
+        str(args.images),
+        "--pipeline.batch-size",
+        str(batch_size),
+        "--pipeline.model.num-downscales",
+        "0",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        "--steps-per-eval-image",
+        "1000000000",
+        "--steps-per-eval-all-images",
+        "1000000000",
+        "--steps-per-save",
+        "1000000000",
+        "--pipeline.model.warmup-length",
+        str(args.warmup),
+        "--pipeline.model.refine-every",
+        str(args.refine_every),
+        "--pipeline.model.reset-alpha-every",
+        str(args.reset_alpha_every),
+        "colmap",
+        "--data",
+        str(args.scene),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        str(args.downscale_factor),
     ]
 
 
@@ -70,16 +105,18 @@ def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> di
         raise RuntimeError(f"B = {batch_size} seed {seed} failed:\n{proc.stderr[-4000:]}")
     stats = json.loads((out / "b" / "distsplat" / f"b{batch_size}-s{seed}" / "distsplat_stats.json").read_text())
     return {
-        "batch_size": batch_size, "seed": seed, "final_eval_psnr": stats["final_eval_psnr"],
-        "final_gaussian_count": stats["final_gaussian_count"], "images_trained": stats.get("images_trained"),
-        "train_wall_s": stats.get("wall_time_s"), "command_wall_s": round(time.perf_counter() - start, 1),
+        "batch_size": batch_size,
+        "seed": seed,
+        "final_eval_psnr": stats["final_eval_psnr"],
+        "final_gaussian_count": stats["final_gaussian_count"],
+        "images_trained": stats.get("images_trained"),
+        "train_wall_s": stats.get("wall_time_s"),
+        "command_wall_s": round(time.perf_counter() - start, 1),
         "command": " ".join(cmd[1:]),
     }
 
 
-def train_all(
-    args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None], finished: Sequence[dict] = ()
-) -> list[dict]:
+def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None], finished: Sequence[dict] = ()) -> list[dict]:
     """Every (B, seed) run not in ``finished``, seed by seed (so that a study cut short still holds
     whole seeds to pair), largest B first within a seed, ``--jobs`` at a time. ``on_run`` gets the
     runs finished so far (``finished`` included) after each one, so that the result file is
@@ -133,8 +170,13 @@ def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
         paired = [seeds[s]["final_eval_psnr"] - reference[s]["final_eval_psnr"] for s in sorted(seeds) if s in reference]
         paired_mean, paired_sd = _mean_sd(paired) if paired else (float("nan"), float("nan"))
         summary[str(batch)] = {
-            "seeds": sorted(seeds), "psnr_mean": mean, "psnr_sd": sd, "gap_to_b1_db": mean - ref_mean,
-            "paired_gaps_db": paired, "paired_gap_mean_db": paired_mean, "paired_gap_sd_db": paired_sd,
+            "seeds": sorted(seeds),
+            "psnr_mean": mean,
+            "psnr_sd": sd,
+            "gap_to_b1_db": mean - ref_mean,
+            "paired_gaps_db": paired,
+            "paired_gap_mean_db": paired_mean,
+            "paired_gap_sd_db": paired_sd,
             "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in seeds.values()),
             "train_wall_s_mean": statistics.mean(r["train_wall_s"] or 0.0 for r in seeds.values()),
         }
@@ -142,13 +184,17 @@ def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
 
 
 def markdown_table(summary: dict) -> str:
-    lines = ["| B | seeds | eval PSNR (dB), mean ± s.d. | gap to B = 1 (dB) | paired gaps per seed (dB) | Gaussians (mean) | train wall (s, mean) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| B | seeds | eval PSNR (dB), mean ± s.d. | gap to B = 1 (dB) | paired gaps per seed (dB) | Gaussians (mean) | train wall (s, mean) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for batch, row in summary.items():
         paired = ", ".join(f"{g:+.2f}" for g in row["paired_gaps_db"])
         seeds = ", ".join(str(seed) for seed in row["seeds"])
-        lines.append(f"| {batch} | {seeds} | {row['psnr_mean']:.2f} ± {row['psnr_sd']:.2f} | {row['gap_to_b1_db']:+.2f} | {paired} | "
-                     f"{row['final_gaussian_count_mean']:.0f} | {row['train_wall_s_mean']:.0f} |")
+        lines.append(
+            f"| {batch} | {seeds} | {row['psnr_mean']:.2f} ± {row['psnr_sd']:.2f} | {row['gap_to_b1_db']:+.2f} | {paired} | "
+            f"{row['final_gaussian_count_mean']:.0f} | {row['train_wall_s_mean']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,14 +206,22 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--warmup", type=int, default=500, help="images before the first densification event (splatfacto's 500)")
     parser.add_argument("--refine-every", type=int, default=100, help="images between densification events (splatfacto's 100)")
-    parser.add_argument("--reset-alpha-every", type=int, default=30,
-                        help="refine events between opacity resets (splatfacto's 30 = every 3000 images); a reset shortly before "
-                             "the end measures the recovery from it, not the batch size")
+    parser.add_argument(
+        "--reset-alpha-every",
+        type=int,
+        default=30,
+        help="refine events between opacity resets (splatfacto's 30 = every 3000 images); a reset shortly before "
+        "the end measures the recovery from it, not the batch size",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)")
-    parser.add_argument("--resume", type=Path, default=None,
-                        help="a result JSON of a study cut short: keep its runs, train the missing ones, rewrite it (unless --out)")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        help="a result JSON of a study cut short: keep its runs, train the missing ones, rewrite it (unless --out)",
+    )
     args = parser.parse_args()
     if 1 not in args.batch_sizes:
         parser.error("--batch-sizes must include 1, the reference")
@@ -179,9 +233,15 @@ def main() -> None:
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     command = "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:])
     header = {
-        "command": command, "date_utc": now,
-        "scene": args.scene.name, "downscale_factor": args.downscale_factor, "images": args.images,
-        "batch_sizes": args.batch_sizes, "seeds": args.seeds, "warmup_images": args.warmup, "refine_every_images": args.refine_every,
+        "command": command,
+        "date_utc": now,
+        "scene": args.scene.name,
+        "downscale_factor": args.downscale_factor,
+        "images": args.images,
+        "batch_sizes": args.batch_sizes,
+        "seeds": args.seeds,
+        "warmup_images": args.warmup,
+        "refine_every_images": args.refine_every,
         "reset_alpha_every_refines": args.reset_alpha_every,
         "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
         "loadavg_start": load_start,
@@ -196,9 +256,16 @@ def main() -> None:
 
     def write(runs: list[dict]) -> dict:
         summary = summarise(runs)
-        result = dict(header, complete=len(runs) == planned, runs_finished=f"{len(runs)} of {planned}",
-                      loadavg_end=os.getloadavg(), total_wall_s=round(time.perf_counter() - start, 1),
-                      summary=summary, table=markdown_table(summary), runs=runs)
+        result = dict(
+            header,
+            complete=len(runs) == planned,
+            runs_finished=f"{len(runs)} of {planned}",
+            loadavg_end=os.getloadavg(),
+            total_wall_s=round(time.perf_counter() - start, 1),
+            summary=summary,
+            table=markdown_table(summary),
+            runs=runs,
+        )
         partial = target.with_suffix(".json.partial")
         partial.write_text(json.dumps(result, indent=2) + "\n")
         os.replace(partial, target)

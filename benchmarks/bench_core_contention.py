@@ -64,8 +64,7 @@ def time_per_image(out: Path, name: str) -> float:
 def run_together(commands: dict[str, list[str]]) -> None:
     """Start every command at once and wait for all; a failure names its run."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, cmd in commands.items()}
+    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name, cmd in commands.items()}
     for name, proc in procs.items():
         output, _ = proc.communicate()
         if proc.returncode != 0:
@@ -102,12 +101,21 @@ def main() -> None:
             repeats.append({name: time_per_image(out, name) for name in (*solo, *pair)})
             print(f"[contention] repeat {k}: " + ", ".join(f"{n} {t:.4f} s/image" for n, t in repeats[-1].items()), flush=True)
     result = {
-        "benchmark": "core_contention", "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_core_contention.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
-        "scene": args.data.name, "size": "full", "images": args.images, "seed": args.seed,
+        "benchmark": "core_contention",
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": "python benchmarks/bench_core_contention.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+        "scene": args.data.name,
+        "size": "full",
+        "images": args.images,
+        "seed": args.seed,
         "pinning": "OMP_NUM_THREADS=1; solo: taskset -c 0; pair: one run on core 0 and one on core 1, started together",
-        "host": ttq.platform.node(), "cpu_count": os.cpu_count(), "loadavg_start": load_start, "loadavg_end": ttq._loadavg(),
-        "time_per_image_s": repeats, **summarise(repeats),
+        "host": ttq.platform.node(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": load_start,
+        "loadavg_end": ttq._loadavg(),
+        "time_per_image_s": repeats,
+        **summarise(repeats),
     }
     target.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("pair_over_solo", "pair_over_solo_median", "w2_floor_time_per_image")}))

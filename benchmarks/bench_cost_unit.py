@@ -63,9 +63,12 @@ def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
     solution = np.linalg.lstsq(design, ys, rcond=None)[0]
     residual = ys - design @ solution
     total = float(np.sum((ys - ys.mean()) ** 2))
-    return {"coefficients": solution[:-1].tolist(), "intercept": float(solution[-1]),
-            "r2": 1.0 - float(np.sum(residual**2)) / total if total > 0 else 1.0,
-            "residual_sd": float(residual.std())}
+    return {
+        "coefficients": solution[:-1].tolist(),
+        "intercept": float(solution[-1]),
+        "r2": 1.0 - float(np.sum(residual**2)) / total if total > 0 else 1.0,
+        "residual_sd": float(residual.std()),
+    }
 
 
 def summarise(cameras: list[dict]) -> dict:
@@ -80,8 +83,7 @@ def summarise(cameras: list[dict]) -> dict:
         fits["both"] = fit_linear([[c[name] for c in cameras] for name in counts], times_ms)
     for fit in fits.values():
         fit["residual_sd_ms"] = fit.pop("residual_sd")
-    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits,
-               "work_count": counts[-1]}
+    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits, "work_count": counts[-1]}
     if all(c.get("two_band_times_s") for c in cameras):
         overhead_ms = statistics.median(1000 * statistics.median(c["two_band_times_s"]) - m for c, m in zip(cameras, times_ms, strict=True))
         slope = fits[counts[-1]]["coefficients"][0]  # ms per unit of work
@@ -138,8 +140,7 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
             if backend == "reference":  # its tile_work counts composited pairs; gsplat's is the intersections
                 row["composited_pairs"] = int(out.tile_work.sum())
             row["two_band_times_s"].append(render(cameras_at(cameras, [row["camera"]]), split=True)[0])
-    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": backend,
-                  "size_px": list(out.colors.shape[1:3][::-1])}
+    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": backend, "size_px": list(out.colors.shape[1:3][::-1])}
 
 
 def main() -> None:
@@ -164,8 +165,16 @@ def main() -> None:
         work = Path(tmp)
         run = ttq.train_run(ttq.RunSpec("w1_b1", 1, "replicated", 1), size, work, args.data, args.device, args.seed)
         result_path = work / "times.json"
-        timing = [sys.executable, str(Path(__file__).resolve()), "--time-run",
-                  run["run_dir"], "--time-out", str(result_path), "--repeats", str(args.repeats)]
+        timing = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--time-run",
+            run["run_dir"],
+            "--time-out",
+            str(result_path),
+            "--repeats",
+            str(args.repeats),
+        ]
         if args.device == "cpu":
             timing = ["taskset", "-c", "0", *timing]
         print("[cost_unit] timing every training camera", flush=True)
@@ -178,7 +187,11 @@ def main() -> None:
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "train_command": run["command"],
-        "scene": str(args.data.name), "device": args.device, "images": args.images, "seed": args.seed, "repeats": args.repeats,
+        "scene": str(args.data.name),
+        "device": args.device,
+        "images": args.images,
+        "seed": args.seed,
+        "repeats": args.repeats,
         "model": measured["model"],
         "summary": summarise(measured["rows"]),
         "cameras": measured["rows"],

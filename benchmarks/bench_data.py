@@ -150,9 +150,9 @@ def decode_rates(seconds: float) -> dict:
 
     out: dict = {name: rate(lambda b, n=name: decode_bytes(b, n), name) for name in DECODERS}
     chosen = default_decoder()
-    manager = ParallelFullImageDatamanagerConfig(
-        dataparser=NerfstudioDataParserConfig(data=FOX, downscale_factor=1), num_workers=0
-    ).setup(device="cpu")
+    manager = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=FOX, downscale_factor=1), num_workers=0).setup(
+        device="cpu"
+    )
     spec = manager._train_specs[0].undistort
     cache = MapCache()
     out[f"{chosen}+undistort"] = rate(lambda b: undistort(decode_bytes(b, chosen), None, spec, cache), f"{chosen}+undistort")
@@ -231,17 +231,22 @@ def child_next_train(scene: Path, num_workers: int, drain_s: float, host_float: 
         images += 1
     elapsed = time.perf_counter() - start
     manager.close()
-    out.write_text(json.dumps({
-        "host_float": host_float,
-        "images_per_s": images / elapsed,
-        "main_process_cpu_ms_per_image": 1000 * (time.process_time() - cpu_start) / images,
-        "load_average_1min": os.getloadavg()[0],
-    }))
+    out.write_text(
+        json.dumps(
+            {
+                "host_float": host_float,
+                "images_per_s": images / elapsed,
+                "main_process_cpu_ms_per_image": 1000 * (time.process_time() - cpu_start) / images,
+                "load_average_1min": os.getloadavg()[0],
+            }
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------- child runs
-def child_ours(scene: Path, num_workers: int, batch_size: int, drain_s: float, consume_rate_fraction: float, out: Path,
-               train_downscale: int = 1) -> None:
+def child_ours(
+    scene: Path, num_workers: int, batch_size: int, drain_s: float, consume_rate_fraction: float, out: Path, train_downscale: int = 1
+) -> None:
     import functools
 
     from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
@@ -353,8 +358,7 @@ def child_nerfstudio(scene: Path, steps: int, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int, script: Path | None = None,
-              pythonpath_first: Path | None = None) -> dict:
+def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int, script: Path | None = None, pythonpath_first: Path | None = None) -> dict:
     """Run ``script`` (default: this one) as a child; kill its tree on timeout or when its RSS passes the limit.
 
     ``pythonpath_first`` goes before the repository on the child's ``PYTHONPATH`` (an alternative
@@ -418,9 +422,22 @@ def run_part(args: argparse.Namespace, limit: int) -> dict:
             runs: dict[str, list[dict]] = {"1": [], "4": []}
             for _ in range(args.repeats):
                 for d, results in runs.items():
-                    child_args = ["--child", "ours", "--scene", str(scene), "--num-workers", str(args.num_workers),
-                                  "--batch-size", str(args.batch_size), "--drain-s", str(args.drain_s),
-                                  "--consume-fraction", str(args.consume_fraction), "--train-downscale", d]
+                    child_args = [
+                        "--child",
+                        "ours",
+                        "--scene",
+                        str(scene),
+                        "--num-workers",
+                        str(args.num_workers),
+                        "--batch-size",
+                        str(args.batch_size),
+                        "--drain-s",
+                        str(args.drain_s),
+                        "--consume-fraction",
+                        str(args.consume_fraction),
+                        "--train-downscale",
+                        d,
+                    ]
                     results.append(run_child(child_args, args.timeout_s, limit))
             report["datamanager_train_downscale"] = runs
         else:
@@ -428,8 +445,16 @@ def run_part(args: argparse.Namespace, limit: int) -> dict:
             runs = {"uint8": [], "host_float": []}
             for _ in range(args.repeats):
                 for mode in runs:
-                    child_args = ["--child", "next-train", "--scene", str(scene), "--num-workers", str(args.num_workers),
-                                  "--drain-s", str(args.drain_s)] + (["--host-float"] if mode == "host_float" else [])
+                    child_args = [
+                        "--child",
+                        "next-train",
+                        "--scene",
+                        str(scene),
+                        "--num-workers",
+                        str(args.num_workers),
+                        "--drain-s",
+                        str(args.drain_s),
+                    ] + (["--host-float"] if mode == "host_float" else [])
                     runs[mode].append(run_child(child_args, args.timeout_s, limit))
             report["next_train"] = runs
     report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
@@ -450,16 +475,25 @@ def main() -> None:
     parser.add_argument("--scene", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--small-frames", type=int, default=67)
-    parser.add_argument("--mid-frames", type=int, default=500, help="frames at which nerfstudio's manager is compared (<= 500: above, it pins memory, which needs CUDA)")
+    parser.add_argument(
+        "--mid-frames",
+        type=int,
+        default=500,
+        help="frames at which nerfstudio's manager is compared (<= 500: above, it pins memory, which needs CUDA)",
+    )
     parser.add_argument("--large-frames", type=int, default=67 * 29, help="~1900 frames")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--drain-s", type=float, default=15.0, help="seconds of each throughput / steady-state phase")
     parser.add_argument("--consume-fraction", type=float, default=0.8, help="simulated training consumes this share of decode capacity")
     parser.add_argument("--decode-s", type=float, default=4.0, help="seconds per one-core decode-rate measurement")
-    parser.add_argument("--memory-limit-gib", type=float, default=8.0, help="a child whose process tree passes this RSS is killed (protects a shared machine)")
+    parser.add_argument(
+        "--memory-limit-gib", type=float, default=8.0, help="a child whose process tree passes this RSS is killed (protects a shared machine)"
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0)
-    parser.add_argument("--first-batch-repeats", type=int, default=5, help="alternating small/large start-ups; the minimum is reported (shared, noisy machines)")
+    parser.add_argument(
+        "--first-batch-repeats", type=int, default=5, help="alternating small/large start-ups; the minimum is reported (shared, noisy machines)"
+    )
     parser.add_argument("--quick", action="store_true", help="short phases, for a smoke run")
     args = parser.parse_args()
     if args.quick:
@@ -486,10 +520,21 @@ def main() -> None:
     if args.only != "all":
         sys.stdout.write(json.dumps(run_part(args, limit), indent=1) + "\n")
         return
-    common = ["--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size), "--drain-s", str(args.drain_s), "--consume-fraction", str(args.consume_fraction)]
+    common = [
+        "--num-workers",
+        str(args.num_workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--drain-s",
+        str(args.drain_s),
+        "--consume-fraction",
+        str(args.consume_fraction),
+    ]
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": os.getloadavg()[0], "note": "every figure below is from this one run"},
-        "config": {k: getattr(args, k) for k in ("small_frames", "mid_frames", "large_frames", "num_workers", "batch_size", "drain_s", "consume_fraction")},
+        "config": {
+            k: getattr(args, k) for k in ("small_frames", "mid_frames", "large_frames", "num_workers", "batch_size", "drain_s", "consume_fraction")
+        },
     }
     report["decode_one_core_images_per_s"] = decode_rates(args.decode_s)
     with tempfile.TemporaryDirectory() as tmp:
@@ -499,16 +544,23 @@ def main() -> None:
         first: dict[int, list[dict]] = {args.small_frames: [], args.large_frames: []}
         for _ in range(args.first_batch_repeats):
             for n, results in first.items():
-                first_args = ["--child", "first", "--scene", str(scenes[n]), "--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size)]
+                first_args = [
+                    "--child",
+                    "first",
+                    "--scene",
+                    str(scenes[n]),
+                    "--num-workers",
+                    str(args.num_workers),
+                    "--batch-size",
+                    str(args.batch_size),
+                ]
                 results.append(run_child(first_args, args.timeout_s, limit))
         undistorted = fox_scene(Path(tmp) / "fox_undistorted", args.small_frames, undistorted=True)
         ours_no_undistort = run_child(["--child", "ours", "--scene", str(undistorted), *common], args.timeout_s, limit)
         theirs = {n: run_child(["--child", "nerfstudio", "--scene", str(s)], args.timeout_s, limit) for n, s in scenes.items()}
     report["ours"] = {str(n): r for n, r in ours.items()}
     report["ours_without_undistortion_67_frames"] = ours_no_undistort
-    report["ours_time_to_first_batch_repeats_s"] = {
-        str(n): [r.get("time_to_first_batch_s") for r in runs] for n, runs in first.items()
-    }
+    report["ours_time_to_first_batch_repeats_s"] = {str(n): [r.get("time_to_first_batch_s") for r in runs] for n, runs in first.items()}
     report["nerfstudio_full_image_uint8"] = {str(n): r for n, r in theirs.items()}
 
     decode = report["decode_one_core_images_per_s"]
@@ -529,6 +581,7 @@ def main() -> None:
         for key in ("tree_pss", "tree_rss", "main_rss"):
             summary[f"marginal_{key}_per_image_bytes"] = marginal(large, small, key)
             summary[f"marginal_{key}_per_image_vs_file_size"] = marginal(large, small, key) / report["mean_file_bytes"]
+
         def best(n: int) -> float:
             return min(r["time_to_first_batch_s"] for r in first[n] if "time_to_first_batch_s" in r)
 

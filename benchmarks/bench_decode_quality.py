@@ -44,15 +44,42 @@ entrypoint()
 
 def run(variant: str, scene: Path, out: Path, steps: int, schedule_images: int, eval_every: int) -> dict:
     cmd = [
-        sys.executable, "-c", _CHILD, variant, "distsplat",
-        "--output-dir", str(out), "--experiment-name", "quality", "--timestamp", variant,
-        "--machine.device-type", "cpu", "--max-num-iterations", str(steps),
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True",
-        "--logging.local-writer.enable", "False",
-        "--steps-per-eval-all-images", str(eval_every), "--steps-per-save", str(steps),
-        "--pipeline.model.resolution-schedule", str(schedule_images),
-        "colmap", "--data", str(scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", "1",
+        sys.executable,
+        "-c",
+        _CHILD,
+        variant,
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "quality",
+        "--timestamp",
+        variant,
+        "--machine.device-type",
+        "cpu",
+        "--max-num-iterations",
+        str(steps),
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        "--steps-per-eval-all-images",
+        str(eval_every),
+        "--steps-per-save",
+        str(steps),
+        "--pipeline.model.resolution-schedule",
+        str(schedule_images),
+        "colmap",
+        "--data",
+        str(scene),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        "1",
     ]
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -60,8 +87,11 @@ def run(variant: str, scene: Path, out: Path, steps: int, schedule_images: int, 
     if proc.returncode != 0:
         raise SystemExit(f"{variant} run failed:\n{proc.stderr[-4000:]}")
     stats = json.loads((out / "quality" / "distsplat" / variant / "distsplat_stats.json").read_text())
-    return {"wall_s": time.perf_counter() - start, "eval_psnr_history": stats["eval_psnr_history"],
-            "final_gaussian_count": stats.get("final_gaussian_count")}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "eval_psnr_history": stats["eval_psnr_history"],
+        "final_gaussian_count": stats.get("final_gaussian_count"),
+    }
 
 
 def main() -> None:
@@ -72,8 +102,12 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--drop-distortion", action="store_true", help="rewrite SIMPLE_RADIAL cameras as SIMPLE_PINHOLE (in a copy)")
     args = parser.parse_args()
-    report: dict = {"scene": str(args.scene), "steps": args.steps, "resolution_schedule_images": args.resolution_schedule,
-                    "drop_distortion": args.drop_distortion}
+    report: dict = {
+        "scene": str(args.scene),
+        "steps": args.steps,
+        "resolution_schedule_images": args.resolution_schedule,
+        "drop_distortion": args.drop_distortion,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         scene = args.scene
         if args.drop_distortion:

@@ -35,11 +35,30 @@ def _dataparser_args(args: argparse.Namespace) -> list[str]:
 
 def _train(out: Path, name: str, nproc: int, args: argparse.Namespace, extra: list[str]) -> dict:
     train = [
-        str(BIN / "ns-train"), "distsplat", "--output-dir", str(out), "--experiment-name", "bench", "--timestamp", name,
-        "--machine.device-type", "cpu", "--max-num-iterations", str(args.images),
-        "--pipeline.batch-size", str(args.batch_size), "--steps-per-eval-all-images", "1000000",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
-        *extra, *_dataparser_args(args),
+        str(BIN / "ns-train"),
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "bench",
+        "--timestamp",
+        name,
+        "--machine.device-type",
+        "cpu",
+        "--max-num-iterations",
+        str(args.images),
+        "--pipeline.batch-size",
+        str(args.batch_size),
+        "--steps-per-eval-all-images",
+        "1000000",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        *extra,
+        *_dataparser_args(args),
     ]
     cmd = train if nproc == 1 else [str(BIN / "torchrun"), "--nproc_per_node", str(nproc), *train]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -58,9 +77,7 @@ def _train(out: Path, name: str, nproc: int, args: argparse.Namespace, extra: li
         "command_wall_s": wall,
         "train_wall_s": stats["wall_time_s"],
         "time_per_step_s_by_phase_rank0": {k: v / steps for k, v in stats["time_breakdown_s"].items()},
-        "time_per_step_s_by_phase_per_rank": [
-            {k: v / steps for k, v in r["time_breakdown_s"].items()} for r in stats["per_rank_time_breakdown_s"]
-        ],
+        "time_per_step_s_by_phase_per_rank": [{k: v / steps for k, v in r["time_breakdown_s"].items()} for r in stats["per_rank_time_breakdown_s"]],
         "bytes_all_reduced_per_step": stats["bytes_communicated_per_step"],
         "parameter_bytes": stats["parameter_bytes"],
         "all_reduce_bytes_over_parameter_bytes": stats["bytes_communicated_per_step"] / max(stats["parameter_bytes"], 1),

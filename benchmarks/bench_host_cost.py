@@ -85,8 +85,6 @@ FIRST_STEADY_STEP = 13
 measured: 12 steps at B = 1), logging at step 0."""
 
 
-
-
 from host_cost_counters import SYNC_OPS, VIEW_OPS, worker
 
 
@@ -107,9 +105,12 @@ def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int
     split = args.index("colmap")
     # Schedules count images in distsplat and steps in splatfacto: B images per step, so the same steps.
     extra = [
-        "--pipeline.model.num-downscales", "0",
-        "--pipeline.model.warmup-length", str(3 * batch),
-        "--pipeline.model.refine-every", str(REFINE_EVERY_STEPS * batch),
+        "--pipeline.model.num-downscales",
+        "0",
+        "--pipeline.model.warmup-length",
+        str(3 * batch),
+        "--pipeline.model.refine-every",
+        str(REFINE_EVERY_STEPS * batch),
     ]
     if parallel is not None:
         extra += ["--pipeline.parallel", parallel]
@@ -120,9 +121,9 @@ def run_one(name: str, method: str, world_size: int, parallel: str | None, steps
     report = work / f"{name}.rank{{rank}}.json"
     args = ns_train_args(method, world_size, parallel, steps, data, work / "runs")
     me = [str(Path(__file__).resolve()), "--worker", "--report", str(report), "--method", method, "--"]
-    prefix = [sys.executable] if world_size == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"
-    ]
+    prefix = (
+        [sys.executable] if world_size == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(prefix + me + args, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env, check=False)
     reports = []
@@ -154,9 +155,7 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "steady_steps": [i for i in range(len(steps)) if i >= FIRST_STEADY_STEP and i != REFINE_STEP],
         "ops": med("ops"),
-        "non_view_ops": statistics.median(
-            sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) for s in steady
-        ),
+        "non_view_ops": statistics.median(sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) for s in steady),
         "device_ops": statistics.median(
             sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) - _total(s["host_side_ops"]) for s in steady
         ),
@@ -165,9 +164,14 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
         "collectives": med("collectives"),
         "collective_bytes": med("collective_bytes"),
         "excluded_renderer_ops": statistics.median(s["excluded_ops"] for s in steady),
-        "refine_step": None if refine is None else {
-            "step": REFINE_STEP, "ops": _total(refine["ops"]), "syncs": _total(refine["syncs"]),
-            "collectives": _total(refine["collectives"]), "collective_bytes": _total(refine["collective_bytes"]),
+        "refine_step": None
+        if refine is None
+        else {
+            "step": REFINE_STEP,
+            "ops": _total(refine["ops"]),
+            "syncs": _total(refine["syncs"]),
+            "collectives": _total(refine["collectives"]),
+            "collective_bytes": _total(refine["collective_bytes"]),
         },
         "ops_per_step_all": [_total(s["ops"]) for s in steps],
         "syncs_per_step_all": [_total(s["syncs"]) for s in steps],
@@ -206,8 +210,8 @@ def targets(runs: dict[str, Any]) -> dict[str, Any]:
             }
         if w1 and w4:
             out[f"{parallel}_w4_vs_w1"] = {
-                k: {"w4": w4[k], "w1": w1[k], "ratio": (w4[k] / w1[k]) if w1[k] else None,
-                    "reached": w4[k] <= 1.2 * w1[k]} for k in ("ops", "device_ops", "syncs")
+                k: {"w4": w4[k], "w1": w1[k], "ratio": (w4[k] / w1[k]) if w1[k] else None, "reached": w4[k] <= 1.2 * w1[k]}
+                for k in ("ops", "device_ops", "syncs")
             }
     return out
 
@@ -238,8 +242,11 @@ def main() -> None:
             runs[name] = summarise_run(run_one(name, method, world_size, parallel, args.steps, args.data, Path(tmp)))
             runs[name].update(method=method, world_size=world_size, parallel=parallel, batch_size=world_size if method == "distsplat" else 1)
             m = runs[name]["per_rank_max"]
-            print(f"{name}: ops {m['ops']:.0f} (device {m['device_ops']:.0f}), syncs {m['syncs']:.0f}, collectives {m['collectives']:.0f} "
-                  f"({m['collective_bytes']:.0f} B) per step per rank (max over ranks; {time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"{name}: ops {m['ops']:.0f} (device {m['device_ops']:.0f}), syncs {m['syncs']:.0f}, collectives {m['collectives']:.0f} "
+                f"({m['collective_bytes']:.0f} B) per step per rank (max over ranks; {time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
             shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
     out = {
         "benchmark": "bench_host_cost",
@@ -250,8 +257,7 @@ def main() -> None:
         "scene": str(args.data),
         "steps": args.steps,
         "refine_step": REFINE_STEP,
-        "sync_ops": sorted(SYNC_OPS) + ["index/index_put_ with a bool mask", "repeat_interleave(tensor repeats)",
-                                        "Tensor.tolist/numpy/cpu"],
+        "sync_ops": sorted(SYNC_OPS) + ["index/index_put_ with a bool mask", "repeat_interleave(tensor repeats)", "Tensor.tolist/numpy/cpu"],
         "view_ops": sorted(VIEW_OPS),
         "targets": targets(runs) if "splatfacto_w1" in runs else {},
         "runs": runs,

@@ -180,14 +180,31 @@ def run_ranks(code: Path, scene: Path, args: argparse.Namespace) -> dict:
         out = Path(tmp.name)
     env = dict(os.environ, PYTHONPATH=str(code), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc_per_node", str(args.ranks), "--master-port", str(free_port()), str(Path(__file__).resolve()),
-           "--rank-part", "--scene", str(scene), "--num-workers", str(args.num_workers), "--batch-size", str(args.batch_size),
-           "--drain-s", str(args.drain_s), "--hold-s", str(args.hold_s), "--out", str(out)]
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node",
+        str(args.ranks),
+        "--master-port",
+        str(free_port()),
+        str(Path(__file__).resolve()),
+        "--rank-part",
+        "--scene",
+        str(scene),
+        "--num-workers",
+        str(args.num_workers),
+        "--batch-size",
+        str(args.batch_size),
+        "--drain-s",
+        str(args.drain_s),
+        "--hold-s",
+        str(args.hold_s),
+        "--out",
+        str(out),
+    ]
     start = time.perf_counter()
     # Not from the repository: a fork server (``python -c``) has the working folder first on its
     # path, and would give the old code's workers the new package.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            cwd=scene.parent)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=scene.parent)
     sampler = PeakPss(proc.pid)
     output, _ = proc.communicate(timeout=args.timeout_s)
     sampler.stop()
@@ -197,14 +214,16 @@ def run_ranks(code: Path, scene: Path, args: argparse.Namespace) -> dict:
         return result
     ranks = json.loads(out.read_text())
     out.unlink(missing_ok=True)
-    result.update({
-        "peak_pss_ranks_and_workers_bytes": sampler.peak_tree,
-        "peak_pss_ranks_and_workers_gib": sampler.peak_tree / (1 << 30),
-        "processes_at_peak": sampler.peak_num_processes,
-        "peak_pss_torchrun_agent_bytes": sampler.peak_agent,
-        "store_bytes": ranks[0]["store_bytes"],
-        "ranks": ranks,
-    })
+    result.update(
+        {
+            "peak_pss_ranks_and_workers_bytes": sampler.peak_tree,
+            "peak_pss_ranks_and_workers_gib": sampler.peak_tree / (1 << 30),
+            "processes_at_peak": sampler.peak_num_processes,
+            "peak_pss_torchrun_agent_bytes": sampler.peak_agent,
+            "store_bytes": ranks[0]["store_bytes"],
+            "ranks": ranks,
+        }
+    )
     return result
 
 
@@ -248,8 +267,9 @@ def next_train_pairs(old: Path, scene: Path, args: argparse.Namespace) -> dict:
     for _ in range(args.next_train_pairs):
         runs["old"].append(run_child(child, args.timeout_s, 8 << 30, script=script, pythonpath_first=old))
         runs["new"].append(run_child(child, args.timeout_s, 8 << 30, script=script))
-    ratios = [n["images_per_s"] / o["images_per_s"] for o, n in zip(runs["old"], runs["new"], strict=True)
-              if "images_per_s" in n and "images_per_s" in o]
+    ratios = [
+        n["images_per_s"] / o["images_per_s"] for o, n in zip(runs["old"], runs["new"], strict=True) if "images_per_s" in n and "images_per_s" in o
+    ]
     return {
         "runs": runs,
         "new_over_old_images_per_s_per_pair": ratios,
@@ -283,7 +303,9 @@ def main() -> None:
     from tests.helpers.data_fixtures import make_repeated_fox
 
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "distsplat_ns"], check=False, capture_output=True, text=True).stdout)
+    dirty = bool(
+        subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "distsplat_ns"], check=False, capture_output=True, text=True).stdout
+    )
     import psutil
 
     report: dict = {
@@ -307,8 +329,11 @@ def main() -> None:
                 for name, code in (("old", old), ("new", REPO)):
                     result = run_ranks(code, scene, args)
                     report["runs"][name].setdefault(str(n), []).append(result)
-                    print(f"{name} {n} frames: peak PSS {result.get('peak_pss_ranks_and_workers_gib', float('nan')):.2f} GiB "
-                          f"(exit {result['returncode']}, {result['wall_s']:.0f} s)", flush=True)
+                    print(
+                        f"{name} {n} frames: peak PSS {result.get('peak_pss_ranks_and_workers_gib', float('nan')):.2f} GiB "
+                        f"(exit {result['returncode']}, {result['wall_s']:.0f} s)",
+                        flush=True,
+                    )
         if args.next_train_pairs:
             os.chdir(tmp)  # the children's fork servers put the working folder first on their path
             report["next_train_one_process"] = next_train_pairs(old, scenes[args.large_frames], args)
@@ -328,9 +353,8 @@ def main() -> None:
     if "next_train_one_process" in report:
         summary["next_train_new_over_old_images_per_s_median"] = report["next_train_one_process"]["new_over_old_images_per_s_median"]
     gib = (summary["new"]["large"]["store_bytes"] or 0) / (1 << 30)
-    summary["note"] = (
-        f"large scene: {args.large_frames} frames = {gib:.2f} GiB of JPEG"
-        + ("" if gib >= 1 else " -- below the issue's 1 GB: the size this shared machine allows; the full-size command is in the script's docstring")
+    summary["note"] = f"large scene: {args.large_frames} frames = {gib:.2f} GiB of JPEG" + (
+        "" if gib >= 1 else " -- below the issue's 1 GB: the size this shared machine allows; the full-size command is in the script's docstring"
     )
     report["summary"] = summary
     report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]

@@ -62,8 +62,14 @@ def child(case: str, num: int, world: int) -> dict:
     wall = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     del drawn
-    return {"case": case, "world": world, "num": num, "peak_above_setup_bytes": peak - before,
-            "peak_bytes_per_gaussian": (peak - before) / num, "wall_s": wall}
+    return {
+        "case": case,
+        "world": world,
+        "num": num,
+        "peak_above_setup_bytes": peak - before,
+        "peak_bytes_per_gaussian": (peak - before) / num,
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
@@ -79,15 +85,24 @@ def main() -> None:
     cases = [("whole", 1)] + [(c, w) for w in args.worlds for c in ("whole_then_block", f"block_w{w}")]
     runs = []
     for case, world in cases:
-        out = subprocess.run([sys.executable, __file__, "--child", case, str(args.num_random), str(world)],
-                             check=True, capture_output=True, text=True, cwd=REPO)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", case, str(args.num_random), str(world)], check=True, capture_output=True, text=True, cwd=REPO
+        )
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"{case:>18} W={world}: {runs[-1]['peak_above_setup_bytes'] / 2**20:8.1f} MiB above set-up "
-              f"({runs[-1]['peak_bytes_per_gaussian']:.1f} B per Gaussian), {runs[-1]['wall_s']:.2f} s", flush=True)
+        print(
+            f"{case:>18} W={world}: {runs[-1]['peak_above_setup_bytes'] / 2**20:8.1f} MiB above set-up "
+            f"({runs[-1]['peak_bytes_per_gaussian']:.1f} B per Gaussian), {runs[-1]['wall_s']:.2f} s",
+            flush=True,
+        )
     whole = runs[0]["peak_above_setup_bytes"]
-    result = {"command": " ".join(sys.argv), "num_random": args.num_random, "sh_degree": 3,
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "runs": runs,
-              "peak_over_whole": {f"{r['case']}_w{r['world']}": r["peak_above_setup_bytes"] / whole for r in runs}}
+    result = {
+        "command": " ".join(sys.argv),
+        "num_random": args.num_random,
+        "sh_degree": 3,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "runs": runs,
+        "peak_over_whole": {f"{r['case']}_w{r['world']}": r["peak_above_setup_bytes"] / whole for r in runs},
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["peak_over_whole"], indent=2))

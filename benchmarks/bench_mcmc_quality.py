@@ -50,16 +50,50 @@ METHODS = ("distsplat", "distsplat-mcmc")
 
 def train_command(method: str, seed: int, args: argparse.Namespace, out: Path, cap: int | None) -> list[str]:
     return [
-        str(Path(sys.executable).parent / "ns-train"), method,
-        "--output-dir", str(out), "--experiment-name", "q", "--timestamp", f"{method}-{seed}",
-        "--machine.device-type", "cpu", "--machine.seed", str(seed), "--max-num-iterations", str(args.images),
-        "--pipeline.batch-size", "1", "--pipeline.model.num-downscales", "0",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
-        "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000", "--steps-per-save", "1000000000",
-        "--pipeline.model.warmup-length", str(args.warmup), "--pipeline.model.refine-every", str(args.refine_every),
+        str(Path(sys.executable).parent / "ns-train"),
+        method,
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "q",
+        "--timestamp",
+        f"{method}-{seed}",
+        "--machine.device-type",
+        "cpu",
+        "--machine.seed",
+        str(seed),
+        "--max-num-iterations",
+        str(args.images),
+        "--pipeline.batch-size",
+        "1",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        "--steps-per-eval-image",
+        "1000000000",
+        "--steps-per-eval-all-images",
+        "1000000000",
+        "--steps-per-save",
+        "1000000000",
+        "--pipeline.model.warmup-length",
+        str(args.warmup),
+        "--pipeline.model.refine-every",
+        str(args.refine_every),
         *(["--pipeline.model.max-gs-num", str(cap)] if cap is not None else []),
-        "colmap", "--data", str(args.scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", str(args.downscale_factor),
+        "colmap",
+        "--data",
+        str(args.scene),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        str(args.downscale_factor),
     ]
 
 
@@ -73,11 +107,16 @@ def run(method: str, seed: int, args: argparse.Namespace, out: Path, cap: int | 
     stats = json.loads((out / "q" / method / f"{method}-{seed}" / "distsplat_stats.json").read_text())
     events = [[int(g) for g in m.groups()] for m in EVENT.finditer(proc.stdout + proc.stderr)]
     return {
-        "method": method, "seed": seed, "cap": cap, "final_eval_psnr": stats["final_eval_psnr"],
+        "method": method,
+        "seed": seed,
+        "cap": cap,
+        "final_eval_psnr": stats["final_eval_psnr"],
         "final_gaussian_count": stats["final_gaussian_count"],
         "mcmc_events": [{"relocated": r, "added": a, "num_gaussians": n} for r, a, n, _ in events],
-        "images_trained": stats.get("images_trained"), "train_wall_s": stats.get("wall_time_s"),
-        "command_wall_s": round(time.perf_counter() - start, 1), "command": " ".join(cmd[1:]),
+        "images_trained": stats.get("images_trained"),
+        "train_wall_s": stats.get("wall_time_s"),
+        "command_wall_s": round(time.perf_counter() - start, 1),
+        "command": " ".join(cmd[1:]),
     }
 
 
@@ -107,18 +146,24 @@ def summarise(runs: list[dict]) -> dict:
     summary: dict = {}
     for method in METHODS:
         psnrs = [r["final_eval_psnr"] for r in runs if r["method"] == method]
-        summary[method] = {"psnr_mean": statistics.mean(psnrs), "psnr_stdev": statistics.stdev(psnrs) if len(psnrs) > 1 else 0.0,
-                           "psnr_min": min(psnrs), "psnr_max": max(psnrs),
-                           "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in runs if r["method"] == method)}
+        summary[method] = {
+            "psnr_mean": statistics.mean(psnrs),
+            "psnr_stdev": statistics.stdev(psnrs) if len(psnrs) > 1 else 0.0,
+            "psnr_min": min(psnrs),
+            "psnr_max": max(psnrs),
+            "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in runs if r["method"] == method),
+        }
     mcmc = [r for r in runs if r["method"] == "distsplat-mcmc"]
     seen = [max([e["num_gaussians"] for e in r["mcmc_events"]] + [r["final_gaussian_count"]]) for r in mcmc]
     summary["distsplat-mcmc"]["max_gaussians_seen_per_seed"] = seen
     summary["distsplat-mcmc"]["cap_per_seed"] = [r["cap"] for r in mcmc]
     summary["distsplat-mcmc"]["cap_held"] = all(s <= r["cap"] for s, r in zip(seen, mcmc, strict=True))
-    diffs = [m["final_eval_psnr"] - d["final_eval_psnr"] for d in runs if d["method"] == "distsplat"
-             for m in mcmc if m["seed"] == d["seed"]]
+    diffs = [m["final_eval_psnr"] - d["final_eval_psnr"] for d in runs if d["method"] == "distsplat" for m in mcmc if m["seed"] == d["seed"]]
     summary["paired_difference_mcmc_minus_default_db"] = {
-        "per_seed": diffs, "mean": statistics.mean(diffs), "stdev": statistics.stdev(diffs) if len(diffs) > 1 else 0.0}
+        "per_seed": diffs,
+        "mean": statistics.mean(diffs),
+        "stdev": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
+    }
     return summary
 
 
@@ -142,13 +187,22 @@ def main() -> None:
     result = {
         "command": "python benchmarks/bench_mcmc_quality.py " + " ".join(sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "scene": args.scene.name, "downscale_factor": args.downscale_factor, "images": args.images, "batch_size": 1,
-        "warmup_images": args.warmup, "refine_every_images": args.refine_every, "seeds": args.seeds,
-        "num_seed_points": num_seed, "cap": cap,
+        "scene": args.scene.name,
+        "downscale_factor": args.downscale_factor,
+        "images": args.images,
+        "batch_size": 1,
+        "warmup_images": args.warmup,
+        "refine_every_images": args.refine_every,
+        "seeds": args.seeds,
+        "num_seed_points": num_seed,
+        "cap": cap,
         "cap_rule": "--cap" if args.cap is not None else "1.2 x the seed points (the default schedule's last event is clipped)",
         "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
-        "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "total_wall_s": round(time.perf_counter() - start, 1),
-        "summary": summarise(runs), "runs": runs,
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "total_wall_s": round(time.perf_counter() - start, 1),
+        "summary": summarise(runs),
+        "runs": runs,
     }
     target = REPO / "benchmarks" / "results" / f"mcmc_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
     target.write_text(json.dumps(result, indent=2) + "\n")

@@ -75,9 +75,7 @@ def train_once(tree: Path, name: str, out: Path, data: Path, images: int, skip: 
         "loadavg_before": load_before,
         "loadavg_after": ttq._loadavg(),
         "final_gaussian_count": stats.get("final_gaussian_count"),
-        "per_rank_phase_s_per_step": [
-            {k: v / steps for k, v in r["time_breakdown_s"].items()} for r in stats["per_rank_time_breakdown_s"]
-        ],
+        "per_rank_phase_s_per_step": [{k: v / steps for k, v in r["time_breakdown_s"].items()} for r in stats["per_rank_time_breakdown_s"]],
         "per_rank_exposed_comm_s_per_step": [r.get("exposed_comm_mean_per_step_s") for r in stats.get("per_rank", [])],
     }
 
@@ -90,10 +88,7 @@ def training(trees: dict[str, Path], repeats: int, images: int, skip: int, data:
             print(f"[overlap] repeat {r}: {label}", flush=True)
             runs[label].append(train_once(tree, f"{label}_{r}", work / f"{label}_{r}", data, images, skip))
     first = next(iter(trees))
-    ratios = {
-        label: [b["median_step_s"] / a["median_step_s"] for a, b in zip(runs[first], runs[label], strict=True)]
-        for label in trees
-    }
+    ratios = {label: [b["median_step_s"] / a["median_step_s"] for a, b in zip(runs[first], runs[label], strict=True)] for label in trees}
     return {
         "runs": runs,
         "median_step_s": {label: statistics.median(x["median_step_s"] for x in runs[label]) for label in trees},
@@ -170,8 +165,11 @@ def main() -> None:
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "distsplat_ns"], capture_output=True, text=True, check=True).stdout)
     result: dict[str, Any] = {
-        "command": " ".join(sys.argv), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "head": head, "working_tree_package_modified": dirty, "cpu_count": os.cpu_count(),
+        "command": " ".join(sys.argv),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "head": head,
+        "working_tree_package_modified": dirty,
+        "cpu_count": os.cpu_count(),
         "optimizer": optimizer(args.gaussians, 20),
     }
     print(json.dumps(result["optimizer"], indent=2), flush=True)
@@ -183,8 +181,15 @@ def main() -> None:
                 trees[f"fused_adam_{args.middle}"] = export_tree(args.middle, work / "trees")
             trees[f"worktree_{head}"] = REPO
             result["training"] = training(trees, args.repeats, args.images, args.skip, args.data, work / "runs")
-            result["training"]["setup"] = {"world_size": 2, "parallel": "replicated", "batch_size": 2, "images": args.images,
-                                           "scene": str(args.data), "downscale": 6, "cores": "one per rank (taskset 0,1; OMP_NUM_THREADS=1)"}
+            result["training"]["setup"] = {
+                "world_size": 2,
+                "parallel": "replicated",
+                "batch_size": 2,
+                "images": args.images,
+                "scene": str(args.data),
+                "downscale": 6,
+                "cores": "one per rank (taskset 0,1; OMP_NUM_THREADS=1)",
+            }
         print(json.dumps({k: result["training"][k] for k in ("median_step_s", "ratio_to_first_median")}, indent=2), flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

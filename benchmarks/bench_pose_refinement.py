@@ -65,8 +65,14 @@ def parser_config(scene: Path, downscale: int, scale: float):
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     return ColmapDataParserConfig(
-        data=scene, colmap_path=Path("sparse/0"), downscale_factor=downscale, orientation_method="none",
-        center_method="none", auto_scale_poses=False, scale_factor=scale, load_3D_points=False,
+        data=scene,
+        colmap_path=Path("sparse/0"),
+        downscale_factor=downscale,
+        orientation_method="none",
+        center_method="none",
+        auto_scale_poses=False,
+        scale_factor=scale,
+        load_3D_points=False,
     )
 
 
@@ -126,8 +132,12 @@ def pose_errors(c2w: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
     chord = torch.linalg.matrix_norm(rel - torch.eye(3, dtype=rel.dtype)) / (2 * math.sqrt(2))
     angles = torch.rad2deg(2 * torch.arcsin(chord.clamp(max=1.0)))
     dists = (c2w[:, :3, 3] - truth[:, :3, 3]).norm(dim=1)
-    return {"rotation_deg_mean": float(angles.mean()), "rotation_deg_max": float(angles.max()),
-            "translation_extent_mean": float(dists.mean()), "translation_extent_max": float(dists.max())}
+    return {
+        "rotation_deg_mean": float(angles.mean()),
+        "rotation_deg_max": float(angles.max()),
+        "translation_extent_mean": float(dists.mean()),
+        "translation_extent_max": float(dists.max()),
+    }
 
 
 def adjusted_poses(ckpt: Path, c2w: torch.Tensor) -> torch.Tensor:
@@ -147,18 +157,61 @@ def adjusted_poses(ckpt: Path, c2w: torch.Tensor) -> torch.Tensor:
 
 def train(run: str, scene: Path, out: Path, args: argparse.Namespace, scale: float) -> dict:
     cmd = [
-        str(Path(sys.executable).parent / "ns-train"), "distsplat",
-        "--output-dir", str(out), "--experiment-name", "pose", "--timestamp", run,
-        "--machine.device-type", "cpu", "--machine.seed", str(args.seed), "--max-num-iterations", str(args.images),
-        "--pipeline.batch-size", "1", "--pipeline.model.num-downscales", "0",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
-        "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000",
-        "--steps-per-save", "1000000000", "--pipeline.model.lpips", "off",
-        "--pipeline.model.camera-optimizer.mode", "SO3xR3" if run.endswith("so3xr3") else "off",
-        "--optimizers.camera-opt.optimizer.lr", str(args.camera_opt_lr), "--optimizers.camera-opt.scheduler.warmup-steps", "0",
-        "colmap", "--data", str(scene), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", str(args.downscale), "--orientation-method", "none", "--center-method", "none",
-        "--auto-scale-poses", "False", "--scale-factor", repr(scale),
+        str(Path(sys.executable).parent / "ns-train"),
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "pose",
+        "--timestamp",
+        run,
+        "--machine.device-type",
+        "cpu",
+        "--machine.seed",
+        str(args.seed),
+        "--max-num-iterations",
+        str(args.images),
+        "--pipeline.batch-size",
+        "1",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        "--steps-per-eval-image",
+        "1000000000",
+        "--steps-per-eval-all-images",
+        "1000000000",
+        "--steps-per-save",
+        "1000000000",
+        "--pipeline.model.lpips",
+        "off",
+        "--pipeline.model.camera-optimizer.mode",
+        "SO3xR3" if run.endswith("so3xr3") else "off",
+        "--optimizers.camera-opt.optimizer.lr",
+        str(args.camera_opt_lr),
+        "--optimizers.camera-opt.scheduler.warmup-steps",
+        "0",
+        "colmap",
+        "--data",
+        str(scene),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        str(args.downscale),
+        "--orientation-method",
+        "none",
+        "--center-method",
+        "none",
+        "--auto-scale-poses",
+        "False",
+        "--scale-factor",
+        repr(scale),
     ]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     start = time.perf_counter()
@@ -168,8 +221,13 @@ def train(run: str, scene: Path, out: Path, args: argparse.Namespace, scale: flo
     folder = out / "pose" / "distsplat" / run
     stats = json.loads((folder / "distsplat_stats.json").read_text())
     ckpt = max((folder / "nerfstudio_models").glob("step-*.ckpt"))
-    return {"final_eval_psnr": stats["final_eval_psnr"], "final_gaussian_count": stats["final_gaussian_count"],
-            "train_wall_s": stats["wall_time_s"], "run_wall_s": time.perf_counter() - start, "checkpoint": ckpt}
+    return {
+        "final_eval_psnr": stats["final_eval_psnr"],
+        "final_gaussian_count": stats["final_gaussian_count"],
+        "train_wall_s": stats["wall_time_s"],
+        "run_wall_s": time.perf_counter() - start,
+        "checkpoint": ckpt,
+    }
 
 
 def main() -> None:
@@ -211,7 +269,10 @@ def main() -> None:
         "scene": "lund_door (/work/shared/data, BSD-3 gtsfm)",
         "decoded_px": f"1/{args.downscale} of 1296x1936",
         "num_train_cameras": len(names),
-        "images": args.images, "batch_size": 1, "seed": args.seed, "threads": args.threads,
+        "images": args.images,
+        "batch_size": 1,
+        "seed": args.seed,
+        "threads": args.threads,
         "noise": {"rotation_deg": args.rot_deg, "translation_extent": args.trans_frac, "scene_scale_S": scale},
         "camera_opt": {"mode": "SO3xR3", "lr": args.camera_opt_lr, "warmup_steps": 0},
         "runs": results,

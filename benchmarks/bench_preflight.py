@@ -116,9 +116,7 @@ def measure_setup(scene: Path, repeats: int) -> dict:
     from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 
     end_check = preflight.jpeg_is_complete
-    config = ParallelFullImageDatamanagerConfig(
-        dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"), num_workers=0
-    )
+    config = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"), num_workers=0)
     config.setup(device="cpu").close()  # imports, OpenCV's first call, the page cache
     times: dict[str, list[float]] = {"with_end_check_s": [], "without_end_check_s": []}
     disk_mode = None

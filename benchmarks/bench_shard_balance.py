@@ -76,12 +76,16 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
     skip = stats["balance"]["num_warmup_steps_excluded"]
     fit = rank_gap_fit(json.loads(costs.read_text()), skip)
     return {
-        "name": name, "bound": bound, "command_wall_s": wall, "fit": fit,
+        "name": name,
+        "bound": bound,
+        "command_wall_s": wall,
+        "fit": fit,
         "time_imbalance_mean": stats["balance"]["time_imbalance_mean"],  # the run summary's, over the same steps
         "local_gaussian_counts": [r["local_gaussian_count"] for r in stats["per_rank"]],
         "exposed_comm_s": [r["time_breakdown_s"]["exposed_comm"] for r in stats["per_rank_time_breakdown_s"]],
         "forward_backward_s": [r["time_breakdown_s"]["forward"] + r["time_breakdown_s"]["backward"] for r in stats["per_rank_time_breakdown_s"]],
-        "final_eval_psnr": stats["final_eval_psnr"], "train_wall_s": stats["wall_time_s"],
+        "final_eval_psnr": stats["final_eval_psnr"],
+        "train_wall_s": stats["wall_time_s"],
     }
 
 
@@ -100,8 +104,12 @@ def main() -> None:
                 runs.append(one_run(bound, f"bound{bound}_r{repeat}", Path(tmp), args.data, args.seed))
                 print(json.dumps(runs[-1]["fit"]), flush=True)
     result = {
-        "what": __doc__.splitlines()[0], "command": " ".join(sys.argv), "size": SIZES["full"].__dict__,
-        "data": str(args.data), "loadavg_at_end": os.getloadavg(), "runs": runs,
+        "what": __doc__.splitlines()[0],
+        "command": " ".join(sys.argv),
+        "size": SIZES["full"].__dict__,
+        "data": str(args.data),
+        "loadavg_at_end": os.getloadavg(),
+        "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -34,8 +34,10 @@ def _write(path: Path, num: int) -> None:
     state = {"grad2d": torch.rand(num), "count": torch.rand(num), "radii": torch.rand(num), "gauss_ids": torch.arange(num)}
     pipeline["_model._extra_state"] = {"strategy_state": state, "step": 0, "next_gauss_id": num}
     optimizers = {
-        n: {"state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.randn(num, *s), "exp_avg_sq": torch.rand(num, *s)}},
-            "param_groups": [{"lr": 1e-3, "params": [0]}]}
+        n: {
+            "state": {0: {"step": torch.tensor(5.0), "exp_avg": torch.randn(num, *s), "exp_avg_sq": torch.rand(num, *s)}},
+            "param_groups": [{"lr": 1e-3, "params": [0]}],
+        }
         for n, s in SHAPES.items()
     }
     torch.save({"step": 5, "pipeline": pipeline, "optimizers": optimizers}, path)

@@ -46,28 +46,64 @@ SCENE = REPO / "scenes" / "lund_door"
 BIN = Path(sys.executable).parent
 DATA = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
 COMMON = [
-    "--machine.device-type", "cpu", "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True",
-    "--logging.local-writer.enable", "False", "--steps-per-eval-all-images", "100000",
-    "--steps-per-eval-image", "100000", "--steps-per-eval-batch", "100000",
+    "--machine.device-type",
+    "cpu",
+    "--vis",
+    "tensorboard",
+    "--viewer.quit-on-train-completion",
+    "True",
+    "--logging.local-writer.enable",
+    "False",
+    "--steps-per-eval-all-images",
+    "100000",
+    "--steps-per-eval-image",
+    "100000",
+    "--steps-per-eval-batch",
+    "100000",
 ]
 DENSIFY = [
-    "--pipeline.model.warmup-length", "8", "--pipeline.model.refine-every", "8",
-    "--pipeline.model.densify-grad-thresh", "0.0001", "--pipeline.model.reset-alpha-every", "1000",
-    "--pipeline.model.num-downscales", "0",
+    "--pipeline.model.warmup-length",
+    "8",
+    "--pipeline.model.refine-every",
+    "8",
+    "--pipeline.model.densify-grad-thresh",
+    "0.0001",
+    "--pipeline.model.reset-alpha-every",
+    "1000",
+    "--pipeline.model.num-downscales",
+    "0",
 ]
 
 
-def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float,
-              program: list[str] | None = None) -> dict[str, Any]:
+def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float, program: list[str] | None = None) -> dict[str, Any]:
     """One ``ns-train distsplat`` run (``program`` replaces ``ns-train``: a Python script and its
     leading arguments); returns its ``distsplat_stats.json`` with ``command_wall_s``."""
-    args = ["distsplat", "--output-dir", str(out), "--experiment-name", "bench", "--timestamp", name,
-            "--max-num-iterations", str(images), *COMMON, *extra, *DATA]
+    args = [
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "bench",
+        "--timestamp",
+        name,
+        "--max-num-iterations",
+        str(images),
+        *COMMON,
+        *extra,
+        *DATA,
+    ]
     if world == 1:
         cmd = [sys.executable, *program, *args] if program else [str(BIN / "ns-train"), *args]
     else:
-        cmd = [str(BIN / "torchrun"), "--nproc_per_node", str(world), "--master_port", str(29500 + os.getpid() % 1000),
-               *(program or [str(BIN / "ns-train")]), *args]
+        cmd = [
+            str(BIN / "torchrun"),
+            "--nproc_per_node",
+            str(world),
+            "--master_port",
+            str(29500 + os.getpid() % 1000),
+            *(program or [str(BIN / "ns-train")]),
+            *args,
+        ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -95,12 +131,28 @@ def measure(out: Path, ckpt: Path, start_step: int, mode: str, world: int, batch
     # Resume at step start_step + 1; run `steps` steps of B images; densification is over
     # (--pipeline.model.stop-split-at 0), so no run changes the Gaussians it measures.
     images = (start_step + 1 + steps) * batch
-    extra = [*DENSIFY, "--pipeline.parallel", mode, "--pipeline.batch-size", str(batch), "--load-dir", str(ckpt),
-             "--pipeline.model.stop-split-at", "0", "--steps-per-save", "100000", "--load-scheduler", "False"]
+    extra = [
+        *DENSIFY,
+        "--pipeline.parallel",
+        mode,
+        "--pipeline.batch-size",
+        str(batch),
+        "--load-dir",
+        str(ckpt),
+        "--pipeline.model.stop-split-at",
+        "0",
+        "--steps-per-save",
+        "100000",
+        "--load-scheduler",
+        "False",
+    ]
     stats = _ns_train(out, name, images, world, extra, timeout=3600)
     per_rank = stats["per_rank"]
     return {
-        "mode": mode, "world_size": world, "batch_size": batch, "steps": stats["steps"],
+        "mode": mode,
+        "world_size": world,
+        "batch_size": batch,
+        "steps": stats["steps"],
         "gaussians": stats["final_gaussian_count"],
         "step_time_s": stats["wall_time_s"] / max(stats["steps"], 1),
         "model_bytes_per_rank": [r["parameter_bytes"] + r["optimizer_state_bytes"] for r in per_rank],
@@ -122,8 +174,9 @@ def main() -> None:
     parser.add_argument("--base-random", type=int, default=1_000, help="--memory: Gaussians of the base-RSS runs")
     parser.add_argument("--batch", type=int, default=2, help="--memory: images per step, every run")
     parser.add_argument("--with-replicated-w2", action="store_true", help="--memory: replicated W = 2 too")
-    parser.add_argument("--reanalyse", type=Path, default=None,
-                        help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it")
+    parser.add_argument(
+        "--reanalyse", type=Path, default=None, help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it"
+    )
     args = parser.parse_args()
     if args.reanalyse is not None:
         from bench_sharded_memory import reanalyse
@@ -154,8 +207,7 @@ def main() -> None:
     by = {(r["mode"], r["world_size"], r["batch_size"]): r for r in runs}
     one = by[("replicated", 1, 1)]
     ratios = {
-        "sharded_w2_model_bytes_max_rank_over_one_process": max(by[("sharded", 2, 2)]["model_bytes_per_rank"])
-        / one["model_bytes_per_rank"][0],
+        "sharded_w2_model_bytes_max_rank_over_one_process": max(by[("sharded", 2, 2)]["model_bytes_per_rank"]) / one["model_bytes_per_rank"][0],
         "target_model_bytes": 0.55,
     }
     for batch in (1, 2):
@@ -180,9 +232,11 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(ratios, indent=2))
     for r in runs:
-        print(f"{r['mode']:>10} W={r['world_size']} B={r['batch_size']}: {r['gaussians']} Gaussians, "
-              f"model bytes/rank {r['model_bytes_per_rank']}, moved/step/rank {[round(b) for b in r['bytes_moved_per_step_per_rank']]}, "
-              f"step {r['step_time_s']:.2f} s")
+        print(
+            f"{r['mode']:>10} W={r['world_size']} B={r['batch_size']}: {r['gaussians']} Gaussians, "
+            f"model bytes/rank {r['model_bytes_per_rank']}, moved/step/rank {[round(b) for b in r['bytes_moved_per_step_per_rank']]}, "
+            f"step {r['step_time_s']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,7 @@ def _available_bytes() -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group: int, mode: str,
-                             projection_bytes: float) -> dict[str, int]:
+def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group: int, mode: str, projection_bytes: float) -> dict[str, int]:
     """README.md's formula, term by term: the base, the training state of the rank's Gaussians,
     the live projections (``projection_bytes`` per (camera, Gaussian); one group of cameras,
     sharded; the rank's B / W images, replicated), the gradients backward makes of them (as many
@@ -73,15 +72,34 @@ def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group:
     projections = int(local * cameras * projection_bytes)
     sharded = mode == "sharded" and world > 1
     init = num * INIT_ALL_BYTES_PER_GAUSSIAN + local * INIT_BLOCK_BYTES_PER_GAUSSIAN if sharded else num * INIT_WHOLE_BYTES_PER_GAUSSIAN
-    return {"base": base, "state": state, "projections": projections, "backward_gradients": projections, "initial_draw": init,
-            "peak": base + max(state + 2 * projections, init)}
+    return {
+        "base": base,
+        "state": state,
+        "projections": projections,
+        "backward_gradients": projections,
+        "initial_draw": init,
+        "peak": base + max(state + 2 * projections, init),
+    }
 
 
 def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: int, num: int) -> dict[str, Any]:
     name = f"{mode}_w{world}_n{num}"
-    extra = ["--pipeline.parallel", mode, "--pipeline.batch-size", str(args.batch), "--pipeline.model.random-init", "True",
-             "--pipeline.model.num-random", str(num), "--pipeline.model.stop-split-at", "0",
-             "--pipeline.model.num-downscales", "0", "--steps-per-save", "100000"]
+    extra = [
+        "--pipeline.parallel",
+        mode,
+        "--pipeline.batch-size",
+        str(args.batch),
+        "--pipeline.model.random-init",
+        "True",
+        "--pipeline.model.num-random",
+        str(num),
+        "--pipeline.model.stop-split-at",
+        "0",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--steps-per-save",
+        "100000",
+    ]
     available = _available_bytes()
     stats = ns_train(args.work, name, args.steps * args.batch, world, extra, timeout=3 * 3600, program=PROGRAM)
     run_dir = args.work / "bench" / "distsplat" / name
@@ -93,7 +111,11 @@ def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: i
     per_rank = stats["per_rank"]
     budget = int(BUDGET_FRACTION * available)
     return {
-        "mode": mode, "world_size": world, "batch_size": args.batch, "steps": stats["steps"], "num_random": num,
+        "mode": mode,
+        "world_size": world,
+        "batch_size": args.batch,
+        "steps": stats["steps"],
+        "num_random": num,
         "gaussians": stats["final_gaussian_count"],
         "local_gaussians_per_rank": [r["local_gaussian_count"] for r in per_rank],
         "peak_rss_bytes_per_rank": [r["peak_rss_bytes"] for r in per_rank],
@@ -126,12 +148,19 @@ def _targets(by: dict[tuple[str, int, int], dict[str, Any]], num: int, base_num:
     dcp_s = max(s[-1] for s in sh["save_s_per_rank"])
     gathered_s = max(sh["gathered_save_s_per_rank"])
     return {
-        "largest_rank_peak_rss_w2_over_w1": ratio, "target_rss_ratio": 0.65, "rss_ratio_reached": ratio <= 0.65,
-        "base_rss_bytes_w1": base_one, "base_rss_bytes_w2_largest_rank": base_two,
+        "largest_rank_peak_rss_w2_over_w1": ratio,
+        "target_rss_ratio": 0.65,
+        "rss_ratio_reached": ratio <= 0.65,
+        "base_rss_bytes_w1": base_one,
+        "base_rss_bytes_w2_largest_rank": base_two,
         "above_base_w2_over_w1": (max(rss_two) - base_two) / max(rss_one - base_one, 1),
-        "rank0_minus_largest_other_bytes": rss_two[0] - others, "rank0_allowed_excess_bytes": allowed,
-        "eval_image_bytes": eval_image_bytes, "rank0_excess_reached": rss_two[0] - others <= allowed,
-        "dcp_save_wall_s_w2": dcp_s, "gathered_save_wall_s_w2": gathered_s, "dcp_over_gathered_save": dcp_s / gathered_s,
+        "rank0_minus_largest_other_bytes": rss_two[0] - others,
+        "rank0_allowed_excess_bytes": allowed,
+        "eval_image_bytes": eval_image_bytes,
+        "rank0_excess_reached": rss_two[0] - others <= allowed,
+        "dcp_save_wall_s_w2": dcp_s,
+        "gathered_save_wall_s_w2": gathered_s,
+        "dcp_over_gathered_save": dcp_s / gathered_s,
         "consolidate_s_w2": sh["consolidate_s_rank0"][-1] if sh["consolidate_s_rank0"] else None,
     }
 
@@ -152,11 +181,21 @@ def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, 
         estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES / 2)
         measured = max(run["peak_rss_bytes_per_rank"])
         local = max(run["local_gaussians_per_rank"])
-        out.append({"mode": mode, "world_size": world, "num_random": num, "batch_size": batch, "camera_group": group,
-                    "projection_bytes_counted": projection_bytes, "predicted": terms,
-                    "predicted_with_camera_groups_estimate": estimate["peak"], "measured_largest_rank": measured,
-                    "measured_over_predicted": measured / terms["peak"],
-                    "unexplained_bytes_per_local_gaussian": (measured - terms["peak"]) / local})
+        out.append(
+            {
+                "mode": mode,
+                "world_size": world,
+                "num_random": num,
+                "batch_size": batch,
+                "camera_group": group,
+                "projection_bytes_counted": projection_bytes,
+                "predicted": terms,
+                "predicted_with_camera_groups_estimate": estimate["peak"],
+                "measured_largest_rank": measured,
+                "measured_over_predicted": measured / terms["peak"],
+                "unexplained_bytes_per_local_gaussian": (measured - terms["peak"]) / local,
+            }
+        )
     return out
 
 
@@ -176,8 +215,12 @@ def memory_benchmark(args: Any, ns_train: Callable[..., dict[str, Any]]) -> dict
     runs += [_run(args, ns_train, mode, world, args.num_random) for mode, world in plan]
     return {
         "command": "PYTHONPATH=$PWD nice -n 10 python benchmarks/bench_sharded.py " + " ".join(sys.argv[1:]),
-        "scene": "scenes/lund_door (random initialisation)", "num_random": args.num_random, "base_random": args.base_random,
-        "batch_size": args.batch, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+        "scene": "scenes/lund_door (random initialisation)",
+        "num_random": args.num_random,
+        "base_random": args.base_random,
+        "batch_size": args.batch,
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
         "state_bytes_per_gaussian": STATE_BYTES_PER_GAUSSIAN,
         "runs": runs,
         **analyse(runs, args.base_random, args.num_random, args.batch),
@@ -193,6 +236,8 @@ def reanalyse(path: Path) -> dict[str, Any]:
         result.update(num_random=nums[-1], base_random=nums[0], batch_size=result["runs"][0]["batch_size"])
     result.pop("projection_bytes_per_camera_gaussian", None)
     result.update(analyse(result["runs"], result["base_random"], result["num_random"], result["batch_size"]))
-    result["reanalysed"] = {"command": "PYTHONPATH=$PWD python benchmarks/bench_sharded.py --reanalyse " + str(path.name),
-                            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result["reanalysed"] = {
+        "command": "PYTHONPATH=$PWD python benchmarks/bench_sharded.py --reanalyse " + str(path.name),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     return result

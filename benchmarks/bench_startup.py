@@ -72,9 +72,13 @@ def main() -> None:
     result = {
         "command": "python benchmarks/bench_startup.py " + " ".join(sys.argv[1:]),
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0], "torch": _torch_version(), "loadavg_end": os.getloadavg(),
-        "median_cpu_s": medians, "ratio_with_over_without": medians["with"] / medians["without"],
-        "saved_cpu_s_per_process": medians["without"] - medians["with"], "samples": samples,
+        "python": sys.version.split()[0],
+        "torch": _torch_version(),
+        "loadavg_end": os.getloadavg(),
+        "median_cpu_s": medians,
+        "ratio_with_over_without": medians["with"] / medians["without"],
+        "saved_cpu_s_per_process": medians["without"] - medians["with"],
+        "samples": samples,
     }
     target = REPO / "benchmarks" / "results" / f"startup_{datetime.date.today().isoformat()}.json"
     target.write_text(json.dumps(result, indent=2) + "\n")

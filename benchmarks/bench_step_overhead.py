@@ -151,9 +151,7 @@ def main() -> None:
                 "b1_extra_ops_per_step": counted["distsplat_b1"]["ops_per_step_median"] - counted["splatfacto_b1"]["ops_per_step_median"],
                 "b1_sync_ops_per_step": {name: c["sync_ops_per_step_median"] for name, c in counted.items()},
                 "op_counts": counted,
-                "distsplat_b1_ms_per_step_breakdown": {
-                    k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]
-                },
+                "distsplat_b1_ms_per_step_breakdown": {k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]},
                 "runs": per_run,
             }
 

@@ -50,8 +50,7 @@ def _rank(rank: int, port: int, calls: int, grad_mib: float, queue) -> None:
         all_reduce_sum_(ctx, grad)
     grad_s = (time.perf_counter() - t0) / grad_calls
     if rank == 0:
-        queue.put({"stop_flag_us": flag_s * 1e6, "grad_allreduce_us": grad_s * 1e6, "grad_mib": grad_mib,
-                   "flag_over_grad": flag_s / grad_s})
+        queue.put({"stop_flag_us": flag_s * 1e6, "grad_allreduce_us": grad_s * 1e6, "grad_mib": grad_mib, "flag_over_grad": flag_s / grad_s})
     shutdown_distributed()
 
 

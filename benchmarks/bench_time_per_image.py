@@ -60,7 +60,10 @@ def per_image_ratios(rounds: list[dict[str, float]]) -> dict[str, dict]:
     for name in sorted({n for r in rounds for n in r} - {REFERENCE}):
         ratios = [r[name] / r[REFERENCE] for r in rounds if name in r]
         out[name] = {
-            "per_round": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "per_round": ratios,
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
             "of_medians": statistics.median(r[name] for r in rounds if name in r) / reference,
         }
     return out
@@ -88,9 +91,17 @@ def main() -> None:
                 run = train_run(spec, size, Path(tmp) / f"round{r}", args.data, "cpu", args.seed)
                 images = run["stats"]["images_trained"]
                 seconds[spec.name] = run["sum_step_times_s"] / images
-                runs.append({"round": r, **{k: run[k] for k in ("spec", "command", "command_wall_s", "loadavg_before",
-                                                               "loadavg_after", "sum_step_times_s", "steps_timed")},
-                             "images_trained": images, "seconds_per_image": seconds[spec.name]})
+                runs.append(
+                    {
+                        "round": r,
+                        **{
+                            k: run[k]
+                            for k in ("spec", "command", "command_wall_s", "loadavg_before", "loadavg_after", "sum_step_times_s", "steps_timed")
+                        },
+                        "images_trained": images,
+                        "seconds_per_image": seconds[spec.name],
+                    }
+                )
             per_image.append(seconds)
             print(f"[tpi] round {r}: " + ", ".join(f"{n} {s * 1e3:.1f} ms/image" for n, s in seconds.items()), flush=True)
     ratios = per_image_ratios(per_image)
@@ -104,7 +115,7 @@ def main() -> None:
         "loadavg_start": load_start,
         "loadavg_end": _loadavg(),
         "target": f"time per image at W = {args.world_size}, B = {args.world_size} <= 0.57x that of W = 1, B = 1, "
-                  "the better of the two modes (issue 28)",
+        "the better of the two modes (issue 28)",
         "seconds_per_image_by_round": per_image,
         "ratios": ratios,
         "runs": runs,
@@ -113,8 +124,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     for name, r in ratios.items():
-        print(f"[tpi] {name}: per round {', '.join(f'{x:.3f}' for x in r['per_round'])}; median {r['median']:.3f}, "
-              f"of medians {r['of_medians']:.3f}")
+        print(f"[tpi] {name}: per round {', '.join(f'{x:.3f}' for x in r['per_round'])}; median {r['median']:.3f}, of medians {r['of_medians']:.3f}")
     print(f"[tpi] result: {args.out} ({result['total_benchmark_s']:.0f} s)")
 
 

@@ -203,6 +203,7 @@ def time_per_image_ratios(curves: dict[str, dict[str, list[float]]], reference: 
         curves: ``name -> {"wall_s": [...], "images": [...]}``.
         reference: The 1-rank run's name.
     """
+
     def per_image(curve: dict[str, list[float]]) -> float:
         return curve["wall_s"][-1] / curve["images"][-1]
 
@@ -231,19 +232,55 @@ def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str
     if size.every % spec.batch_size:
         raise ValueError(f"--every {size.every} must be a multiple of the batch size {spec.batch_size}")
     train = [
-        _ns_train(), "distsplat",
-        "--output-dir", str(out), "--experiment-name", "ttq", "--timestamp", spec.name,
-        "--machine.device-type", device, "--machine.seed", str(seed),
-        "--max-num-iterations", str(size.images),
-        "--pipeline.batch-size", str(spec.batch_size), "--pipeline.parallel", spec.parallel,
-        "--steps-per-save", str(size.every // spec.batch_size), "--save-only-latest-checkpoint", "False",
-        "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True",
-        "--logging.local-writer.enable", "False", "--logging.max-buffer-size", "1",
-        "--pipeline.model.num-downscales", "0",
-        "--pipeline.model.warmup-length", str(size.warmup), "--pipeline.model.refine-every", str(size.refine_every),
-        "colmap", "--data", str(data), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", str(size.downscale),
+        _ns_train(),
+        "distsplat",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "ttq",
+        "--timestamp",
+        spec.name,
+        "--machine.device-type",
+        device,
+        "--machine.seed",
+        str(seed),
+        "--max-num-iterations",
+        str(size.images),
+        "--pipeline.batch-size",
+        str(spec.batch_size),
+        "--pipeline.parallel",
+        spec.parallel,
+        "--steps-per-save",
+        str(size.every // spec.batch_size),
+        "--save-only-latest-checkpoint",
+        "False",
+        "--steps-per-eval-image",
+        "1000000000",
+        "--steps-per-eval-all-images",
+        "1000000000",
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
+        "--logging.max-buffer-size",
+        "1",
+        "--pipeline.model.num-downscales",
+        "0",
+        "--pipeline.model.warmup-length",
+        str(size.warmup),
+        "--pipeline.model.refine-every",
+        str(size.refine_every),
+        "colmap",
+        "--data",
+        str(data),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        str(size.downscale),
     ]
     if spec.world_size > 1:
         train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec.world_size), *train]
@@ -314,11 +351,24 @@ def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, see
         "points_wall_s": walls,
         "sum_step_times_s": sum(step_times.values()),
         "steps_timed": len(step_times),
-        "stats": {k: stats.get(k) for k in (
-            "images_trained", "steps", "wall_time_s", "images_per_s", "final_eval_psnr", "final_gaussian_count",
-            "time_breakdown_s", "per_rank_time_breakdown_s", "bytes_communicated_per_step", "world_size", "backend",
-            # The planner's predicted / measured (tile intersections) and time imbalance per step.
-            "balance")},
+        "stats": {
+            k: stats.get(k)
+            for k in (
+                "images_trained",
+                "steps",
+                "wall_time_s",
+                "images_per_s",
+                "final_eval_psnr",
+                "final_gaussian_count",
+                "time_breakdown_s",
+                "per_rank_time_breakdown_s",
+                "bytes_communicated_per_step",
+                "world_size",
+                "backend",
+                # The planner's predicted / measured (tile intersections) and time imbalance per step.
+                "balance",
+            )
+        },
     }
 
 
@@ -345,8 +395,7 @@ def evaluate_checkpoints(run_dir: Path, steps: Sequence[int], result_path: Path)
             state = torch.load(run_dir / "nerfstudio_models" / f"step-{step:09d}.ckpt", map_location="cpu")
             pipeline.load_pipeline(state["pipeline"], state["step"])
         metrics = pipeline.get_average_eval_image_metrics(step=step)
-        points.append({"step": step, "psnr": float(metrics["psnr"]), "ssim": float(metrics["ssim"]),
-                       "eval_s": time.perf_counter() - t0})
+        points.append({"step": step, "psnr": float(metrics["psnr"]), "ssim": float(metrics["ssim"]), "eval_s": time.perf_counter() - t0})
     num_images = len(pipeline.datamanager.fixed_indices_eval_dataloader)
     result_path.write_text(json.dumps({"setup_s": setup_s, "num_eval_images": num_images, "points": points}))
 
@@ -354,8 +403,16 @@ def evaluate_checkpoints(run_dir: Path, steps: Sequence[int], result_path: Path)
 def eval_run(run: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "eval.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--eval-run", run["run_dir"], "--eval-steps",
-               ",".join(map(str, run["checkpoint_steps"])), "--eval-out", str(result)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--eval-run",
+            run["run_dir"],
+            "--eval-steps",
+            ",".join(map(str, run["checkpoint_steps"])),
+            "--eval-out",
+            str(result),
+        ]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
         print(f"[ttq] evaluating {run['spec']['name']}: {len(run['checkpoint_steps'])} checkpoints", flush=True)
         t0 = time.perf_counter()
@@ -387,11 +444,15 @@ def plot(result: dict, path: Path) -> None:
     ax_t.set_xlabel("training wall time (s, eval excluded)")
     ax_i.set_xlabel("images trained")
     ax_i.legend(fontsize=8)
-    ratios = ", ".join(f"{n}: {'{:.2f}x'.format(r['ratio']) if r['ratio'] is not None else 'not reached'}"
-                       for n, r in result["ratios_to_1_rank_final_psnr"].items())
-    fig.suptitle(f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
-                 f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {' '.join(result['loadavg_start'].split()[:3])}\n"
-                 f"time to the 1-rank final PSNR (grey) / 1-rank wall time:\n{ratios}", fontsize=8)
+    ratios = ", ".join(
+        f"{n}: {'{:.2f}x'.format(r['ratio']) if r['ratio'] is not None else 'not reached'}" for n, r in result["ratios_to_1_rank_final_psnr"].items()
+    )
+    fig.suptitle(
+        f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
+        f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {' '.join(result['loadavg_start'].split()[:3])}\n"
+        f"time to the 1-rank final PSNR (grey) / 1-rank wall time:\n{ratios}",
+        fontsize=8,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -400,15 +461,21 @@ def plot(result: dict, path: Path) -> None:
 def markdown_table(result: dict) -> str:
     """The result as a markdown table (one row per run), with the settings and load above it."""
     lines = [
-        (f"`{result['command']}` ({result['date_utc']}, {result['device']}, {result['pinning']}; "
-        f"load average {result['loadavg_start']} at the start, {result['loadavg_end']} at the end)."),
-        (f"Scene {result['scene_name']} at {result['resolution_px']} px ({result['scene_license']}), "
-        f"{result['size_settings']['images']} images per run, seed {result['seed']}; eval on "
-        f"{next(iter(result['runs'].values()))['eval']['num_eval_images']} held-out images. "
-        f"Target: {result['target']}."),
+        (
+            f"`{result['command']}` ({result['date_utc']}, {result['device']}, {result['pinning']}; "
+            f"load average {result['loadavg_start']} at the start, {result['loadavg_end']} at the end)."
+        ),
+        (
+            f"Scene {result['scene_name']} at {result['resolution_px']} px ({result['scene_license']}), "
+            f"{result['size_settings']['images']} images per run, seed {result['seed']}; eval on "
+            f"{next(iter(result['runs'].values()))['eval']['num_eval_images']} held-out images. "
+            f"Target: {result['target']}."
+        ),
         "",
-        ("| run | ranks | mode | B | final PSNR (dB) | train wall at last point (s) | images/s | "
-        f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | time per image / 1 rank's | eval time (s) |"),
+        (
+            "| run | ranks | mode | B | final PSNR (dB) | train wall at last point (s) | images/s | "
+            f"time to {result['target_psnr']:.2f} dB (s) | ratio to 1 rank | time per image / 1 rank's | eval time (s) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = result["ratios_to_1_rank_final_psnr"]
@@ -425,10 +492,12 @@ def markdown_table(result: dict) -> str:
         lines.append(
             f"| {name} | {spec['world_size']} | {spec['parallel']} | {spec['batch_size']} | {run['points_psnr'][-1]:.2f} | "
             f"{run['points_wall_s'][-1]:.1f} | {run['points_images'][-1] / run['points_wall_s'][-1]:.2f} | {reach} | {ratio} | "
-            f"{per_image_ratio} | {sum(run['points_eval_s']):.1f} |")
+            f"{per_image_ratio} | {sum(run['points_eval_s']):.1f} |"
+        )
     lines.append("")
-    lines.append("Wall time = the sum of the run's own step times (eval and checkpoint writes excluded); images/s "
-                 "= images at the last point / that time.")
+    lines.append(
+        "Wall time = the sum of the run's own step times (eval and checkpoint writes excluded); images/s = images at the last point / that time."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -463,8 +532,9 @@ def main() -> None:
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cpu" and len(os.sched_getaffinity(0)) < args.world_size:
-        raise SystemExit(f"error: --world-size {args.world_size} needs {args.world_size} cores (one per rank), "
-                         f"this process may use {len(os.sched_getaffinity(0))}")
+        raise SystemExit(
+            f"error: --world-size {args.world_size} needs {args.world_size} cores (one per rank), this process may use {len(os.sched_getaffinity(0))}"
+        )
     if not (args.data / "sparse" / "0").is_dir():
         raise SystemExit(f"error: --data {args.data} has no sparse/0 (a COLMAP scene is expected)")
     size = SIZES[size_name]
@@ -492,7 +562,7 @@ def main() -> None:
     curves = {n: {"wall_s": r["points_wall_s"], "psnr": r["points_psnr"]} for n, r in runs.items()}
     ratios = ratios_to_reference(curves, "w1_b1")
     per_image = time_per_image_ratios({n: {"wall_s": r["points_wall_s"], "images": r["points_images"]} for n, r in runs.items()}, "w1_b1")
-    provenance = (args.data / "PROVENANCE.txt")
+    provenance = args.data / "PROVENANCE.txt"
     result = {
         "benchmark": "bench_time_to_quality",
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -504,17 +574,20 @@ def main() -> None:
         "scene_license": _provenance(provenance),
         "resolution_px": None,
         "device": device,
-        "pinning": ("OMP_NUM_THREADS=1; taskset -c 0..W-1 on ns-train / torchrun: one core per rank, DataLoader workers "
-                    "on the same cores" if device == "cpu" else "OMP_NUM_THREADS=1; all ranks on GPU 0 (gloo); no pinning"),
+        "pinning": (
+            "OMP_NUM_THREADS=1; taskset -c 0..W-1 on ns-train / torchrun: one core per rank, DataLoader workers on the same cores"
+            if device == "cpu"
+            else "OMP_NUM_THREADS=1; all ranks on GPU 0 (gloo); no pinning"
+        ),
         "cpu_count": os.cpu_count(),
         "host": platform.node(),
         "seed": args.seed,
         "loadavg_start": loadavg_start,
         "loadavg_end": _loadavg(),
         "wall_time_method": "sum of rank 0's per-step ITER_TRAIN_TIME (tensorboard, --logging.max-buffer-size 1) "
-                            "through each checkpoint's step; eval and checkpoint writes excluded",
+        "through each checkpoint's step; eval and checkpoint writes excluded",
         "eval_method": "nerfstudio eval_setup + pipeline.get_average_eval_image_metrics per checkpoint (ns-eval's metric), "
-                       "separate process after all training",
+        "separate process after all training",
         "target_psnr": curves["w1_b1"]["psnr"][-1],
         "target": "W = 2 reaches the 1-rank final PSNR in <= 0.6x the 1-rank wall time (issue 21)",
         "ratios_to_1_rank_final_psnr": ratios,
@@ -532,16 +605,14 @@ def main() -> None:
     print(f"[ttq] result: {out_json}\n[ttq] table: {table}\n[ttq] plot: {plot_path}\n[ttq] total {result['total_benchmark_s']:.0f} s")
     for name, r in ratios.items():
         verdict = f"{r['ratio']:.2f}x" if r["reached"] else f"not reached (final {r['final_psnr_gap_db']:+.2f} dB)"
-        print(f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}; "
-              f"time per image / 1-rank's = {per_image[name]:.3f}")
+        print(f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}; time per image / 1-rank's = {per_image[name]:.3f}")
 
 
 def _provenance(path: Path) -> str:
     """The scene's license and source lines from its PROVENANCE.txt (shared/data's format)."""
     if not path.exists():
         return f"no {path.name}: see the scene's own license"
-    keep = [ln.split(":", 1)[1].strip() for ln in path.read_text().splitlines()
-            if ln.startswith(("License", "Source repository"))]
+    keep = [ln.split(":", 1)[1].strip() for ln in path.read_text().splitlines() if ln.startswith(("License", "Source repository"))]
     return "; ".join(keep)
 
 

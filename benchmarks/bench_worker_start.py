@@ -127,9 +127,7 @@ def main() -> None:
         for method in METHODS:  # interleaved: the machine's load hits every method alike
             out = subprocess.run([sys.executable, __file__, "--child", method], capture_output=True, text=True, check=True, cwd=REPO)
             runs[method].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", "forkserver", "--prestart"], capture_output=True, text=True, check=True, cwd=REPO
-        )
+        out = subprocess.run([sys.executable, __file__, "--child", "forkserver", "--prestart"], capture_output=True, text=True, check=True, cwd=REPO)
         runs["forkserver"][-1]["first_batch_prestarted_s"] = json.loads(out.stdout.strip().splitlines()[-1])["first_batch_s"]
         out = subprocess.run(
             [sys.executable, str(ns_main), "--child", "forkserver", "--ns-train-main"], capture_output=True, text=True, check=True, cwd=REPO

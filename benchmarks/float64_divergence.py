@@ -196,7 +196,7 @@ def _flipped_decisions(ref_a: Path, ref_b: Path) -> dict[str, Any]:
     flips = torch.nonzero(grow_a != grow_b).squeeze(1)
     prune_a = torch.sigmoid(a["opacities"]).squeeze(-1) < a["prune_opa"]
     prune_b = torch.sigmoid(b["opacities"]).squeeze(-1) < b["prune_opa"]
-    rel = ((avg_a - avg_b).abs() / avg_a.abs().clamp_min(1e-300))
+    rel = (avg_a - avg_b).abs() / avg_a.abs().clamp_min(1e-300)
     return {
         "same_n_before_refine": True,
         "grow_flips": int(flips.numel()),
@@ -206,10 +206,7 @@ def _flipped_decisions(ref_a: Path, ref_b: Path) -> dict[str, Any]:
         "count_differs": int((a["count"] != b["count"]).sum()),
         "grad2d_rel_diff_median": float(rel.median()),
         "grad2d_rel_diff_max": float(rel.max()),
-        "flipped_examples": [
-            {"gaussian": int(i), "avg_grad_a": float(avg_a[i]), "avg_grad_b": float(avg_b[i]), "threshold": thr}
-            for i in flips[:5]
-        ],
+        "flipped_examples": [{"gaussian": int(i), "avg_grad_a": float(avg_a[i]), "avg_grad_b": float(avg_b[i]), "threshold": thr} for i in flips[:5]],
     }
 
 
@@ -260,7 +257,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     trace = sub.add_parser("trace", help="run ns-train with a per-step trace")
     trace.add_argument("--trace-dir", required=True)
-    trace.add_argument("--dedup-seed-points", action="store_true", help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: model/gaussians.py)")
+    trace.add_argument(
+        "--dedup-seed-points",
+        action="store_true",
+        help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: model/gaussians.py)",
+    )
     trace.add_argument("--save-grads", action="store_true", help="rank 0 also saves the summed gradients of every step")
     trace.add_argument("ns_train_args", nargs=argparse.REMAINDER, help="-- then ns-train's arguments")
     comp = sub.add_parser("compare", help="compare two traces")

@@ -18,19 +18,51 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
-SYNC_OPS = frozenset({
-    "_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim",
-    "unique_consecutive", "equal", "bincount", "is_nonzero",
-})
+SYNC_OPS = frozenset(
+    {
+        "_local_scalar_dense",
+        "nonzero",
+        "masked_select",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "equal",
+        "bincount",
+        "is_nonzero",
+    }
+)
 """Operators that are a device-to-host synchronisation on CUDA whatever their arguments."""
 
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "slice", "select", "expand", "detach", "alias", "unsqueeze", "squeeze",
-    "permute", "transpose", "t", "as_strided", "unbind", "split", "split_with_sizes", "chunk",
-    "narrow", "diagonal", "unfold", "lift_fresh", "view_as_real", "view_as_complex", "_reshape_alias",
-})
+VIEW_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "slice",
+        "select",
+        "expand",
+        "detach",
+        "alias",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "transpose",
+        "t",
+        "as_strided",
+        "unbind",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "narrow",
+        "diagonal",
+        "unfold",
+        "lift_fresh",
+        "view_as_real",
+        "view_as_complex",
+        "_reshape_alias",
+    }
+)
 """Operators that only make a view (shape and strides, no data): no kernel on a GPU."""
-
 
 
 class _Counter:
@@ -45,10 +77,16 @@ class _Counter:
 
     def open_step(self) -> None:
         self.current = {
-            "ops": collections.Counter(), "syncs": collections.Counter(), "host_side": collections.Counter(),
-            "other_ops": collections.Counter(), "ops_by_site": collections.Counter(), "view_ops_by_site": collections.Counter(),
+            "ops": collections.Counter(),
+            "syncs": collections.Counter(),
+            "host_side": collections.Counter(),
+            "other_ops": collections.Counter(),
+            "ops_by_site": collections.Counter(),
+            "view_ops_by_site": collections.Counter(),
             "host_side_ops": collections.Counter(),
-            "collectives": collections.Counter(), "collective_bytes": collections.Counter(), "excluded_ops": 0,
+            "collectives": collections.Counter(),
+            "collective_bytes": collections.Counter(),
+            "excluded_ops": 0,
         }
         self.in_step = True
 
@@ -68,9 +106,7 @@ def _is_mask_index(args: tuple) -> bool:
     import torch
 
     indices = args[1] if len(args) > 1 else None
-    return isinstance(indices, (list, tuple)) and any(
-        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
-    )
+    return isinstance(indices, (list, tuple)) and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
 def _install_dispatch_counter() -> Any:
@@ -98,8 +134,13 @@ def _install_dispatch_counter() -> Any:
                     if (
                         short in SYNC_OPS
                         or (short in ("index", "index_put", "index_put_") and _is_mask_index(args))
-                        or (short == "repeat_interleave" and isinstance(args[0], torch.Tensor) and len(args) > 1
-                            and isinstance(args[1], torch.Tensor) and (kwargs or {}).get("output_size") is None)
+                        or (
+                            short == "repeat_interleave"
+                            and isinstance(args[0], torch.Tensor)
+                            and len(args) > 1
+                            and isinstance(args[1], torch.Tensor)
+                            and (kwargs or {}).get("output_size") is None
+                        )
                     ):
                         _record_sync(short, args[0] if args else None)
             return func(*args, **(kwargs or {}))
@@ -118,9 +159,10 @@ def _site(frame: Any) -> str:
 def _call_sites() -> tuple[str, str]:
     """(caller outside torch, innermost caller): ``path:function:line`` each, this file skipped."""
     frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename == __file__ or any(
-        part in frame.f_code.co_filename for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_tensor.py")
-    )):
+    while frame is not None and (
+        frame.f_code.co_filename == __file__
+        or any(part in frame.f_code.co_filename for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_tensor.py"))
+    ):
         frame = frame.f_back
     inner = frame
     while frame is not None and ("/torch/" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
@@ -244,10 +286,25 @@ def _payload_bytes(value: Any) -> int:
 
 #: torch.distributed collective -> index of the argument this rank contributes (None: no payload).
 COLLECTIVE_INPUT = {
-    "all_reduce": 0, "broadcast": 0, "reduce": 0, "all_gather": 1, "all_gather_into_tensor": 1,
-    "all_to_all_single": 1, "all_to_all": 1, "gather": 0, "scatter": 0, "reduce_scatter": 1,
-    "reduce_scatter_tensor": 1, "all_gather_object": 1, "broadcast_object_list": 0, "gather_object": 0,
-    "barrier": None, "send": 0, "recv": None, "isend": 0, "irecv": None,
+    "all_reduce": 0,
+    "broadcast": 0,
+    "reduce": 0,
+    "all_gather": 1,
+    "all_gather_into_tensor": 1,
+    "all_to_all_single": 1,
+    "all_to_all": 1,
+    "gather": 0,
+    "scatter": 0,
+    "reduce_scatter": 1,
+    "reduce_scatter_tensor": 1,
+    "all_gather_object": 1,
+    "broadcast_object_list": 0,
+    "gather_object": 0,
+    "barrier": None,
+    "send": 0,
+    "recv": None,
+    "isend": 0,
+    "irecv": None,
 }
 
 
@@ -401,8 +458,7 @@ def worker(report_path: str, method: str, ns_train_args: list[str]) -> None:
     def write() -> None:
         report["host_side_reasons"] = COUNTER.host_side_reasons
         report["steps"] = [
-            {key: (dict(value) if isinstance(value, collections.Counter) else value) for key, value in step.items()}
-            for step in COUNTER.steps
+            {key: (dict(value) if isinstance(value, collections.Counter) else value) for key, value in step.items()} for step in COUNTER.steps
         ]
         Path(report_path.replace("{rank}", str(rank))).write_text(json.dumps(report))
 

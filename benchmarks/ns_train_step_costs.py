@@ -38,11 +38,13 @@ def main() -> None:
     observe = pipeline.DistSplatPipeline._observe_costs
 
     def recording(self, plan, batch, costs, view, clock):
-        steps.append({
-            "render_s": list(costs.render_s),
-            "work": [sum(sum(row_costs) for _, _, row_costs in bands) for bands in costs.measured],
-            "bands": [len(bands) for bands in costs.measured],
-        })
+        steps.append(
+            {
+                "render_s": list(costs.render_s),
+                "work": [sum(sum(row_costs) for _, _, row_costs in bands) for bands in costs.measured],
+                "bands": [len(bands) for bands in costs.measured],
+            }
+        )
         return observe(self, plan, batch, costs, view, clock)
 
     pipeline.DistSplatPipeline._observe_costs = recording

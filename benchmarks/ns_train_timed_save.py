@@ -51,10 +51,16 @@ def _gathered_save(trainer, step: int) -> float:
         state = trainer.pipeline.state_dict()
         if gathered is not None:
             state = gathered.merged_into(state)
-        return save_checkpoint_atomic(checkpoint_dir=trainer.base_dir / "gathered_save", step=step, pipeline_state=state,
-                                      optimizers=trainer.optimizers, scalers=trainer.grad_scaler.state_dict(),
-                                      extra={"world_size": ctx.world_size}, keep_only_latest=True,
-                                      optimizer_states=None if gathered is None else gathered.optimizers)
+        return save_checkpoint_atomic(
+            checkpoint_dir=trainer.base_dir / "gathered_save",
+            step=step,
+            pipeline_state=state,
+            optimizers=trainer.optimizers,
+            scalers=trainer.grad_scaler.state_dict(),
+            extra={"world_size": ctx.world_size},
+            keep_only_latest=True,
+            optimizer_states=None if gathered is None else gathered.optimizers,
+        )
 
     agree_outcome(ctx, f"writing the gathered benchmark save of step {step}", write)
     return time.perf_counter() - start
@@ -63,8 +69,7 @@ def _gathered_save(trainer, step: int) -> float:
 def main() -> None:
     from distsplat_ns.parallel import shard_checkpoint
 
-    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": [], "peak_rss_after_save_bytes": [],
-                                       "peak_rss_after_consolidate_bytes": []}
+    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": [], "peak_rss_after_save_bytes": [], "peak_rss_after_consolidate_bytes": []}
     original_consolidate = shard_checkpoint.consolidate_params
 
     def timed_consolidate(*args, **kwargs):

@@ -65,11 +65,23 @@ def main() -> None:
     rows = []
     for sh_degree in (0, 3):
         one, two = live_bytes(args.num, 1, sh_degree), live_bytes(args.num, 2, sh_degree)
-        rows.append({"sh_degree": sh_degree, "bytes_c1": one, "bytes_c2": two,
-                     "per_camera_gaussian_bytes": (two - one) / args.num, "per_gaussian_fixed_bytes": (2 * one - two) / args.num})
-    result = {"command": "PYTHONPATH=$PWD python benchmarks/projection_live_bytes.py", "num_gaussians": args.num,
-              "camera_groups_estimate_bytes": LIVE_ITEMS_PER_CAMERA_GAUSSIAN * 4, "torch": torch.__version__, "rows": rows,
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        rows.append(
+            {
+                "sh_degree": sh_degree,
+                "bytes_c1": one,
+                "bytes_c2": two,
+                "per_camera_gaussian_bytes": (two - one) / args.num,
+                "per_gaussian_fixed_bytes": (2 * one - two) / args.num,
+            }
+        )
+    result = {
+        "command": "PYTHONPATH=$PWD python benchmarks/projection_live_bytes.py",
+        "num_gaussians": args.num,
+        "camera_groups_estimate_bytes": LIVE_ITEMS_PER_CAMERA_GAUSSIAN * 4,
+        "torch": torch.__version__,
+        "rows": rows,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(rows, indent=2))

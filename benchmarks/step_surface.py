@@ -10,6 +10,7 @@ extend (each is one ``ns-train distsplat`` flag). ``lines`` sums, with ``ast``, 
 function and class a training step runs through (trainer -> pipeline -> model); the lists below
 name them per revision. Results are in docs/architecture.md.
 """
+
 import ast
 import dataclasses
 import subprocess
@@ -29,30 +30,59 @@ def count_flags() -> None:
     from distsplat_ns.trainer import DistSplatTrainerConfig
 
     total = 0
-    for ours, base in [(DistSplatTrainerConfig, TrainerConfig), (DistSplatPipelineConfig, VanillaPipelineConfig),
-                       (DistSplatModelConfig, SplatfactoModelConfig), (ParallelFullImageDatamanagerConfig, DataManagerConfig)]:
+    for ours, base in [
+        (DistSplatTrainerConfig, TrainerConfig),
+        (DistSplatPipelineConfig, VanillaPipelineConfig),
+        (DistSplatModelConfig, SplatfactoModelConfig),
+        (ParallelFullImageDatamanagerConfig, DataManagerConfig),
+    ]:
         added = sorted({f.name for f in dataclasses.fields(ours)} - {f.name for f in dataclasses.fields(base)} - {"_target"})
         total += len(added)
         print(f"{ours.__name__}: {len(added)} {added}")
     print("total", total)
 
+
 PATHS = {
     "2b9b82d": {
         "distsplat_ns/trainer.py": ["DistSplatTrainer.train_iteration", "DistSplatTrainer._record_step"],
-        "distsplat_ns/pipeline.py": ["StepTimings", "StepState", "DistSplatPipeline.get_train_loss_dict", "DistSplatPipeline.plan",
-            "DistSplatPipeline._empty_result", "DistSplatPipeline.backward", "DistSplatPipeline.after_backward",
-            "DistSplatPipeline._observe_costs", "DistSplatPipeline._reduce_statistics", "DistSplatPipeline._rendered_size",
-            "DistSplatPipeline.after_optimizer_step"],
-        "distsplat_ns/model/distsplat_model.py": ["BandRenderResult", "PixelLink", "backward_bands", "DistSplatModel.forward_bands",
-            "DistSplatModel._band_terms", "_owned_tile_counts"],
+        "distsplat_ns/pipeline.py": [
+            "StepTimings",
+            "StepState",
+            "DistSplatPipeline.get_train_loss_dict",
+            "DistSplatPipeline.plan",
+            "DistSplatPipeline._empty_result",
+            "DistSplatPipeline.backward",
+            "DistSplatPipeline.after_backward",
+            "DistSplatPipeline._observe_costs",
+            "DistSplatPipeline._reduce_statistics",
+            "DistSplatPipeline._rendered_size",
+            "DistSplatPipeline.after_optimizer_step",
+        ],
+        "distsplat_ns/model/distsplat_model.py": [
+            "BandRenderResult",
+            "PixelLink",
+            "backward_bands",
+            "DistSplatModel.forward_bands",
+            "DistSplatModel._band_terms",
+            "_owned_tile_counts",
+        ],
     },
 }
 PATHS["WORKTREE"] = {
     "distsplat_ns/trainer.py": ["DistSplatTrainer.train_iteration"],
-    "distsplat_ns/pipeline.py": ["StepTimings", "StepReport", "DistSplatPipeline.train_step", "DistSplatPipeline.plan",
-        "DistSplatPipeline._fetch_images", "DistSplatPipeline._backward", "DistSplatPipeline._statistics",
-        "DistSplatPipeline._finite_verdict", "DistSplatPipeline._costs_to_host", "DistSplatPipeline._observe_costs",
-        "DistSplatPipeline._check_replicas"],
+    "distsplat_ns/pipeline.py": [
+        "StepTimings",
+        "StepReport",
+        "DistSplatPipeline.train_step",
+        "DistSplatPipeline.plan",
+        "DistSplatPipeline._fetch_images",
+        "DistSplatPipeline._backward",
+        "DistSplatPipeline._statistics",
+        "DistSplatPipeline._finite_verdict",
+        "DistSplatPipeline._costs_to_host",
+        "DistSplatPipeline._observe_costs",
+        "DistSplatPipeline._check_replicas",
+    ],
     "distsplat_ns/model/distsplat_model.py": ["DistSplatModel.forward_bands"],
     "distsplat_ns/model/band_terms.py": ["BandTerms.band_terms"],
     "distsplat_ns/model/band_render.py": ["BandRenderResult", "OwnProjections", "render_calls"],
@@ -69,12 +99,15 @@ def _code_lines(node: ast.AST, lines: list) -> int:
         if not isinstance(sub, (ast.FunctionDef, ast.ClassDef)) or not body:
             continue
         for i, stmt in enumerate(body):  # the docstring, and attribute docstrings of dataclass fields
-            if (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
-                    and (i == 0 or isinstance(sub, ast.ClassDef))):
+            if (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+                and (i == 0 or isinstance(sub, ast.ClassDef))
+            ):
                 doc.update(range(stmt.lineno, stmt.end_lineno + 1))
     return sum(
-        1 for ln in range(node.lineno, node.end_lineno + 1)
-        if ln not in doc and lines[ln - 1].strip() and not lines[ln - 1].strip().startswith("#")
+        1 for ln in range(node.lineno, node.end_lineno + 1) if ln not in doc and lines[ln - 1].strip() and not lines[ln - 1].strip().startswith("#")
     )
 
 

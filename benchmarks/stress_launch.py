@@ -81,8 +81,16 @@ def process_tree(root: psutil.Process) -> list[dict]:
         except OSError:
             wchan = ""
         try:
-            found.append({"pid": proc.pid, "ppid": proc.ppid(), "status": proc.status(), "wchan": wchan,
-                          "num_threads": proc.num_threads(), "cmd": " ".join(proc.cmdline())[:200]})
+            found.append(
+                {
+                    "pid": proc.pid,
+                    "ppid": proc.ppid(),
+                    "status": proc.status(),
+                    "wchan": wchan,
+                    "num_threads": proc.num_threads(),
+                    "cmd": " ".join(proc.cmdline())[:200],
+                }
+            )
         except psutil.Error:
             continue
     return found
@@ -118,8 +126,15 @@ def launch_once(launch: int, args: argparse.Namespace, work: Path, keep: Path) -
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=pythonpath)
     start = time.perf_counter()
     with log_path.open("w") as log:
-        proc = subprocess.Popen(train_command(out, launch, args), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True)
+        proc = subprocess.Popen(
+            train_command(out, launch, args),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            cwd=REPO,
+            start_new_session=True,
+        )
         root = psutil.Process(proc.pid)
         result: dict = {"launch": launch}
         try:
@@ -165,7 +180,9 @@ def ns_train_with_stall(stall: str, stall_rank: int) -> None:
 def _git_commit() -> str:
     """HEAD of the checkout the launches ran (with "+dirty" when files differ from it)."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True, cwd=REPO).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 

@@ -81,9 +81,7 @@ class OwnerRowCounts:
         return self.first_below[:, end_row] - self.end_at_most[:, first_row]
 
 
-def owner_histograms(
-    first_row: Tensor, end_row: Tensor, owners: dict[int, Tensor], num_rows: int
-) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def owner_histograms(first_row: Tensor, end_row: Tensor, owners: dict[int, Tensor], num_rows: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per-camera, per-owner histograms of the first and end tile rows of the visible footprints.
 
     Args:
@@ -139,9 +137,7 @@ class StepRows:
         return np.maximum(self.bytes_out(), self.bytes_in())
 
 
-def step_rows(
-    plan: Sequence[Sequence[Band]], counts: Sequence[OwnerRowCounts], heights_px: Sequence[int]
-) -> StepRows:
+def step_rows(plan: Sequence[Sequence[Band]], counts: Sequence[OwnerRowCounts], heights_px: Sequence[int]) -> StepRows:
     """Rows each rank sends, receives and renders in one sharded step.
 
     Args:

@@ -143,9 +143,7 @@ def street_of_copies(scene: SceneCameras, copies: int) -> SceneCameras:
         moved[:, :3, 3] -= moved[:, :3, :3] @ (k * step)
         viewmats.append(moved)
         names.extend(f"{name}@{k}" for name in scene.names)
-    return SceneCameras(
-        torch.cat(points), torch.cat(viewmats), scene.Ks.repeat(copies, 1, 1), scene.width, scene.height, names
-    )
+    return SceneCameras(torch.cat(points), torch.cat(viewmats), scene.Ks.repeat(copies, 1, 1), scene.width, scene.height, names)
 
 
 def splatfacto_init_scales(points: Tensor) -> Tensor:
@@ -207,8 +205,15 @@ class Footprints:
 
 
 def measure_footprints(
-    scene: SceneCameras, point_scales: Tensor, num_gaussians: int, alpha: float, jitter: float, seed: int,
-    world_sizes: Sequence[int], chunk: int, cost_sample: int,
+    scene: SceneCameras,
+    point_scales: Tensor,
+    num_gaussians: int,
+    alpha: float,
+    jitter: float,
+    seed: int,
+    world_sizes: Sequence[int],
+    chunk: int,
+    cost_sample: int,
 ) -> Footprints:
     """Project the N-Gaussian model (in chunks) into every camera of ``scene`` and count footprints.
 
@@ -234,7 +239,15 @@ def measure_footprints(
         quats[:, 0] = 1.0
         with torch.no_grad():
             proj = project(
-                means, quats, scales, torch.ones(n), torch.zeros(n, 3), scene.viewmats, scene.Ks, width, height,
+                means,
+                quats,
+                scales,
+                torch.ones(n),
+                torch.zeros(n, 3),
+                scene.viewmats,
+                scene.Ks,
+                width,
+                height,
                 backend="reference",
             )
         first, end = footprint_tile_rows(proj.means2d.reshape(-1, 2), proj.radii.reshape(-1), height)
@@ -251,14 +264,15 @@ def measure_footprints(
             owned[world_size] += np.bincount(owners[world_size].numpy(), minlength=world_size)
             first_hist[world_size] += fh
             end_hist[world_size] += eh
-    counts = {
-        r: [OwnerRowCounts.from_histograms(first_hist[r][c], end_hist[r][c]) for c in range(num_cams)]
-        for r in world_sizes
-    }
+    counts = {r: [OwnerRowCounts.from_histograms(first_hist[r][c], end_hist[r][c]) for c in range(num_cams)] for r in world_sizes}
     total_visible = max(int(visible.sum()), 1)
     return Footprints(
-        counts=counts, owned=owned, row_costs=row_costs, visible=visible,
-        mean_rows_spanned=rows_spanned / total_visible, mean_radius_px=radius_sum / total_visible,
+        counts=counts,
+        owned=owned,
+        row_costs=row_costs,
+        visible=visible,
+        mean_rows_spanned=rows_spanned / total_visible,
+        mean_radius_px=radius_sum / total_visible,
     )
 
 
@@ -274,8 +288,13 @@ def sample_batches(num_cameras: int, batch_size: int, num_batches: int, rng: np.
 
 
 def evaluate(
-    fp: Footprints, num_gaussians: int, world_size: int, batch_size: int, batches: Sequence[Sequence[int]],
-    height: int, partition: str,
+    fp: Footprints,
+    num_gaussians: int,
+    world_size: int,
+    batch_size: int,
+    batches: Sequence[Sequence[int]],
+    height: int,
+    partition: str,
 ) -> dict[str, float]:
     """Bytes per step per rank of both modes for one (N, R, B), averaged over ``batches``."""
     num_rows = num_tile_rows(height)
@@ -295,19 +314,18 @@ def evaluate(
         # sharded, its own shard in every camera of the batch plus what it receives; replicated,
         # all N Gaussians in the cameras it has a band of.
         own_visible = sum(count.first_below[:, num_rows] for count in counts)  # [R]
-        sharded_screen.append(float((own_visible * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8)
-                                     + rows.received * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES)).max()))
-        replicated_screen.append(max(
-            sum(int(fp.visible[batch[band.position]]) for band in bands) * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8)
-            for bands in plan
-        ))
-    replicated = {
-        dens: ring_all_reduce_bytes(replicated_payload_bytes(num_gaussians, batch_size, dens), world_size)
-        for dens in (True, False)
-    }
+        sharded_screen.append(
+            float((own_visible * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8) + rows.received * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES)).max())
+        )
+        replicated_screen.append(
+            max(sum(int(fp.visible[batch[band.position]]) for band in bands) * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8) for bands in plan)
+        )
+    replicated = {dens: ring_all_reduce_bytes(replicated_payload_bytes(num_gaussians, batch_size, dens), world_size) for dens in (True, False)}
     sharded_max = float(np.mean(per_step_max))
     return {
-        "N": num_gaussians, "W": world_size, "B": batch_size,
+        "N": num_gaussians,
+        "W": world_size,
+        "B": batch_size,
         "replicated_bytes_densifying": replicated[True],
         "replicated_bytes": replicated[False],
         "sharded_bytes_max_rank": sharded_max,
@@ -320,8 +338,6 @@ def evaluate(
         "screen_bytes_sharded_max_rank": float(np.mean(sharded_screen)),
         "screen_bytes_replicated_max_rank": float(np.mean(replicated_screen)),
     }
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,9 +360,12 @@ def markdown_tables(result: dict) -> str:
     """The figures docs/sharded_traffic.md quotes, as markdown (primary alpha; crossovers for all)."""
     alpha = result["alphas"][0]
     rows = [r for r in result["rows"] if r["alpha"] == alpha]
-    lines = [f"Bytes per step per rank, MB (alpha = {alpha}; sharded: max over ranks, mean over batches):", "",
-             "| N | W | B | replicated, densifying | replicated | sharded max rank | sharded mean rank | sharded / densifying | sharded / replicated |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Bytes per step per rank, MB (alpha = {alpha}; sharded: max over ranks, mean over batches):",
+        "",
+        "| N | W | B | replicated, densifying | replicated | sharded max rank | sharded mean rank | sharded / densifying | sharded / replicated |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["B"] in (1, r["W"], 2 * r["W"]):
             lines.append(
@@ -354,23 +373,43 @@ def markdown_tables(result: dict) -> str:
                 f"| {_mb(r['sharded_bytes_max_rank'])} | {_mb(r['sharded_bytes_mean_rank'])} "
                 f"| {r['ratio_to_densifying']:.3f} | {r['ratio_to_replicated']:.3f} |"
             )
-    lines += ["", "Crossover batch size B* (sharded moves more than replicated for B > B*; '>' = not within the grid):", "",
-              "| alpha | N | W | B* vs densifying | B*/W | B* vs replicated | B*/W | MB per extra image: sharded | replicated stats |",
-        "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Crossover batch size B* (sharded moves more than replicated for B > B*; '>' = not within the grid):",
+        "",
+        "| alpha | N | W | B* vs densifying | B*/W | B* vs replicated | B*/W | MB per extra image: sharded | replicated stats |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result["crossover"]:
         d, n = _b_star(c["B_star_densifying"], c), _b_star(c["B_star_replicated"], c)
-        lines.append(f"| {c['alpha']} | {c['N']:,} | {c['W']} | {d[0]} | {d[1]} | {n[0]} | {n[1]} "
-                     f"| {_mb(c['sharded_bytes_per_image'])} | {_mb(c['replicated_stats_bytes_per_image'])} |")
-    lines += ["", f"Per-rank memory at B = W, MB (alpha = {alpha}):", "",
-              "| N | W | replicated state | sharded state | replicated screen rows | sharded screen rows |", "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {c['alpha']} | {c['N']:,} | {c['W']} | {d[0]} | {d[1]} | {n[0]} | {n[1]} "
+            f"| {_mb(c['sharded_bytes_per_image'])} | {_mb(c['replicated_stats_bytes_per_image'])} |"
+        )
+    lines += [
+        "",
+        f"Per-rank memory at B = W, MB (alpha = {alpha}):",
+        "",
+        "| N | W | replicated state | sharded state | replicated screen rows | sharded screen rows |",
+        "|---|---|---|---|---|---|",
+    ]
     for m in result["memory"]:
-        lines.append(f"| {m['N']:,} | {m['W']} | {_mb(m['replicated_state_bytes'])} | {_mb(m['sharded_state_bytes'])} "
-                     f"| {_mb(m['replicated_screen_bytes'])} | {_mb(m['sharded_screen_bytes'])} |")
-    lines += ["", "Footprints:", "", "| alpha | N | visible per camera (fraction of N) | mean tile rows per footprint | mean radius px | seconds |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {m['N']:,} | {m['W']} | {_mb(m['replicated_state_bytes'])} | {_mb(m['sharded_state_bytes'])} "
+            f"| {_mb(m['replicated_screen_bytes'])} | {_mb(m['sharded_screen_bytes'])} |"
+        )
+    lines += [
+        "",
+        "Footprints:",
+        "",
+        "| alpha | N | visible per camera (fraction of N) | mean tile rows per footprint | mean radius px | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
     for f in result["footprints"]:
-        lines.append(f"| {f['alpha']} | {f['N']:,} | {f['visible_fraction_mean']:.3f} | {f['mean_rows_spanned']:.2f} "
-                     f"| {f['mean_radius_px']:.1f} | {f['seconds']:.0f} |")
+        lines.append(
+            f"| {f['alpha']} | {f['N']:,} | {f['visible_fraction_mean']:.3f} | {f['mean_rows_spanned']:.2f} "
+            f"| {f['mean_radius_px']:.1f} | {f['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -420,28 +459,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict = {
         "benchmark": "traffic_model",
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "scene": str(scene_dir), "copies": args.copies, "width": scene.width, "height": scene.height, "cameras": scene.names,
-        "sparse_points": int(scene.points.shape[0]), "alphas": alphas, "jitter": args.jitter,
-        "partition": args.partition, "batches_per_config": args.batches, "seed": args.seed,
-        "bytes": {"param_floats": PARAM_FLOATS, "stats_per_image_gaussian": STATS_BYTES_PER_IMAGE,
-                  "forward_row": FORWARD_ROW_BYTES, "backward_row": BACKWARD_ROW_BYTES, "state_copies": STATE_COPIES},
+        "scene": str(scene_dir),
+        "copies": args.copies,
+        "width": scene.width,
+        "height": scene.height,
+        "cameras": scene.names,
+        "sparse_points": int(scene.points.shape[0]),
+        "alphas": alphas,
+        "jitter": args.jitter,
+        "partition": args.partition,
+        "batches_per_config": args.batches,
+        "seed": args.seed,
+        "bytes": {
+            "param_floats": PARAM_FLOATS,
+            "stats_per_image_gaussian": STATS_BYTES_PER_IMAGE,
+            "forward_row": FORWARD_ROW_BYTES,
+            "backward_row": BACKWARD_ROW_BYTES,
+            "state_copies": STATE_COPIES,
+        },
         "commit": _git_commit(),
         "host": {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads},
-        "footprints": [], "rows": [], "crossover": [], "memory": [],
+        "footprints": [],
+        "rows": [],
+        "crossover": [],
+        "memory": [],
     }
     rng = np.random.default_rng(args.seed)
     for alpha in alphas:
         for num_gaussians in sizes if alpha == alphas[0] else _ints(args.sensitivity_sizes):
             t0 = time.perf_counter()
-            fp = measure_footprints(
-                scene, point_scales, num_gaussians, alpha, args.jitter, args.seed, world_sizes, args.chunk, args.cost_sample
-            )
+            fp = measure_footprints(scene, point_scales, num_gaussians, alpha, args.jitter, args.seed, world_sizes, args.chunk, args.cost_sample)
             seconds = time.perf_counter() - t0
-            result["footprints"].append({
-                "alpha": alpha, "N": num_gaussians, "visible_fraction_mean": float(fp.visible.mean() / num_gaussians),
-                "visible_per_camera": fp.visible.tolist(), "mean_rows_spanned": fp.mean_rows_spanned,
-                "mean_radius_px": fp.mean_radius_px, "seconds": seconds,
-            })
+            result["footprints"].append(
+                {
+                    "alpha": alpha,
+                    "N": num_gaussians,
+                    "visible_fraction_mean": float(fp.visible.mean() / num_gaussians),
+                    "visible_per_camera": fp.visible.tolist(),
+                    "mean_rows_spanned": fp.mean_rows_spanned,
+                    "mean_radius_px": fp.mean_radius_px,
+                    "seconds": seconds,
+                }
+            )
             print(f"alpha={alpha} N={num_gaussians:,}: projected {len(pick)} cameras in {seconds:.0f} s", file=sys.stderr)
             for world_size in world_sizes:
                 grid = [2**k for k in range(int(math.log2(args.max_batch_per_rank * world_size)) + 1)]
@@ -453,23 +512,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result["rows"].extend(rows)
                 # Past B = W both modes grow linearly in B: what one more image adds to each.
                 top, half = rows[-1], rows[-2]
-                result["crossover"].append({
-                    "alpha": alpha, "N": num_gaussians, "W": world_size, "max_B": grid[-1],
-                    "B_star_densifying": crossover(rows, "ratio_to_densifying"),
-                    "B_star_replicated": crossover(rows, "ratio_to_replicated"),
-                    "sharded_bytes_per_image": (top["sharded_bytes_max_rank"] - half["sharded_bytes_max_rank"]) / (top["B"] - half["B"]),
-                    "replicated_stats_bytes_per_image": ring_all_reduce_bytes(num_gaussians * STATS_BYTES_PER_IMAGE, world_size),
-                })
+                result["crossover"].append(
+                    {
+                        "alpha": alpha,
+                        "N": num_gaussians,
+                        "W": world_size,
+                        "max_B": grid[-1],
+                        "B_star_densifying": crossover(rows, "ratio_to_densifying"),
+                        "B_star_replicated": crossover(rows, "ratio_to_replicated"),
+                        "sharded_bytes_per_image": (top["sharded_bytes_max_rank"] - half["sharded_bytes_max_rank"]) / (top["B"] - half["B"]),
+                        "replicated_stats_bytes_per_image": ring_all_reduce_bytes(num_gaussians * STATS_BYTES_PER_IMAGE, world_size),
+                    }
+                )
                 if alpha == alphas[0]:
                     at_w = next(r for r in rows if r["B"] == world_size)
                     state = PARAM_FLOATS * FLOAT_BYTES * STATE_COPIES
-                    result["memory"].append({
-                        "N": num_gaussians, "W": world_size, "B": world_size,
-                        "replicated_state_bytes": num_gaussians * state,
-                        "sharded_state_bytes": int(fp.owned[world_size].max()) * state,
-                        "replicated_screen_bytes": at_w["screen_bytes_replicated_max_rank"],
-                        "sharded_screen_bytes": at_w["screen_bytes_sharded_max_rank"],
-                    })
+                    result["memory"].append(
+                        {
+                            "N": num_gaussians,
+                            "W": world_size,
+                            "B": world_size,
+                            "replicated_state_bytes": num_gaussians * state,
+                            "sharded_state_bytes": int(fp.owned[world_size].max()) * state,
+                            "replicated_screen_bytes": at_w["screen_bytes_replicated_max_rank"],
+                            "sharded_screen_bytes": at_w["screen_bytes_sharded_max_rank"],
+                        }
+                    )
     print(markdown_tables(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -117,8 +117,11 @@ def checkpoint_payload(
         {
             "step": int(step),
             "pipeline": pipeline_state,
-            "optimizers": optimizer_states if optimizer_states is not None
-            else {k: v.state_dict() for k, v in optimizers.optimizers.items()} if optimizers is not None else {},
+            "optimizers": optimizer_states
+            if optimizer_states is not None
+            else {k: v.state_dict() for k, v in optimizers.optimizers.items()}
+            if optimizers is not None
+            else {},
             "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()} if optimizers is not None else {},
             "scalers": scalers,
             "distsplat": extra,
@@ -160,9 +163,7 @@ def prune_older(checkpoint_dir: Path, step: int) -> None:
                 old.unlink()
 
 
-def save_sharded_checkpoint_atomic(
-    ctx: DistContext, checkpoint_dir: Path, step: int, write: Callable[[Path], int], keep_only_latest: bool
-) -> Path:
+def save_sharded_checkpoint_atomic(ctx: DistContext, checkpoint_dir: Path, step: int, write: Callable[[Path], int], keep_only_latest: bool) -> Path:
     """Write ``step-{step:09d}.dcp`` with every rank's ``write(folder)`` (a DCP save), atomically:
     into ``<run>/.distsplat_partial/``, then renamed into ``checkpoint_dir`` by rank 0 once DCP's
     save returned on every rank (each rank's file fsynced, ``.metadata`` written after all of them)

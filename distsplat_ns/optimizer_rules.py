@@ -81,9 +81,7 @@ def scaled_optimizer_configs(configs: dict[str, dict[str, Any]], batch_size: int
         opt = group.get("optimizer")
         if isinstance(opt, AdamOptimizerConfig):
             lr, eps, betas = sqrt_batch_scaling(opt.lr, opt.eps, getattr(opt, "betas", (0.9, 0.999)), batch_size)
-            group["optimizer"] = AdamWithBetasConfig(
-                lr=lr, eps=eps, max_norm=opt.max_norm, weight_decay=opt.weight_decay, betas=betas
-            )
+            group["optimizer"] = AdamWithBetasConfig(lr=lr, eps=eps, max_norm=opt.max_norm, weight_decay=opt.weight_decay, betas=betas)
         elif opt is not None:
             LOGGER.warning("optimizer of group %s is %s: batch-size scaling applies to Adam only", name, type(opt).__name__)
         sched = group.get("scheduler")

@@ -195,7 +195,11 @@ class DistSplatPipeline(VanillaPipeline):
         self.test_mode = test_mode
         self.ctx = dist_ctx if dist_ctx is not None else DistContext(device=torch.device(device))
         self.datamanager = config.datamanager.setup(
-            device=device, test_mode=test_mode, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank, seed=seed,
+            device=device,
+            test_mode=test_mode,
+            world_size=self.ctx.world_size,
+            local_rank=self.ctx.local_rank,
+            seed=seed,
             dist_ctx=self.ctx,  # the local ranks of a host share one store of the training files
         )
         seed_pts = None
@@ -234,15 +238,11 @@ class DistSplatPipeline(VanillaPipeline):
         # Costs in the unit of the renderer this rank uses, and its fixed cost per band (the same on
         # every rank: one device type).
         backend = resolve_backend(self.model.config.rendering_backend, self.ctx.device)
-        self.planner = BandPlanner(
-            config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend]
-        )
+        self.planner = BandPlanner(config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend])
         self.time_imbalance: list[float] = []
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
-        self.viewer_start_view = StartAtTrainingView(
-            self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True)
-        )
+        self.viewer_start_view = StartAtTrainingView(self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True))
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
@@ -266,9 +266,7 @@ class DistSplatPipeline(VanillaPipeline):
         with eval_mode(self):
             return self.evaluation.one_image(step)
 
-    def get_average_eval_image_metrics(
-        self, step: int | None = None, output_path: Path | None = None, get_std: bool = False
-    ) -> dict[str, float]:
+    def get_average_eval_image_metrics(self, step: int | None = None, output_path: Path | None = None, get_std: bool = False) -> dict[str, float]:
         """Every eval image's metrics averaged, in eval mode (``PipelineEval.average``).
 
         **Collective:** where the mode's views are (``PipelineEval.average``).
@@ -296,9 +294,7 @@ class DistSplatPipeline(VanillaPipeline):
         return [p for _, p in self._named_trainable_parameters()]
 
     def _named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [
-            (name.removeprefix("gauss_params."), p) for name, p in self.model.named_parameters() if p.requires_grad
-        ]
+        return [(name.removeprefix("gauss_params."), p) for name, p in self.model.named_parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int, optimizers: Optimizers) -> StepReport:
@@ -341,9 +337,7 @@ class DistSplatPipeline(VanillaPipeline):
         named = self._named_trainable_parameters()
         # Buckets start during the last backward, unless a test reads the gradients before the sum.
         gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
-        result, sources, moved = self._forward_backward(
-            step, cameras, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum
-        )
+        result, sources, moved = self._forward_backward(step, cameras, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum)
         with clock.phase("all_reduce"):
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
@@ -367,14 +361,29 @@ class DistSplatPipeline(VanillaPipeline):
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, costs, view, clock)
         self._check_replicas(step, named)
         return StepReport(
-            loss=result.loss.detach(), l1=result.l1, dssim=result.dssim, loss_terms=result.loss_terms, num_gaussians=num_gaussians,
-            timings=StepTimings.from_clock(clock), bytes_communicated=moved + statistics_bytes,
-            measured_imbalance=measured_imbalance, time_imbalance=time_imbalance, band_depths=result.band_depths,
+            loss=result.loss.detach(),
+            l1=result.l1,
+            dssim=result.dssim,
+            loss_terms=result.loss_terms,
+            num_gaussians=num_gaussians,
+            timings=StepTimings.from_clock(clock),
+            bytes_communicated=moved + statistics_bytes,
+            measured_imbalance=measured_imbalance,
+            time_imbalance=time_imbalance,
+            band_depths=result.band_depths,
         )
 
     def _forward_backward(
-        self, step: int, cameras: BatchCameras, sizes_px: Sequence[tuple[int, int]], plan: StepPlan, positions: list[int],
-        images: list[torch.Tensor], masks: list[torch.Tensor | None], num_gaussians: int, clock: PhaseClock,
+        self,
+        step: int,
+        cameras: BatchCameras,
+        sizes_px: Sequence[tuple[int, int]],
+        plan: StepPlan,
+        positions: list[int],
+        images: list[torch.Tensor],
+        masks: list[torch.Tensor | None],
+        num_gaussians: int,
+        clock: PhaseClock,
         gradient_sum: GradientSum,
     ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
         """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
@@ -400,8 +409,14 @@ class DistSplatPipeline(VanillaPipeline):
                 source, sent = self.mode.projections(cameras, plan, step, lambda: communicating(clock), group)
                 # Host-side cameras: indexed only where this rank projects them, then moved.
                 result = self.model.forward_bands(
-                    cameras, mine_positions, [images[i] for i in mine], [masks[i] for i in mine],
-                    [b for b in plan.bands[self.ctx.rank] if b.position in wanted], step, share if g == 0 else no_terms, source,
+                    cameras,
+                    mine_positions,
+                    [images[i] for i in mine],
+                    [masks[i] for i in mine],
+                    [b for b in plan.bands[self.ctx.rank] if b.position in wanted],
+                    step,
+                    share if g == 0 else no_terms,
+                    source,
                     camera_ids=[cameras.camera_ids[p] for p in mine_positions],
                 )
             with clock.phase("backward"):
@@ -430,9 +445,7 @@ class DistSplatPipeline(VanillaPipeline):
         maxima = image_depth_maxima(result.band_depths, batch_size, self.model.means)
         fill_empty_depth_(result.band_depths, all_reduce_max_(self.ctx, maxima))
 
-    def _statistics(
-        self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]
-    ) -> tuple[dict[str, Any] | None, int]:
+    def _statistics(self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any] | None, int]:
         """The mode's densification statistics on the steps the strategy reads them (None otherwise:
         after the stop, and always under MCMC)."""
         if not self.model.densifier.needs_statistics(step):
@@ -507,7 +520,11 @@ class DistSplatPipeline(VanillaPipeline):
         return needed, *self.datamanager.to_device([images[p] for p in needed], [masks.get(p) for p in needed])
 
     def _backward(
-        self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None,
+        self,
+        result: BandRenderResult,
+        source: ProjectionSource,
+        clock: PhaseClock,
+        last_backward: AbstractContextManager | None,
         halos: Sequence[Sequence[HaloSlot]],
     ) -> None:
         """Backpropagate this rank's loss share with exact per-pixel gradients
@@ -537,9 +554,7 @@ class DistSplatPipeline(VanillaPipeline):
         cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
         return with_train_camera_ids(cameras, camera_ids)
 
-    def _gather_costs(
-        self, plan: StepPlan, result: BandRenderResult, verdict: torch.Tensor | None, clock: PhaseClock
-    ) -> tuple[StepCosts, Any]:
+    def _gather_costs(self, plan: StepPlan, result: BandRenderResult, verdict: torch.Tensor | None, clock: PhaseClock) -> tuple[StepCosts, Any]:
         """Every rank's measured per-row costs, render time and the finite verdict, and rank 0's
         pending viewer frame (``mode.pending_view``), taken now and returned (None elsewhere): the
         gathered flag tells every rank whether one is served at the end of the step.
@@ -549,9 +564,7 @@ class DistSplatPipeline(VanillaPipeline):
         """
         view = self.mode.pending_view()
         with communicating(clock, phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
-            costs = gather_step_costs(
-                self.ctx, plan, result.band_tile_work, verdict, clock["forward"] + clock["backward"], view is not None
-            )
+            costs = gather_step_costs(self.ctx, plan, result.band_tile_work, verdict, clock["forward"] + clock["backward"], view is not None)
         return costs, view
 
     def _observe_costs(self, plan: StepPlan, batch: Sequence[int], costs: StepCosts, view: Any, clock: PhaseClock) -> tuple[float, float]:
@@ -576,7 +589,8 @@ class DistSplatPipeline(VanillaPipeline):
         cameras have only a footprint prior)."""
         warmup = steps_to_cover(len(self.datamanager.train_dataset), self.config.batch_size)
         summary: dict[str, Any] = {
-            "partition": self.config.partition, "band_cost_fraction": self.planner.band_cost_fraction,
+            "partition": self.config.partition,
+            "band_cost_fraction": self.planner.band_cost_fraction,
             **self.planner.log.summary(warmup_steps=warmup),
         }
         tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance

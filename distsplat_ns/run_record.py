@@ -32,8 +32,18 @@ STATS_FILENAME = "distsplat_stats.json"
 #: in eval renders; ``checkpoint_bytes_written`` its shard's checkpoint rows;
 #: ``exposed_comm_mean_per_step_s`` the seconds per step it waited on collectives the backward did
 #: not hide (``StepTimings.exposed_comm``).
-PER_RANK_KEYS = ("exposed_comm_mean_per_step_s", "bytes_communicated_mean_per_step", "bytes_communicated_total", "parameter_bytes", "optimizer_state_bytes",
-                 "local_gaussian_count", "peak_rss_bytes", "peak_memory_bytes", "eval_render_s", "checkpoint_bytes_written")
+PER_RANK_KEYS = (
+    "exposed_comm_mean_per_step_s",
+    "bytes_communicated_mean_per_step",
+    "bytes_communicated_total",
+    "parameter_bytes",
+    "optimizer_state_bytes",
+    "local_gaussian_count",
+    "peak_rss_bytes",
+    "peak_memory_bytes",
+    "eval_render_s",
+    "checkpoint_bytes_written",
+)
 #: What each rank adds to the loss all-reduce of a log step (:func:`reduce_log_figures`), after its phase timings.
 LOG_FIGURES = ("bytes_communicated", "local_gaussian_count", "peak_memory_bytes")
 
@@ -140,10 +150,12 @@ def reduce_log_figures(
     for i, loss in enumerate(losses):
         packed[i] = loss.detach().to(torch.float64)
     start = len(losses) + ctx.rank * len(names)
-    packed[start:start + len(names)] = torch.tensor(mine, dtype=torch.float64, device=device)
+    packed[start : start + len(names)] = torch.tensor(mine, dtype=torch.float64, device=device)
     all_reduce_sum_(ctx, packed)
     values = packed.tolist()  # host sync: log steps only, to write the figures
-    per_rank = [dict(zip(names, values[len(losses) + r * len(names): len(losses) + (r + 1) * len(names)], strict=False)) for r in range(ctx.world_size)]
+    per_rank = [
+        dict(zip(names, values[len(losses) + r * len(names) : len(losses) + (r + 1) * len(names)], strict=False)) for r in range(ctx.world_size)
+    ]
     return values[: len(losses)], per_rank
 
 

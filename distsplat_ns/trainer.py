@@ -105,9 +105,7 @@ class DistSplatTrainer(Trainer):
     pipeline: DistSplatPipeline
 
     @report_user_errors
-    def __init__(
-        self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1
-    ) -> None:
+    def __init__(self, config: DistSplatTrainerConfig, local_rank: int = 0, world_size: int = 1) -> None:
         if config.mixed_precision:
             raise UserError("distsplat does not support --mixed-precision True")
         self.ctx: DistContext = init_distributed(
@@ -165,8 +163,9 @@ class DistSplatTrainer(Trainer):
         finish one within ``--collective-timeout-s`` is reported by rank and phase.
         """
         with startup_phase(self.ctx, "output folder check"):
-            agree_outcome(self.ctx, f"creating and writing the checkpoint folder {self.checkpoint_dir}",
-                          functools.partial(probe_writable, self.checkpoint_dir))
+            agree_outcome(
+                self.ctx, f"creating and writing the checkpoint folder {self.checkpoint_dir}", functools.partial(probe_writable, self.checkpoint_dir)
+            )
         enter_phase(self.ctx, "pipeline setup")
         self.pipeline = self.config.pipeline.setup(
             device=self.device,
@@ -178,8 +177,9 @@ class DistSplatTrainer(Trainer):
             seed=self.seed,
         )
         finish_phase(self.ctx, "pipeline setup")
-        self.checkpoints = TrainerCheckpoints(self.ctx, self.checkpoint_dir, self.pipeline, self.record, self.attempts,
-                                              keep_only_latest=self.config.save_only_latest_checkpoint)
+        self.checkpoints = TrainerCheckpoints(
+            self.ctx, self.checkpoint_dir, self.pipeline, self.record, self.attempts, keep_only_latest=self.config.save_only_latest_checkpoint
+        )
         with startup_phase(self.ctx, "checkpoint load"):
             loaded = self.checkpoints.load(self.config)
         if loaded is not None:
@@ -214,9 +214,7 @@ class DistSplatTrainer(Trainer):
         if self.config.is_viewer_legacy_enabled():
             raise UserError("distsplat does not support --vis viewer_legacy; use --vis viewer")
         self.callbacks = self.pipeline.get_training_callbacks(
-            TrainingCallbackAttributes(
-                optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self
-            )
+            TrainingCallbackAttributes(optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self)
         )
         writer_log_path = self.base_dir / self.config.logging.relative_log_dir
         logging_config = self.config.logging
@@ -231,9 +229,7 @@ class DistSplatTrainer(Trainer):
             )
         else:
             # Other ranks keep nerfstudio's buffers (timers write into them) but show nothing.
-            logging_config = dataclasses.replace(
-                logging_config, local_writer=dataclasses.replace(logging_config.local_writer, enable=False)
-            )
+            logging_config = dataclasses.replace(logging_config, local_writer=dataclasses.replace(logging_config.local_writer, enable=False))
         writer.setup_local_writer(logging_config, max_iter=self.num_steps, banner_messages=banner_messages)
         if self.ctx.is_main:
             writer.put_config(name="config", config_dict=dataclasses.asdict(self.config), step=0)
@@ -319,8 +315,7 @@ class DistSplatTrainer(Trainer):
             if step > 1:
                 writer.put_time(
                     name=EventName.TRAIN_RAYS_PER_SEC,
-                    duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size
-                    / max(0.001, train_t.duration),
+                    duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size / max(0.001, train_t.duration),
                     step=step,
                     avg_over_steps=True,
                 )
@@ -369,14 +364,16 @@ class DistSplatTrainer(Trainer):
             # One all-reduce carries the losses and every rank's figures (run_record.py).
             # The named terms (e.g. MCMC's regularizers) have the same keys on every rank: summed, the whole model's.
             names = ("main_loss", "l1", "dssim", *report.loss_terms)
-            losses, per_rank = reduce_log_figures(self.ctx, [report.loss, report.l1, report.dssim, *report.loss_terms.values()],
-                                                  report, self.pipeline.model.num_points)
+            losses, per_rank = reduce_log_figures(
+                self.ctx, [report.loss, report.l1, report.dssim, *report.loss_terms.values()], report, self.pipeline.model.num_points
+            )
             loss_dict = dict(zip(names, losses, strict=True))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
             if self.ctx.is_main and self.ctx.is_distributed:
-                writer.put_dict(name="Per-rank", scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank)
-                                                              for k, v in figures.items()}, step=step)
+                writer.put_dict(
+                    name="Per-rank", scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank) for k, v in figures.items()}, step=step
+                )
             metrics_dict["bytes_communicated"] = report.bytes_communicated
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
             metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
@@ -448,7 +445,9 @@ class DistSplatTrainer(Trainer):
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
-            saved = f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}" if last_step >= self._start_step else "no step ran; nothing saved"
+            saved = (
+                f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}" if last_step >= self._start_step else "no step ran; nothing saved"
+            )
             CONSOLE.print(f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}", soft_wrap=True)
         shutdown_distributed()
         if signum is not None:

@@ -89,8 +89,9 @@ class TrainerCheckpoints:
         decision: dict[str, Any] = {}
         if self.ctx.is_main:
             try:
-                choice = choose_checkpoint(self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint,
-                                           config.existing_checkpoints, restart_count())
+                choice = choose_checkpoint(
+                    self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint, config.existing_checkpoints, restart_count()
+                )
                 decision = {"path": None if choice.path is None else str(choice.path), "reason": choice.reason}
             except UserError as err:
                 decision = {"error": str(err)}
@@ -104,8 +105,10 @@ class TrainerCheckpoints:
         path = Path(decision["path"])
         missing = [r for r, seen in enumerate(all_gather_object(self.ctx, is_complete(path))) if not seen]
         if missing:
-            raise UserError(f"checkpoint {path} (rank 0's choice) is not readable on rank(s) {missing}: "
-                            "a resume needs the output folder shared by every host (--output-dir)")
+            raise UserError(
+                f"checkpoint {path} (rank 0's choice) is not readable on rank(s) {missing}: "
+                "a resume needs the output folder shared by every host (--output-dir)"
+            )
         return path
 
     def save(self, step: int, optimizers: Optimizers, grad_scaler: GradScaler) -> None:
@@ -122,12 +125,10 @@ class TrainerCheckpoints:
         **Collective:** world group: sharded, the DCP save and two outcome broadcasts; replicated,
         the outcome broadcast (it replaces a barrier).
         """
-        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size,
-                 "parallel": self.pipeline.config.parallel}
+        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size, "parallel": self.pipeline.config.parallel}
         mode = self.pipeline.mode
         if mode.writes_shards:
-            payload = checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(),
-                                         extra) if self.ctx.is_main else {}
+            payload = checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(), extra) if self.ctx.is_main else {}
 
             def write_shard(folder: Path) -> int:
                 written = mode.write_shards(folder, optimizers.optimizers, payload)
@@ -154,9 +155,7 @@ class TrainerCheckpoints:
                 optimizer_states=None if gathered is None else gathered.optimizers,
             )
 
-        agree_outcome(
-            self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write
-        )
+        agree_outcome(self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write)
         self.last_saved_step = step
         self.attempts.saved(step)
 
@@ -174,5 +173,8 @@ class TrainerCheckpoints:
         # freed, rank 0 reads the whole model's parameters in their place.
         self.pipeline.model.zero_grad(set_to_none=True)
         folder = self.checkpoint_dir / f"step-{step:09d}{SHARDED_SUFFIX}"
-        agree_outcome(self.ctx, f"writing the params-only step-{step:09d}.ckpt from {folder}",
-                      functools.partial(consolidate_params, folder, self.checkpoint_dir, step))
+        agree_outcome(
+            self.ctx,
+            f"writing the params-only step-{step:09d}.ckpt from {folder}",
+            functools.partial(consolidate_params, folder, self.checkpoint_dir, step),
+        )

@@ -162,9 +162,7 @@ def check_wheels(pins: Sequence[tuple[str, str]], wheel_dir: Path) -> dict[str, 
     wanted = dict(pins)
     missing = [f"{n}=={v}" for n, v in pins if n not in found]
     wrong_version = [
-        f"{n}: want {v}, have {', '.join(ver for ver, _ in found[n])}"
-        for n, v in pins
-        if n in found and all(ver != v for ver, _ in found[n])
+        f"{n}: want {v}, have {', '.join(ver for ver, _ in found[n])}" for n, v in pins if n in found and all(ver != v for ver, _ in found[n])
     ]
     duplicated = sorted(n for n, entries in found.items() if len(entries) > 1)
     unlisted = sorted(entries[0][1] for n, entries in found.items() if n not in wanted)
@@ -218,13 +216,23 @@ def collect_env(dry_run: bool) -> dict[str, Any]:
         "cuda_home": os.environ.get("CUDA_HOME"),
         "torch_cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
         "nvcc": _run_text(["nvcc", "--version"]),
-        "nvidia_smi": _run_text(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
-        ),
+        "nvidia_smi": _run_text(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
     }
     packages = {}
-    for name in ("torch", "torchvision", "numpy", "nerfstudio", "gsplat", "distsplat_ns", "tyro", "viser",
-                 "torchmetrics", "pytest", "simplejpeg", "nerfacc"):
+    for name in (
+        "torch",
+        "torchvision",
+        "numpy",
+        "nerfstudio",
+        "gsplat",
+        "distsplat_ns",
+        "tyro",
+        "viser",
+        "torchmetrics",
+        "pytest",
+        "simplejpeg",
+        "nerfacc",
+    ):
         try:
             packages[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -277,10 +285,7 @@ def parse_junit(xml_text: str) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for t in tests:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    coverage = {
-        area: [t["id"] for t in tests if any(k in t["id"].lower() for k in words)]
-        for area, words in COVERAGE_KEYWORDS.items()
-    }
+    coverage = {area: [t["id"] for t in tests if any(k in t["id"].lower() for k in words)] for area, words in COVERAGE_KEYWORDS.items()}
     return {"counts": counts, "tests": tests, "coverage": coverage}
 
 
@@ -342,18 +347,30 @@ def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> li
     """
     args = [
         run.method,
-        "--output-dir", str(output_dir),
-        "--experiment-name", run.name,
-        "--timestamp", "bench",
-        "--machine.device-type", device,
-        "--max-num-iterations", str(run.num_images),
-        "--steps-per-eval-image", str(NEVER),
-        "--steps-per-eval-batch", "0",
-        "--steps-per-eval-all-images", str(NEVER),
-        "--steps-per-save", str(NEVER),
-        "--vis", "tensorboard",
-        "--viewer.quit-on-train-completion", "True",
-        "--logging.local-writer.enable", "False",
+        "--output-dir",
+        str(output_dir),
+        "--experiment-name",
+        run.name,
+        "--timestamp",
+        "bench",
+        "--machine.device-type",
+        device,
+        "--max-num-iterations",
+        str(run.num_images),
+        "--steps-per-eval-image",
+        str(NEVER),
+        "--steps-per-eval-batch",
+        "0",
+        "--steps-per-eval-all-images",
+        str(NEVER),
+        "--steps-per-save",
+        str(NEVER),
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
     ]
     if run.method == "distsplat":
         args += ["--pipeline.batch-size", str(run.batch_size)]
@@ -361,10 +378,14 @@ def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> li
         raise ValueError(f"splatfacto trains one image per step; got batch_size={run.batch_size} for run {run.name}")
     args += [
         "colmap",
-        "--data", str(data),
-        "--colmap-path", "sparse/0",
-        "--load-3D-points", "True",
-        "--downscale-factor", "1",
+        "--data",
+        str(data),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        "1",
     ]
     return args
 
@@ -568,7 +589,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             f"[gpu_bench] {run.name}: {record['status']}"
             + (" (reused from the previous call)" if record.get("reused_from_previous_call") else "")
             + (f" ({record.get('reason')})" if record.get("reason") else "")
-            + (f"; step {m['step_time_s_mean'] * 1e3:.1f} ms, {m['images_per_s']:.1f} img/s, PSNR {m.get('final_psnr')}" if m.get("step_time_s_mean") else ""),
+            + (
+                f"; step {m['step_time_s_mean'] * 1e3:.1f} ms, {m['images_per_s']:.1f} img/s, PSNR {m.get('final_psnr')}"
+                if m.get("step_time_s_mean")
+                else ""
+            ),
             flush=True,
         )
         result["comparison"] = compare(result["runs"], cfg.dry_run)
@@ -695,10 +720,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "bench":
         cfg = BenchConfig(
-            out=args.out, workdir=args.workdir, data=args.data, device=args.device, num_images=args.images,
-            num_images_b4=args.images_b4 or args.images, num_images_two_procs=args.images_two_procs, two_procs_batch_size=args.two_procs_batch_size,
-            deadline=args.deadline, dry_run=args.dry_run, run_timeout_s=args.run_timeout_s, only=tuple(args.only),
-            python=args.python, previous=read_json(args.previous) if args.previous else None,
+            out=args.out,
+            workdir=args.workdir,
+            data=args.data,
+            device=args.device,
+            num_images=args.images,
+            num_images_b4=args.images_b4 or args.images,
+            num_images_two_procs=args.images_two_procs,
+            two_procs_batch_size=args.two_procs_batch_size,
+            deadline=args.deadline,
+            dry_run=args.dry_run,
+            run_timeout_s=args.run_timeout_s,
+            only=tuple(args.only),
+            python=args.python,
+            previous=read_json(args.previous) if args.previous else None,
         )
         result = run_bench(cfg)
         return 0 if all(r["status"] in ("ok", "not run") for r in result["runs"].values()) else 1

@@ -93,10 +93,8 @@ def main() -> int:
     report["machine_packages_absent_here"] = sorted(names - set(linked) - {"numpy"})
     pip("install", "-q", "--no-deps", "--only-binary=:all:", "--target", str(work / "machine"), f"numpy=={args.numpy}")
     # The 3.12 wheels' releases, for this Python.
-    pip("install", "-q", "--no-deps", "--only-binary=:all:", "--no-compile", "--target", str(work / "carried"),
-        *[f"{n}=={v}" for n, v in pins])
-    pip("install", "-q", "--no-index", "--no-deps", "--no-build-isolation", "--no-compile", "--target",
-        str(work / "project"), str(ROOT))
+    pip("install", "-q", "--no-deps", "--only-binary=:all:", "--no-compile", "--target", str(work / "carried"), *[f"{n}=={v}" for n, v in pins])
+    pip("install", "-q", "--no-index", "--no-deps", "--no-build-isolation", "--no-compile", "--target", str(work / "project"), str(ROOT))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = os.pathsep.join(str(work / p) for p in ("project", "carried", "machine"))
@@ -108,31 +106,63 @@ def main() -> int:
         t0 = time.time()
         result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
         ok = result.returncode == 0
-        checks.append({"check": name, "ok": ok, "seconds": round(time.time() - t0, 1),
-                       "output_tail": tail(result.stdout + result.stderr, 2500 if not ok else 300)})
+        checks.append(
+            {
+                "check": name,
+                "ok": ok,
+                "seconds": round(time.time() - t0, 1),
+                "output_tail": tail(result.stdout + result.stderr, 2500 if not ok else 300),
+            }
+        )
         print(f"[gpu_simulate] {name}: {'ok' if ok else 'FAILED'} ({time.time() - t0:.0f} s)", flush=True)
         if not ok:
             print(tail(result.stdout + result.stderr, 2500))
         return ok
 
-    imports = "import numpy, torch; import nerfstudio.scripts.train, nerfstudio.scripts.eval, distsplat_ns.registry, gsplat; " \
-              "print('numpy', numpy.__version__, 'torch', torch.__version__)"
+    imports = (
+        "import numpy, torch; import nerfstudio.scripts.train, nerfstudio.scripts.eval, distsplat_ns.registry, gsplat; "
+        "print('numpy', numpy.__version__, 'torch', torch.__version__)"
+    )
     ok = check("imports", python + ["-c", imports], 600)
-    ok = ok and check("entry point found", python + ["-c",
-        "from nerfstudio.plugins.registry import discover_methods; m, _ = discover_methods(); assert 'distsplat' in m, sorted(m)"], 600)
+    ok = ok and check(
+        "entry point found",
+        python + ["-c", "from nerfstudio.plugins.registry import discover_methods; m, _ = discover_methods(); assert 'distsplat' in m, sorted(m)"],
+        600,
+    )
     # gpu_check.sh runs `pytest -m cuda tests`: every test module must at least import there.
-    ok = check("pytest -m cuda collection", python + ["-m", "pytest", "-m", "cuda", "tests", "--collect-only", "-q",
-                                                      "-p", "no:cacheprovider"], 600) and ok
+    ok = (
+        check("pytest -m cuda collection", python + ["-m", "pytest", "-m", "cuda", "tests", "--collect-only", "-q", "-p", "no:cacheprovider"], 600)
+        and ok
+    )
     if ok and not args.no_train:
         out = work / "train"
         shutil.rmtree(out, ignore_errors=True)
         wrapper = work / "python-S"
-        wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+        wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
         wrapper.chmod(0o755)
-        cmd = python + [str(ROOT / "scripts" / "gpu_bench.py"), "bench", "--out", str(out / "bench.json"), "--python", str(wrapper),
-                        "--workdir", str(out), "--data", str(ROOT / "scenes" / "lund_door"), "--device", "cpu",
-                        "--images", "2", "--images-two-procs", "2", "--deadline", str(time.time() + 900),
-                        "--only", "distsplat_b1", "--dry-run"]
+        cmd = python + [
+            str(ROOT / "scripts" / "gpu_bench.py"),
+            "bench",
+            "--out",
+            str(out / "bench.json"),
+            "--python",
+            str(wrapper),
+            "--workdir",
+            str(out),
+            "--data",
+            str(ROOT / "scenes" / "lund_door"),
+            "--device",
+            "cpu",
+            "--images",
+            "2",
+            "--images-two-procs",
+            "2",
+            "--deadline",
+            str(time.time() + 900),
+            "--only",
+            "distsplat_b1",
+            "--dry-run",
+        ]
         ok = check("distsplat 2-image CPU run via gpu_launch.py", cmd, 900)
         bench = json.loads((out / "bench.json").read_text()) if (out / "bench.json").exists() else {}
         run = (bench.get("runs") or {}).get("distsplat_b1", {})

@@ -5,6 +5,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup_env.sh --test
-# Lint first (pyproject's [tool.ruff]: ruff's defaults + pyupgrade, isort, bugbear): seconds.
+# Lint and format check first (pyproject's [tool.ruff]: ruff's defaults + pyupgrade, isort, bugbear;
+# the formatter's style at line-length 150): seconds.
 .venv/bin/python -m ruff check .
+.venv/bin/python -m ruff format --check .
 exec .venv/bin/python -m pytest "$@"

@@ -67,10 +67,7 @@ class Band:
         if self.position < 0:
             raise ValueError(f"Band.position: expected >= 0, got {self.position}")
         if not 0 <= self.first_row < self.end_row:
-            raise ValueError(
-                f"Band rows: expected 0 <= first_row < end_row, got first_row={self.first_row}, "
-                f"end_row={self.end_row}"
-            )
+            raise ValueError(f"Band rows: expected 0 <= first_row < end_row, got first_row={self.first_row}, end_row={self.end_row}")
         if self.tile_size < 1:
             raise ValueError(f"Band.tile_size: expected >= 1, got {self.tile_size}")
 
@@ -123,9 +120,7 @@ def num_tile_rows(height_px: int, tile_size: int = TILE_SIZE) -> int:
     return -(-height_px // tile_size)
 
 
-def tile_rows_to_pixel_rows(
-    first_row: int, end_row: int, height_px: int, tile_size: int = TILE_SIZE
-) -> tuple[int, int]:
+def tile_rows_to_pixel_rows(first_row: int, end_row: int, height_px: int, tile_size: int = TILE_SIZE) -> tuple[int, int]:
     """Pixel rows ``[first_px, end_px)`` covered by tile rows ``[first_row, end_row)``.
 
     Args:
@@ -181,10 +176,7 @@ def _as_cost_array(costs: ArrayLike, name: str) -> np.ndarray:
 def as_cost_arrays(row_costs: Sequence[ArrayLike]) -> list[np.ndarray]:
     """Validated float64 host copies of a batch's per-camera row costs (see ``partition_rows``)."""
     if isinstance(row_costs, (torch.Tensor, np.ndarray)):
-        raise TypeError(
-            "row_costs: expected a sequence with one 1-D array per camera, got a single "
-            f"{type(row_costs).__name__}"
-        )
+        raise TypeError(f"row_costs: expected a sequence with one 1-D array per camera, got a single {type(row_costs).__name__}")
     arrays = [_as_cost_array(costs, f"row_costs[{i}]") for i, costs in enumerate(row_costs)]
     if not arrays:
         raise ValueError("row_costs: expected at least one camera, got an empty batch")
@@ -248,10 +240,7 @@ def rank_costs(partition: Sequence[Sequence[Band]], row_costs: Sequence[ArrayLik
         total = 0.0
         for band in bands:
             if band.position >= len(costs) or band.end_row > costs[band.position].shape[0]:
-                raise ValueError(
-                    f"partition[{rank}]: band {band} lies outside the batch "
-                    f"({len(costs)} cameras)"
-                )
+                raise ValueError(f"partition[{rank}]: band {band} lies outside the batch ({len(costs)} cameras)")
             total += float(costs[band.position][band.first_row : band.end_row].sum())
         totals.append(total)
     return totals

@@ -161,9 +161,7 @@ class CostHistory:
 
     def _cameras(self, camera_indices: Sequence[int]) -> np.ndarray:
         """Validated camera indices. ``[B]`` int64."""
-        return np.array(
-            [self._camera(c, f"camera_indices[{i}]") for i, c in enumerate(camera_indices)], dtype=np.int64
-        )
+        return np.array([self._camera(c, f"camera_indices[{i}]") for i, c in enumerate(camera_indices)], dtype=np.int64)
 
     def _gather(self, cameras: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flat rows of ``cameras``, laid end to end.
@@ -272,10 +270,7 @@ class CostHistory:
         costs = _host_costs("row_costs", row_costs)
         _check_costs([costs], costs, numbered=False)
         if costs.shape[0] != self._row_counts[camera]:
-            raise ValueError(
-                f"row_costs: expected {self._row_counts[camera]} rows for camera {camera}, "
-                f"got {costs.shape[0]}"
-            )
+            raise ValueError(f"row_costs: expected {self._row_counts[camera]} rows for camera {camera}, got {costs.shape[0]}")
         self._prior[self._offsets[camera] : self._offsets[camera + 1]] = costs
         self._has_prior[camera] = True
         self._fallback = None
@@ -332,10 +327,7 @@ class CostHistory:
             try:
                 camera, first_row, row_costs = band
             except (TypeError, ValueError):
-                raise TypeError(
-                    f"measurements[{i}]: expected a (camera_index, first_row, row_costs) triple, "
-                    f"got {type(band).__name__}"
-                ) from None
+                raise TypeError(f"measurements[{i}]: expected a (camera_index, first_row, row_costs) triple, got {type(band).__name__}") from None
             # Plain in-range ints skip the validators (every band of every step goes through here).
             if not (type(camera) is int and 0 <= camera < num_cameras):
                 camera = self._camera(camera, f"{prefix}camera_index")
@@ -344,10 +336,7 @@ class CostHistory:
             costs = _host_costs(f"{prefix}row_costs", row_costs)
             end_row = first_row + costs.shape[0]
             if end_row > row_counts[camera]:
-                raise ValueError(
-                    f"{prefix}first_row + len(row_costs): expected <= {row_counts[camera]} "
-                    f"(rows of camera {camera}), got {end_row}"
-                )
+                raise ValueError(f"{prefix}first_row + len(row_costs): expected <= {row_counts[camera]} (rows of camera {camera}), got {end_row}")
             cameras.append(camera)
             spans.append((offsets[camera] + first_row, offsets[camera] + end_row))
             arrays.append(costs)
@@ -407,8 +396,7 @@ class CostHistory:
             ValueError: A different camera count or per-camera row counts, an unknown version,
                 or missing entries. The history is unchanged when it raises.
         """
-        required = ("version", "row_counts", "values", "measured", "prior", "has_prior",
-                    "first_measured_sum", "first_prior_sum")
+        required = ("version", "row_counts", "values", "measured", "prior", "has_prior", "first_measured_sum", "first_prior_sum")
         missing = [key for key in required if key not in state]
         if missing:
             raise ValueError(f"state: expected keys {list(required)}, missing {missing}")
@@ -416,20 +404,18 @@ class CostHistory:
             raise ValueError(f"state['version']: expected {_STATE_VERSION}, got {state['version']}")
         counts = [int(c) for c in _host_array(state["row_counts"], np.int64).reshape(-1).tolist()]
         if len(counts) != self.num_cameras:
-            raise ValueError(
-                f"camera count: expected {self.num_cameras} cameras (this dataset), got "
-                f"{len(counts)} in the saved cost history"
-            )
+            raise ValueError(f"camera count: expected {self.num_cameras} cameras (this dataset), got {len(counts)} in the saved cost history")
         if tuple(counts) != self._row_counts:
             camera = next(i for i, (a, b) in enumerate(zip(counts, self._row_counts, strict=False)) if a != b)
-            raise ValueError(
-                f"row_counts[{camera}]: expected {self._row_counts[camera]} tile rows, got "
-                f"{counts[camera]} in the saved cost history"
-            )
+            raise ValueError(f"row_counts[{camera}]: expected {self._row_counts[camera]} tile rows, got {counts[camera]} in the saved cost history")
         total = int(self._offsets[-1])
         arrays = {}
-        for key, dtype, size in (("values", np.float64, total), ("measured", np.bool_, total),
-                                 ("prior", np.float64, total), ("has_prior", np.bool_, self.num_cameras)):
+        for key, dtype, size in (
+            ("values", np.float64, total),
+            ("measured", np.bool_, total),
+            ("prior", np.float64, total),
+            ("has_prior", np.bool_, self.num_cameras),
+        ):
             array = _host_array(state[key], dtype)
             if array.shape != (size,):
                 raise ValueError(f"state['{key}']: expected shape ({size},), got {tuple(array.shape)}")
@@ -450,9 +436,7 @@ def _host_array(value: object, dtype: type) -> np.ndarray:
     return np.array(value, dtype=dtype)  # copy=True: the history never shares memory with ``state``
 
 
-def footprint_row_costs(
-    means2d: Tensor, radii: Tensor, height: int, width: int, tile_size: int = 16
-) -> Tensor:
+def footprint_row_costs(means2d: Tensor, radii: Tensor, height: int, width: int, tile_size: int = 16) -> Tensor:
     """Cold-start cost of each tile row: Gaussian-tile overlaps counted per row.
 
     Each Gaussian covers the tiles of its 3-sigma bounding box, the way gsplat's ``isect_tiles``

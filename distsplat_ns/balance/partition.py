@@ -254,9 +254,7 @@ def _legalise(cuts: list[int], prefix: np.ndarray, layout: _Layout, num_parts: i
             continue
         below, above = int(layout.allowed[index - 1]), int(layout.allowed[index])
         target = k * total / num_parts
-        legal[k] = min(
-            (below, above), key=lambda g: (abs(prefix[g] - target), abs(g - cut), g)
-        )
+        legal[k] = min((below, above), key=lambda g: (abs(prefix[g] - target), abs(g - cut), g))
     return legal
 
 
@@ -299,9 +297,7 @@ def _repair(cuts: list[int], layout: _Layout, num_parts: int) -> list[int]:
     repaired[num_parts] = layout.num_rows
     for k in range(1, num_parts):
         repaired[k] = min(max(cuts[k], layout.next_cut(repaired[k - 1])), latest[k])
-    assert all(
-        layout.next_cut(repaired[k]) <= repaired[k + 1] for k in range(num_parts)
-    ), "partition repair left an illegal part"
+    assert all(layout.next_cut(repaired[k]) <= repaired[k + 1] for k in range(num_parts)), "partition repair left an illegal part"
     return repaired
 
 
@@ -469,9 +465,13 @@ def partition_rows(
     num_parts = layout.capacity(world_size)
     if num_parts < world_size:
         logger.debug(
-            "partition_rows: only %d legal parts for %d ranks (%d rows, min_band_rows=%d); "
-            "ranks %d..%d get no rows",
-            num_parts, world_size, layout.num_rows, min_band_rows, num_parts, world_size - 1,
+            "partition_rows: only %d legal parts for %d ranks (%d rows, min_band_rows=%d); ranks %d..%d get no rows",
+            num_parts,
+            world_size,
+            layout.num_rows,
+            min_band_rows,
+            num_parts,
+            world_size - 1,
         )
     cuts = _closest_boundaries(prefix, num_parts)
     cuts = _legalise(cuts, prefix, layout, num_parts)
@@ -482,5 +482,3 @@ def partition_rows(
         cuts = _snap(cuts, prefix, layout.offsets, (1.0 + snap_tolerance) * total / num_parts)
     cuts = _repair(cuts, layout, num_parts)
     return cuts_to_bands(cuts, layout.offsets, world_size)
-
-

@@ -183,9 +183,7 @@ class BandPlanner:
         costs = [row_costs * self.level_factor(downscale, c) for row_costs, c in zip(hist.get_arrays(batch), batch, strict=True)]
         if self.mode == "balanced":
             band_cost = self.band_cost_fraction * sum(float(c.sum()) for c in costs) / len(costs)
-            bands = partition_rows(
-                costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance, band_cost=band_cost
-            )
+            bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance, band_cost=band_cost)
         elif self.mode == "whole-images":
             bands = whole_image_partition(row_counts, world_size)
         else:
@@ -251,7 +249,11 @@ class BandPlanner:
         # Relative error of the predicted share of each rank (costs of a camera's first step are
         # priors in other units, so shares, not absolute values, are what the cut relies on).
         pred_total = max(sum(plan.predicted_costs), 1e-12)
-        err = max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured, strict=False)) if sum(measured) > 0 else 0.0
+        err = (
+            max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured, strict=False))
+            if sum(measured) > 0
+            else 0.0
+        )
         self.log.prediction_error.append(float(err))
         return measured_imb
 
@@ -276,7 +278,9 @@ class BandPlanner:
             self._level, self._camera_level = {}, {}
             logger.warning(
                 "the checkpoint's balancing costs count %s, this renderer's count %s: they are measured again "
-                "(footprint estimates until each camera is rendered once)", saved_unit, self.cost_unit
+                "(footprint estimates until each camera is rendered once)",
+                saved_unit,
+                self.cost_unit,
             )
             return
         for key, hist_state in state.get("histories", {}).items():
@@ -285,9 +289,7 @@ class BandPlanner:
         for key, cams in state.get("with_prior", {}).items():
             self._with_prior[int(key)] = {int(c) for c in cams}
         self._level = {int(d): float(v) for d, v in state.get("level", {}).items()}
-        self._camera_level = {
-            int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()
-        }
+        self._camera_level = {int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()}
 
 
 class ExpectedImagesAssigner:

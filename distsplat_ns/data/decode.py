@@ -51,9 +51,7 @@ def default_decoder() -> str:
 
 
 def _has_alpha(pil_image: Image.Image) -> bool:
-    return pil_image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (
-        pil_image.mode == "P" and "transparency" in pil_image.info
-    )
+    return pil_image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (pil_image.mode == "P" and "transparency" in pil_image.info)
 
 
 def pil_to_array(pil_image: Image.Image) -> np.ndarray:

@@ -197,9 +197,7 @@ class ImageLoader:
         try:
             file_hw = read_size_hw(data)
         except Exception as exc:
-            raise UserError(
-                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
-            ) from exc
+            raise UserError(f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         base_h, base_w = spec.base_size_hw
         n = spec.source_downscale
         if not file_size_matches(spec, file_hw):
@@ -209,8 +207,7 @@ class ImageLoader:
             )
         return file_hw
 
-    def _decode_to(self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int],
-                   out: np.ndarray | None) -> np.ndarray:
+    def _decode_to(self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
         """The file decoded and brought to ``size_hw`` = its size / ``factor`` (DCT scale, then box)."""
         scale = dct_scale(factor)
         file_hw = self._check_file_size(index, data) if factor > 1 or out is not None else None
@@ -219,16 +216,12 @@ class ImageLoader:
         try:
             image, used = decode_at_scale(data, self.decoder, scale, out if direct else None)
         except Exception as exc:
-            raise UserError(
-                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
-            ) from exc
+            raise UserError(f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         if factor == 1 or (used == factor and image.shape[:2] == size_hw):
             return image
         return fit_to_size(image, factor // used, size_hw)
 
-    def load_array(
-        self, index: int, out: np.ndarray | None = None, downscale: int = 1
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
 
         ``downscale`` is the step's render downscale (splatfacto's resolution schedule): the image
@@ -286,9 +279,7 @@ class ImageLoader:
             raise UserError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         if spec.decodes_at_scale:
             base_h, base_w = spec.base_size_hw
-            image = self._decode_to(
-                index, data, spec.source_downscale * downscale, (base_h // downscale, base_w // downscale), out
-            )
+            image = self._decode_to(index, data, spec.source_downscale * downscale, (base_h // downscale, base_w // downscale), out)
             late_downscale = 1
         else:
             image = self._decode_to(index, data, spec.source_downscale, spec.base_size_hw, None)
@@ -319,8 +310,7 @@ class ImageLoader:
             raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
         if mask.shape[:2] != (spec.height, spec.width):
             raise UserError(
-                f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {self.images.path(index)} is "
-                f"{spec.width}x{spec.height} (WxH)"
+                f"mask {mask_path} is {mask.shape[1]}x{mask.shape[0]}, image {self.images.path(index)} is {spec.width}x{spec.height} (WxH)"
             )
         return mask
 

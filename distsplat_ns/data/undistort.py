@@ -135,8 +135,14 @@ def undistort_intrinsics(
     num_cameras = len(camera_models)
     radii = list(fisheye_crop_radius) if fisheye_crop_radius is not None else [None] * num_cameras
     for name, values in (
-        ("fx", fx), ("fy", fy), ("cx", cx), ("cy", cy), ("widths", widths), ("heights", heights),
-        ("distortion", distortion), ("fisheye_crop_radius", radii),
+        ("fx", fx),
+        ("fy", fy),
+        ("cx", cx),
+        ("cy", cy),
+        ("widths", widths),
+        ("heights", heights),
+        ("distortion", distortion),
+        ("fisheye_crop_radius", radii),
     ):
         if len(values) != num_cameras:
             raise ValueError(f"{name} must have one entry per camera ({num_cameras}), got {len(values)}")

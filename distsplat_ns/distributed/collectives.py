@@ -155,9 +155,7 @@ def _buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int
     return buckets
 
 
-def sum_gradients_(
-    ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-) -> GradSyncResult:
+def sum_gradients_(ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> GradSyncResult:
     """Replace each parameter's ``.grad`` by its sum over ranks, in flat buckets.
 
     The buckets are rebuilt from ``params`` on every call, so parameters that densification added,
@@ -232,8 +230,7 @@ def raise_if_nonfinite(bad: bool, named_params: Sequence[tuple[str, torch.Tensor
     names = [n for n, p in named_params if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
     where = f"parameters {', '.join(names)}" if names else "on another rank"
     raise NonFiniteGradientError(
-        f"non-finite gradient at step {step} ({where}); stopping before the optimizer step "
-        "so the last checkpoint stays good"
+        f"non-finite gradient at step {step} ({where}); stopping before the optimizer step so the last checkpoint stays good"
     )
 
 
@@ -267,9 +264,7 @@ def check_replicas(ctx: DistContext, tensors: Sequence[torch.Tensor], step: int)
     digests = all_gather_object(ctx, digest)
     drifted = [r for r, d in enumerate(digests) if d != digests[0]]
     if drifted:
-        raise ReplicaDriftError(
-            f"replica drift at step {step}: ranks {drifted} hold parameters that differ from rank 0's"
-        )
+        raise ReplicaDriftError(f"replica drift at step {step}: ranks {drifted} hold parameters that differ from rank 0's")
     return digest
 
 

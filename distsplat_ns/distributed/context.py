@@ -88,7 +88,10 @@ def _env_int(name: str) -> int | None:
 
 
 def init_distributed(
-    device_type: str, timeout_s: float = 600.0, local_rank_hint: int = 0, backend: str = "auto",
+    device_type: str,
+    timeout_s: float = 600.0,
+    local_rank_hint: int = 0,
+    backend: str = "auto",
     rank0_work_timeout_s: float = 3600.0,
 ) -> DistContext:
     """Create (or adopt) the process group and bind this process to its device.
@@ -123,7 +126,12 @@ def init_distributed(
     if world_size > 1:
         exit_with_launcher()
     ctx = DistContext(
-        rank=rank, local_rank=local_rank, world_size=world_size, device=device, backend=backend, timeout_s=timeout_s,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        device=device,
+        backend=backend,
+        timeout_s=timeout_s,
         rank0_work_timeout_s=rank0_work_timeout_s,
     )
     if ctx.is_distributed:
@@ -236,9 +244,7 @@ def auto_backend(device_type: str, local_world_size: int | None) -> str:
         return "gloo"
     count = torch.cuda.device_count()
     if local_world_size is not None and local_world_size > count:
-        LOGGER.warning(
-            "%d ranks on this host share %d GPU(s): using gloo (NCCL needs one GPU per rank)", local_world_size, count
-        )
+        LOGGER.warning("%d ranks on this host share %d GPU(s): using gloo (NCCL needs one GPU per rank)", local_world_size, count)
         return "gloo"
     return "nccl"
 

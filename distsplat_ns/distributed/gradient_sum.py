@@ -107,8 +107,7 @@ class BucketedGradientSum(GradientSum):
     with ``g1`` both end with ``g0 + g1``; a parameter without a gradient counts as zeros.
     """
 
-    def __init__(self, ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 overlap: bool = True) -> None:
+    def __init__(self, ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
         super().__init__(lambda: 0)
         self._ctx = ctx
         self._params = list(params)

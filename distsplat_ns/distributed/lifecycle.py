@@ -186,8 +186,7 @@ def finish_phase(ctx: DistContext, name: str, timeout_s: float | None = None) ->
         if not missing:  # arrived between the timeout and the check
             return
         raise RunFailure(
-            f"start-up phase '{name}': rank(s) {missing} did not finish within {timeout_s:g} s "
-            f"(--collective-timeout-s); {_whereabouts(ctx, store)}"
+            f"start-up phase '{name}': rank(s) {missing} did not finish within {timeout_s:g} s (--collective-timeout-s); {_whereabouts(ctx, store)}"
         ) from err
 
 
@@ -249,11 +248,14 @@ class _PhaseWatch:
             reported = phase
             ctx, store, name, _, entered_at = phase
             where = stack[-1]
-            note = (f"in '{name}', outside any collective for {time.monotonic() - entered_at:.0f} s "
-                    f"(at {os.path.basename(where.filename)}:{where.lineno} {where.name})")
-            sys.stderr.write(f"distsplat: rank {ctx.rank} is {note}: the other ranks are waiting for it "
-                             f"(they give up after --collective-timeout-s {ctx.timeout_s:g}). Its main thread:\n"
-                             + "".join(traceback.format_list(stack[-12:])))
+            note = (
+                f"in '{name}', outside any collective for {time.monotonic() - entered_at:.0f} s "
+                f"(at {os.path.basename(where.filename)}:{where.lineno} {where.name})"
+            )
+            sys.stderr.write(
+                f"distsplat: rank {ctx.rank} is {note}: the other ranks are waiting for it "
+                f"(they give up after --collective-timeout-s {ctx.timeout_s:g}). Its main thread:\n" + "".join(traceback.format_list(stack[-12:]))
+            )
             sys.stderr.flush()
             try:
                 bounded(functools.partial(store_set, store, f"{KEY_PREFIX}where/{ctx.rank}", note))
@@ -340,7 +342,6 @@ def announce_failure(ctx: DistContext, message: str) -> None:
 def stop_watching() -> None:
     """End this rank's phase watch (:func:`enter_phase`): called when the run fails or ends."""
     _WATCH.stop()
-
 
 
 def _main_stack_outside_collectives(main_ident: int) -> traceback.StackSummary | None:

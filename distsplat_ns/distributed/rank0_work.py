@@ -103,11 +103,14 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
         if beat != last_beat:
             last_beat, last_change = beat, now
         if now - last_change > ctx.timeout_s:
-            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: no heartbeat for {now - last_change:.0f} s "
-                             f"(--collective-timeout-s {ctx.timeout_s:g}; store at {store_address()})")
+            raise RunFailure(
+                f"rank {ctx.rank}: lost rank 0 while it was {what}: no heartbeat for {now - last_change:.0f} s "
+                f"(--collective-timeout-s {ctx.timeout_s:g}; store at {store_address()})"
+            )
         if now - started > ctx.rank0_work_timeout_s:
-            raise RunFailure(f"rank {ctx.rank}: rank 0 still {what} after {now - started:.0f} s "
-                             f"(--rank0-work-timeout-s {ctx.rank0_work_timeout_s:g})")
+            raise RunFailure(
+                f"rank {ctx.rank}: rank 0 still {what} after {now - started:.0f} s (--rank0-work-timeout-s {ctx.rank0_work_timeout_s:g})"
+            )
         time.sleep(delay_s)
         delay_s = min(0.1, delay_s * 2)
 

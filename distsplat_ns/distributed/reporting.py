@@ -22,8 +22,7 @@ from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 #: Errors reported as their message alone: bad input, and run failures whose message says why.
 #: Everything else is an internal error and keeps its traceback.
-REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError, PermissionError,
-                   NonFiniteGradientError, ReplicaDriftError)
+REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError, PermissionError, NonFiniteGradientError, ReplicaDriftError)
 
 
 def report_user_errors(method):

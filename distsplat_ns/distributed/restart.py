@@ -141,8 +141,7 @@ def choose_checkpoint(
     return ResumeChoice(explicit, f"resuming from {explicit}")
 
 
-def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Path | None, load_step: int | None,
-                         load_checkpoint: Path | None) -> Path | None:
+def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Path | None, load_step: int | None, load_checkpoint: Path | None) -> Path | None:
     if load_dir is not None:
         load_dir = Path(load_dir)
         own_folder = _same_folder(load_dir, run_checkpoint_dir)
@@ -208,11 +207,19 @@ class AttemptLog:
             if attempt.get("cause") == "running":
                 attempt["cause"] = UNRECORDED_END
                 attempt["end_step"] = attempt.get("last_saved_step")
-        self.attempts.append({
-            "attempt": len(self.attempts), "restart_count": restart_count(), "run_id": elastic_run_id(),
-            "world_size": world_size, "start_step": start_step, "last_saved_step": None, "end_step": None,
-            "cause": "running", "started_at": _now(),
-        })
+        self.attempts.append(
+            {
+                "attempt": len(self.attempts),
+                "restart_count": restart_count(),
+                "run_id": elastic_run_id(),
+                "world_size": world_size,
+                "start_step": start_step,
+                "last_saved_step": None,
+                "end_step": None,
+                "cause": "running",
+                "started_at": _now(),
+            }
+        )
         self._write()
 
     def saved(self, step: int) -> None:

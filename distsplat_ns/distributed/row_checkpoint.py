@@ -70,8 +70,9 @@ class _RowSavePlanner(DefaultSavePlanner):
     """
 
     def __init__(self, row_offset: int, num_rows_total: int) -> None:
-        super().__init__(**planner_kwargs(DefaultSavePlanner, flatten_state_dict=False, flatten_sharded_tensors=False,
-                                            dedup_save_to_lowest_rank=False))
+        super().__init__(
+            **planner_kwargs(DefaultSavePlanner, flatten_state_dict=False, flatten_sharded_tensors=False, dedup_save_to_lowest_rank=False)
+        )
         self.row_offset = row_offset
         self.num_rows_total = num_rows_total
 
@@ -82,15 +83,17 @@ class _RowSavePlanner(DefaultSavePlanner):
                 if obj.shape[0] == 0:
                     continue  # an empty shard holds no chunk
                 offsets = torch.Size([self.row_offset] + [0] * (obj.dim() - 1))
-                items.append(WriteItem(
-                    index=MetadataIndex(fqn, offsets),
-                    type=WriteItemType.SHARD,
-                    tensor_data=TensorWriteData(
-                        chunk=ChunkStorageMetadata(offsets=offsets, sizes=obj.size()),
-                        properties=TensorProperties.create_from_tensor(obj),
-                        size=torch.Size([self.num_rows_total, *obj.shape[1:]]),
-                    ),
-                ))
+                items.append(
+                    WriteItem(
+                        index=MetadataIndex(fqn, offsets),
+                        type=WriteItemType.SHARD,
+                        tensor_data=TensorWriteData(
+                            chunk=ChunkStorageMetadata(offsets=offsets, sizes=obj.size()),
+                            properties=TensorProperties.create_from_tensor(obj),
+                            size=torch.Size([self.num_rows_total, *obj.shape[1:]]),
+                        ),
+                    )
+                )
             elif fqn == BLOB_KEY and self.is_coordinator:
                 items.append(WriteItem(index=MetadataIndex(fqn), type=WriteItemType.BYTE_IO))
         self.plan = SavePlan(items)
@@ -179,7 +182,7 @@ def read_row_layout(folder: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...
     out = {}
     for fqn, md in metadata.state_dict_metadata.items():
         if fqn.startswith(ROWS_PREFIX) and isinstance(md, TensorStorageMetadata):
-            out[fqn[len(ROWS_PREFIX):]] = (md.properties.dtype, tuple(md.size))
+            out[fqn[len(ROWS_PREFIX) :]] = (md.properties.dtype, tuple(md.size))
     return out
 
 
@@ -215,4 +218,4 @@ def load_rows(
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp_load(state, storage_reader=dcp.FileSystemReader(str(folder)), planner=_RowLoadPlanner(lo), no_dist=no_dist)
     blob = state.pop(BLOB_KEY, b"")
-    return {k[len(ROWS_PREFIX):]: v for k, v in state.items()}, bytes(blob)  # type: ignore[misc]
+    return {k[len(ROWS_PREFIX) :]: v for k, v in state.items()}, bytes(blob)  # type: ignore[misc]

@@ -73,8 +73,7 @@ def bounded(fn: Callable[[], T], timeout_s: float = STORE_REPLY_S, remember_loss
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        lost = (f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s "
-                "(its host is down or the network is partitioned)")
+        lost = f"the rendezvous store at {store_address()} did not answer within {timeout_s:g} s (its host is down or the network is partitioned)"
         if remember_loss:
             _LOST_STORE.append(lost)
         raise StoreUnreachable(_LOST_STORE[0] if _LOST_STORE else lost)

@@ -40,11 +40,9 @@ RenderGroup = tuple[int, Projection, list[list[Band]]]
 class Projector(Protocol):
     """What a source needs of the model: ``DistSplatModel.render_inputs`` and ``project_gaussians``."""
 
-    def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs:
-        ...
+    def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs: ...
 
-    def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection:
-        ...
+    def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection: ...
 
 
 @dataclass(frozen=True)
@@ -90,8 +88,7 @@ class ProjectionSource(Protocol):
     anchors: tuple[torch.Tensor, ...]
 
     @property
-    def statistics_projections(self) -> list[StatisticsProjection]:
-        ...
+    def statistics_projections(self) -> list[StatisticsProjection]: ...
 
     def render_groups(
         self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
@@ -186,9 +183,7 @@ def rendered_sizes_px(cameras: Cameras, downscale: int) -> list[tuple[int, int]]
     ]
 
 
-def render_calls(
-    bands: Sequence[Band], positions: list[int], sizes_px: Sequence[tuple[int, int]]
-) -> list[tuple[int, int, list[list[Band]]]]:
+def render_calls(bands: Sequence[Band], positions: list[int], sizes_px: Sequence[tuple[int, int]]) -> list[tuple[int, int, list[list[Band]]]]:
     """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
 
     A projection call projects the cameras ``positions[first:stop]``; each of its raster calls

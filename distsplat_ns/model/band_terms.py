@@ -79,10 +79,7 @@ class BandTerms:
         for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px, strict=False):
             gt = self.gt_image(img, bg, downscale, (height, width))
             if gt.shape[0] != height or gt.shape[1] != width:
-                raise ValueError(
-                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px "
-                    f"(after downscale {downscale})"
-                )
+                raise ValueError(f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px (after downscale {downscale})")
             gts.append(gt)
             gt_masks.append(None if mask is None else _downscale_mask(mask.to(bg.device, bg.dtype), downscale, (height, width)))
         return gts, gt_masks
@@ -155,7 +152,8 @@ class BandTerms:
             weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
             terms = (
                 mcmc_regularizers(opacities, scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
-                if share.scale_term else MCMCRegularizers(total, total)
+                if share.scale_term
+                else MCMCRegularizers(total, total)
             )
             total = total + terms.opacity + terms.scale
             keys = ("mcmc_opacity_reg", "mcmc_scale_reg")  # nerfstudio main's splatfacto get_loss_dict

@@ -18,9 +18,7 @@ from nerfstudio.model_components.lib_bilagrid import color_correct
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def colour_corrected_metrics(
-    predicted_rgb: torch.Tensor, gt_rgb: torch.Tensor, psnr: Metric, ssim: Metric, lpips: Metric | None
-) -> dict[str, float]:
+def colour_corrected_metrics(predicted_rgb: torch.Tensor, gt_rgb: torch.Tensor, psnr: Metric, ssim: Metric, lpips: Metric | None) -> dict[str, float]:
     """Splatfacto's ``cc_psnr``, ``cc_ssim`` and (when LPIPS is available) ``cc_lpips``.
 
     Args:

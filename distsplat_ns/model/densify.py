@@ -118,12 +118,24 @@ class MCMCDensifier(Densifier):
         """
         means_lr = float(optimizers["means"].param_groups[0]["lr"])
         done = mcmc_step_post_backward(
-            model.gauss_params, optimizers, model.strategy_state, step=step, seed=model.seed, means_lr=means_lr,
-            next_id=model.next_gauss_id, config=self.config, schedule=self.schedule, gather=gather,
+            model.gauss_params,
+            optimizers,
+            model.strategy_state,
+            step=step,
+            seed=model.seed,
+            means_lr=means_lr,
+            next_id=model.next_gauss_id,
+            config=self.config,
+            schedule=self.schedule,
+            gather=gather,
         )
         model.next_gauss_id = done.next_id
         if done.event is not None and model.is_main_rank:
             LOGGER.info(
                 "step %d: MCMC relocated %d, added %d: %d Gaussians over all ranks (cap %d)",
-                step, done.event.num_relocated, done.event.num_added, done.event.num_gaussians, self.config.max_gs_num,
+                step,
+                done.event.num_relocated,
+                done.event.num_added,
+                done.event.num_gaussians,
+                self.config.max_gs_num,
             )

@@ -103,8 +103,12 @@ class DistSplatModelConfig(SplatfactoModelConfig):
             ValueError, TypeError: a field is out of range (``MCMCConfig``).
         """
         return MCMCConfig(
-            max_gs_num=self.max_gs_num, noise_lr=self.noise_lr, mcmc_opacity_reg=self.mcmc_opacity_reg,
-            mcmc_scale_reg=self.mcmc_scale_reg, cull_alpha_thresh=self.cull_alpha_thresh, stop_split_at=self.stop_split_at,
+            max_gs_num=self.max_gs_num,
+            noise_lr=self.noise_lr,
+            mcmc_opacity_reg=self.mcmc_opacity_reg,
+            mcmc_scale_reg=self.mcmc_scale_reg,
+            cull_alpha_thresh=self.cull_alpha_thresh,
+            stop_split_at=self.stop_split_at,
         )
 
     def __post_init__(self) -> None:
@@ -115,7 +119,9 @@ class DistSplatModelConfig(SplatfactoModelConfig):
         # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
         if self.n_split_samples != 2:
             # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
-            raise ValueError(f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)")
+            raise ValueError(
+                f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)"
+            )
         if self.rasterize_mode not in RASTERIZE_MODES:
             raise ValueError(f"--pipeline.model.rasterize-mode must be {one_of(RASTERIZE_MODES)}, got {self.rasterize_mode!r}")
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
@@ -198,8 +204,10 @@ class DistSplatModel(SplatfactoModel):
             self.densifier = MCMCDensifier(
                 self.mcmc,
                 mcmc_schedule_in_steps(
-                    warmup_images=self.config.warmup_length, stop_split_images=self.config.stop_split_at,
-                    refine_every_images=self.config.refine_every, batch_size=self.batch_size,
+                    warmup_images=self.config.warmup_length,
+                    stop_split_images=self.config.stop_split_at,
+                    refine_every_images=self.config.refine_every,
+                    batch_size=self.batch_size,
                 ),
             )
             strategy_state = {}
@@ -371,8 +379,14 @@ class DistSplatModel(SplatfactoModel):
         **Differentiable:** with respect to the Gaussian parameters (and camera adjustments).
         """
         return project(
-            **self._activated(), viewmats=viewmats, Ks=Ks, width=width, height=height, sh_degree=self.sh_degree_at(step),
-            rasterize_mode=self.config.rasterize_mode, backend=self.config.rendering_backend,
+            **self._activated(),
+            viewmats=viewmats,
+            Ks=Ks,
+            width=width,
+            height=height,
+            sh_degree=self.sh_degree_at(step),
+            rasterize_mode=self.config.rasterize_mode,
+            backend=self.config.rendering_backend,
         )
 
     # ------------------------------------------------------------------ training forward
@@ -435,9 +449,7 @@ class DistSplatModel(SplatfactoModel):
                 proj = with_depth_channel(proj)  # splatfacto renders RGB+ED while training with the flag
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
-                out = rasterize_rows(
-                    proj, [b.first_row_px for b in call], rows, tile_size=TILE_SIZE, absgrad=self.config.use_absgrad
-                )
+                out = rasterize_rows(proj, [b.first_row_px for b in call], rows, tile_size=TILE_SIZE, absgrad=self.config.use_absgrad)
                 for k, band in enumerate(call):
                     i = first + k
                     grid = None if camera_ids is None or not self.config.use_bilateral_grid else camera_ids[i]
@@ -509,9 +521,7 @@ class DistSplatModel(SplatfactoModel):
         """
         self.densifier.after_optimizer(self, step, optimizers, info, gather_ids)
 
-    def refine(
-        self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local
-    ) -> None:
+    def refine(self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local) -> None:
         """Run the densification strategy (``model/strategy.py``) on statistics of the whole batch.
 
         The result does not depend on how many processes hold the Gaussians: decisions are per

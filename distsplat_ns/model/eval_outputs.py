@@ -54,9 +54,19 @@ def render_view(
     viewmats, Ks, width, height = inputs.viewmats, inputs.Ks, inputs.width, inputs.height
     render_mode = "RGB+ED" if (config.output_depth_during_training or not training) else "RGB"
     render, alpha, _ = rasterization(
-        **params, viewmats=viewmats, Ks=Ks, width=width, height=height, packed=False,
-        near_plane=0.01, far_plane=1e10, render_mode=render_mode, sh_degree=sh_degree,
-        absgrad=False, rasterize_mode=config.rasterize_mode, backend=config.rendering_backend,
+        **params,
+        viewmats=viewmats,
+        Ks=Ks,
+        width=width,
+        height=height,
+        packed=False,
+        near_plane=0.01,
+        far_plane=1e10,
+        render_mode=render_mode,
+        sh_degree=sh_degree,
+        absgrad=False,
+        rasterize_mode=config.rasterize_mode,
+        backend=config.rendering_backend,
     )
     rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
     depth_im = None

@@ -134,9 +134,7 @@ def _eq9_coefficients() -> torch.Tensor:
     Eq. 9's denominator ``sum_{i=1..n} sum_{k<i} C(i-1, k) (-1)^k o^(k+1) / sqrt(k+1)`` regrouped by
     k with the hockey-stick identity ``sum_{i=k+1..n} C(i-1, k) = C(n, k+1)``.
     """
-    return torch.tensor(
-        [[(-1) ** k * math.comb(n, k + 1) / math.sqrt(k + 1) for k in range(_N_MAX)] for n in range(_N_MAX + 1)], dtype=torch.float64
-    )
+    return torch.tensor([[(-1) ** k * math.comb(n, k + 1) / math.sqrt(k + 1) for k in range(_N_MAX)] for n in range(_N_MAX + 1)], dtype=torch.float64)
 
 
 def relocation_opacity_scale(opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,8 +214,13 @@ def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min
 
 
 def _apply_draws(
-    params: Any, optimizers: dict[str, torch.optim.Optimizer], state: dict[str, Any], draws: Draws, first_id: int,
-    min_opacity: float, dead_here: torch.Tensor | None,
+    params: Any,
+    optimizers: dict[str, torch.optim.Optimizer],
+    state: dict[str, Any],
+    draws: Draws,
+    first_id: int,
+    min_opacity: float,
+    dead_here: torch.Tensor | None,
 ) -> torch.Tensor:
     """Act on the draws whose source this rank holds; returns the distinct sources' ids held here."""
     held, rows = rows_of(state["gauss_ids"], draws.source_ids)
@@ -225,8 +228,13 @@ def _apply_draws(
     copy_ids = first_id + torch.nonzero(held).flatten()
     keep = None if dead_here is None else ~dead_here
     _rewrite_rows(
-        GaussianRows.over(params, state, optimizers), keep=keep, source_rows=rows, new_opacity_logits=logits,
-        new_log_scales=log_scales, zero_source_moments=dead_here is not None, copy_ids=copy_ids,
+        GaussianRows.over(params, state, optimizers),
+        keep=keep,
+        source_rows=rows,
+        new_opacity_logits=logits,
+        new_log_scales=log_scales,
+        zero_source_moments=dead_here is not None,
+        copy_ids=copy_ids,
     )
     return torch.unique(draws.source_ids[held])
 
@@ -296,7 +304,9 @@ def mcmc_event(
         sources_here = _apply_draws(params, optimizers, state, draws, next_id, min_opacity, dead_here)
         if num_added:
             _, rows = rows_of(state["gauss_ids"], sources_here)
-            table = reweighted_after_relocation(table, draws, next_id, sources_here, opacity_weights(params["opacities"].detach().flatten()[rows]), gather)
+            table = reweighted_after_relocation(
+                table, draws, next_id, sources_here, opacity_weights(params["opacities"].detach().flatten()[rows]), gather
+            )
         next_id += num_relocated
     if num_added:
         draws = draw_by_weight(table.ids, table.weights, num_added, seed=seed, step=step, stream=STREAM_ADD)
@@ -423,8 +433,15 @@ def mcmc_step_post_backward(
     event = None
     if schedule.is_event(step):
         event = mcmc_event(
-            params, optimizers, state, step=step, seed=seed, next_id=next_id, cap_max=config.max_gs_num,
-            min_opacity=config.cull_alpha_thresh, gather=gather,
+            params,
+            optimizers,
+            state,
+            step=step,
+            seed=seed,
+            next_id=next_id,
+            cap_max=config.max_gs_num,
+            min_opacity=config.cull_alpha_thresh,
+            gather=gather,
         )
         next_id = event.next_id
     inject_keyed_position_noise(params, state["gauss_ids"], seed=seed, step=step, scaler=means_lr * config.noise_lr)
@@ -432,6 +449,15 @@ def mcmc_step_post_backward(
 
 
 __all__ = [
-    "MCMCConfig", "MCMCEvent", "MCMCRegularizers", "MCMCSchedule", "MCMCStep", "inject_keyed_position_noise",
-    "mcmc_event", "mcmc_regularizers", "mcmc_schedule_in_steps", "mcmc_step_post_backward", "relocation_opacity_scale",
+    "MCMCConfig",
+    "MCMCEvent",
+    "MCMCRegularizers",
+    "MCMCSchedule",
+    "MCMCStep",
+    "inject_keyed_position_noise",
+    "mcmc_event",
+    "mcmc_regularizers",
+    "mcmc_schedule_in_steps",
+    "mcmc_step_post_backward",
+    "relocation_opacity_scale",
 ]

@@ -38,7 +38,7 @@ def _model_prefix(pipeline: Mapping[str, Any]) -> str:
 def parameter_names(pipeline: Mapping[str, Any]) -> list[str]:
     """The Gaussian parameters a checkpoint's pipeline holds."""
     head = _model_prefix(pipeline) + _PARAMS
-    return [k[len(head):] for k in pipeline if k.startswith(head)]
+    return [k[len(head) :] for k in pipeline if k.startswith(head)]
 
 
 def checkpoint_rows(loaded: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -62,12 +62,12 @@ def put_rows_(loaded: dict[str, Any], rows: Mapping[str, torch.Tensor]) -> None:
     the optimizer states that ``loaded["optimizers"]`` has for their parameter (state ``0``)."""
     pipeline = loaded["pipeline"]
     prefix = _model_prefix(pipeline)
-    model_extra_state(loaded)[_STRATEGY] = {k[len(STATE_PREFIX):]: v for k, v in rows.items() if k.startswith(STATE_PREFIX)}
+    model_extra_state(loaded)[_STRATEGY] = {k[len(STATE_PREFIX) :]: v for k, v in rows.items() if k.startswith(STATE_PREFIX)}
     for key, value in rows.items():
         if key.startswith(PARAM_PREFIX):
-            pipeline[prefix + _PARAMS + key[len(PARAM_PREFIX):]] = value
+            pipeline[prefix + _PARAMS + key[len(PARAM_PREFIX) :]] = value
         elif key.startswith(OPT_PREFIX):
-            name, moment = key[len(OPT_PREFIX):].split(".", 1)
+            name, moment = key[len(OPT_PREFIX) :].split(".", 1)
             opt = loaded.get("optimizers", {}).get(name)
             if isinstance(opt, dict):
                 states = opt.setdefault("state", {})

@@ -134,9 +134,7 @@ class RowSchema:
         raise KeyError(f"no per-Gaussian field {name!r} in the schema ({[f.name for f in self.fields]})")
 
 
-def gaussian_schema(
-    parameters: Sequence[str] | Sequence[RowField] = GAUSSIAN_PARAMETER_NAMES, statistics: Sequence[RowField] = ()
-) -> RowSchema:
+def gaussian_schema(parameters: Sequence[str] | Sequence[RowField] = GAUSSIAN_PARAMETER_NAMES, statistics: Sequence[RowField] = ()) -> RowSchema:
     """The schema of a model's rows: its parameters (fields, or names with shapes taken from the
     tensors), the strategy's ``statistics`` (``Densifier.statistics``), then the ids."""
     fields = tuple(p if isinstance(p, RowField) else RowField(p, "parameter") for p in parameters)
@@ -196,7 +194,10 @@ class GaussianRows:
 
     @classmethod
     def over(
-        cls, params: MutableMapping[str, torch.nn.Parameter], state: MutableMapping[str, Any], optimizers: Optimizers = None,
+        cls,
+        params: MutableMapping[str, torch.nn.Parameter],
+        state: MutableMapping[str, Any],
+        optimizers: Optimizers = None,
         statistics: Sequence[RowField] = (),
     ) -> GaussianRows:
         """The rows of gsplat's strategy arguments: ``params`` (their names), the strategy's
@@ -452,7 +453,9 @@ class GaussianRows:
         p = self.params[name]
         state = self.adam_state(name)
         prefix = f"{OPT_PREFIX}{name}."
-        keys = {k for k, v in state.items() if is_moment(k, v)} | {k[len(prefix):] for k, v in rows.items() if k.startswith(prefix) and v is not None}
+        keys = {k for k, v in state.items() if is_moment(k, v)} | {
+            k[len(prefix) :] for k, v in rows.items() if k.startswith(prefix) and v is not None
+        }
         if keys and "step" not in state:
             if adam_steps is None or name not in adam_steps:
                 raise ValueError(f"append_: Adam moments of {name} arrive where none exist, and no step was given")

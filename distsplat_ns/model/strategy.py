@@ -220,9 +220,7 @@ class ChildIds(NamedTuple):
     """How many tensors the gather returned (1 where this process holds every Gaussian)."""
 
 
-def allocate_child_ids(
-    next_id: int, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather
-) -> ChildIds:
+def allocate_child_ids(next_id: int, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
     """Number the Gaussians one grow event creates, the same whatever the number of ranks.
 
     The parent ids of all ranks are sorted: the copy of the k-th duplicated parent gets
@@ -382,7 +380,12 @@ def refine_keyed(
         where = "" if new.num_ranks == 1 else f" (duplicated, split: all {new.num_ranks} ranks; pruned, count: this rank)"
         logger.info(
             "Step %d: %d GSs duplicated, %d GSs split, %d GSs pruned. Now having %d GSs%s.",
-            step, new.num_dup_total, new.num_split_total, num_pruned, len(rows), where,
+            step,
+            new.num_dup_total,
+            new.num_split_total,
+            num_pruned,
+            len(rows),
+            where,
         )
     state["grad2d"].zero_()
     state["count"].zero_()
@@ -391,9 +394,7 @@ def refine_keyed(
     return new.num_dup_total, new.num_split_total, num_pruned
 
 
-def batch_info(
-    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any
-) -> dict[str, Any]:
+def batch_info(grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any) -> dict[str, Any]:
     """The ``info`` dict DefaultStrategy reads, built from statistics of the WHOLE global batch.
 
     Args:

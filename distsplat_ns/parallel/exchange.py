@@ -146,8 +146,15 @@ class _ScreenTermExchange(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        fn_ctx, means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, depths: Tensor, radii: Tensor,
-        ids: Tensor, route: Route,
+        fn_ctx,
+        means2d: Tensor,
+        conics: Tensor,
+        colors: Tensor,
+        opacities: Tensor,
+        depths: Tensor,
+        radii: Tensor,
+        ids: Tensor,
+        route: Route,
     ) -> tuple[Tensor, Tensor, Tensor]:
         fn_ctx.route = route
         fn_ctx.field_shapes = (means2d.shape, conics.shape, colors.shape, opacities.shape)
@@ -158,8 +165,15 @@ class _ScreenTermExchange(torch.autograd.Function):
         # columns of the terms' dtype; a radius as its bits, one column.
         id_columns = ids[:, None].view(dtype)
         terms = torch.cat(
-            [means2d, conics, _rgb(colors), opacities[..., None], depths[..., None],
-             radii.to(_int_of_size(dtype)).view(dtype)[..., None], id_columns.expand(means2d.shape[0], *id_columns.shape)],
+            [
+                means2d,
+                conics,
+                _rgb(colors),
+                opacities[..., None],
+                depths[..., None],
+                radii.to(_int_of_size(dtype)).view(dtype)[..., None],
+                id_columns.expand(means2d.shape[0], *id_columns.shape),
+            ],
             dim=-1,
         )  # [C, N, 11 + 8 / itemsize]
         payload = terms[route.camera_of_row, route.gaussian_of_row]
@@ -338,9 +352,7 @@ class ReceivedProjections:
         positions = sorted(self.route.rows_of_position)
         parts = [self.route.rows_of_position[p] for p in positions]
         sizes = [int(part.shape[0]) for part in parts]
-        means2d, conics, colors, opacities, depths, radii = _ReceivedFields.apply(
-            self.leaf, _joined(parts), self.route
-        )
+        means2d, conics, colors, opacities, depths, radii = _ReceivedFields.apply(self.leaf, _joined(parts), self.route)
         fields = {"means2d": means2d, "conics": conics, "depths": depths, "radii": radii, "opacities": opacities, "colors": colors}
         split = {name: _parts(values, sizes, dim=1) for name, values in fields.items()}
         return {
@@ -375,7 +387,9 @@ def render_tile_rows(band: Band, height_px: int) -> tuple[int, int]:
 
 
 def _pair_masks(
-    calls: Sequence[ProjectionCall], sizes_px: dict[int, tuple[int, int]], camera_of: dict[int, int],
+    calls: Sequence[ProjectionCall],
+    sizes_px: dict[int, tuple[int, int]],
+    camera_of: dict[int, int],
     bands_of_rank: Sequence[Sequence[Band]],
 ) -> tuple[list[tuple[int, int]], Tensor | None]:
     """Which of the shard's Gaussians each (destination, position) pair needs: the union over

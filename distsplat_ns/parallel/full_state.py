@@ -115,8 +115,10 @@ def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optim
     steps = layout.step_tensors()
     steps.update({name: step.detach().clone() for name, _ in rows.parameters() if (step := rows.adam_step(name)) is not None})
     opt_states = {name: opt.state_dict() for name, opt in (optimizers or {}).items()}
-    gathered = {"pipeline": {MODEL_EXTRA_KEY: dict(model.get_extra_state())},
-                "optimizers": step_only_states(opt_states, rows.schema.parameters, steps)}
+    gathered = {
+        "pipeline": {MODEL_EXTRA_KEY: dict(model.get_extra_state())},
+        "optimizers": step_only_states(opt_states, rows.schema.parameters, steps),
+    }
     put_rows_(gathered, full)
     return GatheredState(pipeline_entries=gathered["pipeline"], optimizers=gathered["optimizers"])
 

@@ -120,9 +120,7 @@ class ParallelMode(ABC):
         return GradientSum(lambda: self.reduce_gradients(named))
 
     @abstractmethod
-    def statistics(
-        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
-    ) -> tuple[dict[str, Any], int]:
+    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
         and the bytes moved. ``sources``: one per camera group, after its backward; ``sizes_px``:
         each batch position's rendered ``(width, height)``."""
@@ -262,9 +260,7 @@ def _stacked_statistics(
     return torch.stack(grads), torch.stack(absgrads), stacked_radii
 
 
-def info_for(
-    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[tuple[int, int]]
-) -> dict[str, Any]:
+def info_for(grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[tuple[int, int]]) -> dict[str, Any]:
     """``batch_info`` at each batch position's rendered ``(width, height)``: plain ints where the
     batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
     if len(set(sizes_px)) == 1:

@@ -109,9 +109,7 @@ def exchange_halo_rows(
     incoming = []
     for slots, values in zip(slots_by_rank, gathered, strict=True):
         parts = torch.split(values, [s.numel for s in slots]) if slots else ()
-        incoming.append(
-            [(s.position, s.start_row_px, part.view(s.rows, s.width, HALO_CHANNELS)) for s, part in zip(slots, parts, strict=True)]
-        )
+        incoming.append([(s.position, s.start_row_px, part.view(s.rows, s.width, HALO_CHANNELS)) for s, part in zip(slots, parts, strict=True)])
     return incoming
 
 

@@ -45,9 +45,7 @@ class ReplicatedMode(ParallelMode):
         """Already every Gaussian's (every rank projected all of them). Local."""
         return costs, 0
 
-    def projections(
-        self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Sequence[int] | None = None
-    ) -> tuple[ProjectionSource, int]:
+    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Sequence[int] | None = None) -> tuple[ProjectionSource, int]:
         """This rank's own Gaussians, projected as its bands are rendered. Local."""
         return OwnProjections(), 0
 
@@ -67,9 +65,7 @@ class ReplicatedMode(ParallelMode):
         """
         return BucketedGradientSum(self.ctx, [p for _, p in named], overlap=overlap)
 
-    def statistics(
-        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
-    ) -> tuple[dict[str, Any], int]:
+    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 

@@ -49,9 +49,7 @@ IDS_KEY = STATE_PREFIX + IDS
 ALONE_CHUNK_ROWS = 1 << 18
 
 
-def write_shard_checkpoint(
-    ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]
-) -> int:
+def write_shard_checkpoint(ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]) -> int:
     """Write this rank's rows and rank 0's ``payload`` without its rows into ``folder`` (DCP).
 
     Args:
@@ -119,8 +117,9 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
     return rows, rest
 
 
-def _read_key_in_id_order(ctx: DistContext | None, folder: Path, key: str, dtype_shape: tuple, row_range: tuple[int, int],
-                          place: torch.Tensor | None) -> torch.Tensor:
+def _read_key_in_id_order(
+    ctx: DistContext | None, folder: Path, key: str, dtype_shape: tuple, row_range: tuple[int, int], place: torch.Tensor | None
+) -> torch.Tensor:
     """Saved rows ``row_range`` of ``key``, each at ``place`` (its id's place; None: as saved).
 
     **Collective:** with a distributed ``ctx``, one :func:`load_rows` on every rank (the whole
@@ -135,7 +134,7 @@ def _read_key_in_id_order(ctx: DistContext | None, folder: Path, key: str, dtype
     chunk = ALONE_CHUNK_ROWS if alone else hi - lo  # place is set, so hi > lo
     for start in range(lo, hi, chunk):
         stop = min(start + chunk, hi)
-        out[place[start - lo:stop - lo]] = load_rows(ctx, folder, [key], (start, stop), with_blob=False)[0][key]
+        out[place[start - lo : stop - lo]] = load_rows(ctx, folder, [key], (start, stop), with_blob=False)[0][key]
     return out
 
 
@@ -156,6 +155,7 @@ def read_shard_checkpoint(ctx: DistContext | None, folder: Path, rank: int, worl
     **Collective:** with a distributed ``ctx``, world group (``load_rows``: DCP's plan gather and
     barrier); every rank calls it. With ``ctx=None``, local (tests, tools).
     """
+
     def row_range(num_total: int) -> tuple[int, int]:
         return owned_block(num_total, rank, world) if sharded else (0, num_total)
 
@@ -181,7 +181,7 @@ def _route_to_id_blocks(ctx: DistContext, rows: dict[str, torch.Tensor]) -> dict
     position[torch.sort(everyone, stable=True).indices] = torch.arange(everyone.numel())
     offset = sum(all_gather_counts(ctx, int(ids.numel()))[: ctx.rank])
     bounds = torch.tensor([owned_block(everyone.numel(), r, ctx.world_size)[1] for r in range(ctx.world_size)])
-    dest = torch.searchsorted(bounds, position[offset: offset + ids.numel()], right=True)
+    dest = torch.searchsorted(bounds, position[offset : offset + ids.numel()], right=True)
     order = torch.sort(dest, stable=True).indices
     send_counts = torch.bincount(dest, minlength=ctx.world_size).tolist()
     recv_counts = all_to_all_counts(ctx, send_counts)

@@ -142,9 +142,7 @@ class ShardedMode(ParallelMode):
         positions = list(range(len(cameras))) if positions is None else list(positions)
         group = cameras.at(positions)
         # The shard into every camera of the group, each call's cameras named by batch position.
-        calls: list[ProjectionCall] = [
-            ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)
-        ]
+        calls: list[ProjectionCall] = [([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)]
         wanted = set(positions)
         bands = [[b for b in rank_bands if b.position in wanted] for rank_bands in plan.bands]
         with timer():
@@ -164,9 +162,7 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(
-        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
-    ) -> tuple[dict[str, Any], int]:
+    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients (at one rank,
         its own projections: :meth:`projections`). Local."""
         projections = [p for source in sources for p in source.statistics_projections]

@@ -76,8 +76,13 @@ def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Ca
         keep = model.crop_box.within(raw["means"]).reshape(-1)
         raw, ids = {k: v[keep] for k, v in raw.items()}, ids[keep]
     proj = project(
-        **model._activated(raw), viewmats=inputs.viewmats, Ks=inputs.Ks, width=width, height=height,
-        sh_degree=model.sh_degree_at(model.step), rasterize_mode=model.config.rasterize_mode,
+        **model._activated(raw),
+        viewmats=inputs.viewmats,
+        Ks=inputs.Ks,
+        width=width,
+        height=height,
+        sh_degree=model.sh_degree_at(model.step),
+        rasterize_mode=model.config.rasterize_mode,
         backend=model.config.rendering_backend,
     )
     costs = footprint_row_costs(proj.means2d[0], proj.radii[0], height, width)

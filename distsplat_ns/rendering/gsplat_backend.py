@@ -61,9 +61,7 @@ def project_gaussians(
         radius_clip=radius_clip,
         calc_compensations=calc_compensations,
     )
-    return ProjectedGaussians(
-        radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations
-    )
+    return ProjectedGaussians(radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations)
 
 
 def evaluate_sh(degree: int, dirs: Tensor, coeffs: Tensor, masks: Tensor) -> Tensor:
@@ -130,9 +128,7 @@ def rasterize_band(
     band_means2d = means2d - shift
     num_tile_rows = math.ceil(num_rows / tile_size)
     num_tile_cols = math.ceil(width / tile_size)
-    _, isect_ids, flatten_ids = isect_tiles(
-        band_means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=False, n_cameras=num_cameras
-    )
+    _, isect_ids, flatten_ids = isect_tiles(band_means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=False, n_cameras=num_cameras)
     isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
     render_colors, render_alphas = rasterize_to_pixels(
         band_means2d,

@@ -81,10 +81,7 @@ def unpack(packed: PackedGaussians, num_cameras: int, num_gaussians: int) -> tup
 
     **Differentiable:** with respect to the packed tensors (the gradient is gathered back).
     """
-    return tuple(
-        _scatter(t, packed, num_cameras, num_gaussians)
-        for t in (packed.means2d, packed.conics, packed.opacities, packed.colors)
-    )  # type: ignore[return-value]
+    return tuple(_scatter(t, packed, num_cameras, num_gaussians) for t in (packed.means2d, packed.conics, packed.opacities, packed.colors))  # type: ignore[return-value]
 
 
 def forward_absgrad(packed: PackedGaussians, dense_sink: Tensor) -> None:

@@ -33,7 +33,7 @@ def _alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:  # no procfs (or it just ended): the signal said it exists
         return True
-    return stat[stat.rfind(")") + 2:][:1] != "Z"  # the state field follows the command name's ')'
+    return stat[stat.rfind(")") + 2 :][:1] != "Z"  # the state field follows the command name's ')'
 
 
 def remove_orphan_semaphores(shm: Path = _SHM) -> int:

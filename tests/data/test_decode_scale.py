@@ -80,9 +80,7 @@ def test_box_downscale_is_the_rounded_block_mean() -> None:
     image = rng.integers(0, 256, (103, 77, 3), dtype=np.uint8)
     for factor in (2, 3, 4, 8):
         size_hw = (103 // factor, 77 // factor)
-        block_means = image[: size_hw[0] * factor, : size_hw[1] * factor].reshape(
-            size_hw[0], factor, size_hw[1], factor, 3
-        ).mean(axis=(1, 3))
+        block_means = image[: size_hw[0] * factor, : size_hw[1] * factor].reshape(size_hw[0], factor, size_hw[1], factor, 3).mean(axis=(1, 3))
         out = box_downscale(image, factor, size_hw)
         assert out.shape == (*size_hw, 3) and out.dtype == np.uint8
         assert np.abs(out - block_means).max() <= 0.5 + 1e-9  # "exact": rounding to uint8 only

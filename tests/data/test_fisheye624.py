@@ -28,7 +28,12 @@ CAMERAS = {
 
 def _nerfstudio_camera(width: int, height: int, fx: float, fy: float, cx: float, cy: float, radius: float) -> Cameras:
     return Cameras(
-        fx=fx, fy=fy, cx=cx, cy=cy, width=width, height=height,
+        fx=fx,
+        fy=fy,
+        cx=cx,
+        cy=cy,
+        width=width,
+        height=height,
         distortion_params=torch.tensor(FISHEYE624_PARAMS, dtype=torch.float32),
         camera_type=CameraType.FISHEYE624,
         camera_to_worlds=torch.eye(4)[None, :3, :4],
@@ -108,9 +113,7 @@ def test_fisheye624_without_a_usable_crop_radius_is_refused(radius: object) -> N
 
 def test_other_distorted_models_still_refused_naming_the_supported_ones() -> None:
     with pytest.raises(NotImplementedError, match="perspective, fisheye and FISHEYE624 are"):
-        undistort_intrinsics(
-            ["EQUIRECTANGULAR"], *([np.ones(1, np.float32)] * 4), np.array([8]), np.array([6]), np.full((1, 6), 0.1, np.float32)
-        )
+        undistort_intrinsics(["EQUIRECTANGULAR"], *([np.ones(1, np.float32)] * 4), np.array([8]), np.array([6]), np.full((1, 6), 0.1, np.float32))
 
 
 def test_mask_given_with_a_fisheye624_spec_is_an_error() -> None:

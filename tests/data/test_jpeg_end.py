@@ -177,4 +177,3 @@ def test_skip_corrupt_images_logs_a_truncated_jpeg_at_startup_and_drops_it_when_
     finally:
         manager.close()
     assert index in batch.skipped_indices and index not in batch.camera_indices
-

@@ -14,8 +14,21 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).resolve().parents[2] / "distsplat_ns" / "data"
-PURE = ["order.py", "stream.py", "store.py", "decode.py", "resize.py", "preflight.py", "worker_server.py",
-        "undistort.py", "image_loader.py", "slots.py", "workers.py", "reader.py", "upload.py"]
+PURE = [
+    "order.py",
+    "stream.py",
+    "store.py",
+    "decode.py",
+    "resize.py",
+    "preflight.py",
+    "worker_server.py",
+    "undistort.py",
+    "image_loader.py",
+    "slots.py",
+    "workers.py",
+    "reader.py",
+    "upload.py",
+]
 
 
 def _imports(path: Path) -> set[str]:

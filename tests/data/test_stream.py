@@ -247,6 +247,16 @@ def test_reused_decode_slot_is_an_error_not_wrong_pixels() -> None:
 
     slots = DecodeSlots(num_workers=1, num_parts=2, images_per_part=1, image_bytes=12)
     slots.stamps[0, 1] = 9  # the slot already holds a later step
-    part = StepPart(step=7, worker_id=0, positions=[0], camera_indices=[3], images=[SlotRef(slots.offset(0, 1, 0), (2, 2, 3))], masks=[None], skipped_indices=[], decode_s=0.0, slot_index=1)
+    part = StepPart(
+        step=7,
+        worker_id=0,
+        positions=[0],
+        camera_indices=[3],
+        images=[SlotRef(slots.offset(0, 1, 0), (2, 2, 3))],
+        masks=[None],
+        skipped_indices=[],
+        decode_s=0.0,
+        slot_index=1,
+    )
     with pytest.raises(RuntimeError, match="holds step 9, expected 7"):
         merge_parts(7, [part], slots)

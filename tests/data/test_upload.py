@@ -25,8 +25,7 @@ def masked_manager(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("downscale", [1, 2])
 def test_streamed_images_and_masks_reach_the_device_byte_for_byte(masked_manager, downscale: int) -> None:
-    masked_manager.configure_training(batch_size=4, rank=0, world_size=1, start_step=0, 
-                                     downscale_at=ResolutionSchedule(downscale // 2, 10**6, 4))
+    masked_manager.configure_training(batch_size=4, rank=0, world_size=1, start_step=0, downscale_at=ResolutionSchedule(downscale // 2, 10**6, 4))
     loader = masked_manager._train_loader
     for step in range(3):
         batch = masked_manager.next_train_batch(step)

@@ -86,9 +86,9 @@ def test_decode_error_reaches_the_consumer_with_file_index_and_reason(good_copy:
 
 def test_decode_error_in_an_eval_worker_names_the_file(tmp_path: Path) -> None:
     scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=10)
-    manager = ParallelFullImageDatamanagerConfig(
-        dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), eval_num_workers=2
-    ).setup(device="cpu")
+    manager = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), eval_num_workers=2).setup(
+        device="cpu"
+    )
     bad = manager.eval_dataset.image_filenames[0]
     _truncate(Path(bad))
     with pytest.raises(ValueError) as excinfo:
@@ -156,9 +156,7 @@ def test_bad_mask_size_fails_at_startup_naming_the_mask(tmp_path: Path) -> None:
     mask = min((scene / "masks").glob("*.png"))
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(mask)
     with pytest.raises(ValueError, match=f"mask {mask} .* 10x10"):
-        ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0).setup(
-            device="cpu"
-        )
+        ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0).setup(device="cpu")
 
 
 # ---------------------------------------------------------------------------------- batch size

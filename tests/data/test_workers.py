@@ -63,9 +63,7 @@ def test_workers_exit_within_2s_when_their_process_is_killed(jpeg_paths: list[Pa
         "hold_stream_workers([Path(p) for p in json.loads(sys.argv[1])], num_workers=2)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps([str(p) for p in jpeg_paths])], cwd=REPO, env=env, stdout=subprocess.PIPE
-    )
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps([str(p) for p in jpeg_paths])], cwd=REPO, env=env, stdout=subprocess.PIPE)
     workers: list[int] = []
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 120)
@@ -123,7 +121,14 @@ def test_forkserver_workers_do_not_rerun_the_main_script(tmp_path: Path, jpeg_pa
     script, marker = tmp_path / "main.py", tmp_path / "ran.txt"
     script.write_text(MAIN_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(script), str(marker), json.dumps([str(p) for p in jpeg_paths])],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(marker), json.dumps([str(p) for p in jpeg_paths])],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(marker.read_text().split()) == 1, f"the main script ran in processes {marker.read_text().split()} (only the parent should)"

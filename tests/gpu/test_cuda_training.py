@@ -24,7 +24,9 @@ def _step_grads(backend: str, device: str) -> dict:
     images = make_images(2)
     tile_rows = -(-HEIGHT // TILE_SIZE)
     bands = [Band(0, 0, tile_rows), Band(1, 0, 1), Band(1, 1, tile_rows)]  # tile rows: pixel rows 0-16-48
-    result = model.forward_bands(BatchCameras.of(cameras.to(device)), [0, 1], images, [None, None], bands, step=5, regularizers=RegularizerShare(True, True, model.num_points))
+    result = model.forward_bands(
+        BatchCameras.of(cameras.to(device)), [0, 1], images, [None, None], bands, step=5, regularizers=RegularizerShare(True, True, model.num_points)
+    )
     backward_bands(result.loss, result.pixel_links, lambda msgs: [msgs])
     return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None and p.numel()}
 

@@ -288,9 +288,7 @@ class LockCheckingLoader(ImageLoader):
     """An ``ImageLoader`` that takes ``START_LOCK`` before each decode: a worker forked while another
     thread of its parent held the lock inherits it held, and fails here instead of decoding."""
 
-    def load_array(
-        self, index: int, out: np.ndarray | None = None, downscale: int = 1
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
         if not START_LOCK.acquire(timeout=2.0):
             raise RuntimeError("this worker inherited START_LOCK held: it was forked while another thread held it")
         START_LOCK.release()

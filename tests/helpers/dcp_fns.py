@@ -39,6 +39,15 @@ def log_figures(ctx: Any) -> Any:
     from distsplat_ns.run_record import reduce_log_figures
 
     timings = StepTimings(data_wait=0.0, forward=ctx.rank + 1.0, backward=0.5, all_reduce=0.0, optimizer=0.0, densify=0.0)
-    report = StepReport(loss=torch.tensor(1.0), l1=torch.tensor(0.5), dssim=torch.tensor(0.25), loss_terms={}, num_gaussians=10,
-                        timings=timings, bytes_communicated=1000 * (ctx.rank + 1), measured_imbalance=1.0, time_imbalance=1.0)
+    report = StepReport(
+        loss=torch.tensor(1.0),
+        l1=torch.tensor(0.5),
+        dssim=torch.tensor(0.25),
+        loss_terms={},
+        num_gaussians=10,
+        timings=timings,
+        bytes_communicated=1000 * (ctx.rank + 1),
+        measured_imbalance=1.0,
+        time_imbalance=1.0,
+    )
     return reduce_log_figures(ctx, [report.loss, report.l1, report.dssim], report, 3 + ctx.rank)

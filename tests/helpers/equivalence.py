@@ -10,13 +10,20 @@ from __future__ import annotations
 # eps >= 1e-8), the parameters stay within rounding (assert_same_model) and no decision flips
 # (docs/float64_exactness.md; bird: none over 900 images).
 EQUIV_EXTRA = [
-    "--pipeline.model.param-dtype", "float64",
-    "--pipeline.batch-size", "2",
-    "--pipeline.model.warmup-length", "20",
-    "--pipeline.model.refine-every", "20",
-    "--pipeline.replica-check-every", "1",
-    "--steps-per-eval-all-images", "1000",
-    "--steps-per-save", "1000",
+    "--pipeline.model.param-dtype",
+    "float64",
+    "--pipeline.batch-size",
+    "2",
+    "--pipeline.model.warmup-length",
+    "20",
+    "--pipeline.model.refine-every",
+    "20",
+    "--pipeline.replica-check-every",
+    "1",
+    "--steps-per-eval-all-images",
+    "1000",
+    "--steps-per-save",
+    "1000",
 ]
 
 

@@ -12,8 +12,16 @@ from pathlib import Path
 from tests.helpers.nsrun import cpu_env, ns_bin, run_dir, train_args
 
 #: Lifecycle runs are long (stopped by the test) and never evaluate or save on their own.
-LONG_RUN_EXTRA = ["--steps-per-eval-all-images", "100000", "--steps-per-eval-image", "100000", "--steps-per-save", "100000",
-                  "--save-only-latest-checkpoint", "True"]
+LONG_RUN_EXTRA = [
+    "--steps-per-eval-all-images",
+    "100000",
+    "--steps-per-eval-image",
+    "100000",
+    "--steps-per-save",
+    "100000",
+    "--save-only-latest-checkpoint",
+    "True",
+]
 
 
 def start_training(out: Path, timestamp: str, nproc: int, extra: Sequence[str] = (), num_images: int = 100000) -> subprocess.Popen:

@@ -87,7 +87,10 @@ def trainer_identity(ctx, out: str) -> dict:
     from distsplat_ns.trainer import DistSplatTrainer, DistSplatTrainerConfig
 
     config = DistSplatTrainerConfig(
-        method_name="distsplat", output_dir=out, experiment_name="it", timestamp=f"t{ctx.rank}",
+        method_name="distsplat",
+        output_dir=out,
+        experiment_name="it",
+        timestamp=f"t{ctx.rank}",
         machine=MachineConfig(device_type="cpu", seed=100 + ctx.rank),
     )
     trainer = DistSplatTrainer(config)

@@ -17,7 +17,19 @@ from distsplat_ns.model.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.strategy_shards import SEED, N, by_id, make_gaussians, take_shard
 
-__all__ = ["FIRST_ID", "PARTITIONS", "BarrierGather", "by_id", "kill_by_id", "mcmc_gaussians", "mcmc_rank_shard", "mcmc_sequence", "run_ranks", "set_moments_by_id", "shards_of"]
+__all__ = [
+    "FIRST_ID",
+    "PARTITIONS",
+    "BarrierGather",
+    "by_id",
+    "kill_by_id",
+    "mcmc_gaussians",
+    "mcmc_rank_shard",
+    "mcmc_sequence",
+    "run_ranks",
+    "set_moments_by_id",
+    "shards_of",
+]
 
 PARTITIONS = {
     "one": lambda n: [torch.arange(n)],
@@ -98,7 +110,6 @@ def run_ranks(world: int, fn: Callable[[int, Callable], Any]) -> tuple[list[Any]
     if errors:
         raise errors[0]
     return results, gather.calls
-
 
 
 FIRST_ID = 3 * N  # make_gaussians' ids lie in [0, 3N)

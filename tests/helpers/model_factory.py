@@ -73,7 +73,12 @@ def make_cameras(num: int) -> Cameras:
         c2ws.append(torch.cat([rot, eye[:, None]], dim=1))
     return Cameras(
         camera_to_worlds=torch.stack(c2ws),
-        fx=60.0, fy=60.0, cx=WIDTH / 2, cy=HEIGHT / 2, width=WIDTH, height=HEIGHT,
+        fx=60.0,
+        fy=60.0,
+        cx=WIDTH / 2,
+        cy=HEIGHT / 2,
+        width=WIDTH,
+        height=HEIGHT,
         camera_type=CameraType.PERSPECTIVE,
     )
 
@@ -93,7 +98,13 @@ def make_mixed_cameras() -> Cameras:
     widths = torch.tensor([[w] for w, _ in MIXED_SIZES])
     heights = torch.tensor([[h] for _, h in MIXED_SIZES])
     return Cameras(
-        camera_to_worlds=poses, fx=60.0, fy=60.0, cx=widths / 2.0, cy=heights / 2.0, width=widths, height=heights,
+        camera_to_worlds=poses,
+        fx=60.0,
+        fy=60.0,
+        cx=widths / 2.0,
+        cy=heights / 2.0,
+        width=widths,
+        height=heights,
         camera_type=CameraType.PERSPECTIVE,
     )
 

@@ -20,8 +20,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float,
-            device_type: str = "cpu", backend: str = "auto") -> None:
+def _worker(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float, device_type: str = "cpu", backend: str = "auto"
+) -> None:
     os.environ.update(
         {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
     )
@@ -39,8 +40,15 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         queue.put((rank, "error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float = 120.0, device_type: str = "cpu",
-              backend: str = "auto", deadline_s: float | None = None) -> list[Any]:
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout_s: float = 120.0,
+    device_type: str = "cpu",
+    backend: str = "auto",
+    deadline_s: float | None = None,
+) -> list[Any]:
     """``[fn(ctx_rank0, *args), ..., fn(ctx_rankW-1, *args)]`` computed on W gloo processes.
 
     ``timeout_s`` is the ranks' collective timeout; the ranks must finish within ``deadline_s``

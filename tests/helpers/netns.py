@@ -38,8 +38,7 @@ class TwoHosts:
         15, about 925 s before a connection to a lost host fails)."""
         k = 10 + (os.getpid() + sum(map(ord, tag))) % 240
         base = f"ds{os.getpid() % 100000}{tag}"[:11]
-        hosts = cls(names=[f"{base}a", f"{base}b"], links=[f"{base}va", f"{base}vb"],
-                    addresses=[f"10.77.{k}.1", f"10.77.{k}.2"])
+        hosts = cls(names=[f"{base}a", f"{base}b"], links=[f"{base}va", f"{base}vb"], addresses=[f"10.77.{k}.1", f"10.77.{k}.2"])
         try:
             for name in hosts.names:
                 proc = _ip("netns", "add", name, check=False)
@@ -62,8 +61,14 @@ class TwoHosts:
     def popen(self, host: int, cmd: Sequence[str], env: dict, log_path: str) -> subprocess.Popen:
         """``cmd`` in namespace ``host``, in a session of its own, output to ``log_path``."""
         log = open(log_path, "w")  # noqa: SIM115 -- closed with the process by the caller's wait
-        return subprocess.Popen(["ip", "netns", "exec", self.names[host], *cmd], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.names[host], *cmd],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
 
     def pids(self, host: int) -> list[int]:
         proc = _ip("netns", "pids", self.names[host], check=False)

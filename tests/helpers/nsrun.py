@@ -36,25 +36,42 @@ def cpu_env() -> dict[str, str]:
     return env
 
 
-def train_args(out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), data_args: Sequence[str] = COLMAP_ARGS,
-               method: str = "distsplat") -> list[str]:
+def train_args(
+    out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), data_args: Sequence[str] = COLMAP_ARGS, method: str = "distsplat"
+) -> list[str]:
     return [
         method,
-        "--output-dir", str(out),
-        "--experiment-name", "it",
-        "--timestamp", timestamp,
-        "--machine.device-type", "cpu",
-        "--max-num-iterations", str(num_images),
-        "--vis", "tensorboard",
-        "--viewer.quit-on-train-completion", "True",
-        "--logging.local-writer.enable", "False",
+        "--output-dir",
+        str(out),
+        "--experiment-name",
+        "it",
+        "--timestamp",
+        timestamp,
+        "--machine.device-type",
+        "cpu",
+        "--max-num-iterations",
+        str(num_images),
+        "--vis",
+        "tensorboard",
+        "--viewer.quit-on-train-completion",
+        "True",
+        "--logging.local-writer.enable",
+        "False",
         *extra,
         *data_args,
     ]
 
 
-def run_ns_train(out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), timeout: float = 900, check: bool = True,
-                 data_args: Sequence[str] = COLMAP_ARGS, method: str = "distsplat") -> subprocess.CompletedProcess:
+def run_ns_train(
+    out: Path,
+    timestamp: str,
+    num_images: int,
+    extra: Sequence[str] = (),
+    timeout: float = 900,
+    check: bool = True,
+    data_args: Sequence[str] = COLMAP_ARGS,
+    method: str = "distsplat",
+) -> subprocess.CompletedProcess:
     cmd = [ns_bin("ns-train"), *train_args(out, timestamp, num_images, extra, data_args, method)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cpu_env(), check=False)
     if check and proc.returncode != 0:
@@ -62,12 +79,27 @@ def run_ns_train(out: Path, timestamp: str, num_images: int, extra: Sequence[str
     return proc
 
 
-def run_torchrun(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str] = (), timeout: float = 900,
-                 check: bool = True, torchrun_args: Sequence[str] = (), program: Sequence[str] = ()) -> subprocess.CompletedProcess:
+def run_torchrun(
+    out: Path,
+    timestamp: str,
+    num_images: int,
+    nproc: int,
+    extra: Sequence[str] = (),
+    timeout: float = 900,
+    check: bool = True,
+    torchrun_args: Sequence[str] = (),
+    program: Sequence[str] = (),
+) -> subprocess.CompletedProcess:
     """``torchrun ... ns-train <args>``; ``program`` replaces ``ns-train`` (a script and its own
     leading arguments, e.g. tests/helpers/ns_train_with_fault.py)."""
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), *torchrun_args, *(program or [ns_bin("ns-train")]),
-           *train_args(out, timestamp, num_images, extra)]
+    cmd = [
+        ns_bin("torchrun"),
+        "--nproc_per_node",
+        str(nproc),
+        *torchrun_args,
+        *(program or [ns_bin("ns-train")]),
+        *train_args(out, timestamp, num_images, extra),
+    ]
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -96,7 +128,7 @@ def load_gauss_params(ckpt: Path) -> dict:
 
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
     prefix = "_model.gauss_params."
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def load_gauss_ids(ckpt: Path):
@@ -121,8 +153,9 @@ def read_scalars(out: Path, timestamp: str, tag: str, method: str = "distsplat")
     return values
 
 
-def train_runs(root_factory, runs: dict[str, tuple[int, str]], num_images: int, extra: Sequence[str],
-               saves: dict[str, list[str]], no_saves: Sequence[str]) -> dict[str, Path]:
+def train_runs(
+    root_factory, runs: dict[str, tuple[int, str]], num_images: int, extra: Sequence[str], saves: dict[str, list[str]], no_saves: Sequence[str]
+) -> dict[str, Path]:
     """Each named run trained in its own folder: ``runs`` maps a name to ``(world size, parallel
     mode)`` (1: ns-train, more: torchrun); ``saves`` gives a run its save flags (``no_saves``
     otherwise). Returns each run's output folder by name."""
@@ -152,6 +185,6 @@ def pipeline_state_by_id(ckpt: Path) -> tuple[dict, dict]:
     ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
     order = torch.argsort(ids)
     prefix = "_model.gauss_params."
-    rows = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
+    rows = {k[len(prefix) :]: v[order] for k, v in state.items() if k.startswith(prefix)}
     rows["ids"] = ids[order]
     return state, rows

@@ -35,8 +35,14 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
     batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
     source, _ = mode.projections(batch_cameras, plan, 5, contextlib.nullcontext)
     result = model.forward_bands(
-        batch_cameras, positions, [images[p] for p in positions],
-        [None] * len(positions), bands, 5, mode.regularizer_share(mode.num_gaussians_total()), source,
+        batch_cameras,
+        positions,
+        [images[p] for p in positions],
+        [None] * len(positions),
+        bands,
+        5,
+        mode.regularizer_share(mode.num_gaussians_total()),
+        source,
         **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )
     backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, 5), source.anchors)
@@ -80,8 +86,9 @@ def pose_step(ctx: Any, parallel: str, splits: list, mode_name: str = "SO3xR3") 
     from distsplat_ns.distributed.collectives import all_reduce_sum_
     from distsplat_ns.model.camera_adjust import with_train_camera_ids
 
-    model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference",
-                       camera_optimizer=CameraOptimizerConfig(mode=mode_name))
+    model = make_model(
+        2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", camera_optimizer=CameraOptimizerConfig(mode=mode_name)
+    )
     with torch.no_grad():
         adjustment = model.camera_optimizer.pose_adjustment
         adjustment += 0.03 * torch.randn(adjustment.shape, generator=torch.Generator().manual_seed(11), dtype=adjustment.dtype)

@@ -93,8 +93,16 @@ def band_gradients_dtype(ctx, splits: list, batch_size: int, step: int, dtype: s
     return band_gradients(ctx, splits, batch_size, step, dtype, top_rows=top_rows)
 
 
-def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "float32", camera_ids: list | None = None,
-                   overrides: dict | None = None, top_rows: bool = False) -> list:
+def band_gradients(
+    ctx,
+    splits: list,
+    batch_size: int,
+    step: int,
+    dtype: str = "float32",
+    camera_ids: list | None = None,
+    overrides: dict | None = None,
+    top_rows: bool = False,
+) -> list:
     """For each split (bands per rank), each rank renders its bands of the batch from the same
     model; returns, per split, the gradients summed over ranks (missing gradients as zeros) and
     the batch loss (the ranks' shares summed). ``camera_ids``: each batch position's training
@@ -126,8 +134,13 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
         exchange = plan_halo_exchange(ctx, model, cameras, plan, step)
         if positions:
             result = model.forward_bands(
-                BatchCameras.of(cameras), positions, [images[p] for p in positions], [None] * len(positions),
-                bands, step, RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
+                BatchCameras.of(cameras),
+                positions,
+                [images[p] for p in positions],
+                [None] * len(positions),
+                bands,
+                step,
+                RegularizerShare(ctx.rank == 0, ctx.rank == 0, model.num_points),
                 camera_ids=None if camera_ids is None else [camera_ids[p] for p in positions],
             )
             backward_bands(result.loss, result.pixel_links, exchange)
@@ -141,7 +154,7 @@ def band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str = "
         grads = {n: p.grad.clone() for n, p in named}
         # Densification statistics: per-camera screen-space gradients and absgrads of the batch.
         stats = torch.zeros(2, batch_size, model.num_points, 2, dtype=model.compute_dtype)
-        for pos, means2d, _ in (result.projections if positions else []):
+        for pos, means2d, _ in result.projections if positions else []:
             idx = torch.tensor(pos)
             if means2d.grad is not None:
                 stats[0, idx] += means2d.grad
@@ -164,8 +177,9 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
     return [p.grad.cpu() for p in params]
 
 
-def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference",
-                           top_rows: bool = False, empty_rank: int | None = None) -> list:
+def sharded_band_gradients(
+    ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference", top_rows: bool = False, empty_rank: int | None = None
+) -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
     exchange (parallel/exchange.py, as parallel/sharded.py runs it; at one rank, from its own
@@ -201,26 +215,31 @@ def sharded_band_gradients(ctx, splits: list, batch_size: int, step: int, dtype:
         batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
         received, _ = mode.projections(batch_cameras, SimpleNamespace(bands=plan), step, contextlib.nullcontext)
         result = model.forward_bands(
-            batch_cameras, positions, [images[p] for p in positions],
-            [None] * len(positions), bands, step, RegularizerShare(ctx.rank == 0, True, 400), received,
+            batch_cameras,
+            positions,
+            [images[p] for p in positions],
+            [None] * len(positions),
+            bands,
+            step,
+            RegularizerShare(ctx.rank == 0, True, 400),
+            received,
         )
         backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
-        grads = {f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
-                 for n, p in model.gauss_params.items()}
+        grads = {
+            f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu() for n, p in model.gauss_params.items()
+        }
         if ctx.is_distributed:
             sent = received.route
-            (_, proj), = sent.calls
+            ((_, proj),) = sent.calls
             means2d = proj.means2d
-            travel = {"sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
-                      "received": int(received.leaf.shape[1])}
+            travel = {"sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank], "received": int(received.leaf.shape[1])}
         else:  # one rank: no exchange, the rank's own projections (ShardedMode.projections)
             assert isinstance(received, OwnProjections), type(received)
-            (_, means2d, _), = received.calls
+            ((_, means2d, _),) = received.calls
             travel = {"sent": 0, "sent_to_others": 0, "received": 0}
         grads["means2d.grad"] = means2d.grad.detach().cpu()
         grads["means2d.absgrad"] = means2d.absgrad.detach().cpu()
-        out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads,
-                    "shard": int(model.num_points), **travel})
+        out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads, "shard": int(model.num_points), **travel})
     return out
 
 
@@ -257,8 +276,14 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         batch_cameras = BatchCameras.of(cameras)  # one object for both, as in the pipeline
         source, _ = mode.projections(batch_cameras, plan, step, contextlib.nullcontext)
         result = model.forward_bands(
-            batch_cameras, positions, [images[p] for p in positions],
-            [None] * len(positions), bands, step, mode.regularizer_share(mode.num_gaussians_total()), source,
+            batch_cameras,
+            positions,
+            [images[p] for p in positions],
+            [None] * len(positions),
+            bands,
+            step,
+            mode.regularizer_share(mode.num_gaussians_total()),
+            source,
             camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )
         backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, step), source.anchors)
@@ -267,8 +292,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         info, _ = mode.statistics([source], 2, MIXED_SIZES)
         state = {"grad2d": None, "count": None, "radii": None}
         update_batch_statistics(model.strategy, model.gauss_params, state, info)
-        grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-                 for n, p in model.gauss_params.items()}
+        grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in model.gauss_params.items()}
         grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
         loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())
         entry = {"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads}
@@ -301,7 +325,11 @@ def plan_sized_halo_exchange(ctx, bands_per_rank: list, sizes_px: list) -> tuple
     plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]
     slots = [halo_slots(bands, sizes_px) for bands in plan]
     outgoing = [
-        (s.position, s.start_row_px, torch.arange(s.numel, dtype=torch.float64).reshape(s.rows, s.width, HALO_CHANNELS) + 1000.0 * ctx.rank + 100.0 * k)
+        (
+            s.position,
+            s.start_row_px,
+            torch.arange(s.numel, dtype=torch.float64).reshape(s.rows, s.width, HALO_CHANNELS) + 1000.0 * ctx.rank + 100.0 * k,
+        )
         for k, s in enumerate(slots[ctx.rank])
     ][::-1]
     return exchange_halo_rows(ctx, outgoing, slots, torch.float64), all_gather_object(ctx, outgoing)

@@ -94,7 +94,9 @@ class Scene:
         return replace(self, viewmats=self.viewmats[index], Ks=self.Ks[index])
 
 
-def look_at_viewmat(eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0.0), up: Sequence[float] = (0.0, -1.0, 0.0), dtype: torch.dtype = torch.float32) -> Tensor:
+def look_at_viewmat(
+    eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0.0), up: Sequence[float] = (0.0, -1.0, 0.0), dtype: torch.dtype = torch.float32
+) -> Tensor:
     """World-to-camera matrix (OpenCV) of a camera at ``eye`` looking at ``target``.
 
     Args:
@@ -118,7 +120,9 @@ def look_at_viewmat(eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0
     return w2c.to(dtype)
 
 
-def pinhole_K(width: int, height: int, fov_x_deg: float = 60.0, dtype: torch.dtype = torch.float32, principal: tuple[float, float] | None = None) -> Tensor:
+def pinhole_K(
+    width: int, height: int, fov_x_deg: float = 60.0, dtype: torch.dtype = torch.float32, principal: tuple[float, float] | None = None
+) -> Tensor:
     """Pinhole intrinsics with square pixels and the given horizontal field of view. `[3, 3]`."""
     focal = 0.5 * width / math.tan(math.radians(fov_x_deg) / 2)
     cx, cy = principal if principal is not None else (width / 2, height / 2)
@@ -262,6 +266,4 @@ def assert_grads_close(got: Tensor, want: Tensor, rel: float = 1e-5, name: str =
     by the size of the terms, of which ``max|want|`` is a fair proxy.
     """
     scale = float(want.abs().max()) if want.numel() else 0.0
-    torch.testing.assert_close(
-        got, want, rtol=rel, atol=rel * scale, msg=lambda m: f"{name}: {m}" if name else m
-    )
+    torch.testing.assert_close(got, want, rtol=rel, atol=rel * scale, msg=lambda m: f"{name}: {m}" if name else m)

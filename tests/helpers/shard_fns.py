@@ -93,8 +93,9 @@ def gather_rebalance_and_save(ctx: Any, checkpoint_dir: str | None) -> dict[str,
     out["rebalanced"] = _comparable(gathered)
     if checkpoint_dir is not None and gathered is not None:
         pipeline = gathered.merged_into({f"{MODEL_PREFIX}{k}": v for k, v in model.state_dict().items()})
-        save_checkpoint_atomic(Path(checkpoint_dir), 7, pipeline, None, {}, {"world_size": ctx.world_size}, False,
-                               optimizer_states=gathered.optimizers)
+        save_checkpoint_atomic(
+            Path(checkpoint_dir), 7, pipeline, None, {}, {"world_size": ctx.world_size}, False, optimizer_states=gathered.optimizers
+        )
     adam_step(model, optimizers, NUM_POINTS, 2)
     out["stepped"] = _comparable(gather_full_state(ctx, model, optimizers))
     return out
@@ -115,7 +116,7 @@ def resume_and_gather(ctx: Any, checkpoint: str, modes: list[str]) -> dict[str, 
         loaded = load_checkpoint_file(Path(checkpoint), mmap=sharded)
         if sharded:
             shard_loaded_checkpoint_(loaded, ctx.rank, ctx.world_size)
-        model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in loaded["pipeline"].items()})
+        model.load_state_dict({k[len(MODEL_PREFIX) :]: v for k, v in loaded["pipeline"].items()})
         # splatfacto's load_state_dict sets step 30000; training sets the step (step_cb) before rendering.
         model.step = loaded["pipeline"][MODEL_EXTRA_KEY]["step"]
         optimizers = make_optimizers(model)
@@ -128,10 +129,7 @@ def resume_and_gather(ctx: Any, checkpoint: str, modes: list[str]) -> dict[str, 
 
 
 def _optimizers_hold_params(model: Any, optimizers: dict[str, torch.optim.Adam]) -> bool:
-    return all(
-        o.param_groups[0]["params"][0] is model.gauss_params[n] and model.gauss_params[n] in o.state
-        for n, o in optimizers.items()
-    )
+    return all(o.param_groups[0]["params"][0] is model.gauss_params[n] and model.gauss_params[n] in o.state for n, o in optimizers.items())
 
 
 def _comparable(gathered: Any) -> dict[str, Any] | None:
@@ -190,8 +188,7 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
         adam_step(model, trainer.optimizers.optimizers, num_total, 0)
     trainer.save_checkpoint(step)
     # Eval and the viewer render from every shard (parallel/view_render.py): no rank holds more than its own.
-    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir),
-            "num_held": int(model.gauss_params["means"].shape[0])}
+    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "num_held": int(model.gauss_params["means"].shape[0])}
 
 
 def saved_model_state(path: Path) -> dict[str, Any]:
@@ -205,7 +202,7 @@ def saved_model_state(path: Path) -> dict[str, Any]:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     pipeline = loaded["pipeline"]
     extra = pipeline[MODEL_EXTRA_KEY]
-    names = [k[len(MODEL_PREFIX + "gauss_params."):] for k in pipeline if k.startswith(MODEL_PREFIX + "gauss_params.")]
+    names = [k[len(MODEL_PREFIX + "gauss_params.") :] for k in pipeline if k.startswith(MODEL_PREFIX + "gauss_params.")]
     return {
         "params": {n: pipeline[MODEL_PREFIX + "gauss_params." + n] for n in names},
         "strategy_state": extra["strategy_state"],

@@ -14,8 +14,12 @@ N = 400
 SEED = 42
 STEPS = (3300, 3400)  # two refine events, both after the first opacity reset (size pruning on)
 SCHEDULE = StrategySchedule(
-    refine_start_iter=500, refine_stop_iter=15000, reset_every=3000, refine_every=100,
-    pause_refine_after_reset=108, refine_scale2d_stop_iter=4000,
+    refine_start_iter=500,
+    refine_stop_iter=15000,
+    reset_every=3000,
+    refine_every=100,
+    pause_refine_after_reset=108,
+    refine_scale2d_stop_iter=4000,
 )
 THRESHOLDS = {"prune_opa": 0.005, "grow_grad2d": 0.0002, "grow_scale3d": 0.01, "grow_scale2d": 0.12, "prune_scale3d": 0.1, "prune_scale2d": 0.15}
 PARTITIONS = {
@@ -124,4 +128,3 @@ def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:
     for step in STEPS:
         refine_event(shard, step, dtype, ids)
     return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls}
-

@@ -72,16 +72,27 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     positions = sorted({b.position for b in plan.bands[ctx.rank]})
     images = make_images(len(batch))
     result, sources, _ = pipe._forward_backward(
-        5, BatchCameras.of(make_cameras(len(batch))), [(WIDTH, HEIGHT)] * len(batch), plan, positions, [images[p] for p in positions], [None] * len(positions),
-        NUM_POINTS, PhaseClock(),
+        5,
+        BatchCameras.of(make_cameras(len(batch))),
+        [(WIDTH, HEIGHT)] * len(batch),
+        plan,
+        positions,
+        [images[p] for p in positions],
+        [None] * len(positions),
+        NUM_POINTS,
+        PhaseClock(),
         GradientSum(lambda: 0),  # no gradient sum: the test reads each rank's own gradients
     )
     info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
     grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
     return {
-        "loss": result.loss.detach(), "ids": model.gauss_ids.clone(), "grads": grads,
-        "means2d_grad": info["means2d"].grad.detach().clone(), "absgrad": info["means2d"].absgrad.detach().clone(),
-        "radii": info["radii"].clone(), "num_groups": len(sources),
+        "loss": result.loss.detach(),
+        "ids": model.gauss_ids.clone(),
+        "grads": grads,
+        "means2d_grad": info["means2d"].grad.detach().clone(),
+        "absgrad": info["means2d"].absgrad.detach().clone(),
+        "radii": info["radii"].clone(),
+        "num_groups": len(sources),
         "num_tile_work": len(result.band_tile_work),
     }
 
@@ -129,8 +140,11 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
         return {"served_here": True}
     viewer.join(timeout=60)
     out = frame["out"]
-    return {"frame": {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}, "training": model.training,
-            "served": mode.view_requests.num_served - served_before}
+    return {
+        "frame": {k: v for k, v in out.items() if isinstance(v, torch.Tensor)},
+        "training": model.training,
+        "served": mode.view_requests.num_served - served_before,
+    }
 
 
 def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[str, Any]:

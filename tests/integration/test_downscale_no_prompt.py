@@ -43,8 +43,13 @@ def _assert_torchrun_trains_at_downscale_4(scene: Path, out: Path, extra: list[s
     into the scene."""
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"),
-           *train_args(out, "ds4", NUM_STEPS, extra=extra, data_args=_data_args(scene))]
+    cmd = [
+        ns_bin("torchrun"),
+        "--nproc_per_node",
+        "2",
+        ns_bin("ns-train"),
+        *train_args(out, "ds4", NUM_STEPS, extra=extra, data_args=_data_args(scene)),
+    ]
     proc = _run(cmd, env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{log[-6000:]}"

@@ -75,8 +75,13 @@ def test_unwritable_checkpoint_folder_fails_before_the_first_step(tmp_path: Path
 
 
 def test_missing_data_leaves_no_run_folder(tmp_path: Path) -> None:
-    proc = run_ns_train(tmp_path, "nodata", 4, check=False,
-                        data_args=["colmap", "--data", str(tmp_path / "nope"), "--colmap-path", "sparse/0", "--downscale-factor", "1"])
+    proc = run_ns_train(
+        tmp_path,
+        "nodata",
+        4,
+        check=False,
+        data_args=["colmap", "--data", str(tmp_path / "nope"), "--colmap-path", "sparse/0", "--downscale-factor", "1"],
+    )
     assert proc.returncode != 0
     assert not run_dir(tmp_path, "nodata").exists()
 
@@ -84,8 +89,13 @@ def test_missing_data_leaves_no_run_folder(tmp_path: Path) -> None:
 def test_internal_error_mid_training_ends_the_process_with_its_traceback(tmp_path: Path) -> None:
     # The DataLoader workers ignore SIGTERM; the failed run's iterator is still referenced at exit,
     # and multiprocessing's exit handler waited for them for ever (data/stream.py:_kill_workers_at_exit).
-    cmd = [ns_bin("python"), str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "3", "0",
-           *train_args(tmp_path, "boom", 20, extra=[*SHORT, "--pipeline.datamanager.num-workers", "2"])]
+    cmd = [
+        ns_bin("python"),
+        str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"),
+        "3",
+        "0",
+        *train_args(tmp_path, "boom", 20, extra=[*SHORT, "--pipeline.datamanager.num-workers", "2"]),
+    ]
     env = dict(cpu_env(), DISTSPLAT_TEST_FAULT="raise")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL, check=False)
@@ -93,4 +103,3 @@ def test_internal_error_mid_training_ends_the_process_with_its_traceback(tmp_pat
         pytest.fail(f"the failed run did not exit within 300 s: {err}")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "RuntimeError: injected internal error at step 3" in proc.stderr, proc.stderr[-3000:]  # traceback kept
-

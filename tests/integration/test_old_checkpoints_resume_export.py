@@ -16,10 +16,32 @@ from tests.helpers.old_checkpoints import STEP, fixture_path, models_folder, run
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 #: The fixture runs' settings (make_fixtures.sh), resumed for 2 more steps of B = 2.
-SETTINGS = ["--machine.seed", "7", "--steps-per-eval-image", "1000", "--steps-per-eval-all-images", "1000",
-            "--pipeline.batch-size", "2", "--pipeline.model.random-init", "True", "--pipeline.model.num-random", "96",
-            "--pipeline.model.sh-degree", "1", "--pipeline.model.num-downscales", "2", "--pipeline.model.resolution-schedule", "100000",
-            "--pipeline.model.warmup-length", "2", "--pipeline.model.refine-every", "4", "--pipeline.model.densify-grad-thresh", "0.00002"]
+SETTINGS = [
+    "--machine.seed",
+    "7",
+    "--steps-per-eval-image",
+    "1000",
+    "--steps-per-eval-all-images",
+    "1000",
+    "--pipeline.batch-size",
+    "2",
+    "--pipeline.model.random-init",
+    "True",
+    "--pipeline.model.num-random",
+    "96",
+    "--pipeline.model.sh-degree",
+    "1",
+    "--pipeline.model.num-downscales",
+    "2",
+    "--pipeline.model.resolution-schedule",
+    "100000",
+    "--pipeline.model.warmup-length",
+    "2",
+    "--pipeline.model.refine-every",
+    "4",
+    "--pipeline.model.densify-grad-thresh",
+    "0.00002",
+]
 IMAGES = 2 * (STEP + 3)
 
 
@@ -45,7 +67,12 @@ def test_old_config_and_checkpoint_export_every_gaussian(tmp_path: Path, run: st
     from plyfile import PlyData
 
     config = run_folder(run, tmp_path)
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path / "ply")],
-                   check=True, capture_output=True, timeout=600, cwd=tmp_path)
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path / "ply")],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     vertex = PlyData.read(str(tmp_path / "ply" / "splat.ply"))["vertex"]
     assert vertex.count == load_checkpoint_file(fixture_path(source))["pipeline"]["_model.gauss_params.means"].shape[0]

@@ -19,8 +19,15 @@ def test_failed_init_process_group_is_one_line_and_leaves_no_run_folder(tmp_path
     port = free_port()  # nothing listens there: rank 0 never started
     env = dict(cpu_env(), WORLD_SIZE="2", RANK="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     t0 = time.monotonic()
-    proc = subprocess.run([ns_bin("ns-train"), *train_args(tmp_path, "noinit", 4, ["--collective-timeout-s", "5"])],
-                          capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        [ns_bin("ns-train"), *train_args(tmp_path, "noinit", 4, ["--collective-timeout-s", "5"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     elapsed = time.monotonic() - t0
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text[-3000:]

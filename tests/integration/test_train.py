@@ -60,8 +60,16 @@ def test_the_checkpoint_keeps_the_balancers_costs_in_the_cpu_renderers_unit(trai
 
 def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path: Path, trained_run: tuple[Path, str]) -> None:
     base_out, base_ts = trained_run
-    extra = ["--steps-per-eval-all-images", "30", "--steps-per-save", "30",
-             "--pipeline.model.warmup-length", "20", "--pipeline.model.refine-every", "20"]
+    extra = [
+        "--steps-per-eval-all-images",
+        "30",
+        "--steps-per-save",
+        "30",
+        "--pipeline.model.warmup-length",
+        "20",
+        "--pipeline.model.refine-every",
+        "20",
+    ]
     run_ns_train(tmp_path, "first", 30, extra=extra)
     first = run_dir(tmp_path, "first") / "nerfstudio_models"
     run_ns_train(tmp_path, "resumed", 60, extra=[*extra, "--load-dir", str(first)])
@@ -87,8 +95,13 @@ def test_existing_checkpoint_is_not_overwritten_by_a_failed_resume(tmp_path: Pat
 
 
 def test_missing_data_directory_is_a_one_line_error(tmp_path: Path) -> None:
-    proc = run_ns_train(tmp_path, "nodata", 5, check=False,
-                        data_args=["colmap", "--data", str(tmp_path / "nope"), "--colmap-path", "sparse/0", "--downscale-factor", "1"])
+    proc = run_ns_train(
+        tmp_path,
+        "nodata",
+        5,
+        check=False,
+        data_args=["colmap", "--data", str(tmp_path / "nope"), "--colmap-path", "sparse/0", "--downscale-factor", "1"],
+    )
     assert proc.returncode != 0
     assert str(tmp_path / "nope") in (proc.stdout + proc.stderr)
 
@@ -104,12 +117,19 @@ def test_ns_export_writes_one_ply_with_every_gaussian(tmp_path: Path, trained_ru
     from plyfile import PlyData
 
     out, ts = trained_run
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", str(run_dir(out, ts) / "config.yml"),
-                    "--output-dir", str(tmp_path)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(run_dir(out, ts) / "config.yml"), "--output-dir", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     vertex = PlyData.read(str(tmp_path / "splat.ply"))["vertex"]
     names = [p.name for p in vertex.properties]
-    expected = ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"] + [f"f_rest_{i}" for i in range(45)] + [
-        "opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    expected = (
+        ["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
+        + [f"f_rest_{i}" for i in range(45)]
+        + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+    )
     assert names == expected
     params = load_gauss_params(latest_checkpoint(out, ts))
     assert vertex.count == params["means"].shape[0]
@@ -120,7 +140,11 @@ def test_ns_eval_writes_metrics_json(tmp_path: Path, trained_run: tuple[Path, st
 
     out, ts = trained_run
     target = tmp_path / "eval.json"
-    subprocess.run([ns_bin("ns-eval"), "--load-config", str(run_dir(out, ts) / "config.yml"), "--output-path", str(target)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [ns_bin("ns-eval"), "--load-config", str(run_dir(out, ts) / "config.yml"), "--output-path", str(target)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     results = json.loads(target.read_text())["results"]
     assert results["psnr"] > 10 and "ssim" in results

@@ -63,14 +63,34 @@ def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequ
     env["OMP_NUM_THREADS"] = "1"
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
-    args = train_args(out, timestamp, 100000, [*LONG_RUN_EXTRA, "--steps-per-save", "5", "--collective-timeout-s", str(TIMEOUT_S),
-                                               "--pipeline.parallel", mode])
+    args = train_args(
+        out, timestamp, 100000, [*LONG_RUN_EXTRA, "--steps-per-save", "5", "--collective-timeout-s", str(TIMEOUT_S), "--pipeline.parallel", mode]
+    )
     procs = []
     for node in (0, 1):
-        cmd = [ns_bin("torchrun"), "--nnodes", "2", "--node-rank", str(node), "--nproc_per_node", "1", "--max-restarts", "0",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts.addresses[0]}:{PORT}", "--rdzv-id", f"{timestamp}-{os.getpid()}",
-               "--local-addr", hosts.addresses[node], "--rdzv-conf", f"is_host={1 if node == 0 else 0},{AGENT_RDZV_CONF}",
-               *(program or [ns_bin("ns-train")]), *args]
+        cmd = [
+            ns_bin("torchrun"),
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc_per_node",
+            "1",
+            "--max-restarts",
+            "0",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"{hosts.addresses[0]}:{PORT}",
+            "--rdzv-id",
+            f"{timestamp}-{os.getpid()}",
+            "--local-addr",
+            hosts.addresses[node],
+            "--rdzv-conf",
+            f"is_host={1 if node == 0 else 0},{AGENT_RDZV_CONF}",
+            *(program or [ns_bin("ns-train")]),
+            *args,
+        ]
         procs.append(hosts.popen(node, cmd, env, str(out / f"host{node}.log")))
     return procs
 
@@ -142,9 +162,14 @@ def _error_lines(out: Path, node: int) -> list[str]:
 def _assert_bounded(out: Path, exits: list[HostExit], fault: str, agents: Sequence[int], lines: Sequence[int]) -> None:
     """Every host's ranks gone within BOUND_S; torchrun of the hosts ``agents`` gone within
     BOUND_S + AGENT_EXTRA_S with rc != 0; the ranks of hosts ``lines`` printed a distsplat error."""
-    print(f"FAULT {fault}: bound ranks {BOUND_S} s, torchrun {BOUND_S + AGENT_EXTRA_S} s; " + "; ".join(
-        f"host {n}: ranks gone {e.ranks_gone_s:.1f} s, torchrun rc {e.rc} at {e.agent_gone_s:.1f} s, "
-        f"{(_error_lines(out, n) or ['(no distsplat error line)'])[0]}" for n, e in enumerate(exits)))
+    print(
+        f"FAULT {fault}: bound ranks {BOUND_S} s, torchrun {BOUND_S + AGENT_EXTRA_S} s; "
+        + "; ".join(
+            f"host {n}: ranks gone {e.ranks_gone_s:.1f} s, torchrun rc {e.rc} at {e.agent_gone_s:.1f} s, "
+            f"{(_error_lines(out, n) or ['(no distsplat error line)'])[0]}"
+            for n, e in enumerate(exits)
+        )
+    )
     for node, e in enumerate(exits):
         log = (out / f"host{node}.log").read_text()[-4000:]
         assert e.ranks_gone_s <= BOUND_S, f"host {node}'s ranks still running {BOUND_S} s after {fault}:\n{log}"
@@ -175,8 +200,12 @@ def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resum
     models = run_dir(tmp_path, "cut") / "nerfstudio_models"
     last = max(checkpoint_steps(models))
     env = cpu_env()
-    resume = hosts.popen(0, [ns_bin("ns-train"), *train_args(tmp_path, "cut", last + 3, [*LONG_RUN_EXTRA, "--pipeline.parallel", mode])],
-                         env, str(tmp_path / "resume.log"))
+    resume = hosts.popen(
+        0,
+        [ns_bin("ns-train"), *train_args(tmp_path, "cut", last + 3, [*LONG_RUN_EXTRA, "--pipeline.parallel", mode])],
+        env,
+        str(tmp_path / "resume.log"),
+    )
     assert resume.wait(timeout=600) == 0, (tmp_path / "resume.log").read_text()[-4000:]
     attempts = read_stats(tmp_path, "cut")["attempts"]
     assert [a["start_step"] for a in attempts][-1] == last + 1 and attempts[-1]["cause"] == "completed", attempts

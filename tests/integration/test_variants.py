@@ -23,13 +23,31 @@ NUM_IMAGES = 20
 MCMC, BIG = "distsplat-mcmc", "distsplat-big"  # each variant's method name is its own (its output folder)
 # Events every 5 images after 5 (steps 10 and 15); dead below 0.1 so the first event relocates.
 MCMC_EXTRA = [
-    "--steps-per-eval-all-images", "1000", "--steps-per-save", "10",
-    "--pipeline.model.warmup-length", "5", "--pipeline.model.refine-every", "5",
-    "--pipeline.model.cull-alpha-thresh", "0.1", "--pipeline.model.max-gs-num", "11600",
-    "--pipeline.model.use-bilateral-grid", "True",
+    "--steps-per-eval-all-images",
+    "1000",
+    "--steps-per-save",
+    "10",
+    "--pipeline.model.warmup-length",
+    "5",
+    "--pipeline.model.refine-every",
+    "5",
+    "--pipeline.model.cull-alpha-thresh",
+    "0.1",
+    "--pipeline.model.max-gs-num",
+    "11600",
+    "--pipeline.model.use-bilateral-grid",
+    "True",
 ]
-BIG_EXTRA = ["--steps-per-eval-all-images", "1000", "--steps-per-save", "1000",
-             "--pipeline.model.warmup-length", "5", "--pipeline.model.refine-every", "5"]
+BIG_EXTRA = [
+    "--steps-per-eval-all-images",
+    "1000",
+    "--steps-per-save",
+    "1000",
+    "--pipeline.model.warmup-length",
+    "5",
+    "--pipeline.model.refine-every",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +101,19 @@ def test_variant_exports_and_evaluates(tmp_path: Path, mcmc_run: tuple[Path, str
 
     (out, ts), method = (mcmc_run, MCMC) if which == "mcmc" else (big_run, BIG)
     config = str(run_dir(out, ts, method) / "config.yml")
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", config, "--output-dir", str(tmp_path)],
-                   check=True, capture_output=True, timeout=600, env=cpu_env())
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", config, "--output-dir", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=cpu_env(),
+    )
     vertex = PlyData.read(str(tmp_path / "splat.ply"))["vertex"]
     assert vertex.count == load_gauss_params(latest_checkpoint(out, ts, method))["means"].shape[0]
     target = tmp_path / "eval.json"
-    subprocess.run([ns_bin("ns-eval"), "--load-config", config, "--output-path", str(target)],
-                   check=True, capture_output=True, timeout=600, env=cpu_env())
+    subprocess.run(
+        [ns_bin("ns-eval"), "--load-config", config, "--output-path", str(target)], check=True, capture_output=True, timeout=600, env=cpu_env()
+    )
     results = json.loads(target.read_text())["results"]
     # 20 images only prove the path end to end (measured: mcmc 10+, big 8.5 dB); quality is
     # benchmarks/bench_mcmc_quality.py's.

@@ -42,10 +42,29 @@ def test_live_viewer_shows_the_scene_while_training(tmp_path: Path, launch: str)
     their shards (docs/sharded.md, "Views rendered by all ranks"), while training goes on: a
     frame showing the scene was rendered by both ranks."""
     port = free_port()
-    cmd = [ns_bin("ns-train"), "distsplat", "--output-dir", str(tmp_path), "--experiment-name", "it", "--timestamp", "live",
-           "--machine.device-type", "cpu", "--max-num-iterations", "100000", "--vis", "viewer",
-           "--viewer.websocket-port", str(port), "--viewer.max-num-display-images", "0",
-           "--viewer.quit-on-train-completion", "True", *COLMAP_ARGS]
+    cmd = [
+        ns_bin("ns-train"),
+        "distsplat",
+        "--output-dir",
+        str(tmp_path),
+        "--experiment-name",
+        "it",
+        "--timestamp",
+        "live",
+        "--machine.device-type",
+        "cpu",
+        "--max-num-iterations",
+        "100000",
+        "--vis",
+        "viewer",
+        "--viewer.websocket-port",
+        str(port),
+        "--viewer.max-num-display-images",
+        "0",
+        "--viewer.quit-on-train-completion",
+        "True",
+        *COLMAP_ARGS,
+    ]
     env = cpu_env()
     if launch == "sharded-two-ranks":
         cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", *cmd[:2], "--pipeline.parallel", "sharded", *cmd[2:]]
@@ -65,8 +84,15 @@ def test_live_viewer_shows_the_scene_while_training(tmp_path: Path, launch: str)
 def test_ns_viewer_serves_a_trained_run(tmp_path: Path, trained_run: tuple[Path, str]) -> None:
     out, ts = trained_run
     port = free_port()
-    cmd = [ns_bin("ns-viewer"), "--load-config", str(run_dir(out, ts) / "config.yml"),
-           "--viewer.websocket-port", str(port), "--viewer.max-num-display-images", "0"]
+    cmd = [
+        ns_bin("ns-viewer"),
+        "--load-config",
+        str(run_dir(out, ts) / "config.yml"),
+        "--viewer.websocket-port",
+        str(port),
+        "--viewer.max-num-display-images",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cpu_env())
     try:
         wait_for_http(f"http://localhost:{port}", 240, proc)

@@ -65,10 +65,7 @@ def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: P
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0))
-        for r in range(3)
-    ]
+    procs = [ctx.Process(target=_worker, args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0)) for r in range(3)]
     for p in procs:
         p.start()
     pids = {p.pid for p in procs}

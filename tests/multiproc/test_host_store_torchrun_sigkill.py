@@ -46,7 +46,7 @@ def test_sigkilled_rank_ends_the_run_named_and_leaves_no_store_behind(tmp_path: 
     assert proc.returncode != 0
     # As for any rank's death: torchrun names the SIGKILLed rank as the root cause (the survivor
     # fails with "a collective failed ...", or is stopped by torchrun first: rank 0's death).
-    root_cause = output[output.index("Root Cause"):]
+    root_cause = output[output.index("Root Cause") :]
     assert f"rank      : {victim_rank} (local_rank: {victim_rank})" in root_cause and "(SIGKILL)" in root_cause, root_cause
     time.sleep(1.0)
     assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -28,15 +28,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 CAP = 11700
 NUM_SEED_POINTS = 11384
 MCMC_EXTRA = [
-    "--pipeline.model.strategy", "mcmc",
-    "--pipeline.model.param-dtype", "float64",
-    "--pipeline.batch-size", "2",
-    "--pipeline.model.warmup-length", "10",
-    "--pipeline.model.refine-every", "10",
-    "--pipeline.model.cull-alpha-thresh", "0.1",
-    "--pipeline.model.max-gs-num", str(CAP),
-    "--pipeline.replica-check-every", "1",
-    "--steps-per-eval-all-images", "1000",
+    "--pipeline.model.strategy",
+    "mcmc",
+    "--pipeline.model.param-dtype",
+    "float64",
+    "--pipeline.batch-size",
+    "2",
+    "--pipeline.model.warmup-length",
+    "10",
+    "--pipeline.model.refine-every",
+    "10",
+    "--pipeline.model.cull-alpha-thresh",
+    "0.1",
+    "--pipeline.model.max-gs-num",
+    str(CAP),
+    "--pipeline.replica-check-every",
+    "1",
+    "--steps-per-eval-all-images",
+    "1000",
 ]
 NUM_IMAGES = 40
 NUM_STEPS = 20

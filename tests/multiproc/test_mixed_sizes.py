@@ -31,8 +31,10 @@ def _assemble(rank_results: list, index: int) -> dict:
     ids = torch.cat([p["ids"] for p in parts])
     if len(torch.unique(ids)) < len(ids):  # replicated: every rank holds every Gaussian
         parts = parts[:1]
-    merged = {"ids": torch.cat([p["ids"] for p in parts]), "grads": {
-        name: torch.cat([p["grads"][name] for p in parts]) for name in parts[0]["grads"]}}
+    merged = {
+        "ids": torch.cat([p["ids"] for p in parts]),
+        "grads": {name: torch.cat([p["grads"][name] for p in parts]) for name in parts[0]["grads"]},
+    }
     return _by_id(merged) | {"loss": parts[0]["loss"]}
 
 

@@ -79,8 +79,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _state_by_id(state: dict) -> dict:
     """``saved_model_state``'s rows (parameters, statistics, ids, Adam moments) in id order."""
     order = torch.sort(state["strategy_state"]["gauss_ids"], stable=True).indices
-    out = {**state, "params": {k: v[order] for k, v in state["params"].items()},
-           "strategy_state": {k: v[order] for k, v in state["strategy_state"].items()}, "optimizers": copy.deepcopy(state["optimizers"])}
+    out = {
+        **state,
+        "params": {k: v[order] for k, v in state["params"].items()},
+        "strategy_state": {k: v[order] for k, v in state["strategy_state"].items()},
+        "optimizers": copy.deepcopy(state["optimizers"]),
+    }
     for opt in out["optimizers"].values():
         for param_state in opt["state"].values():
             param_state.update({k: v[order] for k, v in param_state.items() if k != "step"})
@@ -89,15 +93,25 @@ def _state_by_id(state: dict) -> dict:
 
 @pytest.mark.parametrize(
     ("source", "world", "parallel"),
-    [("replicated-ckpt", 1, "replicated"), ("replicated-ckpt", 2, "sharded"), ("sharded-dcp", 2, "sharded"), ("sharded-dcp", 1, "replicated"),
-     ("consolidated-ckpt", 2, "sharded")],
+    [
+        ("replicated-ckpt", 1, "replicated"),
+        ("replicated-ckpt", 2, "sharded"),
+        ("sharded-dcp", 2, "sharded"),
+        ("sharded-dcp", 1, "replicated"),
+        ("consolidated-ckpt", 2, "sharded"),
+    ],
 )
 def test_old_checkpoint_loads_in_either_mode_and_saves_the_same_rows(root: Path, source: str, world: int, parallel: str) -> None:
     result = run_ranks(load_and_save, world, str(root / f"{source}-{world}-{parallel}"), source, parallel, STEP + 1)
     saved = Path(result[0]["checkpoint_dir"]) / f"step-{STEP + 1:09d}{'.dcp' if parallel == 'sharded' else '.ckpt'}"
     got = _state_by_id(saved_model_state(saved))
-    old = _in_id_order(checkpoint_rows(load_checkpoint_file(fixture_path(source)) if source != "sharded-dcp"
-                                       else read_shard_checkpoint(None, fixture_path(source), 0, 1, sharded=False)))
+    old = _in_id_order(
+        checkpoint_rows(
+            load_checkpoint_file(fixture_path(source))
+            if source != "sharded-dcp"
+            else read_shard_checkpoint(None, fixture_path(source), 0, 1, sharded=False)
+        )
+    )
     ids = old["state.gauss_ids"]
     for rank, r in enumerate(result):
         lo, hi = owned_block(len(ids), rank, world) if parallel == "sharded" else (0, len(ids))
@@ -106,6 +120,6 @@ def test_old_checkpoint_loads_in_either_mode_and_saves_the_same_rows(root: Path,
         assert torch.equal(got["strategy_state"]["gauss_ids"], ids)
         for key, value in old.items():
             if key.startswith("param."):
-                assert torch.equal(got["params"][key[len("param."):]], value), key
+                assert torch.equal(got["params"][key[len("param.") :]], value), key
     else:
         assert_same(got, _state_by_id(saved_model_state(fixture_path(source))))

@@ -25,18 +25,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 NUM_RANDOM = 3000
 POSE_EXTRA = [
-    "--pipeline.model.camera-optimizer.mode", "SO3xR3",
-    "--optimizers.camera-opt.optimizer.lr", "1e-3",
-    "--optimizers.camera-opt.scheduler.warmup-steps", "0",
-    "--pipeline.model.param-dtype", "float64",
-    "--pipeline.model.random-init", "True",
-    "--pipeline.model.num-random", str(NUM_RANDOM),
-    "--pipeline.model.num-downscales", "2",
-    "--pipeline.batch-size", "2",
-    "--pipeline.model.warmup-length", "6",
-    "--pipeline.model.refine-every", "6",
-    "--pipeline.replica-check-every", "1",
-    "--steps-per-eval-all-images", "1000",
+    "--pipeline.model.camera-optimizer.mode",
+    "SO3xR3",
+    "--optimizers.camera-opt.optimizer.lr",
+    "1e-3",
+    "--optimizers.camera-opt.scheduler.warmup-steps",
+    "0",
+    "--pipeline.model.param-dtype",
+    "float64",
+    "--pipeline.model.random-init",
+    "True",
+    "--pipeline.model.num-random",
+    str(NUM_RANDOM),
+    "--pipeline.model.num-downscales",
+    "2",
+    "--pipeline.batch-size",
+    "2",
+    "--pipeline.model.warmup-length",
+    "6",
+    "--pipeline.model.refine-every",
+    "6",
+    "--pipeline.replica-check-every",
+    "1",
+    "--steps-per-eval-all-images",
+    "1000",
 ]
 NUM_IMAGES = 24
 NUM_STEPS = 12
@@ -115,6 +127,10 @@ def test_ns_export_reads_a_sharded_pose_run(tmp_path: Path, runs: dict) -> None:
     from plyfile import PlyData
 
     config = run_dir(runs["sh2"], "sh2") / "config.yml"
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert PlyData.read(str(tmp_path / "splat.ply"))["vertex"].count == _state(latest_checkpoint(runs["sh2"], "sh2"))["means"].shape[0]

@@ -19,9 +19,16 @@ CONSOLIDATE_DELAY_S = 25  # > 2 x the collective timeout
 
 def test_an_evaluation_longer_than_the_collective_timeout_trains_on(tmp_path: Path) -> None:
     program = [str(REPO / "tests" / "helpers" / "ns_train_slow_eval.py"), str(EVAL_DELAY_S)]
-    proc = run_torchrun(tmp_path, "slow", 6, 2, program=program, check=False, timeout=900,
-                        extra=["--collective-timeout-s", str(TIMEOUT_S), "--steps-per-eval-all-images", "3",
-                               "--steps-per-eval-image", "100000"])
+    proc = run_torchrun(
+        tmp_path,
+        "slow",
+        6,
+        2,
+        program=program,
+        check=False,
+        timeout=900,
+        extra=["--collective-timeout-s", str(TIMEOUT_S), "--steps-per-eval-all-images", "3", "--steps-per-eval-image", "100000"],
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert output.count("test hook: the full evaluation sleeps") >= 2, output[-4000:]  # step 0, step 3 (and the end)
@@ -34,9 +41,25 @@ def test_a_consolidation_longer_than_the_collective_timeout_completes(tmp_path: 
     """A sharded run's last checkpoint is consolidated by rank 0 alone (a scene no single device
     holds takes long to read and write); rank 1 waits in a rank-0 window, not in a collective."""
     program = [str(REPO / "tests" / "helpers" / "ns_train_slow_consolidate.py"), str(CONSOLIDATE_DELAY_S)]
-    proc = run_torchrun(tmp_path, "slowc", 4, 2, program=program, check=False, timeout=900,
-                        extra=["--pipeline.parallel", "sharded", "--collective-timeout-s", str(TIMEOUT_S),
-                               "--steps-per-eval-all-images", "100000", "--steps-per-eval-image", "100000"])
+    proc = run_torchrun(
+        tmp_path,
+        "slowc",
+        4,
+        2,
+        program=program,
+        check=False,
+        timeout=900,
+        extra=[
+            "--pipeline.parallel",
+            "sharded",
+            "--collective-timeout-s",
+            str(TIMEOUT_S),
+            "--steps-per-eval-all-images",
+            "100000",
+            "--steps-per-eval-image",
+            "100000",
+        ],
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert output.count("test hook: the consolidation sleeps") == 1, output[-4000:]  # rank 0 only, once

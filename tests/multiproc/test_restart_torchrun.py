@@ -23,10 +23,17 @@ def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: 
     program = [str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), str(KILL_STEP), "1"]
     # No --timestamp pinning needed by torchrun: the restart finds its folder by torchrun's run id;
     # the test pins it anyway to know where to look.
-    proc = run_torchrun(tmp_path, "restart", NUM_IMAGES, 2, program=program, check=False, timeout=900,
-                        torchrun_args=["--max-restarts", "1", "--standalone"],
-                        extra=["--steps-per-save", str(SAVE_EVERY), "--save-only-latest-checkpoint", "False",
-                               "--steps-per-eval-all-images", "1000"])
+    proc = run_torchrun(
+        tmp_path,
+        "restart",
+        NUM_IMAGES,
+        2,
+        program=program,
+        check=False,
+        timeout=900,
+        torchrun_args=["--max-restarts", "1", "--standalone"],
+        extra=["--steps-per-save", str(SAVE_EVERY), "--save-only-latest-checkpoint", "False", "--steps-per-eval-all-images", "1000"],
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "fault injection: SIGKILL of this rank at step 8" in output, output[-6000:]
@@ -38,7 +45,8 @@ def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: 
     by_time = sorted(found, key=lambda p: p.stat().st_mtime_ns)
     assert by_time == found, [(p.name, p.stat().st_mtime_ns) for p in found]
     attempts = read_stats(tmp_path, "restart")["attempts"]
-    assert [(a["attempt"], a["restart_count"], a["start_step"], a["last_saved_step"]) for a in attempts] == [
-        (0, 0, 0, 5), (1, 1, 6, 13)], json.dumps(attempts, indent=1)
+    assert [(a["attempt"], a["restart_count"], a["start_step"], a["last_saved_step"]) for a in attempts] == [(0, 0, 0, 5), (1, 1, 6, 13)], json.dumps(
+        attempts, indent=1
+    )
     assert attempts[0]["cause"].startswith("failed: ") and attempts[1]["cause"] == "completed", attempts
     assert attempts[1]["end_step"] == NUM_IMAGES - 1

@@ -52,7 +52,9 @@ def test_checkpoint_of_two_shards_equals_the_single_process_checkpoint(two_shard
     assert_same(saved_model_state(_checkpoint(two_shards, 5, ".dcp")), single_process)
 
 
-@pytest.mark.parametrize(("world", "parallel"), [(1, "sharded"), (2, "sharded"), (3, "sharded"), (1, "replicated"), (2, "replicated"), (3, "replicated")])
+@pytest.mark.parametrize(
+    ("world", "parallel"), [(1, "sharded"), (2, "sharded"), (3, "sharded"), (1, "replicated"), (2, "replicated"), (3, "replicated")]
+)
 def test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes(
     root: Path, two_shards: list, single_process: dict, world: int, parallel: str
 ) -> None:
@@ -71,9 +73,7 @@ def test_no_rank_holds_more_than_its_shard_after_a_save(two_shards: list, single
     assert [r["num_held"] for r in two_shards] == [hi - lo for lo, hi in (owned_block(num, r, 2) for r in range(2))]
 
 
-def test_consolidation_holds_the_single_process_parameters_and_ids_and_no_adam_state(
-    two_shards: list, single_process: dict, tmp_path: Path
-) -> None:
+def test_consolidation_holds_the_single_process_parameters_and_ids_and_no_adam_state(two_shards: list, single_process: dict, tmp_path: Path) -> None:
     loaded = torch.load(consolidate_params(_checkpoint(two_shards, 5, ".dcp"), tmp_path, 5), map_location="cpu", weights_only=True)
     pipeline = loaded["pipeline"]
     for name, value in single_process["params"].items():

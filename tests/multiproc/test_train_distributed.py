@@ -30,6 +30,7 @@ from tests.helpers.nsrun import (
 
 pytestmark = pytest.mark.slow
 
+
 def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path, two_process_run: Path) -> None:
     one = load_gauss_params(latest_checkpoint(one_process_run, "one"))
     two = load_gauss_params(latest_checkpoint(two_process_run, "two"))
@@ -74,7 +75,12 @@ def test_resume_on_the_same_world_size(tmp_path: Path, two_process_run: Path) ->
 def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path: Path) -> None:
     # A NaN in rank 1's local gradient at step 12 (through the pipeline's test hook).
     proc = run_torchrun(
-        tmp_path, "nan", 40, 2, check=False, program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        tmp_path,
+        "nan",
+        40,
+        2,
+        check=False,
+        program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
         extra=["--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr
@@ -91,8 +97,13 @@ def test_two_node_rendezvous_over_loopback(tmp_path: Path) -> None:
     env["OMP_NUM_THREADS"] = "1"
     args = train_args(tmp_path, "twonode", 6, extra=["--steps-per-eval-all-images", "1000"])
     nodes = [
-        subprocess.Popen([ns_bin("torchrun"), *common, "--node-rank", str(r), ns_bin("ns-train"), *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        subprocess.Popen(
+            [ns_bin("torchrun"), *common, "--node-rank", str(r), ns_bin("ns-train"), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         for r in (0, 1)
     ]
     outputs = [n.communicate(timeout=600)[0] for n in nodes]

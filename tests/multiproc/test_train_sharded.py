@@ -39,7 +39,7 @@ def by_id(ckpt: Path) -> dict:
     ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
     order = torch.argsort(ids)
     prefix = "_model.gauss_params."
-    out = {k[len(prefix):]: v[order] for k, v in state.items() if k.startswith(prefix)}
+    out = {k[len(prefix) :]: v[order] for k, v in state.items() if k.startswith(prefix)}
     out["ids"] = ids[order]
     return out
 
@@ -71,9 +71,7 @@ def test_sharded_equals_replicated_on_two_ranks(two_process_run: Path, sharded_t
     assert_same_model({k: v for k, v in replicated.items() if k != "ids"}, {k: v for k, v in sharded.items() if k != "ids"})
 
 
-def test_sharded_rank_holds_half_the_model_and_moves_less_than_the_all_reduce(
-    two_process_run: Path, sharded_two_run: Path
-) -> None:
+def test_sharded_rank_holds_half_the_model_and_moves_less_than_the_all_reduce(two_process_run: Path, sharded_two_run: Path) -> None:
     replicated, sharded = read_stats(two_process_run, "two"), read_stats(sharded_two_run, "sh2")
     for rank in sharded["per_rank"]:
         assert rank["parameter_bytes"] < 0.6 * replicated["per_rank"][0]["parameter_bytes"]
@@ -101,13 +99,16 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
     from plyfile import PlyData
 
     config = run_dir(sharded_two_run, "sh2") / "config.yml"
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", str(tmp_path)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     vertex = PlyData.read(str(tmp_path / "splat.ply"))["vertex"]
     assert vertex.count == by_id(latest_checkpoint(sharded_two_run, "sh2"))["means"].shape[0]
     target = tmp_path / "eval.json"
-    subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)], check=True, capture_output=True, timeout=600)
     assert target.exists()
     stats = read_stats(sharded_two_run, "sh2")
     for rank, figures in enumerate(stats["per_rank"]):
@@ -119,7 +120,12 @@ def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_che
     """Only rank 1 holds the NaN (no all-reduce spreads it in sharded mode): the ranks agree on the
     verdict and stop at the same step; the last gathered checkpoint stays."""
     proc = run_torchrun(
-        tmp_path, "nan", 40, 2, check=False, program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        tmp_path,
+        "nan",
+        40,
+        2,
+        check=False,
+        program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
         extra=["--pipeline.parallel", "sharded", "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr

@@ -228,7 +228,8 @@ def test_a_band_of_no_gaussian_is_its_background_and_differentiable(backend):
     scene = random_scene(num_gaussians=8, num_cameras=1, width=WIDTH, height=HEIGHT, seed=5, device=device).with_grad()
     proj = project(**scene.kwargs(), backend=backend)
     empty = dataclasses.replace(
-        proj, **{name: getattr(proj, name)[:, :0] for name in ("means2d", "conics", "depths", "radii", "opacities", "colors")},
+        proj,
+        **{name: getattr(proj, name)[:, :0] for name in ("means2d", "conics", "depths", "radii", "opacities", "colors")},
         num_gaussians=0,
     )
     background = torch.tensor([[0.2, 0.4, 0.6]], device=device, requires_grad=True)

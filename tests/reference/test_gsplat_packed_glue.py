@@ -136,9 +136,7 @@ def _render(scene, packed_glue, **kwargs):
     render_mode = kwargs.get("render_mode", "RGB")
     rasterize_mode = kwargs.get("rasterize_mode", "classic")
     if packed_glue:
-        colors, alphas, meta = gsplat_backend.rasterize_packed(
-            **leaves, **common, render_mode=render_mode, rasterize_mode=rasterize_mode
-        )
+        colors, alphas, meta = gsplat_backend.rasterize_packed(**leaves, **common, render_mode=render_mode, rasterize_mode=rasterize_mode)
     else:
         colors, alphas, meta = rasterization(
             **leaves, **common, packed=False, render_mode=render_mode, rasterize_mode=rasterize_mode,

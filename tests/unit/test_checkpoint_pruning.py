@@ -20,8 +20,7 @@ NO_OPTIMIZERS = SimpleNamespace(optimizers={}, schedulers={})
 
 
 def _save(directory: Path, step: int, keep_only_latest: bool = True) -> Path:
-    return save_checkpoint_atomic(directory, step, {"w": torch.full((2,), float(step))}, NO_OPTIMIZERS, {}, {},
-                                  keep_only_latest=keep_only_latest)
+    return save_checkpoint_atomic(directory, step, {"w": torch.full((2,), float(step))}, NO_OPTIMIZERS, {}, {}, keep_only_latest=keep_only_latest)
 
 
 def test_saving_an_older_step_deletes_nothing(tmp_path: Path) -> None:

@@ -25,8 +25,12 @@ def test_chunked_read_puts_every_row_at_its_ids_place(tmp_path: Path, monkeypatc
     rest = torch.randn(num, 15, 3, generator=gen)
     blob = io.BytesIO()
     torch.save({"row_keys": {}}, blob)
-    save_rows(DistContext(), tmp_path / "ckpt", {IDS_KEY: ids, "param.means": means, "param.features_rest": rest,
-                                                 "opt.means.exp_avg": means * 2}, blob.getvalue())
+    save_rows(
+        DistContext(),
+        tmp_path / "ckpt",
+        {IDS_KEY: ids, "param.means": means, "param.features_rest": rest, "opt.means.exp_avg": means * 2},
+        blob.getvalue(),
+    )
     monkeypatch.setattr(shard_checkpoint, "ALONE_CHUNK_ROWS", chunk_rows)
     rows, _ = _read(None, tmp_path / "ckpt", lambda n: (0, n), only_params=True)
     order = torch.argsort(ids)

@@ -456,9 +456,7 @@ def _brute_force_footprint(means2d, radii_xy, height, width, tile_size):
 
 def _random_gaussians(num, height, width, seed, anisotropic):
     generator = torch.Generator().manual_seed(seed)
-    means2d = torch.rand(num, 2, generator=generator) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor(
-        [width * 0.2, height * 0.2]
-    )
+    means2d = torch.rand(num, 2, generator=generator) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor([width * 0.2, height * 0.2])
     shape = (num, 2) if anisotropic else (num,)
     radii = torch.randint(-2, 40, shape, generator=generator)  # <= 0: culled
     return means2d, radii

@@ -39,8 +39,9 @@ def test_run_failure_is_reported_whole() -> None:
     assert "No space left on device" in str(info.value.code)
 
 
-@pytest.mark.parametrize("error", [ValueError("shapes [3, 4] and [3, 5] differ"), IndexError("index 7 is out of bounds"),
-                                   AssertionError("internal invariant")])
+@pytest.mark.parametrize(
+    "error", [ValueError("shapes [3, 4] and [3, 5] differ"), IndexError("index 7 is out of bounds"), AssertionError("internal invariant")]
+)
 def test_internal_errors_keep_their_type_and_traceback(error: BaseException) -> None:
     with pytest.raises(type(error)) as info:
         _Runner(error).run()

@@ -38,7 +38,6 @@ def test_gpu_check_without_outdir_prints_usage_and_exits_2() -> None:
     assert result.returncode == 2 and "usage" in result.stderr
 
 
-
 def _fake_python(tmp_path: Path, calls: Path) -> Path:
     """A PYTHON for gpu_check.sh that logs each call (with PYTHONPATH), pretends pip and the import
     check succeed and the machine has no CUDA, skips the environment record (it imports torch) and
@@ -66,15 +65,21 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
     calls = tmp_path / "calls.txt"
     cache = tmp_path / "cache"
     env = {
-        "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHON": str(_fake_python(tmp_path, calls)),
-        "GPU_CHECK_CACHE": str(cache), "GPU_CHECK_WHEEL_DIR": str(wheels), "GPU_CHECK_COMMIT": "test",
-        "GPU_CHECK_SKIP_TESTS": "1", "GPU_CHECK_SKIP_BENCH": "1",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHON": str(_fake_python(tmp_path, calls)),
+        "GPU_CHECK_CACHE": str(cache),
+        "GPU_CHECK_WHEEL_DIR": str(wheels),
+        "GPU_CHECK_COMMIT": "test",
+        "GPU_CHECK_SKIP_TESTS": "1",
+        "GPU_CHECK_SKIP_BENCH": "1",
     }
     if install:
         env["GPU_CHECK_INSTALL"] = "1"
     out = tmp_path / "out"
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"], capture_output=True,
-                            text=True, cwd=ROOT, env=env, timeout=60, check=False)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     steps = json.loads((out / "summary.json").read_text())["steps"]
     assert steps["gsplat_build"]["status"] == "skipped"
@@ -316,8 +321,16 @@ def test_splatfacto_on_cpu_renders_with_the_reference_rasterizer(tmp_path: Path)
 
 def test_run_past_the_deadline_is_not_started(tmp_path: Path) -> None:
     cfg = bench.BenchConfig(
-        out=tmp_path / "b.json", workdir=tmp_path, data=tmp_path, device="cpu", num_images=2, num_images_b4=4,
-        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=True,
+        out=tmp_path / "b.json",
+        workdir=tmp_path,
+        data=tmp_path,
+        device="cpu",
+        num_images=2,
+        num_images_b4=4,
+        num_images_two_procs=2,
+        two_procs_batch_size=1,
+        deadline=0.0,
+        dry_run=True,
     )
     record = bench.execute_run(_run("distsplat_b1"), cfg)
     assert record["status"] == "not run" and record["reason"].startswith("time budget")
@@ -351,8 +364,17 @@ def test_launcher_report_is_strict_json() -> None:
 
 def _cfg(tmp_path: Path, previous: dict) -> bench.BenchConfig:
     return bench.BenchConfig(
-        out=tmp_path / "b.json", workdir=tmp_path, data=Path("scene"), device="cuda", num_images=8, num_images_b4=8,
-        num_images_two_procs=2, two_procs_batch_size=1, deadline=0.0, dry_run=False, previous=previous,
+        out=tmp_path / "b.json",
+        workdir=tmp_path,
+        data=Path("scene"),
+        device="cuda",
+        num_images=8,
+        num_images_b4=8,
+        num_images_two_procs=2,
+        two_procs_batch_size=1,
+        deadline=0.0,
+        dry_run=False,
+        previous=previous,
     )
 
 

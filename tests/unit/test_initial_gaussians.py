@@ -43,8 +43,9 @@ def test_the_whole_draw_is_splatfactos(overrides: dict, points: tuple | None, mo
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
     config = SplatfactoModelConfig(**overrides)
     torch.manual_seed(11)
-    theirs = config.setup(scene_box=SceneBox(aabb=torch.tensor([[-1.0] * 3, [1.0] * 3])), num_train_data=2,
-                          metadata={}, seed_points=points).gauss_params
+    theirs = config.setup(
+        scene_box=SceneBox(aabb=torch.tensor([[-1.0] * 3, [1.0] * 3])), num_train_data=2, metadata={}, seed_points=points
+    ).gauss_params
     after_theirs = torch.rand(4)
     torch.manual_seed(11)
     ours = initial_gaussians(config, points)

@@ -79,7 +79,9 @@ def test_rejects_non_int64_ids() -> None:
 
 
 # ---------------------------------------------------------------------- the device generator
-_IDS = torch.cat([torch.randperm(50_000, generator=torch.Generator().manual_seed(1))[:4000] * 7919, torch.tensor([0, 1, (1 << 38) - 1, (1 << 62) + 3])])
+_IDS = torch.cat(
+    [torch.randperm(50_000, generator=torch.Generator().manual_seed(1))[:4000] * 7919, torch.tensor([0, 1, (1 << 38) - 1, (1 << 62) + 3])]
+)
 
 
 @pytest.mark.parametrize("stream", [0, 1, 2, 3])

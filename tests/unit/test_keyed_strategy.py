@@ -36,6 +36,7 @@ def _sharded_refine(shards: list, step: int, dtype: torch.dtype, next_ids: list[
     """One refine event on every shard, each seeing the others' parent rows as a real gather would."""
     recorded = []
     for shard, next_id in zip(shards, next_ids, strict=False):  # dry run: what each rank contributes to the gather
+
         def record(rows: torch.Tensor) -> list[torch.Tensor]:
             recorded.append(rows.clone())
             return [rows]
@@ -43,6 +44,7 @@ def _sharded_refine(shards: list, step: int, dtype: torch.dtype, next_ids: list[
         refine_event(copy.deepcopy(shard), step, dtype, IdCounter(next_id, record))
     counters = []
     for rank, (shard, next_id) in enumerate(zip(shards, next_ids, strict=False)):
+
         def gather(rows: torch.Tensor, rank: int = rank) -> list[torch.Tensor]:
             assert torch.equal(rows, recorded[rank])
             return recorded

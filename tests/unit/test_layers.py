@@ -30,14 +30,40 @@ def _modules(sub: str) -> list[Path]:
 #: The package's layers, lowest first (docs/architecture.md). A module may import package modules of its own layer or below
 #: (never up); the graph within a layer must be acyclic. A new module must be placed here.
 LAYERS: dict[str, int] = {
-    "__init__.py": 1, "utils/": 1, "types.py": 1, "config.py": 1,
+    "__init__.py": 1,
+    "utils/": 1,
+    "types.py": 1,
+    "config.py": 1,
     "distributed/": 2,
-    "balance/": 3, "rendering/": 3, "data/__init__.py": 3, "data/order.py": 3, "data/stream.py": 3,
-    "data/store.py": 3, "data/decode.py": 3, "data/resize.py": 3, "data/preflight.py": 3,
-    "data/worker_server.py": 3, "data/undistort.py": 3, "data/image_loader.py": 3, "data/slots.py": 3,
-    "data/workers.py": 3, "data/reader.py": 3, "data/upload.py": 3, "data/dataparse.py": 4, "data/image_specs.py": 4,
-    "model/": 4, "parallel/": 4, "data/datamanager.py": 4, "data/eval_split.py": 4, "pipeline.py": 4, "pipeline_eval.py": 4, "trainer.py": 4,
-    "trainer_checkpoints.py": 4, "checkpoint.py": 4, "optimizer_rules.py": 4, "optimizer_step.py": 4,
+    "balance/": 3,
+    "rendering/": 3,
+    "data/__init__.py": 3,
+    "data/order.py": 3,
+    "data/stream.py": 3,
+    "data/store.py": 3,
+    "data/decode.py": 3,
+    "data/resize.py": 3,
+    "data/preflight.py": 3,
+    "data/worker_server.py": 3,
+    "data/undistort.py": 3,
+    "data/image_loader.py": 3,
+    "data/slots.py": 3,
+    "data/workers.py": 3,
+    "data/reader.py": 3,
+    "data/upload.py": 3,
+    "data/dataparse.py": 4,
+    "data/image_specs.py": 4,
+    "model/": 4,
+    "parallel/": 4,
+    "data/datamanager.py": 4,
+    "data/eval_split.py": 4,
+    "pipeline.py": 4,
+    "pipeline_eval.py": 4,
+    "trainer.py": 4,
+    "trainer_checkpoints.py": 4,
+    "checkpoint.py": 4,
+    "optimizer_rules.py": 4,
+    "optimizer_step.py": 4,
     "run_record.py": 4,
     "viewer_start.py": 4,
     "registry.py": 5,
@@ -126,7 +152,9 @@ def test_pure_layers_do_not_import_nerfstudio(path: Path) -> None:
     assert not any(n.split(".")[0] == "nerfstudio" and n not in allowed for n in _imports(path))
 
 
-@pytest.mark.parametrize("path", [p for p in PKG.rglob("*.py") if p.name not in ("gsplat_backend.py", "strategy.py")], ids=lambda p: str(p.relative_to(PKG)))
+@pytest.mark.parametrize(
+    "path", [p for p in PKG.rglob("*.py") if p.name not in ("gsplat_backend.py", "strategy.py")], ids=lambda p: str(p.relative_to(PKG))
+)
 def test_gsplat_imported_only_in_its_two_modules(path: Path) -> None:
     # The module-level import is forbidden everywhere else; the two allowed modules import lazily.
     tree = ast.parse(path.read_text())

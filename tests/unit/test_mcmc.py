@@ -88,6 +88,7 @@ def _patched_gsplat_op(monkeypatch, rows: torch.Tensor, op: str, params, optimiz
     from gsplat.strategy import ops
 
     monkeypatch.setattr(ops, "_multinomial_sample", lambda weights, n, replacement=True: rows)
+
     def on_cpu(opacities, scales, ratios, binoms):
         new_opacities, new_scales = relocation_opacity_scale(opacities.flatten(), scales, ratios)
         return new_opacities.reshape(opacities.shape), new_scales
@@ -245,9 +246,13 @@ def test_step_runs_the_event_then_the_noise() -> None:
     gaussians = mcmc_gaussians(torch.float64)
     config = MCMCConfig()
     schedule = mcmc_schedule_in_steps(warmup_images=500, stop_split_images=config.stop_split_at, refine_every_images=100, batch_size=1)
-    quiet = mcmc_step_post_backward(*gaussians, step=601, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local)
+    quiet = mcmc_step_post_backward(
+        *gaussians, step=601, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+    )
     assert quiet.event is None and quiet.next_id == FIRST_ID
-    step = mcmc_step_post_backward(*gaussians, step=600, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local)
+    step = mcmc_step_post_backward(
+        *gaussians, step=600, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+    )
     assert step.event is not None and step.event.num_added == int(1.05 * N) - N
     assert step.next_id == FIRST_ID + step.event.num_relocated + step.event.num_added == step.event.next_id
 
@@ -255,17 +260,30 @@ def test_step_runs_the_event_then_the_noise() -> None:
 def test_defaults_are_mains_splatfacto_mcmc() -> None:
     c = MCMCConfig()
     assert (c.max_gs_num, c.noise_lr, c.mcmc_opacity_reg, c.mcmc_scale_reg, c.cull_alpha_thresh, c.stop_split_at) == (
-        1_000_000, 5e5, 0.01, 0.01, 0.005, 25000,
+        1_000_000,
+        5e5,
+        0.01,
+        0.01,
+        0.005,
+        25000,
     )
 
 
 @pytest.mark.parametrize(
     "field, value, error",
     [
-        ("max_gs_num", 0, ValueError), ("max_gs_num", 2.5, TypeError), ("max_gs_num", 1 << 40, ValueError),
-        ("noise_lr", -1.0, ValueError), ("noise_lr", math.inf, ValueError), ("mcmc_opacity_reg", -0.1, ValueError),
-        ("mcmc_scale_reg", math.nan, ValueError), ("mcmc_scale_reg", "0.1", TypeError), ("cull_alpha_thresh", 1.0, ValueError),
-        ("cull_alpha_thresh", -0.01, ValueError), ("stop_split_at", -1, ValueError), ("stop_split_at", True, TypeError),
+        ("max_gs_num", 0, ValueError),
+        ("max_gs_num", 2.5, TypeError),
+        ("max_gs_num", 1 << 40, ValueError),
+        ("noise_lr", -1.0, ValueError),
+        ("noise_lr", math.inf, ValueError),
+        ("mcmc_opacity_reg", -0.1, ValueError),
+        ("mcmc_scale_reg", math.nan, ValueError),
+        ("mcmc_scale_reg", "0.1", TypeError),
+        ("cull_alpha_thresh", 1.0, ValueError),
+        ("cull_alpha_thresh", -0.01, ValueError),
+        ("stop_split_at", -1, ValueError),
+        ("stop_split_at", True, TypeError),
     ],
 )
 def test_bad_config_is_refused_naming_the_field(field: str, value: object, error: type) -> None:

@@ -30,9 +30,12 @@ def _load() -> DistSplatTrainerConfig:
 
 def test_b53ba80_config_names_the_current_classes() -> None:
     config = _load()
-    pairs = [(config, DistSplatTrainerConfig, DistSplatTrainer), (config.pipeline, DistSplatPipelineConfig, DistSplatPipeline),
-             (config.pipeline.model, DistSplatModelConfig, DistSplatModel),
-             (config.pipeline.datamanager, ParallelFullImageDatamanagerConfig, ParallelFullImageDatamanager)]
+    pairs = [
+        (config, DistSplatTrainerConfig, DistSplatTrainer),
+        (config.pipeline, DistSplatPipelineConfig, DistSplatPipeline),
+        (config.pipeline.model, DistSplatModelConfig, DistSplatModel),
+        (config.pipeline.datamanager, ParallelFullImageDatamanagerConfig, ParallelFullImageDatamanager),
+    ]
     for loaded, config_class, target in pairs:
         assert type(loaded) is config_class and loaded._target is target
         missing = {f.name for f in dataclasses.fields(config_class)} - set(vars(loaded))

@@ -34,8 +34,11 @@ def test_every_strategy_is_accepted(strategy: str) -> None:
     ("make", "error", "message"),
     [
         (lambda: DistSplatPipelineConfig(parallel="both"), UserError, "--pipeline.parallel must be replicated or sharded, got 'both'"),
-        (lambda: DistSplatPipelineConfig(partition="rows"), UserError,
-         "--pipeline.partition must be balanced, whole-images or equal-rows, got 'rows'"),
+        (
+            lambda: DistSplatPipelineConfig(partition="rows"),
+            UserError,
+            "--pipeline.partition must be balanced, whole-images or equal-rows, got 'rows'",
+        ),
         (lambda: DistSplatModelConfig(strategy="mcmc2"), ValueError, "--pipeline.model.strategy must be default or mcmc, got 'mcmc2'"),
     ],
 )

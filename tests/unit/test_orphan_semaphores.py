@@ -37,4 +37,4 @@ def test_a_killed_process_not_yet_reaped_counts_as_gone(tmp_path: Path) -> None:
 
 def _state(pid: int) -> str:
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rfind(")") + 2:][:1]
+    return stat[stat.rfind(")") + 2 :][:1]

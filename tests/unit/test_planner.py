@@ -20,7 +20,7 @@ def _measure(plan, costs_by_camera, batch):
     """Per rank, (position, first tile row, measured row costs) of each of its bands."""
     out = []
     for rank_bands in plan.bands:
-        out.append([(b.position, b.first_row, costs_by_camera[batch[b.position]][b.first_row:b.end_row]) for b in rank_bands])
+        out.append([(b.position, b.first_row, costs_by_camera[batch[b.position]][b.first_row : b.end_row]) for b in rank_bands])
     return out
 
 
@@ -167,6 +167,7 @@ def test_the_halo_exchange_is_empty_exactly_where_a_plan_cuts_no_image() -> None
     cut = BandPlanner("equal-rows", [64, 48]).plan([0], world_size=2, downscale=1)
     assert any(band.first_row > 0 for bands in cut.bands for band in bands)
     assert any(halo_slots(bands, [(40, 64)]) for bands in cut.bands)
+
 
 def test_the_fixed_cost_per_band_is_a_fraction_of_the_batchs_mean_image_cost() -> None:
     # Two images of 16 tile rows, measured at 100 and 150: the row balance cuts the second after

@@ -78,9 +78,7 @@ def test_every_variant_is_listed_under_its_own_name() -> None:
     # Every declared entry point's method_name is its own name (distsplat-mcmc's entry point is
     # listed by discover_methods once the package is reinstalled with it).
     declared = tomllib.loads(PYPROJECT.read_text())["project"]["entry-points"]["nerfstudio.method_configs"]
-    assert {name: getattr(registry, value.split(":")[1]).config.method_name for name, value in declared.items()} == {
-        name: name for name in declared
-    }
+    assert {name: getattr(registry, value.split(":")[1]).config.method_name for name, value in declared.items()} == {name: name for name in declared}
     assert methods["distsplat"].pipeline.model.cull_alpha_thresh == registry.distsplat.config.pipeline.model.cull_alpha_thresh
     assert methods["distsplat-big"].pipeline.model.cull_alpha_thresh == 0.005
     if "distsplat-mcmc" in methods:

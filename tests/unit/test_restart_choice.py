@@ -79,4 +79,6 @@ def test_attempt_log_marks_a_killed_attempt_and_finds_the_folder_by_run_id(tmp_p
     second.end(50, "completed")
     attempts = json.loads((run / "distsplat_attempts.json").read_text())
     assert [(a["start_step"], a["end_step"], a["cause"], a["restart_count"]) for a in attempts] == [
-        (0, 20, UNRECORDED_END, 0), (21, 50, "completed", 1)]
+        (0, 20, UNRECORDED_END, 0),
+        (21, 50, "completed", 1),
+    ]

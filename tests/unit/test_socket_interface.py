@@ -54,11 +54,14 @@ def test_no_route_fails_at_once_naming_the_variable() -> None:
     if subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode != 0:
         pytest.skip("ip netns refused here (needs root): the no-route case needs an empty network namespace")
     try:
-        code = ("import socket; socket.gethostname = lambda: 'localhost';"
-                "from distsplat_ns.distributed.interfaces import choose_socket_interface as c;"
-                "c('gloo', {'MASTER_ADDR': '10.77.250.1', 'MASTER_PORT': '29400'})")
-        proc = subprocess.run(["ip", "netns", "exec", name, sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=120, cwd=REPO, check=False)
+        code = (
+            "import socket; socket.gethostname = lambda: 'localhost';"
+            "from distsplat_ns.distributed.interfaces import choose_socket_interface as c;"
+            "c('gloo', {'MASTER_ADDR': '10.77.250.1', 'MASTER_PORT': '29400'})"
+        )
+        proc = subprocess.run(
+            ["ip", "netns", "exec", name, sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
+        )
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
     assert proc.returncode != 0

@@ -51,6 +51,7 @@ def test_stack_inside_an_import_is_unchanged_by_the_cache_entries(tmp_path: Path
     for key in frozen:
         monkeypatch.delitem(inspect.modulesbyfile, key)
     without_entries = _stack_inside_an_import(tmp_path, "distsplat_startup_probe_b")
+
     # (filename, line, function, code context, index) of every frame but the probe's and this file's own
     def outside(stack: list[tuple]) -> list[tuple]:
         return [f for f in stack[1:] if f[0] != __file__]

@@ -19,6 +19,7 @@ def _late_reply(release: threading.Event):
     def call() -> str:
         release.wait(5.0)
         return "late"
+
     return call
 
 

@@ -14,8 +14,13 @@ from distsplat_ns.utils.steps import images_to_steps
 @pytest.mark.parametrize("batch_size", [1, 2, 4])
 def test_schedule_in_steps_counts_images(batch_size: int) -> None:
     s = schedule_in_steps(
-        warmup_images=500, stop_split_images=15000, refine_every_images=100, reset_alpha_every_refines=30,
-        stop_screen_size_images=4000, num_train_images=12, batch_size=batch_size,
+        warmup_images=500,
+        stop_split_images=15000,
+        refine_every_images=100,
+        reset_alpha_every_refines=30,
+        stop_screen_size_images=4000,
+        num_train_images=12,
+        batch_size=batch_size,
     )
     assert s.refine_every * batch_size == 100
     assert s.refine_start_iter * batch_size == 500
@@ -27,8 +32,13 @@ def test_opacity_reset_is_the_step_nearest_its_image_count(batch_size: int) -> N
     # 100 images per refine is not a whole number of steps at these B (96 images at B = 8 and
     # 16); the reset must still come within half a step of splatfacto's 3000 images.
     s = schedule_in_steps(
-        warmup_images=500, stop_split_images=15000, refine_every_images=100, reset_alpha_every_refines=30,
-        stop_screen_size_images=4000, num_train_images=12, batch_size=batch_size,
+        warmup_images=500,
+        stop_split_images=15000,
+        refine_every_images=100,
+        reset_alpha_every_refines=30,
+        stop_screen_size_images=4000,
+        num_train_images=12,
+        batch_size=batch_size,
     )
     assert abs(s.reset_every * batch_size - 3000) <= batch_size / 2
 

@@ -20,7 +20,9 @@ Thread 0x00007faa5ac9eb80 (most recent call first):
 def test_parse_gives_that_threads_frames_outermost_first() -> None:
     stack = parse_thread_stack(DUMP, 0x00007FAA5AC9EB80)
     assert [(f.filename, f.lineno, f.name) for f in stack] == [
-        ("/a/main.py", 3, "<module>"), ("/a/gen.py", 0, "<genexpr>"), ("/a/inner.py", 12, "inner")
+        ("/a/main.py", 3, "<module>"),
+        ("/a/gen.py", 0, "<genexpr>"),
+        ("/a/inner.py", 12, "inner"),
     ]
     watch = parse_thread_stack(DUMP, 0x00007FAA59F3B6C0)
     assert [f.name for f in watch] == ["run", "watch"]  # stops at the next thread's block

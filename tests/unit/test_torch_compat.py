@@ -173,6 +173,7 @@ def test_nonzero_of_size_is_nonzero_with_or_without_nonzero_static(static: str, 
     if static == "missing":
         monkeypatch.delattr(torch, "nonzero_static", raising=False)
     elif static == "not-on-this-device":
+
         def no_kernel(mask, size):
             raise NotImplementedError("Could not run 'aten::nonzero_static' with arguments from the 'CUDA' backend")
 

@@ -44,7 +44,7 @@ def _hand_layout():
     first = torch.tensor([0, 0, 3, 2, 1])
     end = torch.tensor([1, 4, 4, 2, 2])  # Gaussian 3 is culled (end == first)
     owners = torch.tensor([0, 2, 1, 0, 0])
-    (first_hist, end_hist), = tm.owner_histograms(first[None], end[None], {3: owners}, 4).values()
+    ((first_hist, end_hist),) = tm.owner_histograms(first[None], end[None], {3: owners}, 4).values()
     counts = tm.OwnerRowCounts.from_histograms(first_hist[0], end_hist[0])
     plan = [[Band(0, 0, 1)], [Band(0, 1, 2)], [Band(0, 2, 4)]]
     return plan, counts
