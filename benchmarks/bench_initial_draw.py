@@ -2,7 +2,7 @@
 
 Each case runs in its own process (``ru_maxrss`` is a process's peak): it imports everything,
 reads its resident set, draws ``--num-random`` random Gaussians at SH degree 3
-(``model/gaussians.py:initial_gaussians``), and reports the peak above that resident set, with
+(``gaussians/initial.py:initial_gaussians``), and reports the peak above that resident set, with
 the draw's wall time. Cases:
 
 - ``whole``: one process, or every replicated rank (all N);
@@ -42,8 +42,8 @@ def child(case: str, num: int, world: int) -> dict:
     import torch
     from nerfstudio.models.splatfacto import SplatfactoModelConfig
 
-    from distsplat_ns.balance.ownership import owned_block
-    from distsplat_ns.model.gaussians import initial_gaussians
+    from distsplat_ns.gaussians.initial import initial_gaussians
+    from distsplat_ns.gaussians.ownership import owned_block
 
     config = SplatfactoModelConfig(random_init=True, num_random=num, sh_degree=3)
     torch.manual_seed(0)

@@ -50,7 +50,7 @@ def _install_dedup_seed_points() -> None:
     """Diagnostic: drop repeated COLMAP points (identical xyz) before the Gaussians are seeded."""
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParser
 
-    from distsplat_ns.model.gaussians import first_occurrences
+    from distsplat_ns.gaussians.initial import first_occurrences
 
     original = ColmapDataParser._load_3D_points
 
@@ -86,7 +86,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     import distsplat_ns.parallel.mode as mode_module
     from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
-    from distsplat_ns.model.strategy import grows_at, update_batch_statistics
+    from distsplat_ns.gaussians.strategy import grows_at, update_batch_statistics
 
     original_finish = BucketedGradientSum.finish
 
@@ -260,7 +260,7 @@ def main() -> None:
     trace.add_argument(
         "--dedup-seed-points",
         action="store_true",
-        help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: model/gaussians.py)",
+        help="diagnostic: seed from unique COLMAP points (the float64 mode does so itself: gaussians/initial.py)",
     )
     trace.add_argument("--save-grads", action="store_true", help="rank 0 also saves the summed gradients of every step")
     trace.add_argument("ns_train_args", nargs=argparse.REMAINDER, help="-- then ns-train's arguments")

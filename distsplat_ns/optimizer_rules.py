@@ -20,8 +20,8 @@ import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 
-from distsplat_ns.model.rows import GAUSSIAN_PARAMETER_NAMES
-from distsplat_ns.model.strategy import sqrt_batch_scaling
+from distsplat_ns.gaussians.rows import GAUSSIAN_PARAMETER_NAMES
+from distsplat_ns.gaussians.strategy import sqrt_batch_scaling
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
 
@@ -40,7 +40,7 @@ FLOAT64_ADAM_EPS = 1e-8
 """The float64 mode's least Adam eps for the Gaussians' parameters (docs/float64_exactness.md)."""
 
 GAUSSIAN_PARAM_GROUPS = GAUSSIAN_PARAMETER_NAMES
-"""The optimizer groups of the Gaussians' own parameters (one per trained field of ``model/rows.py``)."""
+"""The optimizer groups of the Gaussians' own parameters (one per trained field of ``gaussians/rows.py``)."""
 
 
 def float64_optimizer_configs(configs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

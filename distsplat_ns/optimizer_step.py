@@ -11,7 +11,7 @@ rate and an eps per tensor (``torch._foreach_*`` ops with a list of scalars, whi
 
 * each optimizer keeps its parameter, its param group (the scheduler writes ``lr`` there) and its
   state (``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints, ``load_optimizers`` and the row
-  operations (``model/rows.py:GaussianRows.adam_state``) see exactly what they saw before;
+  operations (``gaussians/rows.py:GaussianRows.adam_state``) see exactly what they saw before;
 * the arithmetic is torch's non-capturable Adam, operation for operation (the order of
   ``torch/optim/adam.py:_multi_tensor_adam``), the same on every rank and any number of ranks: the
   replicas stay bitwise equal and the float64 1 = W equivalence is unchanged

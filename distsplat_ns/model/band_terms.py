@@ -19,11 +19,11 @@ from nerfstudio.model_components.lib_bilagrid import BilateralGrid, color_affine
 from nerfstudio.models.splatfacto import SplatfactoModelConfig, resize_image
 
 from distsplat_ns.balance.bands import Band
+from distsplat_ns.gaussians.mcmc import MCMCConfig, MCMCRegularizers, mcmc_regularizers
 from distsplat_ns.model.band_backward import PixelLink, link_pixels
 from distsplat_ns.model.band_render import RegularizerShare
 from distsplat_ns.model.camera_adjust import camera_loss_terms
 from distsplat_ns.model.losses import band_loss, halo_end_row
-from distsplat_ns.model.mcmc import MCMCConfig, MCMCRegularizers, mcmc_regularizers
 
 #: ``(image [H, W, 3 or 4], background [3]) -> [H, W, 3]``: splatfacto's ``composite_with_background``.
 Composite = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

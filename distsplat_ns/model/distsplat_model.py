@@ -31,6 +31,20 @@ from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig
 from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
+from distsplat_ns.gaussians.densify import STRATEGIES, DefaultDensifier, Densifier, MCMCDensifier, StrategyName
+from distsplat_ns.gaussians.initial import initial_gaussians, unique_seed_points
+from distsplat_ns.gaussians.mcmc import MCMCConfig, mcmc_schedule_in_steps
+from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
+from distsplat_ns.gaussians.strategy import (
+    KEYED_GROWTH_KEY,
+    ChildIds,
+    IdGather,
+    KeyedGrowth,
+    allocate_child_ids,
+    build_default_strategy,
+    gather_local,
+    schedule_in_steps,
+)
 from distsplat_ns.model.band_depth import band_depth, with_depth_channel
 from distsplat_ns.model.band_render import (
     BandRenderResult,
@@ -42,22 +56,8 @@ from distsplat_ns.model.band_render import (
 )
 from distsplat_ns.model.band_terms import BandTerms
 from distsplat_ns.model.camera_adjust import adjusted_camera_to_worlds
-from distsplat_ns.model.densify import STRATEGIES, DefaultDensifier, Densifier, MCMCDensifier, StrategyName
 from distsplat_ns.model.eval_outputs import EvalMetrics, LpipsSetting, render_view
-from distsplat_ns.model.gaussians import initial_gaussians, unique_seed_points
 from distsplat_ns.model.losses import halo_end_row
-from distsplat_ns.model.mcmc import MCMCConfig, mcmc_schedule_in_steps
-from distsplat_ns.model.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
-from distsplat_ns.model.strategy import (
-    KEYED_GROWTH_KEY,
-    ChildIds,
-    IdGather,
-    KeyedGrowth,
-    allocate_child_ids,
-    build_default_strategy,
-    gather_local,
-    schedule_in_steps,
-)
 from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
 from distsplat_ns.utils.cameras import BatchCameras, ResolutionSchedule, c2w_to_viewmat, cameras_at
 from distsplat_ns.utils.dtype import default_dtype
@@ -97,7 +97,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """MCMC only: weight of the mean scale in the loss (the paper's 0.01)."""
 
     def mcmc_config(self) -> MCMCConfig:
-        """The MCMC fields as ``model/mcmc.py`` takes them (validated there).
+        """The MCMC fields as ``gaussians/mcmc.py`` takes them (validated there).
 
         Raises:
             ValueError, TypeError: a field is out of range (``MCMCConfig``).
@@ -149,7 +149,7 @@ class DistSplatModel(SplatfactoModel):
         self.seed: int = int(self.kwargs.get("seed", 42))
         seed_points = self.seed_points
         if self.config.param_dtype == "float64" and seed_points is not None:
-            # Twins at one position swap depth order with rounding (model/gaussians.py).
+            # Twins at one position swap depth order with rounding (gaussians/initial.py).
             seed_points = unique_seed_points(seed_points)
         initial = initial_gaussians(self.config, seed_points, shard=self.kwargs.get("gaussian_shard"))  # (rank, world): sharded
         self.gauss_params = initial.params
@@ -215,7 +215,7 @@ class DistSplatModel(SplatfactoModel):
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): a row of the strategy state, carried by every row operation.
         strategy_state[IDS] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
-        # Every per-Gaussian tensor, and every operation on them (model/rows.py).
+        # Every per-Gaussian tensor, and every operation on them (gaussians/rows.py).
         self.rows = GaussianRows(
             gaussian_schema(parameter_fields(self.config.sh_degree), self.densifier.statistics), self.gauss_params, strategy_state
         )
@@ -236,7 +236,7 @@ class DistSplatModel(SplatfactoModel):
         return self.rows.state  # type: ignore[return-value]
 
     def get_gaussian_param_groups(self) -> dict[str, list[torch.nn.Parameter]]:
-        """One optimizer group per trained per-Gaussian field of the schema (``model/rows.py``)."""
+        """One optimizer group per trained per-Gaussian field of the schema (``gaussians/rows.py``)."""
         return {name: [p] for name, p in self.rows.parameters()}
 
     @property
@@ -522,7 +522,7 @@ class DistSplatModel(SplatfactoModel):
         self.densifier.after_optimizer(self, step, optimizers, info, gather_ids)
 
     def refine(self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local) -> None:
-        """Run the densification strategy (``model/strategy.py``) on statistics of the whole batch.
+        """Run the densification strategy (``gaussians/strategy.py``) on statistics of the whole batch.
 
         The result does not depend on how many processes hold the Gaussians: decisions are per
         Gaussian, split offsets are keyed by (seed, step, parent id) and new ids come from

@@ -1,8 +1,8 @@
 """The whole model from its shards, and shards from the whole model: the gathers to rank 0
 (checkpoints, eval and the viewer) and the cut of a loaded checkpoint to this rank's block.
 
-Rows and their keys are ``model/rows.py``'s (``GaussianRows``), their places in a checkpoint
-``model/row_entries.py``'s. Shape letters: N Gaussians on this
+Rows and their keys are ``gaussians/rows.py``'s (``GaussianRows``), their places in a checkpoint
+``gaussians/row_entries.py``'s. Shape letters: N Gaussians on this
 rank, R ranks.
 """
 
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.collectives import gather_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.row_entries import (
+from distsplat_ns.gaussians.ownership import owned_block
+from distsplat_ns.gaussians.row_entries import (
     MODEL_EXTRA_KEY,
     checkpoint_rows,
     cut_rows_,
@@ -26,7 +26,7 @@ from distsplat_ns.model.row_entries import (
     put_rows_,
     step_only_states,
 )
-from distsplat_ns.model.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
+from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
 from distsplat_ns.parallel.shard_rows import agree_layout
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def shard_loaded_checkpoint_(loaded: dict[str, Any], rank: int, world: int) -> N
     """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
     Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
 
-    Sliced: every row the checkpoint holds (``model/row_entries.py``: the Gaussian parameters, the
+    Sliced: every row the checkpoint holds (``gaussians/row_entries.py``: the Gaussian parameters, the
     statistics and ids of the model's extra state, the parameters' Adam moments). A
     checkpoint without ids (older, or splatfacto's) counts as ids ``0..N-1``. The owned rows stay
     in id order. Load the file with ``mmap=True`` so that only the owned rows are read into memory.

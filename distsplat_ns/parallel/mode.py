@@ -23,8 +23,8 @@ import torch
 from distsplat_ns.distributed.collectives import nonfinite_verdict
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import GradientSum
+from distsplat_ns.gaussians.strategy import IdGather, batch_info
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, StatisticsProjection
-from distsplat_ns.model.strategy import IdGather, batch_info
 from distsplat_ns.parallel.exchange import Timer
 from distsplat_ns.parallel.full_state import GatheredState
 from distsplat_ns.utils.host_to_device import host_tensor
@@ -64,7 +64,7 @@ class ParallelMode(ABC):
     @abstractmethod
     def initial_shard(cls, ctx: DistContext) -> tuple[int, int] | None:
         """``(rank, world)`` when each rank builds only its block of the initial Gaussians
-        (``model/gaussians.py``), None when every rank builds them all. Local; asked before the
+        (``gaussians/initial.py``), None when every rank builds them all. Local; asked before the
         model (and so the mode) exists."""
 
     @abstractmethod
@@ -136,7 +136,7 @@ class ParallelMode(ABC):
     @property
     @abstractmethod
     def gather_ids(self) -> IdGather:
-        """Every rank's rows of the parents' ids at a grow event (``model/strategy.py:allocate_child_ids``)."""
+        """Every rank's rows of the parents' ids at a grow event (``gaussians/strategy.py:allocate_child_ids``)."""
 
     @abstractmethod
     def after_refine(self, step: int, optimizers: Optimizers) -> int:

@@ -1,5 +1,5 @@
 """Moving Gaussians between ranks (shard balance): the move plan, the ranks' agreement on what a row
-holds, and the moves themselves. The rows and every operation on them are ``model/rows.py``'s
+holds, and the moves themselves. The rows and every operation on them are ``gaussians/rows.py``'s
 (``GaussianRows``: parameters, Adam moments and strategy statistics together, so row ``i`` of each
 stays the same Gaussian); gathering them to rank 0 and cutting a loaded checkpoint are in
 ``parallel/full_state.py``.
@@ -16,7 +16,7 @@ import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_object, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.rows import GaussianRows
+from distsplat_ns.gaussians.rows import GaussianRows
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)

@@ -44,7 +44,7 @@ def test_training_step_on_gsplat_matches_reference() -> None:
 def _refined(device: str) -> dict[str, torch.Tensor]:
     """One refine event (duplicate, split, prune) of a model built on the CPU and moved to
     ``device``, as the trainer does; its rows back on the CPU."""
-    from distsplat_ns.model.strategy import batch_info, gather_local
+    from distsplat_ns.gaussians.strategy import batch_info, gather_local
     from tests.helpers.model_factory import WIDTH
 
     model = make_model(batch_size=1, num_points=200).to(device)

@@ -1,4 +1,4 @@
-"""MCMC on CUDA (model/mcmc.py): the device generator, gsplat's Eq. 9 kernel, no host sync in the noise,
+"""MCMC on CUDA (gaussians/mcmc.py): the device generator, gsplat's Eq. 9 kernel, no host sync in the noise,
 and shards equal to one process with the kernel in the loop.
 
 Written without a device in its session (issue 19's MCMC core): run it where one is lent.
@@ -38,7 +38,7 @@ def test_device_bits_on_cuda_equal_numpys_bitwise() -> None:
 
 
 def test_gsplats_relocation_kernel_matches_the_float64_equation() -> None:
-    from distsplat_ns.model.mcmc import relocation_opacity_scale
+    from distsplat_ns.gaussians.mcmc import relocation_opacity_scale
 
     gen = torch.Generator().manual_seed(0)
     opacities = 0.006 + 0.99 * torch.rand(5000, generator=gen)
@@ -54,7 +54,7 @@ def test_gsplats_relocation_kernel_matches_the_float64_equation() -> None:
 
 
 def test_position_noise_does_not_sync() -> None:
-    from distsplat_ns.model.mcmc import inject_keyed_position_noise
+    from distsplat_ns.gaussians.mcmc import inject_keyed_position_noise
     from tests.helpers.mcmc_shards import mcmc_gaussians
 
     params, _, state = _to_cuda(mcmc_gaussians(torch.float32))
@@ -69,7 +69,7 @@ def test_position_noise_does_not_sync() -> None:
 
 @pytest.mark.parametrize("partition", ["blocks2", "random3"])
 def test_sharded_mcmc_on_cuda_equals_one_process_bitwise(partition: str) -> None:
-    from distsplat_ns.model.strategy import gather_local
+    from distsplat_ns.gaussians.strategy import gather_local
     from tests.helpers.mcmc_shards import by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 
     host = mcmc_gaussians(torch.float32)

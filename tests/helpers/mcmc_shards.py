@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from distsplat_ns.model.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
+from distsplat_ns.gaussians.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.strategy_shards import SEED, N, by_id, make_gaussians, take_shard
 

@@ -8,7 +8,7 @@ import torch
 from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.scene_box import SceneBox
 
-from distsplat_ns.balance.ownership import owned_block
+from distsplat_ns.gaussians.ownership import owned_block
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 
 HEIGHT, WIDTH = 48, 40
@@ -52,7 +52,7 @@ def keep_to_top_rows_(model: DistSplatModel) -> None:
 def take_initial_shard_(model: DistSplatModel, rank: int, world: int) -> None:
     """Keep rank's ``owned_block`` of a whole model built in this process (ids ``0..N-1``), before
     any optimizer exists: the whole-then-partitioned set-up of the tests that compare a shard with
-    the whole model after changing it (the trainer builds only the block: ``model/gaussians.py``)."""
+    the whole model after changing it (the trainer builds only the block: ``gaussians/initial.py``)."""
     num = int(model.gauss_params["means"].shape[0])
     lo, hi = owned_block(num, rank, world)
     if (lo, hi) != (0, num):

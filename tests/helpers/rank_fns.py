@@ -253,8 +253,8 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_reduce_sum_
+    from distsplat_ns.gaussians.strategy import update_batch_statistics
     from distsplat_ns.model.band_backward import backward_bands
-    from distsplat_ns.model.strategy import update_batch_statistics
     from distsplat_ns.parallel import parallel_mode_class
     from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model, take_initial_shard_
 

@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from distsplat_ns.model.strategy import ChildIds, StrategySchedule, allocate_child_ids, build_default_strategy, refine_keyed
+from distsplat_ns.gaussians.strategy import ChildIds, StrategySchedule, allocate_child_ids, build_default_strategy, refine_keyed
 from distsplat_ns.utils.keyed_random import keyed_normal
 
 N = 400

@@ -1,6 +1,6 @@
 """Checkpoints and config.yml files written by b53ba80 (tests/fixtures/b53ba80) resume with
 ``ns-train --load-dir`` in the other mode and on another number of processes, and export with
-``ns-export --load-config``, as a user's run folder from before model/rows.py would."""
+``ns-export --load-config``, as a user's run folder from before gaussians/rows.py would."""
 
 from __future__ import annotations
 

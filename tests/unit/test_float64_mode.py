@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from distsplat_ns.model.gaussians import unique_seed_points
+from distsplat_ns.gaussians.initial import unique_seed_points
 
 
 def test_keeps_the_first_occurrence_of_each_position_in_order() -> None:

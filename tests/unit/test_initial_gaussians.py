@@ -1,4 +1,4 @@
-"""The initial Gaussians: splatfacto's draw, and a sharded rank's block of it (``model/gaussians.py``).
+"""The initial Gaussians: splatfacto's draw, and a sharded rank's block of it (``gaussians/initial.py``).
 
 Every comparison is exact (``torch.equal``): a block is the same draws from the same generator and
 the same nearest-neighbour search, so no rounding may differ.
@@ -12,8 +12,8 @@ from nerfstudio.data.scene_box import SceneBox
 from nerfstudio.models.splatfacto import SplatfactoModelConfig
 from torchmetrics.image import lpip
 
-from distsplat_ns.balance.ownership import owned_block
-from distsplat_ns.model.gaussians import initial_gaussians, neighbour_distances
+from distsplat_ns.gaussians.initial import initial_gaussians, neighbour_distances
+from distsplat_ns.gaussians.ownership import owned_block
 
 KEYS = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 

@@ -1,4 +1,4 @@
-"""Densification independent of the number of processes (model/strategy.py: refine_keyed).
+"""Densification independent of the number of processes (gaussians/strategy.py: refine_keyed).
 
 Shards are simulated in one process: the strategy runs on disjoint subsets of one set of
 Gaussians, one after the other, with a gather that returns every subset's parent-id rows,
@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from distsplat_ns.model.strategy import StrategySchedule, allocate_child_ids, gather_local, grow_masks, refine_keyed
+from distsplat_ns.gaussians.strategy import StrategySchedule, allocate_child_ids, gather_local, grow_masks, refine_keyed
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.strategy_shards import (
     PARTITIONS,
@@ -186,7 +186,7 @@ def _first_refine_step(schedule: StrategySchedule) -> int:
 def test_model_refine_numbers_new_gaussians_over_all_ranks(param_dtype: str) -> None:
     """DistSplatModel.refine wiring: one gather per event, ids from next_gauss_id counting the
     other ranks' parents (a simulated rank 1 duplicating 3 and splitting 2 Gaussians)."""
-    from distsplat_ns.model.strategy import batch_info
+    from distsplat_ns.gaussians.strategy import batch_info
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_model
 
     model = make_model(batch_size=1, num_points=200, param_dtype=param_dtype)

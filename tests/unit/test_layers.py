@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     "data/dataparse.py": 4,
     "data/image_specs.py": 4,
     "model/": 4,
+    "gaussians/": 4,
     "parallel/": 4,
     "data/datamanager.py": 4,
     "data/eval_split.py": 4,

@@ -1,4 +1,4 @@
-"""MCMC densification independent of the number of processes (model/mcmc.py, model/mcmc_draws.py).
+"""MCMC densification independent of the number of processes (gaussians/mcmc.py, gaussians/mcmc_draws.py).
 
 The same Gaussians run the same sequence -- events, position noise, kills and Adam moments keyed by
 id in between -- in one process and split into shards (threads whose gathers meet at a barrier,
@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.model.mcmc import (
+from distsplat_ns.gaussians.mcmc import (
     MCMCConfig,
     inject_keyed_position_noise,
     mcmc_event,
@@ -23,8 +23,8 @@ from distsplat_ns.model.mcmc import (
     mcmc_step_post_backward,
     relocation_opacity_scale,
 )
-from distsplat_ns.model.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
-from distsplat_ns.model.strategy import gather_local
+from distsplat_ns.gaussians.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
+from distsplat_ns.gaussians.strategy import gather_local
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 from tests.helpers.strategy_shards import SEED, N
@@ -293,7 +293,7 @@ def test_bad_config_is_refused_naming_the_field(field: str, value: object, error
 
 def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
     """``reweighted_after_relocation`` (8 bytes per source) equals gathering every Gaussian again."""
-    from distsplat_ns.model.mcmc_draws import reweighted_after_relocation, rows_of
+    from distsplat_ns.gaussians.mcmc_draws import reweighted_after_relocation, rows_of
 
     params, optimizers, state = mcmc_gaussians(torch.float64)
     dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
@@ -309,7 +309,7 @@ def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
 
 
 def test_ids_that_cannot_pack_are_refused() -> None:
-    from distsplat_ns.model.mcmc_draws import ID_LIMIT
+    from distsplat_ns.gaussians.mcmc_draws import ID_LIMIT
 
     ids = torch.tensor([1, ID_LIMIT])
     with pytest.raises(ValueError, match="global ids"):
@@ -326,7 +326,7 @@ def test_an_event_needs_the_global_ids() -> None:
 
 
 def test_a_bad_id_on_one_rank_fails_every_rank_after_the_gather() -> None:
-    from distsplat_ns.model.mcmc_draws import ID_LIMIT
+    from distsplat_ns.gaussians.mcmc_draws import ID_LIMIT
 
     ids = [torch.tensor([1, 2]), torch.tensor([ID_LIMIT + 5])]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distsplat_ns.gaussians.densify import DefaultDensifier, MCMCDensifier
+from distsplat_ns.gaussians.strategy import gather_local
 from distsplat_ns.model.band_render import RegularizerShare
-from distsplat_ns.model.densify import DefaultDensifier, MCMCDensifier
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
-from distsplat_ns.model.strategy import gather_local
 from tests.helpers.model_factory import make_model
 
 

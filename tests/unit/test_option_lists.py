@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner
-from distsplat_ns.model.densify import STRATEGIES
+from distsplat_ns.gaussians.densify import STRATEGIES
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from distsplat_ns.parallel import MODES, PARALLEL_MODES
 from distsplat_ns.pipeline import DistSplatPipelineConfig

@@ -1,4 +1,4 @@
-"""The per-Gaussian schema and rows (model/rows.py): what a model declares, and that every operation
+"""The per-Gaussian schema and rows (gaussians/rows.py): what a model declares, and that every operation
 keeps row ``i`` of every field and moment the same Gaussian, for any declared field."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.model.rows import DEFAULT_STATISTICS, GAUSSIAN_PARAMETER_NAMES, IDS, GaussianRows, RowField, gaussian_schema
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GAUSSIAN_PARAMETER_NAMES, IDS, GaussianRows, RowField, gaussian_schema
 from tests.helpers.model_factory import make_model
 from tests.helpers.shard_fns import make_state_model
 

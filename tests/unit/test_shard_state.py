@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from distsplat_ns.balance.ownership import owned_block
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.model.row_entries import MODEL_EXTRA_KEY
+from distsplat_ns.gaussians.ownership import owned_block
+from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.shard_rows import plan_moves
 from tests.helpers.shard_fns import (
@@ -239,7 +239,7 @@ def test_checkpoint_without_ids_counts_as_ids_in_row_order() -> None:
 
 # ---------------------------------------------------------------------- when to rebalance
 def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
-    from distsplat_ns.model.strategy import grows_at as rebalance_due
+    from distsplat_ns.gaussians.strategy import grows_at as rebalance_due
 
     model, _ = make_state_model(with_optimizers=False)
     strategy, schedule = model.strategy, model.schedule

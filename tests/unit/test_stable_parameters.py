@@ -1,4 +1,4 @@
-"""Row operations keep every parameter object (model/rows.py): nerfstudio's per-group parameter
+"""Row operations keep every parameter object (gaussians/rows.py): nerfstudio's per-group parameter
 lists, the optimizers' param groups and Adam's state keys stay right after densification and
 shard moves without a patch, and the old rows' gradients are dropped."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
 
-from distsplat_ns.model.rows import DEFAULT_STATISTICS, GaussianRows
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows
 
 
 def _setup() -> tuple[GaussianRows, Optimizers]:

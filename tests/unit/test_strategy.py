@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.model.strategy import batch_info, schedule_in_steps, sqrt_batch_scaling
+from distsplat_ns.gaussians.strategy import batch_info, schedule_in_steps, sqrt_batch_scaling
 from distsplat_ns.utils.steps import images_to_steps
 
 
@@ -81,7 +81,7 @@ def _state() -> dict:
 def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
     from gsplat.strategy import DefaultStrategy
 
-    from distsplat_ns.model.strategy import update_batch_statistics
+    from distsplat_ns.gaussians.strategy import update_batch_statistics
 
     gen = torch.Generator().manual_seed(0)
     n = 50
@@ -105,7 +105,7 @@ def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
     not the largest)."""
     from gsplat.strategy import DefaultStrategy
 
-    from distsplat_ns.model.strategy import update_batch_statistics
+    from distsplat_ns.gaussians.strategy import update_batch_statistics
 
     gen = torch.Generator().manual_seed(1)
     n = 2000
@@ -127,7 +127,7 @@ def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
 def test_batch_statistics_take_the_largest_radius_over_cameras() -> None:
     from gsplat.strategy import DefaultStrategy
 
-    from distsplat_ns.model.strategy import update_batch_statistics
+    from distsplat_ns.gaussians.strategy import update_batch_statistics
 
     radii = torch.tensor([[4, 0, 2], [8, 3, 1]], dtype=torch.int32)
     info = batch_info(torch.ones(2, 3, 2), torch.ones(2, 3, 2), radii, 16, 16)

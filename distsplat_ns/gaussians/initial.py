@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from nerfstudio.models.splatfacto import RGB2SH, SplatfactoModelConfig, num_sh_bases, random_quat_tensor
 
-from distsplat_ns.balance.ownership import owned_block
+from distsplat_ns.gaussians.ownership import owned_block
 
 
 def unique_seed_points(seed_points: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ past ``cap_max``), and on every step nudges every position by noise scaled by it
 how transparent it is. Its draws use the global generator over one process's rows; here:
 
 * draws are keyed by (seed, step, draw index) and resolved over every shard's (id, opacity) in
-  global-id order (``model/mcmc_draws.py``);
+  global-id order (``gaussians/mcmc_draws.py``);
 * a relocation removes the dead rows on their owner and appends the relocated copies on the
   source's owner, so no parameter moves between ranks. Draw ``j``'s copy gets id ``next_id + j``
   (draw indices are global, so the number is the same on any number of ranks), the same rule for
@@ -21,7 +21,7 @@ and the copy inherits that dead Gaussian's stale moments. Here the dead Gaussian
 included) leave with it, and its copy -- a new Gaussian, with a new id -- starts at zero like its
 source and like an added Gaussian; keeping the dead's moments would move them between ranks.
 
-Collectives are injected (``model/strategy.py:IdGather``), so this module never imports
+Collectives are injected (``gaussians/strategy.py:IdGather``), so this module never imports
 ``torch.distributed``: ``gather_local`` in one process or a replica, ``all_gather_rows`` over shards.
 
 Shape letters: ``N`` Gaussians held here, ``J`` draws.
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from distsplat_ns.model.mcmc_draws import (
+from distsplat_ns.gaussians.mcmc_draws import (
     ID_LIMIT,
     STREAM_ADD,
     STREAM_RELOCATE,
@@ -48,8 +48,8 @@ from distsplat_ns.model.mcmc_draws import (
     reweighted_after_relocation,
     rows_of,
 )
-from distsplat_ns.model.rows import GaussianRows
-from distsplat_ns.model.strategy import IdGather
+from distsplat_ns.gaussians.rows import GaussianRows
+from distsplat_ns.gaussians.strategy import IdGather
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from distsplat_ns.utils.steps import images_to_steps
 from distsplat_ns.utils.validation import check_int
@@ -116,7 +116,7 @@ class MCMCSchedule:
 def mcmc_schedule_in_steps(*, warmup_images: int, stop_split_images: int, refine_every_images: int, batch_size: int) -> MCMCSchedule:
     """Main's MCMC schedule (warm-up, ``stop_split_at``, ``refine_every``; images) in steps of ``batch_size``.
 
-    As ``model/strategy.py:schedule_in_steps``: each point is the step nearest its image count,
+    As ``gaussians/strategy.py:schedule_in_steps``: each point is the step nearest its image count,
     so B images per step relocate and grow as often per image as splatfacto at B = 1.
     """
     return MCMCSchedule(
@@ -255,7 +255,7 @@ def mcmc_event(
     """One MCMC event on this rank's Gaussians: relocate the dead, then add up to 5% (under the cap).
 
     gsplat 1.4.0's ``MCMCStrategy._relocate_gs`` then ``_add_new_gs``, with the draws of
-    ``model/mcmc_draws.py`` and the row changes of the module docstring. Relocation is skipped when
+    ``gaussians/mcmc_draws.py`` and the row changes of the module docstring. Relocation is skipped when
     no Gaussian is alive (the paper's code does the same; gsplat would fail in ``torch.multinomial``).
 
     Args:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from distsplat_ns.model.rows import DEFAULT_STATISTICS, GaussianRows
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows
 from distsplat_ns.utils.keyed_random import keyed_normal
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps

@@ -1,5 +1,5 @@
 """Which ids a sharded rank owns: the contiguous block of an id-ordered list (docs/sharded.md,
-"Ownership and identity"). A pure planner: the initial draw (``model/gaussians.py``), the
+"Ownership and identity"). A pure planner: the initial draw (``gaussians/initial.py``), the
 checkpoint reads and the tests use it."""
 
 from __future__ import annotations

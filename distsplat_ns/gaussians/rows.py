@@ -12,8 +12,8 @@ statistics and :data:`ID_FIELD`, put together by :func:`gaussian_schema`):
 
 :class:`GaussianRows` is a view over those three places (the model's ``ParameterDict``, its
 strategy-state dict and, when bound, the optimizers). Every function that adds, removes, moves or
-reorders Gaussians -- densification (``model/strategy.py``, ``model/mcmc.py``), shard moves
-(``parallel/shard_rows.py``), gathers, checkpoints (``model/row_entries.py``) -- goes through it.
+reorders Gaussians -- densification (``gaussians/strategy.py``, ``gaussians/mcmc.py``), shard moves
+(``parallel/shard_rows.py``), gathers, checkpoints (``gaussians/row_entries.py``) -- goes through it.
 
 Two rules keep every holder of a parameter right without a patch: a row operation never creates a
 new ``nn.Parameter``. It gives the existing one new data (``param.data = ...``, gradient dropped, as
@@ -91,7 +91,7 @@ class RowField:
 def parameter_fields(sh_degree: int = 3) -> tuple[RowField, ...]:
     """splatfacto's six trained parameters at ``sh_degree`` (raw: logs of the scales, logits of the
     opacities). A new per-Gaussian parameter is declared here (and its initial value in
-    ``model/gaussians.py``, its optimizer in ``registry.py``): every row operation, shard move,
+    ``gaussians/initial.py``, its optimizer in ``registry.py``): every row operation, shard move,
     checkpoint format and the float64 rule then carry it."""
     num_rest = (sh_degree + 1) ** 2 - 1
     return (
@@ -104,9 +104,9 @@ def parameter_fields(sh_degree: int = 3) -> tuple[RowField, ...]:
     )
 
 
-#: The global id of every Gaussian (``model/strategy.py:allocate_child_ids``, ``model/mcmc.py``).
+#: The global id of every Gaussian (``gaussians/strategy.py:allocate_child_ids``, ``gaussians/mcmc.py``).
 ID_FIELD = RowField(IDS, "id", dtype="int64")
-#: The default strategy's running statistics (``model/strategy.py:update_batch_statistics``).
+#: The default strategy's running statistics (``gaussians/strategy.py:update_batch_statistics``).
 DEFAULT_STATISTICS = (RowField("grad2d", "statistic"), RowField("count", "statistic"), RowField("radii", "statistic"))
 #: The names of splatfacto's optimizer groups of Gaussian parameters (one per parameter field).
 GAUSSIAN_PARAMETER_NAMES = tuple(f.name for f in parameter_fields())

@@ -1,7 +1,7 @@
 """The densification strategy a model trains with, as one object the pipeline calls the same way.
 
 ``--pipeline.model.strategy`` picks it when the model is built: ``default`` (gsplat's
-DefaultStrategy with keyed growth, ``model/strategy.py``) or ``mcmc`` (``model/mcmc.py``). The
+DefaultStrategy with keyed growth, ``gaussians/strategy.py``) or ``mcmc`` (``gaussians/mcmc.py``). The
 pipeline's step asks it three things and never which it is:
 
 * ``needs_statistics(step)``: whether the step gathers screen-space statistics (the replicated
@@ -21,9 +21,9 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from distsplat_ns.model.mcmc import MCMCConfig, MCMCSchedule, mcmc_step_post_backward
-from distsplat_ns.model.rows import DEFAULT_STATISTICS, RowField
-from distsplat_ns.model.strategy import IdGather, StrategySchedule, grows_at
+from distsplat_ns.gaussians.mcmc import MCMCConfig, MCMCSchedule, mcmc_step_post_backward
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, RowField
+from distsplat_ns.gaussians.strategy import IdGather, StrategySchedule, grows_at
 from distsplat_ns.utils.logging import get_logger
 
 LOGGER = get_logger(__name__)
@@ -36,7 +36,7 @@ STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
 class Densifier(ABC):
     """One densification strategy, driven by the pipeline after each optimizer step.
 
-    Its per-Gaussian statistics are declared in :attr:`statistics` (``model/rows.py``): they become
+    Its per-Gaussian statistics are declared in :attr:`statistics` (``gaussians/rows.py``): they become
     rows of the model's ``GaussianRows``, so shard moves, gathers and every checkpoint format carry
     them, and its row changes go through ``GaussianRows`` too.
     """
@@ -92,7 +92,7 @@ class DefaultDensifier(Densifier):
 
 
 class MCMCDensifier(Densifier):
-    """MCMC (``model/mcmc.py``): an event on the schedule's steps, position noise on every step.
+    """MCMC (``gaussians/mcmc.py``): an event on the schedule's steps, position noise on every step.
 
     The noise's scale is the means' learning rate of the step, read from the optimizer after the
     scheduler stepped (what ``get_last_lr()[0]`` of a means scheduler returns, and the constant

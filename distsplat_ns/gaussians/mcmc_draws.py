@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from distsplat_ns.model.strategy import IdGather
+from distsplat_ns.gaussians.strategy import IdGather
 from distsplat_ns.utils.keyed_random import keyed_bits_device
 
 WEIGHT_BITS = 24
@@ -47,7 +47,7 @@ STREAM_ADD = 3
 
 def opacities_of(opacity_logits: torch.Tensor) -> torch.Tensor:
     """``sigmoid`` as ``1 / (1 + exp(-x))``: on CPU ``torch.sigmoid``'s vectorised body and scalar tail
-    round differently, so a Gaussian's opacity would depend on its row (model/strategy.py:prune_mask).
+    round differently, so a Gaussian's opacity would depend on its row (gaussians/strategy.py:prune_mask).
 
     Args:
         opacity_logits: Any shape.
@@ -105,7 +105,7 @@ def gather_weight_table(gauss_ids: torch.Tensor, weights: torch.Tensor, dead: to
         gauss_ids: Global ids held here, each in [0, 2^38). `[N]`, int64.
         weights: Their ``opacity_weights``. `[N]`, int64.
         dead: Which are dead. `[N]`, bool.
-        gather: Every rank's rows of a tensor, by rank (``model/strategy.py:IdGather``):
+        gather: Every rank's rows of a tensor, by rank (``gaussians/strategy.py:IdGather``):
             ``gather_local`` in one process or a replica, ``all_gather_rows`` over shards.
 
     Returns:

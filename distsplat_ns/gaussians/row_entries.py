@@ -1,5 +1,5 @@
 """Where the per-Gaussian rows live in nerfstudio's checkpoint dictionary: the one mapping between
-flat row keys (``model/rows.py``) and the three places a checkpoint holds them.
+flat row keys (``gaussians/rows.py``) and the three places a checkpoint holds them.
 
 A checkpoint (``checkpoint.py:checkpoint_payload``; the replicated ``step-N.ckpt``, the sharded
 ``step-N.dcp``'s rest plus rows, and the params-only consolidation) holds a Gaussian's row in:
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from distsplat_ns.model.rows import OPT_PREFIX, PARAM_PREFIX, STATE_PREFIX, is_moment
+from distsplat_ns.gaussians.rows import OPT_PREFIX, PARAM_PREFIX, STATE_PREFIX, is_moment
 
 #: Prefix of the model's entries in the pipeline's state dict (nerfstudio's ``VanillaPipeline._model``).
 MODEL_PREFIX = "_model."
