@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import torch
 
@@ -75,6 +75,30 @@ class KeyedGrowth:
 KEYED_GROWTH_KEY = "keyed_growth"
 
 
+PauseRule = Literal["bounded", "splatfacto"]
+"""``--pipeline.model.pause-after-reset``: how long growth pauses after each opacity reset
+(``pause_after_reset_images``)."""
+PAUSE_RULES: tuple[PauseRule, ...] = get_args(PauseRule)
+
+
+def pause_after_reset_images(rule: PauseRule, *, num_train_images: int, warmup_images: int, refine_every_images: int) -> int:
+    """Images after each opacity reset during which no Gaussian grows.
+
+    ``"splatfacto"``: splatfacto's ``num_train_images + refine_every``. gsplat applies the pause
+    from step 0 on (``step % reset_every >= pause``), so a capture of 2900 or more images at the
+    default 3000-image reset never grows at all (nerfstudio issues #2927 and #3743).
+    ``"bounded"``: the same, but never longer than the warm-up plus one refine interval, so growth
+    resumes after every reset as it started after the warm-up, whatever the capture size. Captures
+    of at most ``warmup_images`` images get splatfacto's schedule unchanged (docs/densification.md).
+    """
+    splatfacto = num_train_images + refine_every_images
+    if rule == "splatfacto":
+        return splatfacto
+    if rule == "bounded":
+        return min(splatfacto, warmup_images + refine_every_images)
+    raise ValueError(f"pause rule must be one of {PAUSE_RULES}, got {rule!r}")
+
+
 def schedule_in_steps(
     *,
     warmup_images: int,
@@ -84,19 +108,24 @@ def schedule_in_steps(
     stop_screen_size_images: int,
     num_train_images: int,
     batch_size: int,
+    pause_rule: PauseRule = "bounded",
 ) -> StrategySchedule:
     """Convert splatfacto's image-counted densification schedule to steps of ``batch_size`` images.
 
     Each point is the step nearest its image count, the opacity reset included: counted as
     refines x steps per refine, it would drift with the refine interval's rounding (at B = 16,
-    every 96 images, so a reset every 2880 images instead of 3000)."""
+    every 96 images, so a reset every 2880 images instead of 3000). The pause after a reset
+    follows ``pause_rule`` (``pause_after_reset_images``)."""
     refine_every = images_to_steps(refine_every_images, batch_size)
+    pause_images = pause_after_reset_images(
+        pause_rule, num_train_images=num_train_images, warmup_images=warmup_images, refine_every_images=refine_every_images
+    )
     return StrategySchedule(
         refine_start_iter=images_to_steps(warmup_images, batch_size),
         refine_stop_iter=images_to_steps(stop_split_images, batch_size),
         reset_every=images_to_steps(reset_alpha_every_refines * refine_every_images, batch_size),
         refine_every=refine_every,
-        pause_refine_after_reset=images_to_steps(num_train_images + refine_every_images, batch_size),
+        pause_refine_after_reset=images_to_steps(pause_images, batch_size),
         refine_scale2d_stop_iter=images_to_steps(stop_screen_size_images, batch_size),
     )
 

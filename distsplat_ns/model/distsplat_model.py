@@ -37,9 +37,11 @@ from distsplat_ns.gaussians.mcmc import MCMCConfig, mcmc_schedule_in_steps
 from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
 from distsplat_ns.gaussians.strategy import (
     KEYED_GROWTH_KEY,
+    PAUSE_RULES,
     ChildIds,
     IdGather,
     KeyedGrowth,
+    PauseRule,
     allocate_child_ids,
     build_default_strategy,
     gather_local,
@@ -87,6 +89,8 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
     strategy: StrategyName = "default"
     """Densification (nerfstudio main's field): "default" (gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients) or "mcmc" (Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number of ranks: docs/mcmc.md). Under mcmc the DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto."""
+    pause_after_reset: PauseRule = "bounded"
+    """Default strategy: how long growth pauses after each opacity reset. "bounded": splatfacto's pause (training images + refine_every) but at most warmup_length + refine_every images, so captures of any size densify after every reset (splatfacto's own pause stops captures of 2900+ images from ever growing: nerfstudio #2927, #3743; docs/densification.md); identical to splatfacto for captures of at most warmup_length images. "splatfacto": splatfacto's pause, for exact parity."""
     max_gs_num: int = MCMCConfig.max_gs_num
     """MCMC only: cap on the number of Gaussians over all ranks (main's default 1,000,000). Additions stop at it."""
     noise_lr: float = MCMCConfig.noise_lr
@@ -116,6 +120,8 @@ class DistSplatModelConfig(SplatfactoModelConfig):
             raise ValueError(f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got {self.strategy!r}")
         if self.strategy == "mcmc":
             self.mcmc_config()
+        if self.pause_after_reset not in PAUSE_RULES:
+            raise ValueError(f"--pipeline.model.pause-after-reset must be {one_of(PAUSE_RULES)}, got {self.pause_after_reset!r}")
         # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
         if self.n_split_samples != 2:
             # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
@@ -183,6 +189,7 @@ class DistSplatModel(SplatfactoModel):
             stop_screen_size_images=self.config.stop_screen_size_at,
             num_train_images=self.num_train_data,
             batch_size=self.batch_size,
+            pause_rule=self.config.pause_after_reset,
         )
         self.strategy = build_default_strategy(
             self.schedule,
