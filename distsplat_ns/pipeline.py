@@ -39,6 +39,8 @@ from distsplat_ns.distributed.collectives import (
 )
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import GradientSum
+from distsplat_ns.gaussians.budget import parse_memory_budget
+from distsplat_ns.gaussians.rank_budget import RankBudget
 from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_depth_maxima
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
@@ -81,6 +83,8 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
     """Compare a bitwise digest of every rank's parameters every this many steps (0 = never). The check copies parameters to host memory, hence not every step."""
     check_finite_every: int = 1
     """Stop on NaN/Inf in the summed gradient, checked every this many steps (0 = never). The verdict is a device-side flag read with the step's measured costs, a host copy made anyway: no extra sync."""
+    memory_budget: str = "auto"
+    """Memory each rank may use, in GiB (e.g. 12), "auto" or "off". Densification grows the Gaussians only up to the cap this implies (replicated: what one rank holds; sharded: about W ranks' worth), and a run whose initial Gaussians already pass it stops at set-up naming the smallest W that fits. "auto" is 90% of the device's total memory on CUDA and no budget on the CPU. What it counts: docs/densification.md."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -93,6 +97,7 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
             raise UserError(f"--pipeline.replica-check-every must be >= 0, got {self.replica_check_every}")
         if self.check_finite_every < 0:
             raise UserError(f"--pipeline.check-finite-every must be >= 0, got {self.check_finite_every}")
+        parse_memory_budget(self.memory_budget)
 
 
 @dataclass(frozen=True)
@@ -224,12 +229,18 @@ class DistSplatPipeline(VanillaPipeline):
             seed=seed,
             gaussian_shard=shard,
         )
+        # A run whose initial Gaussians pass the memory budget stops here, before any training.
+        model = self.model
+        budget = RankBudget.for_run(
+            self.ctx, config.memory_budget, model.rows, model.means.element_size(), bool(model.densifier.statistics),
+            batch_size=config.batch_size, sharded=shard is not None,
+        )  # fmt: skip
         self.model.to(device)
         self.world_size = self.ctx.world_size
         # What every rank holds whole (Gaussians unless sharded, camera adjustments, grids) is rank 0's.
         broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
-        self.mode = mode_class(self.ctx, self.model)
+        self.mode = mode_class(self.ctx, self.model, budget)
         self.evaluation = PipelineEval(self.datamanager, self.model)
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
+    from distsplat_ns.gaussians.rank_budget import RankBudget
     from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.utils.cameras import BatchCameras
 
@@ -55,9 +56,11 @@ class ParallelMode(ABC):
     #: ``--pipeline.parallel``'s value for this mode.
     name: ParallelModeName
 
-    def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
+    def __init__(self, ctx: DistContext, model: DistSplatModel, budget: RankBudget | None = None) -> None:
         self.ctx = ctx
         self.model = model
+        #: The rank's memory budget (``--pipeline.memory-budget``), None without one.
+        self.budget = budget
 
     # ------------------------------------------------------------------ set-up and the model's size
     @classmethod

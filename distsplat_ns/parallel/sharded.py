@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
+    from distsplat_ns.gaussians.rank_budget import RankBudget
     from distsplat_ns.model.distsplat_model import DistSplatModel
 
 
@@ -53,8 +54,8 @@ class ShardedMode(ParallelMode):
 
     name = "sharded"
 
-    def __init__(self, ctx: DistContext, model: DistSplatModel) -> None:
-        super().__init__(ctx, model)
+    def __init__(self, ctx: DistContext, model: DistSplatModel, budget: RankBudget | None = None) -> None:
+        super().__init__(ctx, model, budget)
         # The thread that trains (and so makes the collectives); any other thread that asks for a
         # view is the viewer's, and posts it instead (parallel/view_requests.py).
         self._training_thread = threading.get_ident()
@@ -109,7 +110,8 @@ class ShardedMode(ParallelMode):
     def camera_groups(self, batch_size: int, num_gaussians_total: int) -> list[list[int]]:
         """Consecutive groups of as many cameras as the memory budget holds for a shard
         (``parallel/camera_groups.py``): a rank's live projections are O(N/W x group), not
-        O(N/W x B). ``group_cameras``, when set, fixes the size instead (tests).
+        O(N/W x B). With ``--pipeline.memory-budget``, what it leaves beside the shard's rows
+        bounds the groups too. ``group_cameras``, when set, fixes the size instead (tests).
 
         **Collective:** world group, at the first call only: the budget's minimum over ranks (one
         all-gather of an int). **Host sync:** then (free memory).
@@ -120,7 +122,10 @@ class ShardedMode(ParallelMode):
             if self._budget_bytes is None:
                 mine = int(BUDGET_FRACTION * free_memory_bytes(self.ctx.device))
                 self._budget_bytes = min(all_gather_counts(self.ctx, mine))
-            size = group_size(self._budget_bytes, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size)
+            budget = self._budget_bytes
+            if self.budget is not None:  # what the memory budget leaves beside the rows, the same on every rank
+                budget = min(budget, self.budget.projection_budget_bytes(-(-num_gaussians_total // self.ctx.world_size)))
+            size = group_size(budget, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size)
         return split_positions(batch_size, size)
 
     def projections(

@@ -4,6 +4,8 @@ DefaultStrategy, configured as splatfacto configures it, is the reference)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from nerfstudio.models.splatfacto import SplatfactoModelConfig
@@ -34,7 +36,7 @@ def _grow_steps(num_train_images: int, batch_size: int, rule: str) -> list[int]:
 def _splatfacto_grow_steps(num_train_images: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The steps at which gsplat 1.4.0's DefaultStrategy, built with splatfacto 1.1.5's arguments,
     grows: its own ``step_post_backward`` with the grow, prune and reset operations recorded."""
-    import gsplat.strategy.default as default
+    from gsplat.strategy import default
 
     grown: list[int] = []
 
@@ -88,7 +90,7 @@ def test_the_bounded_rule_grows_before_and_after_every_reset(num_train_images: i
     assert grows[0] == schedule.refine_start_iter + schedule.refine_every
     assert any(s < resets[0] for s in grows)
     bounds = [*resets, schedule.refine_stop_iter]
-    for reset, following in zip(bounds, bounds[1:]):
+    for reset, following in itertools.pairwise(bounds):
         after = [s for s in grows if reset < s < following]
         assert after, f"no growth between the reset at step {reset} and step {following}"
         assert after[0] - reset <= schedule.pause_refine_after_reset + schedule.refine_every
