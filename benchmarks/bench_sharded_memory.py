@@ -16,7 +16,9 @@ The timed ns-train (plain or under torchrun) writes ``save_timing_rank<R>.json``
   after each save and each consolidation (where in the run's end the peak was reached),
 - ``gathered_save_s``: after the summary (so its peak RSS is not in it), the save the sharded mode
   made before DCP -- the whole state gathered to rank 0 (``parallel/full_state.py:gather_full_state``)
-  and written as one file -- with ``peak_rss_after_gathered_save_bytes``.
+  and written as one file (``checkpoint.save_checkpoint_atomic``) into ``<run>/gathered_save/`` --
+  with ``peak_rss_after_gathered_save_bytes`` (``ru_maxrss`` of this rank's process, children
+  excluded, after it).
 """
 
 from __future__ import annotations
