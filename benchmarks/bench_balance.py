@@ -28,7 +28,7 @@ Prints one JSON object on stdout (and writes it to ``--json`` when given).
 
 Usage (the figures in docs/balance_results.md)::
 
-    python benchmarks/bench_balance.py --out /tmp/balance_runs --json benchmarks/results/balance_DATE.json
+    python -m benchmarks.bench_balance --out /tmp/balance_runs --json benchmarks/results/balance_DATE.json
 
 Shape letters: B images in a batch, W (``world_size``) ranks, T tile rows of one image.
 """
@@ -38,25 +38,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command
+
 if TYPE_CHECKING:
     import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-SHARED = (REPO / ".." / "shared" / "data").resolve()
+SHARED = SHARED_DATA.resolve()
 TILE = 16
 
 DEFAULT_SCENES = [
@@ -121,9 +116,10 @@ def prepare_scene(scene: dict[str, Any], out: Path) -> Path:
     return dst
 
 
-def train_command(scene: dict[str, Any], data: Path, out: Path, save_every: int, extra: str) -> list[str]:
+def scene_train_args(scene: dict[str, Any], data: Path, out: Path, save_every: int, extra: str) -> list[str]:
+    """The ns-train arguments of a scene's cached 1-process training run."""
     return [
-        shutil.which("ns-train") or "ns-train", "distsplat",
+        "distsplat",
         "--output-dir", str(out / "runs"), "--experiment-name", scene["name"], "--timestamp", "bench",
         "--machine.device-type", "cpu", "--max-num-iterations", str(scene["images"]),
         "--steps-per-save", str(save_every), "--save-only-latest-checkpoint", "False",
@@ -145,14 +141,13 @@ def ensure_trained(scene: dict[str, Any], out: Path, save_every: int, extra: str
     data = prepare_scene(scene, out)
     rdir = run_dir(scene, out)
     stats = rdir / "distsplat_stats.json"
-    cmd = train_command(scene, data, out, save_every, extra)
+    cmd = train_command(scene_train_args(scene, data, out, save_every, extra))
     if not stats.exists():
         if rdir.exists():
             shutil.rmtree(rdir)  # an interrupted run: start again
         log(f"[{scene['name']}] training: {' '.join(shlex.quote(c) for c in cmd)}")
         t0 = time.perf_counter()
-        with open(out / f"train_{scene['name']}.log", "w") as fh:
-            subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, cwd=str(out))
+        run_command(cmd, name=f"training {scene['name']}", env=child_env(threads=None), cwd=out, log=out / f"train_{scene['name']}.log")
         log(f"[{scene['name']}] trained in {time.perf_counter() - t0:.0f} s")
     else:
         log(f"[{scene['name']}] cached run: {rdir}")
@@ -405,7 +400,6 @@ def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tupl
 def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[str, Any]]:
     """``torchrun --nproc_per_node W ns-train distsplat`` (gloo, CPU) per partition mode and B."""
     runs = []
-    torchrun = shutil.which("torchrun") or "torchrun"
     for batch in [int(b) for b in args.wallclock_batch_sizes.split(",") if b]:
         for repeat in range(args.wallclock_repeats):
             for mode in ("whole-images", "equal-rows", "balanced"):
@@ -413,9 +407,8 @@ def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[st
                 out_dir = args.out / "wallclock"
                 stats_path = out_dir / scene["name"] / "distsplat" / name / "distsplat_stats.json"
                 # A cached run is reused whatever --wallclock-images was: "images" reports its own count.
-                cmd = [
-                    torchrun, "--standalone", "--nproc_per_node", str(args.wallclock_world_size),
-                    shutil.which("ns-train") or "ns-train", "distsplat",
+                train = [
+                    "distsplat",
                     "--output-dir", str(out_dir), "--experiment-name", scene["name"], "--timestamp", name,
                     "--machine.device-type", "cpu", "--max-num-iterations", str(args.wallclock_images),
                     "--pipeline.partition", mode, "--pipeline.batch-size", str(batch),
@@ -426,11 +419,11 @@ def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[st
                     scene["parser"], "--data", str(data), "--downscale-factor", str(scene["downscale"]),
                     *shlex.split(scene["args"]),
                 ]  # fmt: skip
+                cmd = train_command(train, world_size=args.wallclock_world_size)
                 if not stats_path.exists():
                     log(f"[wallclock] {name}")
                     t0 = time.perf_counter()
-                    with open(args.out / f"{name}.log", "w") as fh:
-                        subprocess.run(cmd, check=True, stdout=fh, stderr=subprocess.STDOUT, cwd=str(args.out))
+                    run_command(cmd, name=name, env=child_env(threads=None), cwd=args.out, log=args.out / f"{name}.log")
                     log(f"[wallclock] {name}: {time.perf_counter() - t0:.0f} s")
                 stats = json.loads(stats_path.read_text())
                 bal = stats.get("balance", {})
@@ -503,10 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     report: dict[str, Any] = {
         "benchmark": "bench_balance",
-        "date": time.strftime("%Y-%m-%d"),
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip(),
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "command": " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.bench_balance", *sys.argv[1:]]),
+        "machine": machine_record(),
         "cost": "Gaussian-tile intersections per 16-px tile row (the renderer's tile_counts summed over columns)",
         "imbalance": "max / mean of per-rank cost over all W ranks, measured with the final checkpoint's costs",
         "settings": {
@@ -522,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.wallclock:
             scene = next(s for s in scenes if s["name"] == args.wallclock)
             report["wallclock"] = wallclock_runs(scene, Path(runs[scene["name"]]["data"]), args, log)
-    report["host"]["loadavg_end"] = os.getloadavg()
+    finish_machine_record(report["machine"])
     report["wall_s"] = time.perf_counter() - t0
     text = json.dumps(report, indent=1)
     print(text)

@@ -19,7 +19,7 @@ at 1/``--downscale-factor``; nerfstudio's colmap dataparser holds out every 8th 
 images, 161 training). The schedule is splatfacto's (warm-up 500 images, refine every 100, opacity
 reset every 3000) unless ``--warmup`` / ``--refine-every`` / ``--reset-alpha-every`` change it.
 
-Usage: ``nice -n 10 python benchmarks/bench_batch_quality.py [--images 3000] [--batch-sizes 1 4 8 16] [--seeds 0 1 2]``
+Usage: ``nice -n 10 python -m benchmarks.bench_batch_quality [--images 3000] [--batch-sizes 1 4 8 16] [--seeds 0 1 2]``
 Writes benchmarks/results/batch_quality_<scene>_<date>.json after every finished run ("complete"
 false until the last), and at the end prints its summary as a table. ``--resume FILE`` continues a
 study cut short: it keeps FILE's finished runs (its settings must be the same), trains only the
@@ -33,7 +33,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,12 +41,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command
 
 
-def train_command(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
+def train_args(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
+    """The ns-train arguments of one run (method first)."""
     return [
-        str(Path(sys.executable).parent / "ns-train"),
         "distsplat",
         "--output-dir",
         str(out),
@@ -97,12 +96,9 @@ def train_command(batch_size: int, seed: int, args: argparse.Namespace, out: Pat
 
 def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> dict:
     """One run of ``ns-train distsplat``; its final eval PSNR and Gaussian count."""
-    cmd = train_command(batch_size, seed, args, out)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = train_command(train_args(batch_size, seed, args, out))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"B = {batch_size} seed {seed} failed:\n{proc.stderr[-4000:]}")
+    run_command(cmd, name=f"B = {batch_size} seed {seed}", env=child_env())
     stats = json.loads((out / "b" / "distsplat" / f"b{batch_size}-s{seed}" / "distsplat_stats.json").read_text())
     return {
         "batch_size": batch_size,
@@ -200,7 +196,7 @@ def markdown_table(summary: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scene", type=Path, default=REPO.parent / "shared" / "data" / "bird")
+    parser.add_argument("--scene", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--downscale-factor", type=int, default=8, help="colmap --downscale-factor: 8 = 68x120 px for bird")
     parser.add_argument("--images", type=int, default=3000, help="training images per run, every B (a multiple of each B)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
@@ -227,11 +223,11 @@ def main() -> None:
         parser.error("--batch-sizes must include 1, the reference")
     if any(args.images % b for b in args.batch_sizes):
         parser.error(f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run")
-    load_start = os.getloadavg()
+    machine = machine_record()
     start = time.perf_counter()
-    target = args.out or args.resume or REPO / "benchmarks" / "results" / f"batch_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
+    target = args.out or args.resume or result_path(f"batch_quality_{args.scene.name}")
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    command = "python benchmarks/bench_batch_quality.py " + " ".join(sys.argv[1:])
+    command = "python -m benchmarks.bench_batch_quality " + " ".join(sys.argv[1:])
     header = {
         "command": command,
         "date_utc": now,
@@ -243,8 +239,8 @@ def main() -> None:
         "warmup_images": args.warmup,
         "refine_every_images": args.refine_every,
         "reset_alpha_every_refines": args.reset_alpha_every,
-        "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
-        "loadavg_start": load_start,
+        "runs_on": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time",
+        "machine": machine,
     }
     planned = len(args.batch_sizes) * len(args.seeds)
     finished: list[dict] = []
@@ -260,7 +256,7 @@ def main() -> None:
             header,
             complete=len(runs) == planned,
             runs_finished=f"{len(runs)} of {planned}",
-            loadavg_end=os.getloadavg(),
+            machine=finish_machine_record(machine),
             total_wall_s=round(time.perf_counter() - start, 1),
             summary=summary,
             table=markdown_table(summary),

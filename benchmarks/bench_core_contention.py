@@ -17,44 +17,34 @@ so that a drift of the machine's speed falls on both. Reported: each repeat's pa
 (the pair's two runs averaged), their median, and ``0.5 x`` that median: the time per image, in
 units of the 1-rank run's, that W = 2 would reach with no distributed overhead at all here.
 
-Usage: ``python benchmarks/bench_core_contention.py [--images 300] [--repeats 2]`` (about 4 min a
+Usage: ``python -m benchmarks.bench_core_contention [--images 300] [--repeats 2]`` (about 4 min a
 repeat at the default size on 2 idle cores). Writes benchmarks/results/core_contention_<date>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-ttq = sys.modules.get("bench_time_to_quality")
-if ttq is None:  # loaded once, by path (benchmarks/ is not a package)
-    _SPEC = importlib.util.spec_from_file_location("bench_time_to_quality", REPO / "benchmarks" / "bench_time_to_quality.py")
-    assert _SPEC is not None and _SPEC.loader is not None
-    ttq = sys.modules["bench_time_to_quality"] = importlib.util.module_from_spec(_SPEC)  # dataclasses look their module up by name
-    _SPEC.loader.exec_module(ttq)
+from benchmarks import bench_time_to_quality as ttq
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, write_json
 
 
 def pinned_command(name: str, core: int, images: int, out: Path, data: Path, seed: int) -> list[str]:
     """The time-to-quality benchmark's 1-rank command at its full size, pinned to ``core``."""
     spec = ttq.RunSpec(name, 1, "replicated", 1)
-    cmd = ttq._train_command(spec, replace(ttq.SIZES["full"], images=images), out, data, "cpu", seed)
-    assert cmd[:3] == ["taskset", "-c", "0"], cmd[:3]
-    return ["taskset", "-c", str(core), *cmd[3:]]
+    return ttq.train_run_command(spec, replace(ttq.SIZES["full"], images=images), out, data, "cpu", seed, cores=[core])
 
 
 def time_per_image(out: Path, name: str) -> float:
     """Sum of the run's step times over its images (s)."""
-    times = ttq._step_times(out / "ttq" / "distsplat" / name)
+    times = ttq.step_times(out / "ttq" / "distsplat" / name)
     stats = json.loads((out / "ttq" / "distsplat" / name / "distsplat_stats.json").read_text())
     if len(times) != stats["steps"]:
         raise SystemExit(f"error: run {name} logged {len(times)} step times for {stats['steps']} steps")
@@ -63,7 +53,7 @@ def time_per_image(out: Path, name: str) -> float:
 
 def run_together(commands: dict[str, list[str]]) -> None:
     """Start every command at once and wait for all; a failure names its run."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env = child_env()
     procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name, cmd in commands.items()}
     for name, proc in procs.items():
         output, _ = proc.communicate()
@@ -82,14 +72,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300, help="training images per run (the full size's schedule)")
     parser.add_argument("--repeats", type=int, default=2, help="solo/pair alternations")
-    parser.add_argument("--data", type=Path, default=ttq.SHARED_DATA / "bird")
+    parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/core_contention_<date>.json)")
     args = parser.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("error: needs two cores")
-    target = args.out or REPO / "benchmarks" / "results" / f"core_contention_{dt.date.today().isoformat()}.json"
-    load_start = ttq._loadavg()
+    target = args.out or result_path("core_contention")
+    machine = machine_record()
     repeats: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.repeats):
@@ -102,22 +92,18 @@ def main() -> None:
             print(f"[contention] repeat {k}: " + ", ".join(f"{n} {t:.4f} s/image" for n, t in repeats[-1].items()), flush=True)
     result = {
         "benchmark": "core_contention",
-        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_core_contention.py "
+        "command": "python -m benchmarks.bench_core_contention "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
         "scene": args.data.name,
         "size": "full",
         "images": args.images,
         "seed": args.seed,
         "pinning": "OMP_NUM_THREADS=1; solo: taskset -c 0; pair: one run on core 0 and one on core 1, started together",
-        "host": ttq.platform.node(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": load_start,
-        "loadavg_end": ttq._loadavg(),
+        "machine": finish_machine_record(machine),
         "time_per_image_s": repeats,
         **summarise(repeats),
     }
-    target.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(target, result)
     print(json.dumps({k: result[k] for k in ("pair_over_solo", "pair_over_solo_median", "w2_floor_time_per_image")}))
     print(f"written: {target}")
 

@@ -21,7 +21,7 @@ work is the whole image's, so the extra time is the fixed cost of a band: ``band
 the slope of its count's fit) over the mean image's count -- what ``rendering/api.py:
 BAND_COST_FRACTIONS`` holds per backend (docs/balance.md, "With a fixed cost per band").
 
-Usage: ``python benchmarks/bench_cost_unit.py [--images 300] [--repeats 3] [--device cpu|cuda]``
+Usage: ``python -m benchmarks.bench_cost_unit [--images 300] [--repeats 3] [--device cpu|cuda]``
 (about 6 min on 2 idle cores; scripts/gpu_check.sh runs it on cuda). Writes
 benchmarks/results/cost_unit_<date>.json.
 """
@@ -29,11 +29,8 @@ benchmarks/results/cost_unit_<date>.json.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,9 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))  # also when loaded by path (tests): benchmarks/ is not a package
-import bench_time_to_quality as ttq  # its run command, scene and sizes
+from benchmarks import bench_time_to_quality as ttq  # its run command, scene and sizes
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, write_json
 
 COUNTS = ("intersections", "composited_pairs")
 """The counts a camera can carry, in this order; the last one a camera has is its backend's
@@ -147,10 +143,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=300, help="training images of the 1-rank run")
     parser.add_argument("--repeats", type=int, default=3, help="timings per camera")
-    parser.add_argument("--data", type=Path, default=ttq.SHARED_DATA / "bird")
+    parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the reference backend; cuda: gsplat")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / f"cost_unit_{dt.date.today().isoformat()}.json")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/cost_unit_<date>.json)")
     parser.add_argument("--time-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--time-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -161,31 +157,31 @@ def main() -> None:
     if args.repeats < 2:
         raise SystemExit(f"error: --repeats {args.repeats}: at least 2 are needed to measure the noise")
     size = replace(ttq.SIZES["full"], images=args.images, every=args.images)
+    machine = machine_record()
     with tempfile.TemporaryDirectory(prefix="cost_unit_") as tmp:
         work = Path(tmp)
         run = ttq.train_run(ttq.RunSpec("w1_b1", 1, "replicated", 1), size, work, args.data, args.device, args.seed)
-        result_path = work / "times.json"
+        times_path = work / "times.json"
         timing = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.bench_cost_unit",
             "--time-run",
             run["run_dir"],
             "--time-out",
-            str(result_path),
+            str(times_path),
             "--repeats",
             str(args.repeats),
         ]
         if args.device == "cpu":
             timing = ["taskset", "-c", "0", *timing]
         print("[cost_unit] timing every training camera", flush=True)
-        proc = subprocess.run(timing, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: timing failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        measured = json.loads(result_path.read_text())
+        run_command(timing, name="timing", env=child_env())
+        measured = json.loads(times_path.read_text())
     result = {
         "benchmark": "bench_cost_unit",
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join(["python -m benchmarks.bench_cost_unit", *sys.argv[1:]]),
+        "machine": finish_machine_record(machine),
         "train_command": run["command"],
         "scene": str(args.data.name),
         "device": args.device,
@@ -196,10 +192,9 @@ def main() -> None:
         "summary": summarise(measured["rows"]),
         "cameras": measured["rows"],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_json(args.out or result_path("cost_unit"), result)
     print(json.dumps({k: result[k] for k in ("model", "summary")}, indent=1))
-    print(f"[cost_unit] wrote {args.out}")
+    print(f"[cost_unit] wrote {out}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ page counts once in total); ``tree_rss`` sums RSS (a shared page counts once per
 touched it, so the shared buffer is counted up to 1 + num_workers times); ``main_rss`` is the
 training process alone.
 
-Usage: ``python benchmarks/bench_data.py [--quick] [--only all|decode-scale|next-train]`` (needs
+Usage: ``python -m benchmarks.bench_data [--quick] [--only all|decode-scale|next-train]`` (needs
 ../shared/data/fox).
 """
 
@@ -42,11 +42,9 @@ from pathlib import Path
 
 from typing_extensions import Self
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record
 
-FOX = (REPO / ".." / "shared" / "data" / "fox").resolve()
+FOX = (SHARED_DATA / "fox").resolve()
 MIB = float(1 << 20)
 
 
@@ -358,21 +356,16 @@ def child_nerfstudio(scene: Path, steps: int, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int, script: Path | None = None, pythonpath_first: Path | None = None) -> dict:
-    """Run ``script`` (default: this one) as a child; kill its tree on timeout or when its RSS passes the limit.
-
-    ``pythonpath_first`` goes before the repository on the child's ``PYTHONPATH`` (an alternative
-    ``nerfstudio`` package, see benchmarks/bench_anchor_disk.py).
-    """
+def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int) -> dict:
+    """Run this benchmark as a child (``python -m benchmarks.bench_data ARGS``); kill its tree on
+    timeout or when its RSS passes the limit."""
     import psutil
 
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         out = Path(tmp.name)
-    paths = ([str(pythonpath_first)] if pythonpath_first else []) + [str(REPO)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     proc = subprocess.Popen(
-        [sys.executable, str((script or Path(__file__)).resolve()), *args, "--out", str(out)],
-        env=env,
+        [sys.executable, "-m", "benchmarks.bench_data", *args, "--out", str(out)],
+        env=child_env(threads=None),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
@@ -413,7 +406,7 @@ def run_child(args: list[str], timeout_s: float, memory_limit_bytes: int, script
 # ---------------------------------------------------------------------------------- main
 def run_part(args: argparse.Namespace, limit: int) -> dict:
     """``--only decode-scale`` or ``--only next-train``: interleaved comparisons in one run."""
-    report: dict = {"machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": os.getloadavg()[0]}, "part": args.only}
+    report: dict = {"machine": machine_record(), "part": args.only}
     with tempfile.TemporaryDirectory() as tmp:
         if args.only == "decode-scale":
             report["one_core"] = [decode_scale_rates(args.decode_s) for _ in range(args.repeats)]
@@ -457,7 +450,7 @@ def run_part(args: argparse.Namespace, limit: int) -> dict:
                     ] + (["--host-float"] if mode == "host_float" else [])
                     runs[mode].append(run_child(child_args, args.timeout_s, limit))
             report["next_train"] = runs
-    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    finish_machine_record(report["machine"])
     return report
 
 
@@ -531,7 +524,8 @@ def main() -> None:
         str(args.consume_fraction),
     ]
     report: dict = {
-        "machine": {"cpus": os.cpu_count(), "load_average_1min_at_start": os.getloadavg()[0], "note": "every figure below is from this one run"},
+        "machine": machine_record(),
+        "note": "every figure below is from this one run",
         "config": {
             k: getattr(args, k) for k in ("small_frames", "mid_frames", "large_frames", "num_workers", "batch_size", "drain_s", "consume_fraction")
         },
@@ -600,7 +594,7 @@ def main() -> None:
         summary["nerfstudio_marginal_tree_rss_per_image_bytes"] = marginal(n_mid, theirs[args.small_frames], "tree_rss")
         summary["nerfstudio_first_batch_mid_vs_small"] = n_mid["time_to_first_batch_s"] / theirs[args.small_frames]["time_to_first_batch_s"]
     report["summary"] = summary
-    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
+    finish_machine_record(report["machine"])
     sys.stdout.write(json.dumps(report, indent=1) + "\n")
 
 

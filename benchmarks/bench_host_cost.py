@@ -47,7 +47,7 @@ most one operator per such tensor.
 
 Usage (one run at a time; about 15 minutes on 2 cores)::
 
-    PYTHONPATH=$PWD python benchmarks/bench_host_cost.py [--steps 23] [--worlds 1 2 4] \
+    python -m benchmarks.bench_host_cost [--steps 23] [--worlds 1 2 4] \
         [--data scenes/lund_door] [--out benchmarks/results/host_cost_lund_door_DATE.json]
 
 Each distsplat run trains B = W images per step (one image per rank, the per-rank work of W = 1);
@@ -59,20 +59,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common import REPO, child_env, finish_machine_record, load_script, machine_record, result_path, run_command, train_command, write_json
+from benchmarks.host_cost_counters import SYNC_OPS, VIEW_OPS, worker
 
 REFINE_EVERY_STEPS = 6
 """Refinement every 6 steps after a warm-up of 3 (both as images in distsplat: B per step)."""
@@ -85,9 +81,6 @@ FIRST_STEADY_STEP = 13
 measured: 12 steps at B = 1), logging at step 0."""
 
 
-from host_cost_counters import SYNC_OPS, VIEW_OPS, worker
-
-
 #: name -> (method, world size W, parallel mode or None)
 def run_specs(worlds: list[int]) -> list[tuple[str, str, int, str | None]]:
     specs: list[tuple[str, str, int, str | None]] = [("splatfacto_w1", "splatfacto", 1, None)]
@@ -98,8 +91,7 @@ def run_specs(worlds: list[int]) -> list[tuple[str, str, int, str | None]]:
 
 def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int, data: Path, output_dir: Path) -> list[str]:
     """Both methods: the scene at its shipped size, no eval, no save, refinement at step 6 only."""
-    import gpu_bench
-
+    gpu_bench = load_script("gpu_bench")
     batch = world_size if method == "distsplat" else 1
     args = gpu_bench.ns_train_args(gpu_bench.RunSpec(method, method, batch, steps * batch), output_dir, data, "cpu")
     split = args.index("colmap")
@@ -120,18 +112,20 @@ def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int
 def run_one(name: str, method: str, world_size: int, parallel: str | None, steps: int, data: Path, work: Path) -> list[dict[str, Any]]:
     report = work / f"{name}.rank{{rank}}.json"
     args = ns_train_args(method, world_size, parallel, steps, data, work / "runs")
-    me = [str(Path(__file__).resolve()), "--worker", "--report", str(report), "--method", method, "--"]
-    prefix = (
-        [sys.executable] if world_size == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+    cmd = train_command(
+        ["--worker", "--report", str(report), "--method", method, "--", *args], world_size=world_size, module="benchmarks.bench_host_cost"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(prefix + me + args, cwd=REPO, capture_output=True, text=True, timeout=3600, env=env, check=False)
+    try:
+        run_command(cmd, name=name, env=child_env(), timeout=3600)
+        failure = None
+    except RuntimeError as error:
+        failure = str(error)
     reports = []
     for rank in range(world_size):
         path = Path(str(report).replace("{rank}", str(rank)))
         reports.append(json.loads(path.read_text()) if path.exists() else {"completed": False})
-    if proc.returncode != 0 or not all(r.get("completed") for r in reports):
-        raise SystemExit(f"{name} failed (rc {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    if failure is not None or not all(r.get("completed") for r in reports):
+        raise SystemExit(failure or f"{name}: a rank's report is missing or incomplete")
     return reports
 
 
@@ -232,7 +226,8 @@ def main() -> None:
         return
     if args.steps <= REFINE_STEP + 1:
         raise SystemExit(f"--steps must be > {REFINE_STEP + 1} (the densification step is {REFINE_STEP}); got {args.steps}")
-    out_path = args.out or REPO / "benchmarks" / "results" / f"host_cost_{args.data.name}_{time.strftime('%Y-%m-%d')}.json"
+    out_path = args.out or result_path(f"host_cost_{args.data.name}")
+    machine = machine_record()
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="host_cost_") as tmp:
         for name, method, world_size, parallel in run_specs(args.worlds):
@@ -251,9 +246,8 @@ def main() -> None:
     out = {
         "benchmark": "bench_host_cost",
         "what": "per training step and rank: ATen ops and host syncs outside the rasterizer, collectives and bytes; CPU, reference renderer",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["python", "benchmarks/bench_host_cost.py", *sys.argv[1:]]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "command": " ".join(["python -m benchmarks.bench_host_cost", *sys.argv[1:]]),
+        "machine": finish_machine_record(machine),
         "scene": str(args.data),
         "steps": args.steps,
         "refine_step": REFINE_STEP,
@@ -262,8 +256,7 @@ def main() -> None:
         "targets": targets(runs) if "splatfacto_w1" in runs else {},
         "runs": runs,
     }
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(out_path, out)
     print(json.dumps(out["targets"], indent=1))
     print(f"wrote {out_path}")
 

@@ -13,7 +13,7 @@ the draw's wall time. Cases:
 
 Ratios are taken within one run of this script. Usage::
 
-    PYTHONPATH=$PWD python benchmarks/bench_initial_draw.py --num-random 2000000 --worlds 2 8
+    python -m benchmarks.bench_initial_draw --num-random 2000000 --worlds 2 8
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import RESULTS, child_env, finish_machine_record, machine_record, run_command, write_json
 
 
 def _resident_bytes() -> int:
@@ -76,18 +74,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-random", type=int, default=2_000_000)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 8])
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "initial_draw.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "initial_draw.json")
     parser.add_argument("--child", nargs=3, metavar=("CASE", "NUM", "WORLD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), int(args.child[2]))))
         return
     cases = [("whole", 1)] + [(c, w) for w in args.worlds for c in ("whole_then_block", f"block_w{w}")]
+    machine = machine_record()
     runs = []
     for case, world in cases:
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", case, str(args.num_random), str(world)], check=True, capture_output=True, text=True, cwd=REPO
-        )
+        cmd = [sys.executable, "-m", "benchmarks.bench_initial_draw", "--child", case, str(args.num_random), str(world)]
+        out = run_command(cmd, name=f"{case} W={world}", env=child_env(threads=None))
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(
             f"{case:>18} W={world}: {runs[-1]['peak_above_setup_bytes'] / 2**20:8.1f} MiB above set-up "
@@ -96,15 +94,14 @@ def main() -> None:
         )
     whole = runs[0]["peak_above_setup_bytes"]
     result = {
-        "command": " ".join(sys.argv),
+        "command": " ".join(["python -m benchmarks.bench_initial_draw", *sys.argv[1:]]),
         "num_random": args.num_random,
         "sh_degree": 3,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": finish_machine_record(machine),
         "runs": runs,
         "peak_over_whole": {f"{r['case']}_w{r['world']}": r["peak_above_setup_bytes"] / whole for r in runs},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result["peak_over_whole"], indent=2))
 
 

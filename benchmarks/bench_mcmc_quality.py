@@ -22,19 +22,16 @@ Scene: /work/shared/data/bird (real capture, 184 phone-video frames 544x960 with
 decoded at 1/6 (90x160 px); nerfstudio's colmap dataparser holds out every 8th image (23 eval
 images, 161 training). Writes one JSON file to benchmarks/results/ and prints it.
 
-Usage: ``nice -n 10 python benchmarks/bench_mcmc_quality.py [--images 600] [--seeds 0 1 2] [--jobs 2]``
+Usage: ``nice -n 10 python -m benchmarks.bench_mcmc_quality [--images 600] [--seeds 0 1 2] [--jobs 2]``
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import re
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,15 +39,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command, write_json
+
 EVENT = re.compile(r"MCMC relocated (\d+), added (\d+): (\d+) Gaussians over all ranks \(cap (\d+)\)")
 VARIANTS = "distsplat-mcmc=distsplat_ns.registry:distsplat_mcmc,distsplat-big=distsplat_ns.registry:distsplat_big"
 METHODS = ("distsplat", "distsplat-mcmc")
 
 
-def train_command(method: str, seed: int, args: argparse.Namespace, out: Path, cap: int | None) -> list[str]:
+def train_args(method: str, seed: int, args: argparse.Namespace, out: Path, cap: int | None) -> list[str]:
+    """The ns-train arguments of one run (method first)."""
     return [
-        str(Path(sys.executable).parent / "ns-train"),
         method,
         "--output-dir",
         str(out),
@@ -98,12 +96,9 @@ def train_command(method: str, seed: int, args: argparse.Namespace, out: Path, c
 
 
 def run(method: str, seed: int, args: argparse.Namespace, out: Path, cap: int | None) -> dict:
-    cmd = train_command(method, seed, args, out, cap)
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", NERFSTUDIO_METHOD_CONFIGS=VARIANTS)
+    cmd = train_command(train_args(method, seed, args, out, cap))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{method} seed {seed} failed:\n{proc.stderr[-4000:]}")
+    proc = run_command(cmd, name=f"{method} seed {seed}", env=child_env(NERFSTUDIO_METHOD_CONFIGS=VARIANTS))
     stats = json.loads((out / "q" / method / f"{method}-{seed}" / "distsplat_stats.json").read_text())
     events = [[int(g) for g in m.groups()] for m in EVENT.finditer(proc.stdout + proc.stderr)]
     return {
@@ -169,7 +164,7 @@ def summarise(runs: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scene", type=Path, default=REPO.parent / "shared" / "data" / "bird")
+    parser.add_argument("--scene", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--downscale-factor", type=int, default=6, help="colmap --downscale-factor: 6 = 90x160 px for bird")
     parser.add_argument("--images", type=int, default=600, help="training images per run (B = 1: steps)")
     parser.add_argument("--warmup", type=int, default=100, help="images before the first densification event")
@@ -178,15 +173,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     args = parser.parse_args()
-    load_start = os.getloadavg()
+    machine = machine_record()
     start = time.perf_counter()
     num_seed = num_seed_points(args.scene)
     cap = args.cap if args.cap is not None else int(1.2 * num_seed)
     with tempfile.TemporaryDirectory() as tmp:
         runs = run_all(args, Path(tmp), cap)
     result = {
-        "command": "python benchmarks/bench_mcmc_quality.py " + " ".join(sys.argv[1:]),
-        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.bench_mcmc_quality " + " ".join(sys.argv[1:]),
         "scene": args.scene.name,
         "downscale_factor": args.downscale_factor,
         "images": args.images,
@@ -197,15 +191,13 @@ def main() -> None:
         "num_seed_points": num_seed,
         "cap": cap,
         "cap_rule": "--cap" if args.cap is not None else "1.2 x the seed points (the default schedule's last event is clipped)",
-        "machine": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time, shared 2-core host",
-        "loadavg_start": load_start,
-        "loadavg_end": os.getloadavg(),
+        "runs_on": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time",
+        "machine": finish_machine_record(machine),
         "total_wall_s": round(time.perf_counter() - start, 1),
         "summary": summarise(runs),
         "runs": runs,
     }
-    target = REPO / "benchmarks" / "results" / f"mcmc_quality_{args.scene.name}_{datetime.date.today().isoformat()}.json"
-    target.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result_path(f"mcmc_quality_{args.scene.name}"), result)
     print(json.dumps(result, indent=2))
 
 

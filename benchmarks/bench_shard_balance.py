@@ -13,15 +13,26 @@ and rank 1 against their relative measured tile-work gap and band-count gap:
 costs. Being a within-run difference between the two ranks, it does not move with the machine's
 speed, which shifts whole runs by 20% here (docs/time_to_quality.md).
 
-``python benchmarks/bench_shard_balance.py --out benchmarks/results/shard_balance_<date>.json``
+``python -m benchmarks.bench_shard_balance --out benchmarks/results/shard_balance_<date>.json``
+
+Each run is ``python -m benchmarks.bench_shard_balance ns-train <ns-train arguments>`` under
+torchrun (:func:`train_recording_step_costs`): ns-train that records, on rank 0, every step's
+gathered balance figures. Its environment:
+
+- ``DISTSPLAT_STEP_COSTS_OUT``: the JSON file rank 0 writes at exit: per step, each rank's render
+  time (forward + backward, s), its measured tile work (the sum of its bands' row costs) and its
+  number of bands, as every rank has them after the step's cost gather.
+- ``DISTSPLAT_SHARD_BOUND`` (optional): the sharded mode's rebalance bound for this run
+  (``parallel/shard_rows.py:SHARD_BOUND`` otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,12 +40,9 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_time_to_quality import SHARED_DATA, SIZES, RunSpec, _ns_train, _train_command
+from benchmarks.bench_time_to_quality import SIZES, RunSpec, train_args
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command, write_json
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
-
-WRAPPER = Path(__file__).resolve().parent / "ns_train_step_costs.py"
 
 
 def rank_gap_fit(steps: list[dict], skip: int) -> dict:
@@ -64,13 +72,13 @@ def rank_gap_fit(steps: list[dict], skip: int) -> dict:
 
 def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
     spec = RunSpec(name, 2, "sharded", 2)
-    command = _train_command(spec, SIZES["full"], out, data, "cpu", seed)
-    command[command.index(_ns_train())] = str(WRAPPER)
+    args = ["ns-train", *train_args(spec, SIZES["full"], out, data, "cpu", seed)]
+    command = train_command(args, world_size=spec.world_size, module="benchmarks.bench_shard_balance", cores=range(spec.world_size))
     costs = out / f"{name}_steps.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DISTSPLAT_STEP_COSTS_OUT": str(costs), "DISTSPLAT_SHARD_BOUND": repr(bound)}
+    env = child_env(DISTSPLAT_STEP_COSTS_OUT=str(costs), DISTSPLAT_SHARD_BOUND=repr(bound))
     print(f"[shard-balance] {name}: bound {bound}", flush=True)
     start = time.perf_counter()
-    subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    run_command(command, name=name, env=env)
     wall = time.perf_counter() - start
     stats = json.loads((out / "ttq" / "distsplat" / name / "distsplat_stats.json").read_text())
     skip = stats["balance"]["num_warmup_steps_excluded"]
@@ -89,7 +97,48 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
     }
 
 
+def train_recording_step_costs(ns_train_args: list[str]) -> None:
+    """One rank of a run: ns-train with ``DistSplatPipeline._observe_costs`` recording each step's
+    figures (written by rank 0 at exit to ``DISTSPLAT_STEP_COSTS_OUT``)."""
+    out = os.environ.get("DISTSPLAT_STEP_COSTS_OUT")
+    if not out:
+        raise SystemExit("error: bench_shard_balance ns-train needs DISTSPLAT_STEP_COSTS_OUT, the JSON file to write")
+    from nerfstudio.scripts.train import entrypoint
+
+    from distsplat_ns import pipeline
+    from distsplat_ns.parallel import sharded
+
+    bound = os.environ.get("DISTSPLAT_SHARD_BOUND")
+    if bound is not None:
+        sharded.rebalance_shards_ = functools.partial(sharded.rebalance_shards_, bound=float(bound))
+    steps: list[dict] = []
+    observe = pipeline.DistSplatPipeline._observe_costs
+
+    def recording(self, plan, batch, costs, view, clock):
+        steps.append(
+            {
+                "render_s": list(costs.render_s),
+                "work": [sum(sum(row_costs) for _, _, row_costs in bands) for bands in costs.measured],
+                "bands": [len(bands) for bands in costs.measured],
+            }
+        )
+        return observe(self, plan, batch, costs, view, clock)
+
+    pipeline.DistSplatPipeline._observe_costs = recording
+
+    def write() -> None:
+        if os.environ.get("RANK", "0") == "0":
+            Path(out).write_text(json.dumps(steps))
+
+    atexit.register(write)
+    sys.argv = ["ns-train", *ns_train_args]
+    entrypoint()
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["ns-train"]:
+        train_recording_step_costs(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bounds", type=float, nargs="+", default=[SHARD_BOUND, 1.01])
     parser.add_argument("--repeats", type=int, default=1, help="runs per bound, alternated")
@@ -97,6 +146,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    machine = machine_record()
     runs = []
     with TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
@@ -105,14 +155,13 @@ def main() -> None:
                 print(json.dumps(runs[-1]["fit"]), flush=True)
     result = {
         "what": __doc__.splitlines()[0],
-        "command": " ".join(sys.argv),
+        "command": " ".join(["python -m benchmarks.bench_shard_balance", *sys.argv[1:]]),
         "size": SIZES["full"].__dict__,
         "data": str(args.data),
-        "loadavg_at_end": os.getloadavg(),
+        "machine": finish_machine_record(machine),
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     print(f"[shard-balance] wrote {args.out}")
 
 

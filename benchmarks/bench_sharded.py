@@ -13,14 +13,14 @@
    W = 2 over one process (<= 0.55) and bytes moved per step, sharded over replicated on 2
    processes at B <= W (<= 0.25).
 
-Usage (repository root): PYTHONPATH=$PWD python benchmarks/bench_sharded.py [--steps 4]
+Usage (repository root): python -m benchmarks.bench_sharded [--steps 4]
 Writes benchmarks/results/bench_sharded.json.
 
 ``--memory`` (issue 18, "What must be shown"): memory, eval and save at scale instead. The shipped
 scene with splatfacto's random initialisation of ``--num-random`` Gaussians (densification off:
 every run holds the same N), B = ``--batch`` images a step, ``--steps`` steps, the final eval over
-the held-out images and a save, run through ``benchmarks/ns_train_timed_save.py`` (which times
-each save, and after the summary the gathered save on the same model): replicated W = 1 and
+the held-out images and a save, run through ``python -m benchmarks.bench_sharded_memory ns-train``
+(which times each save, and after the summary the gathered save on the same model): replicated W = 1 and
 sharded W = 2 (``--with-replicated-w2``: replicated W = 2 too), and the same at ``--base-random``
 Gaussians for each process's fixed base RSS. Peak RSS is ``ru_maxrss`` of each rank's process
 (``run_record.py``; children, the image-decoding workers, excluded). Writes
@@ -31,19 +31,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from benchmarks.common import REPO, RESULTS, child_env, finish_machine_record, machine_record, run_command, train_command, write_json
 
-REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "scenes" / "lund_door"
-BIN = Path(sys.executable).parent
 DATA = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
 COMMON = [
     "--machine.device-type",
@@ -75,9 +71,10 @@ DENSIFY = [
 ]
 
 
-def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float, program: list[str] | None = None) -> dict[str, Any]:
-    """One ``ns-train distsplat`` run (``program`` replaces ``ns-train``: a Python script and its
-    leading arguments); returns its ``distsplat_stats.json`` with ``command_wall_s``."""
+def ns_train_run(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float, module: str | None = None) -> dict[str, Any]:
+    """One ``ns-train distsplat`` run on ``world`` ranks (``module``: ``python -m MODULE ns-train
+    ...``, a benchmark's wrapper of ns-train, in its place); returns its ``distsplat_stats.json``
+    with ``command_wall_s``."""
     args = [
         "distsplat",
         "--output-dir",
@@ -92,23 +89,9 @@ def _ns_train(out: Path, name: str, images: int, world: int, extra: list[str], t
         *extra,
         *DATA,
     ]
-    if world == 1:
-        cmd = [sys.executable, *program, *args] if program else [str(BIN / "ns-train"), *args]
-    else:
-        cmd = [
-            str(BIN / "torchrun"),
-            "--nproc_per_node",
-            str(world),
-            "--master_port",
-            str(29500 + os.getpid() % 1000),
-            *(program or [str(BIN / "ns-train")]),
-            *args,
-        ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = train_command(["ns-train", *args] if module is not None else args, world_size=world, module=module)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    run_command(cmd, name=name, env=child_env(), timeout=timeout)
     stats = json.loads((out / "bench" / "distsplat" / name / "distsplat_stats.json").read_text())
     stats["command_wall_s"] = time.perf_counter() - t0
     return stats
@@ -120,7 +103,7 @@ def _checkpoint_dir(out: Path, name: str) -> Path:
 
 def densify(out: Path, min_gaussians: int, max_images: int) -> dict[str, Any]:
     """Train replicated on one process until the final checkpoint holds >= ``min_gaussians``."""
-    stats = _ns_train(out, "densify", max_images, 1, [*DENSIFY, "--steps-per-save", str(max_images)], timeout=3600)
+    stats = ns_train_run(out, "densify", max_images, 1, [*DENSIFY, "--steps-per-save", str(max_images)], timeout=3600)
     if stats["final_gaussian_count"] < min_gaussians:
         raise RuntimeError(f"densification reached {stats['final_gaussian_count']} Gaussians < {min_gaussians}; raise --densify-images")
     return stats
@@ -146,7 +129,7 @@ def measure(out: Path, ckpt: Path, start_step: int, mode: str, world: int, batch
         "--load-scheduler",
         "False",
     ]
-    stats = _ns_train(out, name, images, world, extra, timeout=3600)
+    stats = ns_train_run(out, name, images, world, extra, timeout=3600)
     per_rank = stats["per_rank"]
     return {
         "mode": mode,
@@ -179,22 +162,21 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.reanalyse is not None:
-        from bench_sharded_memory import reanalyse
+        from benchmarks.bench_sharded_memory import reanalyse
 
         args.reanalyse.write_text(json.dumps(reanalyse(args.reanalyse), indent=2))
         return
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     if args.memory:
-        from bench_sharded_memory import memory_benchmark
+        from benchmarks.bench_sharded_memory import memory_benchmark
 
-        result = memory_benchmark(args, _ns_train)
-        out = args.out or REPO / "benchmarks" / "results" / "bench_sharded_memory.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        result = memory_benchmark(args, ns_train_run)
+        write_json(args.out or RESULTS / "bench_sharded_memory.json", result)
         print(json.dumps(result["targets"], indent=2))
         return
-    args.out = args.out or REPO / "benchmarks" / "results" / "bench_sharded.json"
+    args.out = args.out or RESULTS / "bench_sharded.json"
+    machine = machine_record()
     dense = densify(args.work, args.min_gaussians, args.densify_images)
     ckpt = _checkpoint_dir(args.work, "densify")
     (found,) = sorted(ckpt.glob("step-*.ckpt"))[-1:]
@@ -218,18 +200,15 @@ def main() -> None:
         ratios[f"w2_b{batch}_step_time_sharded_over_replicated"] = sh["step_time_s"] / rep["step_time_s"]
     ratios["target_bytes_moved_at_b_le_w"] = 0.25
     result = {
-        "command": "PYTHONPATH=$PWD python benchmarks/bench_sharded.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.bench_sharded " + " ".join(sys.argv[1:]),
         "scene": "scenes/lund_door",
         "densified_gaussians": dense["final_gaussian_count"],
         "densify_images": args.densify_images,
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
+        "machine": finish_machine_record(machine),
         "runs": runs,
         "ratios": ratios,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(json.dumps(ratios, indent=2))
     for r in runs:
         print(

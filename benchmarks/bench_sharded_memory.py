@@ -1,17 +1,31 @@
-"""``bench_sharded.py --memory``: peak RSS, model bytes, eval and save time per rank at scale.
+"""``python -m benchmarks.bench_sharded --memory``: peak RSS, model bytes, eval and save time per rank at scale.
 
-Runs (each through ``benchmarks/ns_train_timed_save.py``, so every save is timed and, after the
-run summary, the gathered save of the same model too): replicated W = 1 and sharded W = 2 (and
+Runs (each through this module's :func:`train_timing_saves`, ``python -m
+benchmarks.bench_sharded_memory ns-train <ns-train arguments>``, so every save is timed and, after
+the run summary, the gathered save of the same model too): replicated W = 1 and sharded W = 2 (and
 replicated W = 2 with ``--with-replicated-w2``) at ``--num-random`` Gaussians, and the same at
 ``--base-random`` Gaussians for the fixed base of each process. From them: the issue's targets
 (issue 18, "What must be shown") and the memory formula of README.md ("Memory per rank"),
 predicted against measured. Only called from ``bench_sharded.py``.
+
+The timed ns-train (plain or under torchrun) writes ``save_timing_rank<R>.json`` into the run folder:
+
+- ``save_s``: seconds in each ``save_checkpoint`` (sharded: every rank writing its DCP shard),
+- ``consolidate_s``: seconds rank 0 spent writing the params-only ``step-N.ckpt`` (sharded),
+- ``peak_rss_after_save_bytes`` / ``peak_rss_after_consolidate_bytes``: this rank's peak RSS so far
+  after each save and each consolidation (where in the run's end the peak was reached),
+- ``gathered_save_s``: after the summary (so its peak RSS is not in it), the save the sharded mode
+  made before DCP -- the whole state gathered to rank 0 (``parallel/full_state.py:gather_full_state``)
+  and written as one file (``checkpoint.save_checkpoint_atomic``) into ``<run>/gathered_save/`` --
+  with ``peak_rss_after_gathered_save_bytes`` (``ru_maxrss`` of this rank's process, children
+  excluded, after it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -19,16 +33,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from PIL import Image
-from projection_live_bytes import live_bytes
 
+from benchmarks.common import REPO, finish_machine_record, machine_record
+from benchmarks.projection_live_bytes import live_bytes
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, LIVE_ITEMS_PER_CAMERA_GAUSSIAN, group_size
 
-REPO = Path(__file__).resolve().parents[1]
-
 SCENE = REPO / "scenes" / "lund_door"
-PROGRAM = [str(REPO / "benchmarks" / "ns_train_timed_save.py")]
+MODULE = "benchmarks.bench_sharded_memory"
+"""Run as ``python -m MODULE ns-train ...``: ns-train with every save timed."""
 ITEM_BYTES = 4  # float32 parameters
 
 #: Per Gaussian and SH degree 3 (16 bases), float32 unless said (README.md, "Memory per rank"):
@@ -101,7 +114,7 @@ def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: i
         "100000",
     ]
     available = _available_bytes()
-    stats = ns_train(args.work, name, args.steps * args.batch, world, extra, timeout=3 * 3600, program=PROGRAM)
+    stats = ns_train(args.work, name, args.steps * args.batch, world, extra, timeout=3 * 3600, module=MODULE)
     run_dir = args.work / "bench" / "distsplat" / name
     timing = [json.loads((run_dir / f"save_timing_rank{r}.json").read_text()) for r in range(world)]
     # The figures are read: the run's checkpoints go (a run set writes ~2.3 GB per 1M Gaussians), so one
@@ -211,20 +224,19 @@ def memory_benchmark(args: Any, ns_train: Callable[..., dict[str, Any]]) -> dict
     """All runs, then the targets and the formula check; the JSON ``bench_sharded.py`` writes."""
     plan = [("replicated", 1), ("sharded", 2)] + ([("replicated", 2)] if args.with_replicated_w2 else [])
     base_plan = [("replicated", 1), ("sharded", 2)] + ([("replicated", 2)] if args.with_replicated_w2 else [])
+    machine = machine_record()
     runs = [_run(args, ns_train, mode, world, args.base_random) for mode, world in base_plan]
     runs += [_run(args, ns_train, mode, world, args.num_random) for mode, world in plan]
     return {
-        "command": "PYTHONPATH=$PWD nice -n 10 python benchmarks/bench_sharded.py " + " ".join(sys.argv[1:]),
+        "command": "nice -n 10 python -m benchmarks.bench_sharded " + " ".join(sys.argv[1:]),
         "scene": "scenes/lund_door (random initialisation)",
         "num_random": args.num_random,
         "base_random": args.base_random,
         "batch_size": args.batch,
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
+        "machine": finish_machine_record(machine),
         "state_bytes_per_gaussian": STATE_BYTES_PER_GAUSSIAN,
         "runs": runs,
         **analyse(runs, args.base_random, args.num_random, args.batch),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
@@ -237,7 +249,104 @@ def reanalyse(path: Path) -> dict[str, Any]:
     result.pop("projection_bytes_per_camera_gaussian", None)
     result.update(analyse(result["runs"], result["base_random"], result["num_random"], result["batch_size"]))
     result["reanalysed"] = {
-        "command": "PYTHONPATH=$PWD python benchmarks/bench_sharded.py --reanalyse " + str(path.name),
+        "command": "python -m benchmarks.bench_sharded --reanalyse " + str(path.name),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return result
+
+
+# ----------------------------------------------------------------------------- the timed ns-train (one rank)
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def _gathered_save(trainer, step: int) -> float:
+    """The pre-DCP save of the whole state through rank 0; returns its wall seconds on this rank.
+
+    **Collective:** world group: the gather (``gather_full_state``), one barrier before it (so the
+    clocks start together) and the outcome broadcast (``agree_outcome``).
+    """
+    import torch.distributed as dist
+
+    from distsplat_ns.checkpoint import save_checkpoint_atomic
+    from distsplat_ns.distributed.lifecycle import agree_outcome
+
+    ctx = trainer.ctx
+    if ctx.is_distributed:
+        dist.barrier()
+    start = time.perf_counter()
+    gathered = trainer.pipeline.mode.gather_full_state(trainer.optimizers.optimizers)
+
+    def write() -> Path:
+        state = trainer.pipeline.state_dict()
+        if gathered is not None:
+            state = gathered.merged_into(state)
+        return save_checkpoint_atomic(
+            checkpoint_dir=trainer.base_dir / "gathered_save",
+            step=step,
+            pipeline_state=state,
+            optimizers=trainer.optimizers,
+            scalers=trainer.grad_scaler.state_dict(),
+            extra={"world_size": ctx.world_size},
+            keep_only_latest=True,
+            optimizer_states=None if gathered is None else gathered.optimizers,
+        )
+
+    agree_outcome(ctx, f"writing the gathered benchmark save of step {step}", write)
+    return time.perf_counter() - start
+
+
+def train_timing_saves(ns_train_args: list[str]) -> None:
+    """One rank: ns-train with its saves timed (``save_timing_rank<R>.json``, see the module docstring)."""
+    from distsplat_ns.parallel import shard_checkpoint
+
+    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": [], "peak_rss_after_save_bytes": [], "peak_rss_after_consolidate_bytes": []}
+    original_consolidate = shard_checkpoint.consolidate_params
+
+    def timed_consolidate(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original_consolidate(*args, **kwargs)
+        finally:
+            timings["consolidate_s"].append(time.perf_counter() - start)
+            timings["peak_rss_after_consolidate_bytes"].append(_peak_rss_bytes())
+
+    shard_checkpoint.consolidate_params = timed_consolidate  # before any module imports the name
+    from distsplat_ns.trainer import DistSplatTrainer
+
+    original_save, original_write_stats = DistSplatTrainer.save_checkpoint, DistSplatTrainer._write_stats
+
+    def timed_save(self, step: int) -> None:
+        start = time.perf_counter()
+        try:
+            original_save(self, step)
+        finally:
+            timings["save_s"].append(time.perf_counter() - start)
+            timings["peak_rss_after_save_bytes"].append(_peak_rss_bytes())
+
+    def write_stats_then_gathered_save(self) -> None:
+        original_write_stats(self)
+        record = {**timings, "peak_rss_at_summary_bytes": _peak_rss_bytes()}
+        if self.pipeline.mode.writes_shards:
+            record["gathered_save_s"] = _gathered_save(self, self.step)
+            record["peak_rss_after_gathered_save_bytes"] = _peak_rss_bytes()
+        (self.base_dir / f"save_timing_rank{self.ctx.rank}.json").write_text(json.dumps(record, indent=2))
+
+    DistSplatTrainer.save_checkpoint = timed_save
+    DistSplatTrainer._write_stats = write_stats_then_gathered_save
+    from nerfstudio.scripts.train import entrypoint
+
+    sys.argv = ["ns-train", *ns_train_args]
+    entrypoint()
+
+
+def main() -> None:
+    if sys.argv[1:2] != ["ns-train"]:
+        raise SystemExit(
+            "usage: python -m benchmarks.bench_sharded_memory ns-train <ns-train arguments> (the benchmark: python -m benchmarks.bench_sharded --memory)"
+        )
+    train_timing_saves(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()

@@ -10,14 +10,13 @@ over the images trained) is divided by its own round's 1-rank run's (``per_round
 median), and the median time over rounds by the 1-rank median (``of_medians``). No eval: the time
 per image needs none, and ``bench_time_to_quality.py`` gives the PSNRs.
 
-``python benchmarks/bench_time_per_image.py [--rounds 3] --out benchmarks/results/time_per_image_<date>.json``
+``python -m benchmarks.bench_time_per_image [--rounds 3] --out benchmarks/results/time_per_image_<date>.json``
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -25,9 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_time_to_quality import SHARED_DATA, SIZES, RunSpec, _loadavg, train_run
+from benchmarks.bench_time_to_quality import SIZES, RunSpec, train_run
+from benchmarks.common import SHARED_DATA, finish_machine_record, machine_record, write_json
 
 REFERENCE = "w1_b1"
 
@@ -82,7 +80,7 @@ def main() -> None:
     if not (args.data / "sparse" / "0").is_dir():
         raise SystemExit(f"error: --data {args.data} has no sparse/0 (a COLMAP scene is expected)")
     size = SIZES["full"]
-    t_start, load_start = time.perf_counter(), _loadavg()
+    t_start, machine = time.perf_counter(), machine_record()
     runs, per_image = [], []
     with tempfile.TemporaryDirectory(prefix="tpi_") as tmp:
         for r, specs in enumerate(round_specs(args.world_size, args.rounds)):
@@ -96,7 +94,15 @@ def main() -> None:
                         "round": r,
                         **{
                             k: run[k]
-                            for k in ("spec", "command", "command_wall_s", "loadavg_before", "loadavg_after", "sum_step_times_s", "steps_timed")
+                            for k in (
+                                "spec",
+                                "command",
+                                "command_wall_s",
+                                "load_average_1min_before",
+                                "load_average_1min_after",
+                                "sum_step_times_s",
+                                "steps_timed",
+                            )
                         },
                         "images_trained": images,
                         "seconds_per_image": seconds[spec.name],
@@ -108,12 +114,11 @@ def main() -> None:
     result = {
         "benchmark": "bench_time_per_image",
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join(["python -m benchmarks.bench_time_per_image", *sys.argv[1:]]),
         "size_settings": {"downscale": size.downscale, "images": size.images, "every": size.every},
         "scene": args.data.name,
         "pinning": "OMP_NUM_THREADS=1; taskset -c 0..W-1: one core per rank (bench_time_to_quality.train_run)",
-        "loadavg_start": load_start,
-        "loadavg_end": _loadavg(),
+        "machine": finish_machine_record(machine),
         "target": f"time per image at W = {args.world_size}, B = {args.world_size} <= 0.57x that of W = 1, B = 1, "
         "the better of the two modes (issue 28)",
         "seconds_per_image_by_round": per_image,
@@ -121,8 +126,7 @@ def main() -> None:
         "runs": runs,
         "total_benchmark_s": time.perf_counter() - t_start,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     for name, r in ratios.items():
         print(f"[tpi] {name}: per round {', '.join(f'{x:.3f}' for x in r['per_round'])}; median {r['median']:.3f}, of medians {r['of_medians']:.3f}")
     print(f"[tpi] result: {args.out} ({result['total_benchmark_s']:.0f} s)")

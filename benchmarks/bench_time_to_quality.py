@@ -36,9 +36,12 @@ at 1/6 (90x160 px) for the full size and 1/8 (68x120) for --quick. nerfstudio's 
 dataparser holds out every 8th image (eval split: 23 images).
 
 Usage:
-  python benchmarks/bench_time_to_quality.py --quick            # validation, a few minutes
-  python benchmarks/bench_time_to_quality.py                    # full size, <= 15 min on 2 idle cores
-  python benchmarks/bench_time_to_quality.py --replot RESULT.json --plot docs/time_to_quality.png
+  python -m benchmarks.bench_time_to_quality --quick            # validation, a few minutes
+  python -m benchmarks.bench_time_to_quality                    # full size, <= 15 min on 2 idle cores
+  python -m benchmarks.bench_time_to_quality --replot RESULT.json --plot docs/time_to_quality.png
+
+Other benchmarks reuse its run (same command, scene, size and seed): ``RunSpec``, ``SIZES``,
+``train_run_command``, ``train_run`` and ``step_times``.
 """
 
 from __future__ import annotations
@@ -48,9 +51,7 @@ import datetime as dt
 import itertools
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,9 +59,19 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+from benchmarks.common import (
+    REPO,
+    SHARED_DATA,
+    child_env,
+    finish_machine_record,
+    load_average_1min,
+    machine_record,
+    result_path,
+    run_command,
+    train_command,
+    write_json,
+)
+
 STEP_TIME_TAG = "Train Iter (time)"  # nerfstudio EventName.ITER_TRAIN_TIME
 
 
@@ -212,27 +223,15 @@ def time_per_image_ratios(curves: dict[str, dict[str, list[float]]], reference: 
 
 
 # ----------------------------------------------------------------------------- training
-def _loadavg() -> str:
-    try:
-        return Path("/proc/loadavg").read_text().strip()
-    except OSError:
-        return "unavailable"
+def train_args(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> list[str]:
+    """The ns-train arguments of one configuration (method first).
 
-
-def _ns_train() -> str:
-    """ns-train next to this interpreter (a venv), else on PATH (gpu_check.sh's --target site/bin)."""
-    beside = BIN / "ns-train"
-    found = str(beside) if beside.exists() else shutil.which("ns-train")
-    if found is None:
-        raise SystemExit("error: ns-train is neither next to this Python nor on PATH")
-    return found
-
-
-def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> list[str]:
+    Raises:
+        ValueError: ``size.every`` is not a multiple of the batch size.
+    """
     if size.every % spec.batch_size:
         raise ValueError(f"--every {size.every} must be a multiple of the batch size {spec.batch_size}")
-    train = [
-        _ns_train(),
+    return [
         "distsplat",
         "--output-dir",
         str(out),
@@ -282,15 +281,18 @@ def _train_command(spec: RunSpec, size: Size, out: Path, data: Path, device: str
         "--downscale-factor",
         str(size.downscale),
     ]
-    if spec.world_size > 1:
-        train = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec.world_size), *train]
-    if device == "cpu":
-        cores = ",".join(str(c) for c in range(spec.world_size))
-        train = ["taskset", "-c", cores, *train]
-    return train
 
 
-def _step_times(run_dir: Path) -> dict[int, float]:
+def train_run_command(
+    spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int, *, module: str | None = None, cores: Sequence[int] | None = None
+) -> list[str]:
+    """The command of one configuration (``common.train_command``): on CPU pinned one core per rank
+    (cores ``0..W-1``, or ``cores``); ``module`` runs a benchmark's ns-train wrapper instead of ns-train."""
+    pinned = (cores if cores is not None else range(spec.world_size)) if device == "cpu" else None
+    return train_command(train_args(spec, size, out, data, device, seed), world_size=spec.world_size, module=module, cores=pinned)
+
+
+def step_times(run_dir: Path) -> dict[int, float]:
     """Each step's duration from the run's tensorboard file (rank 0's ``ITER_TRAIN_TIME``)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -324,33 +326,31 @@ def params_checkpoints(checkpoint_dir: Path) -> list[int]:
 
 def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int) -> dict:
     """Train one configuration; return its command, step times, checkpoints and summary."""
-    cmd = _train_command(spec, size, out, data, device, seed)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = train_run_command(spec, size, out, data, device, seed)
     print(f"[ttq] training {spec.name}: {' '.join(cmd)}", flush=True)
-    load_before = _loadavg()
+    load_before = load_average_1min()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    run_command(cmd, name=f"run {spec.name}", env=child_env())
     command_s = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"error: run {spec.name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     run_dir = out / "ttq" / "distsplat" / spec.name
     stats = json.loads((run_dir / "distsplat_stats.json").read_text())
-    step_times = _step_times(run_dir)
+    times = step_times(run_dir)
     ckpts = params_checkpoints(run_dir / "nerfstudio_models")
-    walls = cumulative_step_times(step_times, ckpts)
-    print(f"[ttq] {spec.name}: {command_s:.0f} s, {len(ckpts)} checkpoints, load {load_before} -> {_loadavg()}", flush=True)
+    walls = cumulative_step_times(times, ckpts)
+    load_after = load_average_1min()
+    print(f"[ttq] {spec.name}: {command_s:.0f} s, {len(ckpts)} checkpoints, load {load_before} -> {load_after}", flush=True)
     return {
         "spec": asdict(spec),
         "command": cmd,
         "command_wall_s": command_s,
-        "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
+        "load_average_1min_before": load_before,
+        "load_average_1min_after": load_after,
         "run_dir": str(run_dir),
         "checkpoint_steps": ckpts,
         "points_images": [(s + 1) * spec.batch_size for s in ckpts],
         "points_wall_s": walls,
-        "sum_step_times_s": sum(step_times.values()),
-        "steps_timed": len(step_times),
+        "sum_step_times_s": sum(times.values()),
+        "steps_timed": len(times),
         "stats": {
             k: stats.get(k)
             for k in (
@@ -405,7 +405,8 @@ def eval_run(run: dict) -> dict:
         result = Path(tmp) / "eval.json"
         cmd = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "benchmarks.bench_time_to_quality",
             "--eval-run",
             run["run_dir"],
             "--eval-steps",
@@ -413,18 +414,20 @@ def eval_run(run: dict) -> dict:
             "--eval-out",
             str(result),
         ]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2")
         print(f"[ttq] evaluating {run['spec']['name']}: {len(run['checkpoint_steps'])} checkpoints", flush=True)
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: eval of {run['run_dir']} failed:\n{proc.stderr[-4000:]}")
+        run_command(cmd, name=f"eval of {run['run_dir']}", env=child_env(threads=2))
         out = json.loads(result.read_text())
         out["command_wall_s"] = time.perf_counter() - t0
         return out
 
 
 # ----------------------------------------------------------------------------- plot
+def _load_at_start(result: dict) -> object:
+    """The load average at the start, from ``machine`` (or an older result's ``loadavg_start``)."""
+    return result["machine"]["load_average_1min_start"] if "machine" in result else result.get("loadavg_start")
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -449,7 +452,7 @@ def plot(result: dict, path: Path) -> None:
     )
     fig.suptitle(
         f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
-        f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {' '.join(result['loadavg_start'].split()[:3])}\n"
+        f"{'one core per rank' if result['device'] == 'cpu' else 'one GPU'}, load average {_load_at_start(result)}\n"
         f"time to the 1-rank final PSNR (grey) / 1-rank wall time:\n{ratios}",
         fontsize=8,
     )
@@ -463,7 +466,7 @@ def markdown_table(result: dict) -> str:
     lines = [
         (
             f"`{result['command']}` ({result['date_utc']}, {result['device']}, {result['pinning']}; "
-            f"load average {result['loadavg_start']} at the start, {result['loadavg_end']} at the end)."
+            f"1-min load average {result['machine']['load_average_1min_start']} at the start, {result['machine']['load_average_1min_end']} at the end)."
         ),
         (
             f"Scene {result['scene_name']} at {result['resolution_px']} px ({result['scene_license']}), "
@@ -542,10 +545,10 @@ def main() -> None:
         size = replace(size, images=args.images or size.images, every=args.every or size.every)
     if size.images < size.every or size.every % args.world_size:
         raise SystemExit(f"error: --images {size.images} must be >= --every {size.every}, a multiple of --world-size {args.world_size}")
-    out_json = args.out or REPO / "benchmarks" / "results" / f"time_to_quality_{size_name}_{dt.date.today().isoformat()}.json"
+    out_json = args.out or result_path(f"time_to_quality_{size_name}")
     work = args.keep_runs or Path(tempfile.mkdtemp(prefix="ttq_"))
     t_start = time.perf_counter()
-    loadavg_start = _loadavg()
+    machine = machine_record()
     runs: dict[str, dict] = {}
     try:
         for spec in run_specs(args.world_size):
@@ -566,7 +569,7 @@ def main() -> None:
     result = {
         "benchmark": "bench_time_to_quality",
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": " ".join(["python -m benchmarks.bench_time_to_quality", *sys.argv[1:]]),
         "size": size_name,
         "size_settings": asdict(size),
         "scene": str(args.data),
@@ -579,11 +582,8 @@ def main() -> None:
             if device == "cpu"
             else "OMP_NUM_THREADS=1; all ranks on GPU 0 (gloo); no pinning"
         ),
-        "cpu_count": os.cpu_count(),
-        "host": platform.node(),
+        "machine": finish_machine_record(machine),
         "seed": args.seed,
-        "loadavg_start": loadavg_start,
-        "loadavg_end": _loadavg(),
         "wall_time_method": "sum of rank 0's per-step ITER_TRAIN_TIME (tensorboard, --logging.max-buffer-size 1) "
         "through each checkpoint's step; eval and checkpoint writes excluded",
         "eval_method": "nerfstudio eval_setup + pipeline.get_average_eval_image_metrics per checkpoint (ns-eval's metric), "
@@ -597,8 +597,7 @@ def main() -> None:
         "total_benchmark_s": time.perf_counter() - t_start,
     }
     result["resolution_px"] = _resolution(args.data, size.downscale)
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(result, indent=1))
+    write_json(out_json, result)
     plot(result, plot_path)
     table = out_json.with_suffix(".md")
     table.write_text(markdown_table(result))

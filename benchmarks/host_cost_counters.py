@@ -1,4 +1,4 @@
-"""The counters of benchmarks/bench_host_cost.py, installed in each training process it starts.
+"""The counters of ``python -m benchmarks.bench_host_cost``, installed in each training process it starts.
 
 See bench_host_cost.py's docstring for what is counted and why; this module holds the dispatch
 mode, the host-read and collective patches, the renderer's exclusion and the worker entry point.
@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+from benchmarks.common import REPO, load_script
 
 SYNC_OPS = frozenset(
     {
@@ -449,8 +448,9 @@ def _exclude_renderer(method: str) -> list[str]:
 
 def worker(report_path: str, method: str, ns_train_args: list[str]) -> None:
     """Run ns-train with the counters installed; write this rank's report at exit."""
-    import gpu_launch
     from nerfstudio.scripts.train import entrypoint
+
+    gpu_launch = load_script("gpu_launch")
 
     rank = int(os.environ.get("RANK", "0"))
     report: dict[str, Any] = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")), "completed": False}

@@ -8,7 +8,7 @@ parameters themselves excluded) plus the projection's outputs; the per-camera pa
 difference between C = 2 and C = 1, divided by N. At SH degree 0 (the first
 ``sh_degree_interval`` images) and 3.
 
-Usage (repository root): PYTHONPATH=$PWD python benchmarks/projection_live_bytes.py [--num 100000]
+Usage (repository root): python -m benchmarks.projection_live_bytes [--num 100000]
 Writes benchmarks/results/projection_live_bytes.json.
 """
 
@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import RESULTS, finish_machine_record, machine_record, write_json
 from distsplat_ns.parallel.camera_groups import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
 from distsplat_ns.rendering.api import project
 
-REPO = Path(__file__).resolve().parents[1]
 OUTPUT_FIELDS = ("means2d", "conics", "colors", "opacities", "depths", "radii", "compensations")
 
 
@@ -60,8 +59,9 @@ def live_bytes(num: int, cameras: int, sh_degree: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num", type=int, default=100_000)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "projection_live_bytes.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "projection_live_bytes.json")
     args = parser.parse_args()
+    machine = machine_record()
     rows = []
     for sh_degree in (0, 3):
         one, two = live_bytes(args.num, 1, sh_degree), live_bytes(args.num, 2, sh_degree)
@@ -75,15 +75,13 @@ def main() -> None:
             }
         )
     result = {
-        "command": "PYTHONPATH=$PWD python benchmarks/projection_live_bytes.py",
+        "command": "python -m benchmarks.projection_live_bytes",
         "num_gaussians": args.num,
         "camera_groups_estimate_bytes": LIVE_ITEMS_PER_CAMERA_GAUSSIAN * 4,
-        "torch": torch.__version__,
+        "machine": finish_machine_record(machine),
         "rows": rows,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(json.dumps(rows, indent=2))
 
 

@@ -24,7 +24,7 @@ fills a volume (larger footprints). Owners are drawn uniformly at random per Gau
 
 Usage (the figures in docs/sharded_traffic.md)::
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/traffic_model.py \\
+    .venv/bin/python -m benchmarks.traffic_model \\
         --json benchmarks/results/traffic_model.json
 
 Shape letters: C cameras sampled, N Gaussians, T tile rows of one image, R ranks (``world_size``).
@@ -33,9 +33,7 @@ Shape letters: C cameras sampled, N Gaussians, T tile rows of one image, R ranks
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import shlex
 import sys
 import time
@@ -47,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from benchmarks.common import SHARED_DATA, finish_machine_record, machine_record, write_json
 from benchmarks.traffic_counts import (
     BACKWARD_ROW_BYTES,
     COUNT_BYTES,
@@ -67,8 +66,7 @@ from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.partition import equal_rows_partition, partition_rows
 from distsplat_ns.balance.routing import footprint_tile_rows
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO / ".." / "shared" / "data").resolve()
+SHARED = SHARED_DATA.resolve()
 
 # --------------------------------------------------------------------------------------------
 # The scene: COLMAP cameras and points, Gaussians upsampled from the points
@@ -413,16 +411,6 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str:
-    """HEAD, with ``+dirty`` when tracked files differ from it."""
-    import subprocess
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], check=False, cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def _ints(text: str) -> list[int]:
     return [int(float(v)) for v in text.split(",") if v]
 
@@ -477,8 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "backward_row": BACKWARD_ROW_BYTES,
             "state_copies": STATE_COPIES,
         },
-        "commit": _git_commit(),
-        "host": {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads},
+        "machine": machine_record(),
+        "threads": args.threads,
         "footprints": [],
         "rows": [],
         "crossover": [],
@@ -539,9 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         }
                     )
     print(markdown_tables(result))
+    finish_machine_record(result["machine"])
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
     return 0
 
 

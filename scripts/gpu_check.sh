@@ -5,9 +5,9 @@
 #   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
 #   3. train distsplat (B=1, B=4, 2 processes on one GPU over gloo) and splatfacto on the same scene
 #      for the same number of images, recording step time, images/s, peak GPU memory, final PSNR;
-#   3a. benchmarks/bench_cost_unit.py --device cuda: gsplat's time per intersection and fixed cost per
+#   3a. python -m benchmarks.bench_cost_unit --device cuda: gsplat's time per intersection and fixed cost per
 #      band (what rendering/api.py:BAND_COST_FRACTIONS["gsplat"] should hold);
-#   3b. with the time left: benchmarks/bench_time_to_quality.py --quick (1 vs 2 ranks, PSNR vs wall time);
+#   3b. with the time left: python -m benchmarks.bench_time_to_quality --quick (1 vs 2 ranks, PSNR vs wall time);
 #   4. write summary.json, env.json, tests.json, bench.json, cost_unit.json, time_to_quality.json
 #      (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
 #
@@ -337,22 +337,22 @@ bird_step() {
   fi
 }
 
-# 3a. Cost unit (issue 28): benchmarks/bench_cost_unit.py on gsplat, each bird camera rendered whole
+# 3a. Cost unit (issue 28): python -m benchmarks.bench_cost_unit on gsplat, each bird camera rendered whole
 # and as two bands from a 1-rank run's checkpoint; summary.band_cost_fraction is the figure
 # rendering/api.py:BAND_COST_FRACTIONS["gsplat"] waits for (docs/balance.md).
 bird_step cost_unit GPU_CHECK_SKIP_COST_UNIT 120 \
-  "its CPU path is python benchmarks/bench_cost_unit.py (the reference backend)" \
+  "its CPU path is python -m benchmarks.bench_cost_unit (the reference backend)" \
   "band_overhead_ms and band_cost_fraction in cost_unit.json's summary" \
-  "$PY" benchmarks/bench_cost_unit.py --device cuda --data "$TTQ_DATA" --images "${GPU_COST_UNIT_IMAGES:-300}" \
+  "$PY" -m benchmarks.bench_cost_unit --device cuda --data "$TTQ_DATA" --images "${GPU_COST_UNIT_IMAGES:-300}" \
   --out "$WORK/cost_unit.json"
 
-# 3b. Time to quality (issue 21), last and only with the time left: benchmarks/bench_time_to_quality.py
+# 3b. Time to quality (issue 21), last and only with the time left: python -m benchmarks.bench_time_to_quality
 # --quick on the GPU, 1 rank vs 2 ranks (gloo, one GPU), replicated and sharded, B = 1 and 2, eval
 # PSNR per checkpoint (`--replot` draws its plot from the JSON here).
 bird_step time_to_quality GPU_CHECK_SKIP_TTQ 200 \
-  "its CPU path is validated with python benchmarks/bench_time_to_quality.py --quick" \
+  "its CPU path is validated with python -m benchmarks.bench_time_to_quality --quick" \
   "ratios in time_to_quality.json (ratios_to_1_rank_final_psnr)" \
-  "$PY" benchmarks/bench_time_to_quality.py --quick --device cuda --data "$TTQ_DATA" \
+  "$PY" -m benchmarks.bench_time_to_quality --quick --device cuda --data "$TTQ_DATA" \
   --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
 
 # ------------------------------------------------------------------ 4. summary

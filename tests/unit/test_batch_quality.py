@@ -4,17 +4,12 @@ short) and the order in which runs start and are recorded."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_batch_quality.py"
-_SPEC = importlib.util.spec_from_file_location("bench_batch_quality", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-bq = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bq)
+from benchmarks import bench_batch_quality as bq
 
 
 def _run(batch: int, seed: int, psnr: float) -> dict:

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cost_unit.py"
-_SPEC = importlib.util.spec_from_file_location("bench_cost_unit", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-cost_unit = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(cost_unit)
+from benchmarks import bench_cost_unit as cost_unit
 
 
 def test_an_exact_line_is_fitted_with_no_residual() -> None:

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_core_contention.py"
-_SPEC = importlib.util.spec_from_file_location("bench_core_contention", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-cc = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(cc)
+from benchmarks import bench_core_contention as cc
+from benchmarks import common
 
 
 def test_the_pair_runs_the_time_to_quality_1_rank_command_on_its_own_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cc.ttq, "_ns_train", lambda: "ns-train")
+    monkeypatch.setattr(common, "ns_train_executable", lambda: "ns-train")
     cmd = cc.pinned_command("pair_core1", 1, 300, Path("/o"), Path("/d"), 42)
     assert cmd[:4] == ["taskset", "-c", "1", "ns-train"]
     assert cmd[cmd.index("--max-num-iterations") + 1] == "300"

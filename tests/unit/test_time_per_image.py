@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_time_per_image.py"
-_SPEC = importlib.util.spec_from_file_location("bench_time_per_image", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-tpi = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_time_per_image"] = tpi
-_SPEC.loader.exec_module(tpi)
+from benchmarks import bench_time_per_image as tpi
 
 
 def test_rounds_alternate_which_side_runs_first() -> None:

@@ -3,18 +3,9 @@ PSNR by linear interpolation, and the ratios to the 1-rank run."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_time_to_quality.py"
-_SPEC = importlib.util.spec_from_file_location("bench_time_to_quality", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-ttq = importlib.util.module_from_spec(_SPEC)
-sys.modules["bench_time_to_quality"] = ttq  # dataclasses look their module up by name
-_SPEC.loader.exec_module(ttq)
+from benchmarks import bench_time_to_quality as ttq
 
 
 def test_time_to_reach_interpolates_between_the_points_around_the_first_crossing() -> None:
