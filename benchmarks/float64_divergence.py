@@ -65,7 +65,6 @@ def _install_dedup_seed_points() -> None:
 
 def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     from distsplat_ns.model.band_terms import BandTerms
-    from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.pipeline import DistSplatPipeline
 
     rank = int(os.environ.get("RANK", "0"))
@@ -86,7 +85,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
 
     import distsplat_ns.parallel.mode as mode_module
     from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
-    from distsplat_ns.gaussians.strategy import grows_at, update_batch_statistics
+    from distsplat_ns.gaussians.strategy import DefaultDensifier, grows_at
 
     original_finish = BucketedGradientSum.finish
 
@@ -104,26 +103,26 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
         current["stats"] = _digest([grads2d, absgrads2d, radii])
         return original_batch_info(grads2d, absgrads2d, radii, width, height)
 
-    original_refine = DistSplatModel.refine
+    original_after_optimizer = DefaultDensifier.after_optimizer
 
-    def refine(self, step, optimizers, info, *args, **kwargs):
-        strategy = self.strategy
-        if grows_at(self.schedule, step):
-            # The decision statistics right before gsplat grows/prunes: replay the state update
-            # on a copy, save, then run the real refinement.
-            state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in self.strategy_state.items()}
-            update_batch_statistics(strategy, self.gauss_params, state, info)
+    def after_optimizer(self, rows, step, info, gather):
+        thresholds = self.thresholds
+        if info is not None and grows_at(self.schedule, step):
+            # The decision statistics right before the densifier grows/prunes: replay the state
+            # update on a copy, save, then run the real refinement.
+            state = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in rows.state.items()}
+            self.update_statistics(state, info, len(rows))
             if rank == 0:
                 torch.save(
                     {
                         "grad2d": state["grad2d"], "count": state["count"], "radii": state.get("radii"),
-                        "opacities": self.opacities.detach().clone(), "scales": self.scales.detach().clone(),
-                        "grow_grad2d": strategy.grow_grad2d, "grow_scale3d": strategy.grow_scale3d,
-                        "prune_opa": strategy.prune_opa,
+                        "opacities": rows.params["opacities"].detach().clone(), "scales": rows.params["scales"].detach().clone(),
+                        "grow_grad2d": thresholds.grow_grad2d, "grow_scale3d": thresholds.grow_scale3d,
+                        "prune_opa": thresholds.prune_opa,
                     },
                     trace_dir / "refine" / f"step-{step:06d}.pt",
                 )  # fmt: skip
-        original_refine(self, step, optimizers, info, *args, **kwargs)
+        original_after_optimizer(self, rows, step, info, gather)
 
     original_train_step = DistSplatPipeline.train_step
 
@@ -154,7 +153,7 @@ def _install_trace(trace_dir: Path, save_grads: bool = False) -> None:
     # changes nothing the trace compares.
     DistSplatTrainer._eval_all = lambda self, step: None
     BandTerms.gt_image = gt_image
-    DistSplatModel.refine = refine
+    DefaultDensifier.after_optimizer = after_optimizer
     BucketedGradientSum.finish = finish
     mode_module.batch_info = batch_info
     DistSplatPipeline.train_step = train_step

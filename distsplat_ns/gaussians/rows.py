@@ -192,18 +192,6 @@ class GaussianRows:
     state: MutableMapping[str, Any]
     optimizers: Optimizers = field(default=None)
 
-    @classmethod
-    def over(
-        cls,
-        params: MutableMapping[str, torch.nn.Parameter],
-        state: MutableMapping[str, Any],
-        optimizers: Optimizers = None,
-        statistics: Sequence[RowField] = (),
-    ) -> GaussianRows:
-        """The rows of gsplat's strategy arguments: ``params`` (their names), the strategy's
-        ``statistics`` and the ids in ``state``, and ``optimizers``."""
-        return cls(gaussian_schema(list(params), statistics), params, state, optimizers)
-
     def bound(self, optimizers: Optimizers) -> GaussianRows:
         """These rows with ``optimizers``' moments."""
         return GaussianRows(self.schema, self.params, self.state, optimizers)
