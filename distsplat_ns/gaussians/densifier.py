@@ -20,7 +20,11 @@ from typing import Any
 
 import torch
 
+from distsplat_ns.gaussians.growth_cap import GrowthCaps, RefusedCounts
 from distsplat_ns.gaussians.rows import GaussianRows, RowField
+from distsplat_ns.utils.logging import get_logger
+
+LOGGER = get_logger(__name__)
 
 IdGather = Callable[[torch.Tensor], list[torch.Tensor]]
 """Every rank's rows of a tensor, by rank: ``lambda t: [t]`` where one process (or every replica)
@@ -45,6 +49,10 @@ class Densifier(ABC):
             a checkpoint's ``next_gauss_id`` on resume).
         log_events: Whether this rank logs each event (the main rank).
 
+    The caps on growth (``gaussians/growth_cap.py``) start unset and are set with :meth:`set_cap`
+    and :meth:`set_max_held`, to the same values on every rank; :attr:`refused_total` counts what
+    they refused over the run, :attr:`last_refused` at the last event.
+
     **Invariants:** ``next_id`` is the same on every rank after every call, and greater than every
     id any rank holds.
     """
@@ -56,6 +64,41 @@ class Densifier(ABC):
         self.seed = int(seed)
         self.next_id = int(next_id)
         self.log_events = bool(log_events)
+        self.caps = GrowthCaps()
+        self.refused_total = RefusedCounts()
+        self.last_refused = RefusedCounts()
+        self._logged_caps: set[str] = set()
+
+    def set_cap(self, max_gaussians: int | None) -> None:
+        """Cap the Gaussians over all ranks that growth reaches (None: no cap); every rank the same.
+
+        Raises:
+            ValueError, TypeError: not None or an int >= 0.
+        """
+        self.caps = GrowthCaps(max_gaussians, self.caps.max_held)
+
+    def set_max_held(self, max_held: int | None) -> None:
+        """Cap the Gaussians each rank holds after growth (sharded mode; None: no cap); every rank
+        the same. A trim by this cap depends on the number of ranks (``gaussians/growth_cap.py``).
+
+        Raises:
+            ValueError, TypeError: not None or an int >= 0.
+        """
+        self.caps = GrowthCaps(self.caps.max_gaussians, max_held)
+
+    def _record_refused(self, step: int, refused: RefusedCounts) -> None:
+        """Add one event's refusals to the totals; the first event each cap limits logs one line
+        on the main rank."""
+        self.last_refused = refused
+        self.refused_total = self.refused_total + refused
+        for name, count, cap in (
+            ("max_gaussians", refused.global_cap, self.caps.max_gaussians),
+            ("max_held", refused.shard_cap, self.caps.max_held),
+        ):
+            if count > 0 and name not in self._logged_caps:
+                self._logged_caps.add(name)
+                if self.log_events:
+                    LOGGER.info("step %d: densification reached its cap %s = %s: %d Gaussians not grown", step, name, cap, count)
 
     @classmethod
     @abstractmethod

@@ -31,6 +31,7 @@ Shape letters: ``N`` Gaussians held here, ``J`` draws.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from distsplat_ns.gaussians.densifier import Densifier, IdGather
+from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.mcmc_draws import (
     ID_LIMIT,
     STREAM_ADD,
@@ -483,6 +485,16 @@ class MCMCDensifier(Densifier):
         )
         return cls(mcmc, schedule, seed=seed, next_id=next_id, log_events=log_events)
 
+    def set_max_held(self, max_held: int | None) -> None:
+        """MCMC honours no per-rank cap: an addition lands on its source's owner and the sharded
+        mode's rebalance evens the shards after each event.
+
+        Raises:
+            ValueError: ``max_held`` is not None.
+        """
+        if max_held is not None:
+            raise ValueError(f"max_held: MCMC densification has no per-rank cap (got {max_held}); cap the whole with set_cap")
+
     def needs_statistics(self, step: int) -> bool:
         """Never: relocation and addition draw by opacity, not by screen-space gradients."""
         return False
@@ -500,17 +512,24 @@ class MCMCDensifier(Densifier):
         if means_optimizer is None:
             raise ValueError("MCMCDensifier.after_optimizer: the rows must be bound to the optimizers (rows.bound(optimizers))")
         means_lr = float(means_optimizer.param_groups[0]["lr"])
+        config = self.config
+        if self.caps.max_gaussians is not None:  # the effective cap (gaussians/growth_cap.py); 0 adds as 1 does
+            config = dataclasses.replace(config, max_gs_num=max(1, min(config.max_gs_num, self.caps.max_gaussians)))
         done = mcmc_step_post_backward(
             rows,
             step=step,
             seed=self.seed,
             means_lr=means_lr,
             next_id=self.next_id,
-            config=self.config,
+            config=config,
             schedule=self.schedule,
             gather=gather,
         )
         self.next_id = done.next_id
+        if done.event is not None:
+            num_before = done.event.num_gaussians - done.event.num_added
+            uncapped = max(0, min(self.config.max_gs_num, int(GROWTH * num_before)) - num_before)
+            self._record_refused(step, RefusedCounts(global_cap=uncapped - done.event.num_added))
         if done.event is not None and self.log_events:
             LOGGER.info(
                 "step %d: MCMC relocated %d, added %d: %d Gaussians over all ranks (cap %d)",

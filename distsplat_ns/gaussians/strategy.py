@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 
 from distsplat_ns.gaussians.densifier import Densifier, IdGather
+from distsplat_ns.gaussians.growth_cap import KIND_DUP, KIND_SPLIT, GrowthCaps, RefusedCounts, candidate_table, select_candidates
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows
 from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.keyed_random import keyed_normal
@@ -181,9 +182,28 @@ class ChildIds(NamedTuple):
     """Split parents on all ranks."""
     num_ranks: int
     """How many tensors the gather returned (1 where this process holds every Gaussian)."""
+    dup_kept: torch.Tensor | None = None
+    """Which of this rank's duplicated parents the caps kept (``dup`` numbers those). `[n_dup]`
+    bool; None: all (no cap)."""
+    split_kept: torch.Tensor | None = None
+    """Likewise for the split parents. `[n_split]` bool; None: all."""
+    refused: RefusedCounts = RefusedCounts()
+    """Candidates the caps refused, over all ranks."""
+    num_before: int | None = None
+    """Gaussians on all ranks before the event (known only where a cap is set)."""
 
 
-def allocate_child_ids(next_id: int, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
+def allocate_child_ids(
+    next_id: int,
+    dup_parent_ids: torch.Tensor,
+    split_parent_ids: torch.Tensor,
+    gather_ids: IdGather,
+    *,
+    caps: GrowthCaps | None = None,
+    dup_scores: torch.Tensor | None = None,
+    split_scores: torch.Tensor | None = None,
+    num_held: int = 0,
+) -> ChildIds:
     """Number the Gaussians one grow event creates, the same whatever the number of ranks.
 
     The parent ids of all ranks are sorted: the copy of the k-th duplicated parent gets
@@ -195,33 +215,56 @@ def allocate_child_ids(next_id: int, dup_parent_ids: torch.Tensor, split_parent_
         next_id: First unused global id (the same on every rank).
         dup_parent_ids: This rank's duplicated parents. `[n_dup]`, int64.
         split_parent_ids: This rank's split parents. `[n_split]`, int64.
-        gather_ids: Every rank's rows of an int64 `[n, 2]` tensor (see ``IdGather``).
+        gather_ids: Every rank's rows of an int64 tensor (see ``IdGather``).
+        caps: The caps (``gaussians/growth_cap.py``); None or inactive: every parent grows. Every
+            rank must pass the same caps (they decide the gathered rows' width).
+        dup_scores, split_scores: The parents' grow scores (``grad2d / count``), `[n_dup]` and
+            `[n_split]`; needed with active caps.
+        num_held: Gaussians this rank holds before the event; needed with active caps.
 
     Returns:
-        The new ids (``ChildIds``), on the parents' device.
+        The new ids (``ChildIds``) of the kept parents, on the parents' device.
 
     Raises:
         RuntimeError: Two ranks hold the same parent id (broken sharding).
 
     **Collective:** one call of ``gather_ids`` (rows ``(id, 0)`` for duplicated and ``(id, 1)``
-    for split parents); every rank calls it once per grow event, also with no parents. Rank 0
+    for split parents; with active caps ``growth_cap.candidate_table``'s rows, which add each
+    rank's held count and the scores, so the caps need no collective of their own); every rank
+    calls it once per grow event, also with no parents. Rank 0
     duplicating id 7 and rank 1 duplicating id 3, at ``next_id`` 100: id 3's copy is 100, id 7's 101.
     With ``gather_local`` (one process, or replicated mode) no communication.
     **Host sync:** the global counts (refine steps only).
     """
-    kinds = torch.cat([torch.zeros_like(dup_parent_ids), torch.ones_like(split_parent_ids)])
-    rows = torch.stack([torch.cat([dup_parent_ids, split_parent_ids]), kinds], dim=1)  # [n_dup + n_split, 2]
-    gathered = gather_ids(rows)
-    everything = torch.cat([g.to(rows.device) for g in gathered])
-    all_dup = torch.sort(everything[everything[:, 1] == 0, 0]).values
-    all_split = torch.sort(everything[everything[:, 1] == 1, 0]).values
-    for name, ids in (("duplicated", all_dup), ("split", all_split)):
+    capped = caps is not None and caps.active
+    if capped:
+        if dup_scores is None or split_scores is None:
+            raise ValueError("allocate_child_ids: caps need the parents' dup_scores and split_scores")
+        rows = candidate_table(dup_parent_ids, split_parent_ids, dup_scores, split_scores, num_held)
+    else:
+        kinds = torch.cat([torch.zeros_like(dup_parent_ids), torch.ones_like(split_parent_ids)])
+        rows = torch.stack([torch.cat([dup_parent_ids, split_parent_ids]), kinds], dim=1)  # [n_dup + n_split, 2]
+    gathered = [g.to(rows.device) for g in gather_ids(rows)]
+    everything = torch.cat(gathered)
+    for name, kind in (("duplicated", KIND_DUP), ("split", KIND_SPLIT)):
+        ids = torch.sort(everything[everything[:, 1] == kind, 0]).values
         if bool((ids[1:] == ids[:-1]).any()):  # host sync: refine step
             raise RuntimeError(f"two {name} parents share a global id: the shards overlap")
+    dup_kept = split_kept = None
+    refused, num_before = RefusedCounts(), None
+    if capped:
+        assert caps is not None
+        selection = select_candidates(gathered, caps)
+        everything, refused, num_before = selection.kept, selection.refused, selection.num_before
+    all_dup = torch.sort(everything[everything[:, 1] == KIND_DUP, 0]).values
+    all_split = torch.sort(everything[everything[:, 1] == KIND_SPLIT, 0]).values
+    if capped:
+        dup_kept, split_kept = torch.isin(dup_parent_ids, all_dup), torch.isin(split_parent_ids, all_split)
+        dup_parent_ids, split_parent_ids = dup_parent_ids[dup_kept], split_parent_ids[split_kept]
     num_dup, num_split = int(all_dup.numel()), int(all_split.numel())
     dup = next_id + torch.searchsorted(all_dup, dup_parent_ids)
     first = next_id + num_dup + 2 * torch.searchsorted(all_split, split_parent_ids)
-    return ChildIds(dup, torch.stack([first, first + 1]), num_dup, num_split, len(gathered))
+    return ChildIds(dup, torch.stack([first, first + 1]), num_dup, num_split, len(gathered), dup_kept, split_kept, refused, num_before)
 
 
 def grow_masks(thresholds: DefaultThresholds, schedule: StrategySchedule, params: Any, state: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,6 +357,10 @@ class GrowEvent(NamedTuple):
     """Gaussians pruned on this rank."""
     next_id: int
     """First unused global id after the event (the same on every rank)."""
+    refused: RefusedCounts = RefusedCounts()
+    """Grow candidates the caps refused (over all ranks)."""
+    num_before: int | None = None
+    """Gaussians on all ranks before the event (known only where a cap is set)."""
 
 
 @torch.no_grad()
@@ -327,6 +374,7 @@ def grow_and_prune(
     next_id: int,
     gather: IdGather,
     log: bool = False,
+    caps: GrowthCaps | None = None,
 ) -> GrowEvent:
     """One refine event: duplicate, split (keyed offsets), prune, then zero the running statistics.
 
@@ -339,6 +387,7 @@ def grow_and_prune(
         next_id: First unused global id (the same on every rank).
         gather: The mode's ``IdGather`` (``allocate_child_ids``).
         log: Log the event's counts (gsplat's ``verbose`` line).
+        caps: Caps on the growth (``gaussians/growth_cap.py``); None: none. The same on every rank.
 
     Returns:
         The counts and the next free id.
@@ -349,8 +398,19 @@ def grow_and_prune(
     params, state = rows.params, rows.state
     is_dupli, is_split = grow_masks(thresholds, schedule, params, state, step)
     ids = state["gauss_ids"]
-    new = allocate_child_ids(next_id, ids[is_dupli], ids[is_split], gather)
     num_held = len(rows)
+    if caps is not None and caps.active:
+        scores = state["grad2d"] / state["count"].clamp_min(1)  # grow_masks' criterion
+        new = allocate_child_ids(
+            next_id, ids[is_dupli], ids[is_split], gather, caps=caps, dup_scores=scores[is_dupli], split_scores=scores[is_split], num_held=num_held
+        )
+        assert new.dup_kept is not None and new.split_kept is not None
+        kept_dup_rows = torch.where(is_dupli)[0][new.dup_kept]
+        is_dupli = torch.zeros_like(is_dupli).index_fill_(0, kept_dup_rows, True)
+        kept_split_rows = torch.where(is_split)[0][new.split_kept]
+        is_split = torch.zeros_like(is_split).index_fill_(0, kept_split_rows, True)
+    else:
+        new = allocate_child_ids(next_id, ids[is_dupli], ids[is_split], gather)
     if new.dup.numel() > 0:
         rows.grow_(torch.where(is_dupli)[0], new.dup, statistics="parent")  # gsplat's duplicate: copies appended
     if new.split.numel() > 0:
@@ -376,7 +436,8 @@ def grow_and_prune(
     state["count"].zero_()
     if schedule.refine_scale2d_stop_iter > 0:
         state["radii"].zero_()
-    return GrowEvent(new.num_dup_total, new.num_split_total, num_pruned, next_id + new.num_dup_total + 2 * new.num_split_total)
+    next_free = next_id + new.num_dup_total + 2 * new.num_split_total
+    return GrowEvent(new.num_dup_total, new.num_split_total, num_pruned, next_free, new.refused, new.num_before)
 
 
 class DefaultDensifier(Densifier):
@@ -429,10 +490,14 @@ class DefaultDensifier(Densifier):
         update_batch_statistics(state, info, num_gaussians, absgrad=self.thresholds.absgrad, keep_radii=self.schedule.refine_scale2d_stop_iter > 0)
 
     def grow_and_prune(self, rows: GaussianRows, step: int, gather: IdGather) -> GrowEvent:
-        """``grow_and_prune`` on the accumulated statistics; ``next_id`` advances past the new ids.
+        """``grow_and_prune`` on the accumulated statistics under :attr:`caps`; ``next_id``
+        advances past the new ids and the refusals are counted (``refused_total``).
         **Collective:** one ``gather``."""
-        event = grow_and_prune(rows, self.thresholds, self.schedule, step, seed=self.seed, next_id=self.next_id, gather=gather, log=self.log_events)
+        event = grow_and_prune(
+            rows, self.thresholds, self.schedule, step, seed=self.seed, next_id=self.next_id, gather=gather, log=self.log_events, caps=self.caps
+        )
         self.next_id = event.next_id
+        self._record_refused(step, event.refused)
         return event
 
     def after_optimizer(self, rows: GaussianRows, step: int, info: dict[str, Any] | None, gather: IdGather) -> None:

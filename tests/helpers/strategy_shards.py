@@ -130,14 +130,21 @@ def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:
+def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int | None = None, max_held: int | None = None) -> dict:
     """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
-    gather (``all_gather_rows``); returns its tensors by global id and its ``next_gauss_id``."""
+    gather (``all_gather_rows``) under the caps given; returns its tensors by global id, its
+    ``next_gauss_id``, its gather count, the refusals of each event and its held count after each
+    event's growth (before pruning)."""
     from distsplat_ns.distributed.collectives import all_gather_rows
 
     dtype = getattr(torch, dtype_name)
     shard = take_shard(*make_gaussians(dtype), PARTITIONS[partition](N)[ctx.rank])
     ids = IdCounter(3 * N, functools.partial(all_gather_rows, ctx))
+    ids.densifier.set_cap(max_gaussians)
+    ids.densifier.set_max_held(max_held)
+    refused, grown = [], []
     for step in STEPS:
-        refine_event(shard, step, dtype, ids)
-    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls}
+        _, _, num_pruned = refine_event(shard, step, dtype, ids)
+        refused.append(ids.densifier.last_refused)
+        grown.append(len(shard[2]["gauss_ids"]) + num_pruned)
+    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls, "refused": refused, "grown": grown}
