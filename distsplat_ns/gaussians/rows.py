@@ -177,8 +177,8 @@ class GaussianRows:
     Args:
         schema: What the rows are.
         params: The trained parameters by name (the model's ``gauss_params``; a plain dict in tests).
-        state: The strategy state (gsplat's convention; its row entries are the schema's
-            statistics and ids, other entries such as ``scene_scale`` are left alone).
+        state: The strategy state (``Densifier.initial_state`` and the ids; its row entries are
+            the schema's statistics and ids, any other entry is left alone).
         optimizers: One optimizer per parameter name (nerfstudio's ``Optimizers.optimizers``), or
             None (no moments: before the optimizers exist, or where none are used).
 
