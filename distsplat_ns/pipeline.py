@@ -367,7 +367,7 @@ class DistSplatPipeline(VanillaPipeline):
             optimizers.scheduler_step_all(step)
         with clock.phase("densify"):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
-            self.model.densify(step, optimizers.optimizers, info, gather_ids=self.mode.gather_ids)
+            self.model.densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, costs, view, clock)
         self._check_replicas(step, named)

@@ -21,7 +21,9 @@ and the copy inherits that dead Gaussian's stale moments. Here the dead Gaussian
 included) leave with it, and its copy -- a new Gaussian, with a new id -- starts at zero like its
 source and like an added Gaussian; keeping the dead's moments would move them between ranks.
 
-Collectives are injected (``gaussians/strategy.py:IdGather``), so this module never imports
+``MCMCDensifier`` is this strategy as the pipeline calls it (``gaussians/densifier.py``).
+
+Collectives are injected (``gaussians/densifier.py:IdGather``), so this module never imports
 ``torch.distributed``: ``gather_local`` in one process or a replica, ``all_gather_rows`` over shards.
 
 Shape letters: ``N`` Gaussians held here, ``J`` draws.
@@ -29,6 +31,7 @@ Shape letters: ``N`` Gaussians held here, ``J`` draws.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -36,6 +39,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from distsplat_ns.gaussians.densifier import Densifier, IdGather
+from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.mcmc_draws import (
     ID_LIMIT,
     STREAM_ADD,
@@ -49,10 +54,12 @@ from distsplat_ns.gaussians.mcmc_draws import (
     rows_of,
 )
 from distsplat_ns.gaussians.rows import GaussianRows
-from distsplat_ns.gaussians.strategy import IdGather
 from distsplat_ns.utils.keyed_random import keyed_normal_device
+from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import images_to_steps
 from distsplat_ns.utils.validation import check_int
+
+LOGGER = get_logger(__name__)
 
 STREAM_NOISE = 1
 """keyed_random stream of the position noise."""
@@ -90,6 +97,22 @@ class MCMCConfig:
         for name in ("noise_lr", "mcmc_opacity_reg", "mcmc_scale_reg"):
             _check_float(name, getattr(self, name), 0.0, math.inf)
         _check_float("cull_alpha_thresh", self.cull_alpha_thresh, 0.0, 1.0, high_open=True)
+
+    @classmethod
+    def from_config(cls, config: Any) -> MCMCConfig:
+        """The MCMC fields of ``config`` (a ``DistSplatModelConfig``), validated.
+
+        Raises:
+            ValueError, TypeError: a field is out of range.
+        """
+        return cls(
+            max_gs_num=config.max_gs_num,
+            noise_lr=config.noise_lr,
+            mcmc_opacity_reg=config.mcmc_opacity_reg,
+            mcmc_scale_reg=config.mcmc_scale_reg,
+            cull_alpha_thresh=config.cull_alpha_thresh,
+            stop_split_at=config.stop_split_at,
+        )
 
 
 def _check_float(name: str, value: object, low: float, high: float, high_open: bool = False) -> None:
@@ -213,22 +236,14 @@ def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min
     return torch.logit(new_opacities), torch.log(new_scales)
 
 
-def _apply_draws(
-    params: Any,
-    optimizers: dict[str, torch.optim.Optimizer],
-    state: dict[str, Any],
-    draws: Draws,
-    first_id: int,
-    min_opacity: float,
-    dead_here: torch.Tensor | None,
-) -> torch.Tensor:
+def _apply_draws(gaussians: GaussianRows, draws: Draws, first_id: int, min_opacity: float, dead_here: torch.Tensor | None) -> torch.Tensor:
     """Act on the draws whose source this rank holds; returns the distinct sources' ids held here."""
-    held, rows = rows_of(state["gauss_ids"], draws.source_ids)
-    logits, log_scales = _relocated_values(params, rows, draws.ratios[held], min_opacity)
+    held, rows = rows_of(gaussians.ids, draws.source_ids)
+    logits, log_scales = _relocated_values(gaussians.params, rows, draws.ratios[held], min_opacity)
     copy_ids = first_id + torch.nonzero(held).flatten()
     keep = None if dead_here is None else ~dead_here
     _rewrite_rows(
-        GaussianRows.over(params, state, optimizers),
+        gaussians,
         keep=keep,
         source_rows=rows,
         new_opacity_logits=logits,
@@ -241,9 +256,7 @@ def _apply_draws(
 
 @torch.no_grad()
 def mcmc_event(
-    params: Any,
-    optimizers: dict[str, torch.optim.Optimizer],
-    state: dict[str, Any],
+    gaussians: GaussianRows,
     *,
     step: int,
     seed: int,
@@ -259,11 +272,9 @@ def mcmc_event(
     no Gaussian is alive (the paper's code does the same; gsplat would fail in ``torch.multinomial``).
 
     Args:
-        params: Gaussian parameters (``means``, ``scales`` as logs, ``quats``, ``opacities`` as
-            logits, ...), as gsplat's strategies take them; replaced in place.
-        optimizers: One optimizer per parameter (Adam moments carried as described above).
-        state: The strategy state (gsplat's convention): ``gauss_ids`` `[N]` int64, MCMC's only row
-            there (``GaussianRows.over``: no statistics).
+        gaussians: This rank's Gaussians (``means``, ``scales`` as logs, ``quats``, ``opacities`` as
+            logits, ...) bound to their optimizers (Adam moments carried as described above), with
+            ``gauss_ids`` `[N]` int64 (MCMC keeps no statistics); changed in place.
         step: Optimizer step (keys the draws).
         seed: Run seed (keys the draws), the same on every rank.
         next_id: First unused global id, the same on every rank.
@@ -285,6 +296,7 @@ def mcmc_event(
     copy as ``next_id``.
     **Host sync:** the global counts and checks (refine steps only).
     """
+    params, state = gaussians.params, gaussians.state
     ids = state.get("gauss_ids")
     if not isinstance(ids, torch.Tensor) or ids.shape != (params["means"].shape[0],):
         raise ValueError("state['gauss_ids'] must hold one int64 id per Gaussian")
@@ -301,7 +313,7 @@ def mcmc_event(
     if num_relocated:
         live_weights = torch.where(table.dead, torch.zeros_like(table.weights), table.weights)
         draws = draw_by_weight(table.ids, live_weights, num_relocated, seed=seed, step=step, stream=STREAM_RELOCATE)
-        sources_here = _apply_draws(params, optimizers, state, draws, next_id, min_opacity, dead_here)
+        sources_here = _apply_draws(gaussians, draws, next_id, min_opacity, dead_here)
         if num_added:
             _, rows = rows_of(state["gauss_ids"], sources_here)
             table = reweighted_after_relocation(
@@ -310,7 +322,7 @@ def mcmc_event(
         next_id += num_relocated
     if num_added:
         draws = draw_by_weight(table.ids, table.weights, num_added, seed=seed, step=step, stream=STREAM_ADD)
-        _apply_draws(params, optimizers, state, draws, next_id, min_opacity, None)
+        _apply_draws(gaussians, draws, next_id, min_opacity, None)
         next_id += num_added
     return MCMCEvent(num_relocated, num_added, num_total + num_added, next_id)
 
@@ -397,9 +409,7 @@ class MCMCStep(NamedTuple):
 
 
 def mcmc_step_post_backward(
-    params: Any,
-    optimizers: dict[str, torch.optim.Optimizer],
-    state: dict[str, Any],
+    gaussians: GaussianRows,
     *,
     step: int,
     seed: int,
@@ -415,7 +425,7 @@ def mcmc_step_post_backward(
     callback), with ``means_lr`` the means' learning rate then (``get_last_lr()[0]``).
 
     Args:
-        params, optimizers, state: As ``mcmc_event``'s.
+        gaussians: As ``mcmc_event``'s.
         step: Optimizer step.
         seed: Run seed (the same on every rank).
         means_lr: The means' learning rate.
@@ -433,9 +443,7 @@ def mcmc_step_post_backward(
     event = None
     if schedule.is_event(step):
         event = mcmc_event(
-            params,
-            optimizers,
-            state,
+            gaussians,
             step=step,
             seed=seed,
             next_id=next_id,
@@ -444,12 +452,98 @@ def mcmc_step_post_backward(
             gather=gather,
         )
         next_id = event.next_id
-    inject_keyed_position_noise(params, state["gauss_ids"], seed=seed, step=step, scaler=means_lr * config.noise_lr)
+    inject_keyed_position_noise(gaussians.params, gaussians.ids, seed=seed, step=step, scaler=means_lr * config.noise_lr)
     return MCMCStep(next_id, event)
+
+
+class MCMCDensifier(Densifier):
+    """MCMC as the pipeline calls it: an event on the schedule's steps, position noise on every step.
+
+    The noise's scale is the means' learning rate of the step, read from the optimizer after the
+    scheduler stepped (what ``get_last_lr()[0]`` of a means scheduler returns, and the constant
+    rate where the means have no scheduler).
+
+    Args:
+        config: The MCMC fields.
+        schedule: When events happen, in optimizer steps.
+        seed, next_id, log_events: As ``Densifier``'s.
+    """
+
+    def __init__(self, config: MCMCConfig, schedule: MCMCSchedule, *, seed: int, next_id: int, log_events: bool) -> None:
+        super().__init__(seed=seed, next_id=next_id, log_events=log_events)
+        self.config = config
+        self.schedule = schedule
+
+    @classmethod
+    def from_config(cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool) -> MCMCDensifier:
+        mcmc = MCMCConfig.from_config(config)
+        schedule = mcmc_schedule_in_steps(
+            warmup_images=config.warmup_length,
+            stop_split_images=config.stop_split_at,
+            refine_every_images=config.refine_every,
+            batch_size=batch_size,
+        )
+        return cls(mcmc, schedule, seed=seed, next_id=next_id, log_events=log_events)
+
+    def set_max_held(self, max_held: int | None) -> None:
+        """MCMC honours no per-rank cap: an addition lands on its source's owner and the sharded
+        mode's rebalance evens the shards after each event.
+
+        Raises:
+            ValueError: ``max_held`` is not None.
+        """
+        if max_held is not None:
+            raise ValueError(f"max_held: MCMC densification has no per-rank cap (got {max_held}); cap the whole with set_cap")
+
+    def needs_statistics(self, step: int) -> bool:
+        """Never: relocation and addition draw by opacity, not by screen-space gradients."""
+        return False
+
+    def changes_shards_at(self, step: int) -> bool:
+        return self.schedule.is_event(step)
+
+    def after_optimizer(self, rows: GaussianRows, step: int, info: dict[str, Any] | None, gather: IdGather) -> None:
+        """``mcmc_step_post_backward`` on this rank's Gaussians; ``next_id`` advances.
+
+        **Collective:** ``mcmc_event``'s gathers on event steps. **Host sync:** event steps only
+        (the global counts); the noise is computed on the device.
+        """
+        means_optimizer = rows.optimizer("means")
+        if means_optimizer is None:
+            raise ValueError("MCMCDensifier.after_optimizer: the rows must be bound to the optimizers (rows.bound(optimizers))")
+        means_lr = float(means_optimizer.param_groups[0]["lr"])
+        config = self.config
+        if self.caps.max_gaussians is not None:  # the effective cap (gaussians/growth_cap.py); 0 adds as 1 does
+            config = dataclasses.replace(config, max_gs_num=max(1, min(config.max_gs_num, self.caps.max_gaussians)))
+        done = mcmc_step_post_backward(
+            rows,
+            step=step,
+            seed=self.seed,
+            means_lr=means_lr,
+            next_id=self.next_id,
+            config=config,
+            schedule=self.schedule,
+            gather=gather,
+        )
+        self.next_id = done.next_id
+        if done.event is not None:
+            num_before = done.event.num_gaussians - done.event.num_added
+            uncapped = max(0, min(self.config.max_gs_num, int(GROWTH * num_before)) - num_before)
+            self._record_refused(step, RefusedCounts(global_cap=uncapped - done.event.num_added))
+        if done.event is not None and self.log_events:
+            LOGGER.info(
+                "step %d: MCMC relocated %d, added %d: %d Gaussians over all ranks (cap %d)",
+                step,
+                done.event.num_relocated,
+                done.event.num_added,
+                done.event.num_gaussians,
+                self.config.max_gs_num,
+            )
 
 
 __all__ = [
     "MCMCConfig",
+    "MCMCDensifier",
     "MCMCEvent",
     "MCMCRegularizers",
     "MCMCSchedule",

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from distsplat_ns.gaussians.strategy import IdGather
+from distsplat_ns.gaussians.densifier import IdGather
 from distsplat_ns.utils.keyed_random import keyed_bits_device
 
 WEIGHT_BITS = 24

@@ -177,8 +177,8 @@ class GaussianRows:
     Args:
         schema: What the rows are.
         params: The trained parameters by name (the model's ``gauss_params``; a plain dict in tests).
-        state: The strategy state (gsplat's convention; its row entries are the schema's
-            statistics and ids, other entries such as ``scene_scale`` are left alone).
+        state: The strategy state (``Densifier.initial_state`` and the ids; its row entries are
+            the schema's statistics and ids, any other entry is left alone).
         optimizers: One optimizer per parameter name (nerfstudio's ``Optimizers.optimizers``), or
             None (no moments: before the optimizers exist, or where none are used).
 
@@ -191,18 +191,6 @@ class GaussianRows:
     params: MutableMapping[str, torch.nn.Parameter]
     state: MutableMapping[str, Any]
     optimizers: Optimizers = field(default=None)
-
-    @classmethod
-    def over(
-        cls,
-        params: MutableMapping[str, torch.nn.Parameter],
-        state: MutableMapping[str, Any],
-        optimizers: Optimizers = None,
-        statistics: Sequence[RowField] = (),
-    ) -> GaussianRows:
-        """The rows of gsplat's strategy arguments: ``params`` (their names), the strategy's
-        ``statistics`` and the ids in ``state``, and ``optimizers``."""
-        return cls(gaussian_schema(list(params), statistics), params, state, optimizers)
 
     def bound(self, optimizers: Optimizers) -> GaussianRows:
         """These rows with ``optimizers``' moments."""

@@ -7,7 +7,8 @@ and the viewer accept it unchanged. What differs from splatfacto:
   ``distsplat_ns.rendering`` (gsplat on CUDA, the pure-PyTorch reference on CPU);
 * the loss of every band is its exact share of the whole batch's loss (``model/losses.py``), and its
   backward exact across band edges (``model/band_backward.py``);
-* densification reads statistics of the whole batch over every rank (``refine``);
+* densification reads statistics of the whole batch over every rank (``densifier``, built here
+  from ``--pipeline.model.strategy`` and called by the pipeline with this model's ``rows``);
 * what a rank renders from (its own Gaussians or the terms other ranks sent) is a
   ``ProjectionSource`` the parallel mode hands to ``forward_bands`` (``model/band_render.py``);
 * schedules (warm-up, refine interval, SH degree, resolution) are counted in images;
@@ -31,22 +32,12 @@ from nerfstudio.models.splatfacto import SplatfactoModel, SplatfactoModelConfig
 from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
-from distsplat_ns.gaussians.densify import STRATEGIES, DefaultDensifier, Densifier, MCMCDensifier, StrategyName
+from distsplat_ns.gaussians.densifier import Densifier
+from distsplat_ns.gaussians.densify import STRATEGIES, StrategyName, build_densifier
 from distsplat_ns.gaussians.initial import initial_gaussians, unique_seed_points
-from distsplat_ns.gaussians.mcmc import MCMCConfig, mcmc_schedule_in_steps
+from distsplat_ns.gaussians.mcmc import MCMCConfig
 from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
-from distsplat_ns.gaussians.strategy import (
-    KEYED_GROWTH_KEY,
-    PAUSE_RULES,
-    ChildIds,
-    IdGather,
-    KeyedGrowth,
-    PauseRule,
-    allocate_child_ids,
-    build_default_strategy,
-    gather_local,
-    schedule_in_steps,
-)
+from distsplat_ns.gaussians.strategy import PAUSE_RULES, PauseRule
 from distsplat_ns.model.band_depth import band_depth, with_depth_channel
 from distsplat_ns.model.band_render import (
     BandRenderResult,
@@ -106,14 +97,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
         Raises:
             ValueError, TypeError: a field is out of range (``MCMCConfig``).
         """
-        return MCMCConfig(
-            max_gs_num=self.max_gs_num,
-            noise_lr=self.noise_lr,
-            mcmc_opacity_reg=self.mcmc_opacity_reg,
-            mcmc_scale_reg=self.mcmc_scale_reg,
-            cull_alpha_thresh=self.cull_alpha_thresh,
-            stop_split_at=self.stop_split_at,
-        )
+        return MCMCConfig.from_config(self)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -181,43 +165,20 @@ class DistSplatModel(SplatfactoModel):
         else:
             self.background_color = get_color(self.config.background_color)
 
-        self.schedule = schedule_in_steps(
-            warmup_images=self.config.warmup_length,
-            stop_split_images=self.config.stop_split_at,
-            refine_every_images=self.config.refine_every,
-            reset_alpha_every_refines=self.config.reset_alpha_every,
-            stop_screen_size_images=self.config.stop_screen_size_at,
-            num_train_images=self.num_train_data,
+        # The densification strategy (gaussians/densify.py), which owns the global id counter: the
+        # pipeline calls it with this model's rows after each optimizer step.
+        self.densifier: Densifier = build_densifier(
+            self.config.strategy,
+            self.config,
             batch_size=self.batch_size,
-            pause_rule=self.config.pause_after_reset,
+            num_train_images=self.num_train_data,
+            seed=self.seed,
+            next_id=initial.num_total,
+            log_events=self.is_main_rank,
         )
-        self.strategy = build_default_strategy(
-            self.schedule,
-            prune_opa=self.config.cull_alpha_thresh,
-            grow_grad2d=self.config.densify_grad_thresh,
-            grow_scale3d=self.config.densify_size_thresh,
-            grow_scale2d=self.config.split_screen_size,
-            prune_scale3d=self.config.cull_scale_thresh,
-            prune_scale2d=self.config.cull_screen_size,
-            absgrad=self.config.use_absgrad,
-            verbose=self.is_main_rank,
-        )
-        strategy_state = self.strategy.initialize_state(scene_scale=1.0)
-        self.mcmc: MCMCConfig | None = None
-        self.densifier: Densifier = DefaultDensifier(self.schedule)
-        if self.config.strategy == "mcmc":
-            # MCMC reads no statistics: its state is the ids alone (no grad2d/count/radii).
-            self.mcmc = self.config.mcmc_config()
-            self.densifier = MCMCDensifier(
-                self.mcmc,
-                mcmc_schedule_in_steps(
-                    warmup_images=self.config.warmup_length,
-                    stop_split_images=self.config.stop_split_at,
-                    refine_every_images=self.config.refine_every,
-                    batch_size=self.batch_size,
-                ),
-            )
-            strategy_state = {}
+        strategy_state = self.densifier.initial_state()
+        # MCMC's loss terms (its regularisers), None under another strategy.
+        self.mcmc: MCMCConfig | None = self.config.mcmc_config() if self.config.strategy == "mcmc" else None
         self.band_terms = BandTerms(self.config, self.mcmc, self.composite_with_background)
         # A global identity per Gaussian for its whole life (the same whatever the number of
         # processes): a row of the strategy state, carried by every row operation.
@@ -226,7 +187,6 @@ class DistSplatModel(SplatfactoModel):
         self.rows = GaussianRows(
             gaussian_schema(parameter_fields(self.config.sh_degree), self.densifier.statistics), self.gauss_params, strategy_state
         )
-        self.next_gauss_id: int = initial.num_total
         # Set by a parallel mode whose views are collectives (parallel/sharded.py): get_outputs
         # renders through it; None renders this model's own Gaussians.
         self.view_renderer: Callable[[Cameras], dict[str, torch.Tensor] | None] | None = None
@@ -238,8 +198,7 @@ class DistSplatModel(SplatfactoModel):
 
     @property
     def strategy_state(self) -> dict[str, Any]:
-        """The strategy state as gsplat's strategies take it: the statistics and ids of
-        :attr:`rows` and scalars such as ``scene_scale`` (the same dict)."""
+        """The strategy state: the statistics and ids of :attr:`rows` (the same dict)."""
         return self.rows.state  # type: ignore[return-value]
 
     def get_gaussian_param_groups(self) -> dict[str, list[torch.nn.Parameter]]:
@@ -249,7 +208,7 @@ class DistSplatModel(SplatfactoModel):
     @property
     def gauss_ids(self) -> torch.Tensor:
         """Global identity of each Gaussian held here, in parameter order. `[N]`, int64, on the
-        model's device (new Gaussians get ids from ``next_gauss_id`` on; docs/sharded.md)."""
+        model's device (new Gaussians get ids from the densifier's ``next_id`` on; docs/sharded.md)."""
         return self.rows.ids
 
     def _apply(self, fn: Callable, *args: Any, **kwargs: Any) -> DistSplatModel:
@@ -267,19 +226,19 @@ class DistSplatModel(SplatfactoModel):
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
-        """Densification statistics and ids (``GaussianRows.saved_state``), so a resumed run refines
-        exactly as an uninterrupted one."""
-        return {"strategy_state": self.rows.saved_state(), "step": int(self.step), "next_gauss_id": int(self.next_gauss_id)}
+        """Densification statistics and ids (``GaussianRows.saved_state``) and the densifier's id
+        counter (``next_gauss_id``), so a resumed run refines exactly as an uninterrupted one."""
+        return {"strategy_state": self.rows.saved_state(), "step": int(self.step), "next_gauss_id": int(self.densifier.next_id)}
 
     def set_extra_state(self, state: Any) -> None:
         if not isinstance(state, dict):
             return
         self.rows.load_saved_state(state.get("strategy_state", {}), self.device)
         if "next_gauss_id" in state:
-            self.next_gauss_id = int(state["next_gauss_id"])
+            self.densifier.next_id = int(state["next_gauss_id"])
         else:
             num = len(self.rows)
-            self.next_gauss_id = int(self.strategy_state[IDS].max()) + 1 if num else 0
+            self.densifier.next_id = int(self.strategy_state[IDS].max()) + 1 if num else 0
 
     def load_state_dict(self, dict, **kwargs):  # type: ignore[override]
         # Checkpoints of splatfacto carry LPIPS weights (and older distsplat ones, where eval built
@@ -309,7 +268,7 @@ class DistSplatModel(SplatfactoModel):
         return min(self.images_seen(step) // self.config.sh_degree_interval, self.config.sh_degree)
 
     def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes) -> list[TrainingCallback]:
-        # Densification is driven by the pipeline after the gradient reduction (``refine``), not
+        # Densification is driven by the pipeline after the gradient reduction (``densifier``), not
         # by a callback reading state a forward pass left on ``self``.
         return [
             TrainingCallback(
@@ -516,48 +475,3 @@ class DistSplatModel(SplatfactoModel):
         """An eval image's metrics and the side-by-side image (``EvalMetrics.measure``)."""
         gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
         return self.eval_metrics.measure(gt_rgb, outputs["rgb"])
-
-    # ------------------------------------------------------------------ densification
-    def densify(
-        self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any] | None, gather_ids: IdGather = gather_local
-    ) -> None:
-        """What the strategy does after the optimizer and scheduler steps (``self.densifier``:
-        ``refine`` on the statistics ``info``, or an MCMC event and the position noise).
-
-        **Collective:** the strategy's ``gather_ids`` calls on its event steps, on every rank.
-        """
-        self.densifier.after_optimizer(self, step, optimizers, info, gather_ids)
-
-    def refine(self, step: int, optimizers: dict[str, torch.optim.Optimizer], info: dict[str, Any], gather_ids: IdGather = gather_local) -> None:
-        """Run the densification strategy (``gaussians/strategy.py``) on statistics of the whole batch.
-
-        The result does not depend on how many processes hold the Gaussians: decisions are per
-        Gaussian, split offsets are keyed by (seed, step, parent id) and new ids come from
-        ``allocate_gauss_ids``. No global generator is used.
-
-        Args:
-            step: Optimizer step.
-            optimizers: One optimizer per Gaussian parameter.
-            info: ``batch_info`` of the Gaussians held here.
-            gather_ids: Every rank's rows of the parents' ids: the parallel mode's ``gather_ids``
-                (``gather_local`` where this process holds every Gaussian).
-
-        **Collective:** on refine events, one ``gather_ids`` call on every rank.
-        """
-        # gsplat's signature: the keyed growth's seed and id allocator travel in the state for this call.
-        self.strategy_state[KEYED_GROWTH_KEY] = KeyedGrowth(self.seed, lambda dup, split: self.allocate_gauss_ids(dup, split, gather_ids))
-        try:
-            # gsplat's duplicate and opacity reset build tensors in the default dtype: match the Gaussians'.
-            with default_dtype(self.compute_dtype):
-                self.strategy.step_post_backward(
-                    params=self.gauss_params, optimizers=optimizers, state=self.strategy_state, step=step, info=info, packed=False
-                )
-        finally:
-            self.strategy_state.pop(KEYED_GROWTH_KEY, None)
-
-    def allocate_gauss_ids(self, dup_parent_ids: torch.Tensor, split_parent_ids: torch.Tensor, gather_ids: IdGather) -> ChildIds:
-        """Global ids for one grow event's new Gaussians (``strategy.allocate_child_ids``), and
-        ``next_gauss_id`` advanced past them. **Collective:** one ``gather_ids`` call."""
-        new = allocate_child_ids(self.next_gauss_id, dup_parent_ids, split_parent_ids, gather_ids)
-        self.next_gauss_id += new.num_dup_total + 2 * new.num_split_total
-        return new

@@ -23,7 +23,8 @@ import torch
 from distsplat_ns.distributed.collectives import nonfinite_verdict
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import GradientSum
-from distsplat_ns.gaussians.strategy import IdGather, batch_info
+from distsplat_ns.gaussians.densifier import IdGather
+from distsplat_ns.gaussians.strategy import batch_info
 from distsplat_ns.model.band_render import ProjectionSource, RegularizerShare, StatisticsProjection
 from distsplat_ns.parallel.exchange import Timer
 from distsplat_ns.parallel.full_state import GatheredState

@@ -16,7 +16,7 @@ from distsplat_ns.checkpoint import load_checkpoint_file
 from distsplat_ns.distributed.collectives import all_reduce_max_, all_reduce_sum_
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import BucketedGradientSum
-from distsplat_ns.gaussians.strategy import IdGather, gather_local
+from distsplat_ns.gaussians.densifier import IdGather, gather_local
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.parallel.exchange import Timer
 from distsplat_ns.parallel.full_state import GatheredState

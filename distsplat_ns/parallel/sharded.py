@@ -29,7 +29,7 @@ from distsplat_ns.distributed.collectives import (
     sum_gradients_,
 )
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.gaussians.strategy import IdGather
+from distsplat_ns.gaussians.densifier import IdGather
 from distsplat_ns.model.band_render import OwnProjections, ProjectionSource, RegularizerShare
 from distsplat_ns.parallel.camera_groups import BUDGET_FRACTION, free_memory_bytes, group_size, split_positions
 from distsplat_ns.parallel.exchange import ProjectionCall, Timer, exchange_screen_terms

@@ -44,7 +44,8 @@ def test_training_step_on_gsplat_matches_reference() -> None:
 def _refined(device: str) -> dict[str, torch.Tensor]:
     """One refine event (duplicate, split, prune) of a model built on the CPU and moved to
     ``device``, as the trainer does; its rows back on the CPU."""
-    from distsplat_ns.gaussians.strategy import batch_info, gather_local
+    from distsplat_ns.gaussians.densifier import gather_local
+    from distsplat_ns.gaussians.strategy import batch_info
     from tests.helpers.model_factory import WIDTH
 
     model = make_model(batch_size=1, num_points=200).to(device)
@@ -56,9 +57,10 @@ def _refined(device: str) -> dict[str, torch.Tensor]:
     n = model.num_points
     grads = (2e-4 * torch.randn(1, n, 2, generator=gen)).to(device)
     radii = torch.randint(0, 4, (1, n), generator=gen, dtype=torch.int32).to(device)
-    step = model.schedule.refine_start_iter + model.schedule.refine_every
-    step += -step % model.schedule.refine_every
-    model.refine(step, optimizers, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_ids=gather_local)
+    schedule = model.densifier.schedule
+    step = schedule.refine_start_iter + schedule.refine_every
+    step += -step % schedule.refine_every
+    model.densifier.after_optimizer(model.rows.bound(optimizers), step, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_local)
     return {key: value.cpu() for key, value in model.rows.tensors().items() if value is not None}
 
 

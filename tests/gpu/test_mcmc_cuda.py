@@ -69,7 +69,7 @@ def test_position_noise_does_not_sync() -> None:
 
 @pytest.mark.parametrize("partition", ["blocks2", "random3"])
 def test_sharded_mcmc_on_cuda_equals_one_process_bitwise(partition: str) -> None:
-    from distsplat_ns.gaussians.strategy import gather_local
+    from distsplat_ns.gaussians.densifier import gather_local
     from tests.helpers.mcmc_shards import by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 
     host = mcmc_gaussians(torch.float32)

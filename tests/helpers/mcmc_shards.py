@@ -15,7 +15,7 @@ import torch
 
 from distsplat_ns.gaussians.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
 from distsplat_ns.utils.keyed_random import keyed_normal
-from tests.helpers.strategy_shards import SEED, N, by_id, make_gaussians, take_shard
+from tests.helpers.strategy_shards import SEED, N, as_rows, by_id, make_gaussians, take_shard
 
 __all__ = [
     "FIRST_ID",
@@ -127,7 +127,7 @@ def mcmc_sequence(gaussians: tuple[dict, dict, dict], gather: Callable) -> list[
         set_moments_by_id(gaussians, step)
         for noise_step in (step - 1, step):
             inject_keyed_position_noise(gaussians[0], gaussians[2]["gauss_ids"], seed=SEED, step=noise_step, scaler=1.6e-4 * 5e5)
-        event = mcmc_event(*gaussians, step=step, seed=SEED, next_id=next_id, cap_max=cap, min_opacity=0.005, gather=gather)
+        event = mcmc_event(as_rows(*gaussians, ()), step=step, seed=SEED, next_id=next_id, cap_max=cap, min_opacity=0.005, gather=gather)
         next_id = event.next_id
         events.append(event)
     return events

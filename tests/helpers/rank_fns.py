@@ -253,7 +253,6 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_reduce_sum_
-    from distsplat_ns.gaussians.strategy import update_batch_statistics
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.parallel import parallel_mode_class
     from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model, take_initial_shard_
@@ -291,7 +290,7 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
         mode.reduce_gradients(named)
         info, _ = mode.statistics([source], 2, MIXED_SIZES)
         state = {"grad2d": None, "count": None, "radii": None}
-        update_batch_statistics(model.strategy, model.gauss_params, state, info)
+        model.densifier.update_statistics(state, info, model.num_points)
         grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in model.gauss_params.items()}
         grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
         loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())

@@ -3,11 +3,13 @@ W-independence tests of densification (tests/unit/test_keyed_strategy.py, tests/
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
 
-from distsplat_ns.gaussians.strategy import ChildIds, StrategySchedule, allocate_child_ids, build_default_strategy, refine_keyed
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows, RowField, gaussian_schema
+from distsplat_ns.gaussians.strategy import DefaultDensifier, DefaultThresholds, StrategySchedule
 from distsplat_ns.utils.keyed_random import keyed_normal
 
 N = 400
@@ -29,8 +31,15 @@ PARTITIONS = {
 }
 
 
-def make_strategy():
-    return build_default_strategy(SCHEDULE, **THRESHOLDS, absgrad=True, verbose=False)
+def make_densifier(next_id: int, **thresholds: float) -> DefaultDensifier:
+    """The default densifier on SCHEDULE and THRESHOLDS (``thresholds`` replacing some)."""
+    settings = dataclasses.replace(DefaultThresholds(**THRESHOLDS, absgrad=True), **thresholds)
+    return DefaultDensifier(SCHEDULE, settings, seed=SEED, next_id=next_id, log_events=False)
+
+
+def as_rows(params: dict, optimizers: dict, state: dict, statistics: tuple[RowField, ...] = DEFAULT_STATISTICS) -> GaussianRows:
+    """The rows over plain dicts of parameters, optimizers and strategy state."""
+    return GaussianRows(gaussian_schema(list(params), statistics), params, state, optimizers)
 
 
 def make_gaussians(dtype: torch.dtype) -> tuple[dict, dict, dict]:
@@ -81,23 +90,27 @@ def take_shard(params: dict, optimizers: dict, state: dict, idx: torch.Tensor) -
 
 
 class IdCounter:
-    """``next_gauss_id`` and the allocator bound to a gather, as DistSplatModel.allocate_gauss_ids."""
+    """A default densifier (its ``next_id``) with a gather that counts its calls."""
 
-    def __init__(self, next_id: int, gather) -> None:
-        self.next_id, self.gather, self.calls = next_id, gather, 0
+    def __init__(self, next_id: int, gather, **thresholds: float) -> None:
+        self.densifier, self.gather, self.calls = make_densifier(next_id, **thresholds), gather, 0
 
-    def allocate(self, dup: torch.Tensor, split: torch.Tensor) -> ChildIds:
+    @property
+    def next_id(self) -> int:
+        return self.densifier.next_id
+
+    def counted_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         self.calls += 1
-        new = allocate_child_ids(self.next_id, dup, split, self.gather)
-        self.next_id += new.num_dup_total + 2 * new.num_split_total
-        return new
+        return self.gather(rows)
 
 
 def refine_event(gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dtype, ids: IdCounter) -> tuple[int, int, int]:
-    """Statistics for ``step`` (keyed by id), then one refine event; returns refine_keyed's counts."""
+    """Statistics for ``step`` (keyed by id), then one grow-and-prune event; returns its
+    duplicated and split counts (all ranks) and pruned count (here)."""
     params, optimizers, state = gaussians
     set_statistics(state, step, dtype)
-    return refine_keyed(make_strategy(), params, optimizers, state, step, SEED, ids.allocate)
+    event = ids.densifier.grow_and_prune(as_rows(params, optimizers, state), step, ids.counted_gather)
+    return event.num_dup, event.num_split, event.num_pruned
 
 
 def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
@@ -117,14 +130,21 @@ def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
     return out
 
 
-def refine_rank_shard(ctx, dtype_name: str, partition: str) -> dict:
+def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int | None = None, max_held: int | None = None) -> dict:
     """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
-    gather (``all_gather_rows``); returns its tensors by global id and its ``next_gauss_id``."""
+    gather (``all_gather_rows``) under the caps given; returns its tensors by global id, its
+    ``next_gauss_id``, its gather count, the refusals of each event and its held count after each
+    event's growth (before pruning)."""
     from distsplat_ns.distributed.collectives import all_gather_rows
 
     dtype = getattr(torch, dtype_name)
     shard = take_shard(*make_gaussians(dtype), PARTITIONS[partition](N)[ctx.rank])
     ids = IdCounter(3 * N, functools.partial(all_gather_rows, ctx))
+    ids.densifier.set_cap(max_gaussians)
+    ids.densifier.set_max_held(max_held)
+    refused, grown = [], []
     for step in STEPS:
-        refine_event(shard, step, dtype, ids)
-    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls}
+        _, _, num_pruned = refine_event(shard, step, dtype, ids)
+        refused.append(ids.densifier.last_refused)
+        grown.append(len(shard[2]["gauss_ids"]) + num_pruned)
+    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls, "refused": refused, "grown": grown}

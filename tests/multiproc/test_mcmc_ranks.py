@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.gaussians.strategy import gather_local
+from distsplat_ns.gaussians.densifier import gather_local
 from tests.helpers.mcmc_shards import by_id, mcmc_gaussians, mcmc_rank_shard, mcmc_sequence
 from tests.helpers.multiproc import run_ranks
 

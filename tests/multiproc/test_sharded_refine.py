@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.gaussians.strategy import gather_local
+from distsplat_ns.gaussians.densifier import gather_local
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.strategy_shards import STEPS, IdCounter, N, by_id, make_gaussians, refine_event, refine_rank_shard
 

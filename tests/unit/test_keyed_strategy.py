@@ -1,4 +1,4 @@
-"""Densification independent of the number of processes (gaussians/strategy.py: refine_keyed).
+"""Densification independent of the number of processes (gaussians/strategy.py: grow_and_prune).
 
 Shards are simulated in one process: the strategy runs on disjoint subsets of one set of
 Gaussians, one after the other, with a gather that returns every subset's parent-id rows,
@@ -13,7 +13,8 @@ import copy
 import pytest
 import torch
 
-from distsplat_ns.gaussians.strategy import StrategySchedule, allocate_child_ids, gather_local, grow_masks, refine_keyed
+from distsplat_ns.gaussians.densifier import gather_local
+from distsplat_ns.gaussians.strategy import StrategySchedule, allocate_child_ids, grow_masks
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.strategy_shards import (
     PARTITIONS,
@@ -23,9 +24,10 @@ from tests.helpers.strategy_shards import (
     THRESHOLDS,
     IdCounter,
     N,
+    as_rows,
     by_id,
+    make_densifier,
     make_gaussians,
-    make_strategy,
     refine_event,
     set_statistics,
     take_shard,
@@ -121,12 +123,12 @@ def test_decisions_equal_gsplats_default_strategy(dtype: torch.dtype) -> None:
     theirs = copy.deepcopy(ours)
     step = STEPS[0]
     set_statistics(theirs[2], step, dtype)
-    strategy = make_strategy()
-    is_dupli, is_split = grow_masks(strategy, theirs[0], theirs[2], step)
+    densifier = make_densifier(3 * N)
+    is_dupli, is_split = grow_masks(densifier.thresholds, densifier.schedule, theirs[0], theirs[2], step)
     assert bool((is_dupli & is_split).any()), "a Gaussian both duplicated and split (2D size) must be covered"
     reference = DefaultStrategy(**THRESHOLDS, refine_scale2d_stop_iter=SCHEDULE.refine_scale2d_stop_iter, reset_every=SCHEDULE.reset_every)
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # as DistSplatModel.refine: gsplat's ops build tensors in it
+    torch.set_default_dtype(dtype)  # as DefaultDensifier.after_optimizer: gsplat's ops build tensors in it
     try:
         n_dup, n_split = reference._grow_gs(*theirs, step)
         n_prune = reference._prune_gs(*theirs, step)
@@ -152,14 +154,13 @@ def test_decisions_equal_gsplats_default_strategy(dtype: torch.dtype) -> None:
 def test_split_children_sit_at_the_keyed_offsets(dtype: torch.dtype) -> None:
     params, optimizers, state = make_gaussians(dtype)
     set_statistics(state, STEPS[0], dtype)
-    _, is_split = grow_masks(make_strategy(), params, state, STEPS[0])
+    densifier = make_densifier(3 * N)
+    _, is_split = grow_masks(densifier.thresholds, densifier.schedule, params, state, STEPS[0])
     parents = {k: v.detach()[is_split].clone() for k, v in params.items()}
     parent_ids = state["gauss_ids"][is_split].clone()
-    ids = IdCounter(3 * N, gather_local)
     # Prune nothing, so the children are the last 2 n_split rows.
-    strategy = make_strategy()
-    strategy.prune_opa, strategy.prune_scale3d, strategy.prune_scale2d = 0.0, 1e9, 1e9
-    num_dup, _, _ = refine_keyed(strategy, params, optimizers, state, STEPS[0], SEED, ids.allocate)
+    ids = IdCounter(3 * N, gather_local, prune_opa=0.0, prune_scale3d=1e9, prune_scale2d=1e9)
+    num_dup = ids.densifier.grow_and_prune(as_rows(params, optimizers, state), STEPS[0], ids.counted_gather).num_dup
     n = len(parent_ids)
     children = params["means"].detach()[-2 * n :].reshape(2, n, 3)
     z = keyed_normal(SEED, STEPS[0], parent_ids, 6).reshape(n, 2, 3).transpose(0, 1)
@@ -184,7 +185,7 @@ def _first_refine_step(schedule: StrategySchedule) -> int:
 
 @pytest.mark.parametrize("param_dtype", ["float32", "float64"])
 def test_model_refine_numbers_new_gaussians_over_all_ranks(param_dtype: str) -> None:
-    """DistSplatModel.refine wiring: one gather per event, ids from next_gauss_id counting the
+    """The model's densifier wiring: one gather per event, ids from its next_id counting the
     other ranks' parents (a simulated rank 1 duplicating 3 and splitting 2 Gaussians)."""
     from distsplat_ns.gaussians.strategy import batch_info
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_model
@@ -197,7 +198,7 @@ def test_model_refine_numbers_new_gaussians_over_all_ranks(param_dtype: str) -> 
         p.grad = -torch.ones_like(p)  # raises the opacities: nothing falls under cull_alpha_thresh (0.1)
         optimizers[k].step()
         p.grad = None
-    n, first_new = model.gauss_ids.numel(), model.next_gauss_id
+    n, first_new = model.gauss_ids.numel(), model.densifier.next_id
     gen = torch.Generator().manual_seed(3)
     grads = 2e-4 * torch.randn(1, n, 2, generator=gen, dtype=model.compute_dtype)
     radii = torch.randint(0, 4, (1, n), generator=gen, dtype=torch.int32)
@@ -208,13 +209,14 @@ def test_model_refine_numbers_new_gaussians_over_all_ranks(param_dtype: str) -> 
         gathered.append(rows)
         return [rows, other]
 
-    model.refine(_first_refine_step(model.schedule), optimizers, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_ids=gather)
+    info = batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT)
+    model.densifier.after_optimizer(model.rows.bound(optimizers), _first_refine_step(model.densifier.schedule), info, gather)
     assert len(gathered) == 1
     num_dup, num_split = int((gathered[0][:, 1] == 0).sum()), int((gathered[0][:, 1] == 1).sum())
     assert num_dup > 0 and num_split > 0
-    assert model.next_gauss_id == first_new + (num_dup + 3) + 2 * (num_split + 2)
+    assert model.densifier.next_id == first_new + (num_dup + 3) + 2 * (num_split + 2)
     ids = model.gauss_ids
     assert ids.numel() == model.means.shape[0] and ids.unique().numel() == ids.numel()
-    assert int(ids.max()) < model.next_gauss_id
+    assert int(ids.max()) < model.densifier.next_id
     assert model.means.dtype == getattr(torch, param_dtype)
     assert all(optimizers[k].state[p]["exp_avg"].dtype == p.dtype for k, p in model.gauss_params.items())

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from distsplat_ns.gaussians.densifier import gather_local
 from distsplat_ns.gaussians.mcmc import (
     MCMCConfig,
     inject_keyed_position_noise,
@@ -24,10 +25,9 @@ from distsplat_ns.gaussians.mcmc import (
     relocation_opacity_scale,
 )
 from distsplat_ns.gaussians.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
-from distsplat_ns.gaussians.strategy import gather_local
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
-from tests.helpers.strategy_shards import SEED, N
+from tests.helpers.strategy_shards import SEED, N, as_rows
 
 MIN_OPACITY = 0.005
 
@@ -68,7 +68,9 @@ def test_relocation_removes_the_dead_and_numbers_copies_by_draw() -> None:
     dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
     table = gather_weight_table(ids, opacity_weights(params["opacities"]), dead, gather_local)
     draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
-    event = mcmc_event(params, optimizers, state, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    event = mcmc_event(
+        as_rows(params, optimizers, state, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local
+    )
     assert event.num_relocated == int(dead.sum()) > 0 and event.num_added == 0 and event.num_gaussians == N
     after = state["gauss_ids"]
     assert not bool(torch.isin(ids[dead], after).any()), "the dead leave"
@@ -107,7 +109,7 @@ def test_relocation_equals_gsplats_relocate_given_the_same_draws(monkeypatch: py
     source_rows = torch.tensor([int(torch.nonzero(ids == s)) for s in draws.source_ids.tolist()])
     alive = torch.nonzero(~dead).flatten()
     _patched_gsplat_op(monkeypatch, torch.searchsorted(alive, source_rows), "relocate", theirs[0], theirs[1], mask=dead)
-    mcmc_event(*ours, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    mcmc_event(as_rows(*ours, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
     # gsplat overwrites dead row j with draw j's copy: there, id FIRST_ID + j is at dead row j.
     their_ids = ids.clone()
     their_ids[torch.nonzero(dead).flatten()] = FIRST_ID + torch.arange(int(dead.sum()))
@@ -134,7 +136,7 @@ def test_addition_equals_gsplats_sample_add_given_the_same_draws(monkeypatch: py
     draws = draw_by_weight(table.ids, table.weights, num_added, seed=SEED, step=600, stream=STREAM_ADD)
     source_rows = torch.tensor([int(torch.nonzero(ids == s)) for s in draws.source_ids.tolist()])
     _patched_gsplat_op(monkeypatch, source_rows, "sample_add", theirs[0], theirs[1], n=num_added)
-    event = mcmc_event(*ours, step=600, seed=SEED, next_id=FIRST_ID, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
+    event = mcmc_event(as_rows(*ours, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
     assert (event.num_relocated, event.num_added) == (0, num_added)
     mine = by_id([ours])
     ref = by_id([(theirs[0], theirs[1], {"gauss_ids": torch.cat([ids, FIRST_ID + torch.arange(num_added)])})])
@@ -247,11 +249,11 @@ def test_step_runs_the_event_then_the_noise() -> None:
     config = MCMCConfig()
     schedule = mcmc_schedule_in_steps(warmup_images=500, stop_split_images=config.stop_split_at, refine_every_images=100, batch_size=1)
     quiet = mcmc_step_post_backward(
-        *gaussians, step=601, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+        as_rows(*gaussians, ()), step=601, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
     )
     assert quiet.event is None and quiet.next_id == FIRST_ID
     step = mcmc_step_post_backward(
-        *gaussians, step=600, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+        as_rows(*gaussians, ()), step=600, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
     )
     assert step.event is not None and step.event.num_added == int(1.05 * N) - N
     assert step.next_id == FIRST_ID + step.event.num_relocated + step.event.num_added == step.event.next_id
@@ -299,7 +301,7 @@ def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
     dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
     table = gather_weight_table(state["gauss_ids"].clone(), opacity_weights(params["opacities"]), dead, gather_local)
     draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
-    mcmc_event(params, optimizers, state, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    mcmc_event(as_rows(params, optimizers, state, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
     sources = torch.unique(draws.source_ids)
     _, rows = rows_of(state["gauss_ids"], sources)
     got = reweighted_after_relocation(table, draws, FIRST_ID, sources, opacity_weights(params["opacities"].detach().flatten()[rows]), gather_local)
@@ -316,13 +318,15 @@ def test_ids_that_cannot_pack_are_refused() -> None:
         gather_weight_table(ids, torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.bool), gather_local)
     gaussians = mcmc_gaussians(torch.float64)
     with pytest.raises(ValueError, match="next_id"):
-        mcmc_event(*gaussians, step=600, seed=SEED, next_id=ID_LIMIT - 10, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
+        mcmc_event(as_rows(*gaussians, ()), step=600, seed=SEED, next_id=ID_LIMIT - 10, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
 
 
 def test_an_event_needs_the_global_ids() -> None:
     params, optimizers, _ = mcmc_gaussians(torch.float64)
     with pytest.raises(ValueError, match="gauss_ids"):
-        mcmc_event(params, optimizers, {}, step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+        mcmc_event(
+            as_rows(params, optimizers, {}, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local
+        )
 
 
 def test_a_bad_id_on_one_rank_fails_every_rank_after_the_gather() -> None:

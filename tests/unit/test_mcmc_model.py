@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.gaussians.densify import DefaultDensifier, MCMCDensifier
-from distsplat_ns.gaussians.strategy import gather_local
+from distsplat_ns.gaussians.densifier import gather_local
+from distsplat_ns.gaussians.mcmc import MCMCDensifier
+from distsplat_ns.gaussians.strategy import DefaultDensifier
 from distsplat_ns.model.band_render import RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from tests.helpers.model_factory import make_model
@@ -57,12 +58,12 @@ def test_mcmc_densify_moves_only_transparent_gaussians_and_numbers_new_ones() ->
         model.gauss_params["opacities"][5:] = 3.0  # opaque: the noise's gate leaves them where they are
     before = model.means.detach().clone()
     optimizers = _optimizers(model)
-    model.densify(1, optimizers, None, gather_local)  # not an event: noise only
-    assert model.num_points == 60 and model.next_gauss_id == 60
+    model.densifier.after_optimizer(model.rows.bound(optimizers), 1, None, gather_local)  # not an event: noise only
+    assert model.num_points == 60 and model.densifier.next_id == 60
     moved = (model.means.detach() - before).abs().amax(dim=-1) > 0
     assert moved[:5].all() and not moved[5:].any()
-    model.densify(2, optimizers, None, gather_local)  # event: 5 relocated, 2 added (cap 62)
-    assert model.num_points == 62 and model.next_gauss_id == 60 + 5 + 2
+    model.densifier.after_optimizer(model.rows.bound(optimizers), 2, None, gather_local)  # event: 5 relocated, 2 added (cap 62)
+    assert model.num_points == 62 and model.densifier.next_id == 60 + 5 + 2
     ids = model.gauss_ids
     assert sorted(ids.tolist()) == sorted(set(range(5, 60)) | set(range(60, 67)))
     assert all(optimizers[k].param_groups[0]["params"][0] is p for k, p in model.gauss_params.items())
@@ -70,7 +71,7 @@ def test_mcmc_densify_moves_only_transparent_gaussians_and_numbers_new_ones() ->
     assert set(state["strategy_state"]) == {"gauss_ids"} and state["next_gauss_id"] == 67
     other = make_model(1, num_points=62, strategy="mcmc")
     other.set_extra_state(state)
-    assert torch.equal(other.gauss_ids, ids) and other.next_gauss_id == 67
+    assert torch.equal(other.gauss_ids, ids) and other.densifier.next_id == 67
 
 
 def test_mcmc_regularizers_sum_over_shares_to_one_process() -> None:

@@ -242,7 +242,8 @@ def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
     from distsplat_ns.gaussians.strategy import grows_at as rebalance_due
 
     model, _ = make_state_model(with_optimizers=False)
-    strategy, schedule = model.strategy, model.schedule
+    schedule = model.densifier.schedule
+    strategy = schedule  # gsplat 1.4.0's DefaultStrategy fields of the same names
     for step in range(schedule.refine_stop_iter + 2 * schedule.refine_every):
         grows = (
             step < strategy.refine_stop_iter

@@ -8,7 +8,7 @@ import pytest
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
 
-from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows
+from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows, gaussian_schema
 
 
 def _setup() -> tuple[GaussianRows, Optimizers]:
@@ -19,7 +19,7 @@ def _setup() -> tuple[GaussianRows, Optimizers]:
         p.grad = torch.ones_like(p)
     optimizers.optimizer_step_all()
     state = {"grad2d": torch.rand(6), "count": torch.rand(6), "gauss_ids": torch.arange(6), "scene_scale": 1.0}
-    return GaussianRows.over(params, state, optimizers.optimizers, DEFAULT_STATISTICS), optimizers
+    return GaussianRows(gaussian_schema(list(params), DEFAULT_STATISTICS), params, state, optimizers.optimizers), optimizers
 
 
 OPERATIONS = {

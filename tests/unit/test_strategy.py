@@ -91,7 +91,7 @@ def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
     info = batch_info(grads, grads.abs(), radii, 40, 30)
     ours, theirs = _state(), _state()
     strategy = DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100)
-    update_batch_statistics(strategy, params, ours, info)
+    update_batch_statistics(ours, info, n, absgrad=True, keep_radii=True)
     strategy._update_state(params, theirs, info)
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
@@ -117,7 +117,7 @@ def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
         grads = torch.randn(4, n, 2, generator=gen) * torch.logspace(-3, 3, n)[:, None]
         radii = (torch.rand(4, n, generator=gen) * 10).to(torch.int32) * (torch.rand(4, n, generator=gen) > 0.3)
         info = batch_info(grads, grads.abs(), radii, 40, 30)
-        update_batch_statistics(strategy, params, ours, info)
+        update_batch_statistics(ours, info, n, absgrad=True, keep_radii=True)
         strategy._update_state(params, theirs, info)
         assert torch.equal(ours["grad2d"], theirs["grad2d"]) and torch.equal(ours["count"], theirs["count"])
     norms = torch.where(radii > 0, (grads.abs() * torch.tensor([20.0 * 4, 15.0 * 4])).norm(dim=-1), 0.0)
@@ -125,13 +125,11 @@ def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
 
 
 def test_batch_statistics_take_the_largest_radius_over_cameras() -> None:
-    from gsplat.strategy import DefaultStrategy
-
     from distsplat_ns.gaussians.strategy import update_batch_statistics
 
     radii = torch.tensor([[4, 0, 2], [8, 3, 1]], dtype=torch.int32)
     info = batch_info(torch.ones(2, 3, 2), torch.ones(2, 3, 2), radii, 16, 16)
     state = _state()
-    update_batch_statistics(DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100), {"means": torch.zeros(3, 3)}, state, info)
+    update_batch_statistics(state, info, 3, absgrad=True, keep_radii=True)
     assert torch.equal(state["radii"], torch.tensor([8, 3, 2]) / 16.0)
     assert torch.equal(state["count"], torch.tensor([2.0, 1.0, 2.0]))
