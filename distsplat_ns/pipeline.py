@@ -241,6 +241,9 @@ class DistSplatPipeline(VanillaPipeline):
         broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model, budget)
+        #: The rank's memory budget (``--pipeline.memory-budget``; None without one): the caps it
+        #: sets on the densifier at each event (``gaussians/rank_budget.py``).
+        self.budget = budget
         self.evaluation = PipelineEval(self.datamanager, self.model)
         self._training_configured = False
         train_cameras = self.datamanager.train_dataset.cameras
@@ -366,8 +369,12 @@ class DistSplatPipeline(VanillaPipeline):
             optimizers.optimizer_step_all()
             optimizers.scheduler_step_all(step)
         with clock.phase("densify"):
-            # The strategy (default or MCMC) decides what this step does; the mode how it is gathered.
-            self.model.densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
+            # The strategy (default or MCMC) decides what this step does; the mode how it is gathered;
+            # the memory budget how far it may grow.
+            densifier = self.model.densifier
+            if self.budget is not None and densifier.changes_shards_at(step):
+                self.budget.apply_caps(densifier, len(self.model.rows))
+            densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
         measured_imbalance, time_imbalance = self._observe_costs(plan, batch, costs, view, clock)
         self._check_replicas(step, named)
@@ -594,6 +601,10 @@ class DistSplatPipeline(VanillaPipeline):
                 request = broadcast_object(self.ctx, view)
             self.mode.serve_view(request)
         return measured_imbalance, time_imbalance
+
+    def memory_budget_summary(self) -> dict[str, Any] | None:
+        """The run summary's ``memory_budget`` (``RankBudget.summary``), None without a budget."""
+        return None if self.budget is None else self.budget.summary(self.model.densifier.refused_total)
 
     def balance_summary(self) -> dict[str, Any]:
         """Balance figures for the run summary (measured after the first epoch: before it, most

@@ -492,6 +492,7 @@ class DistSplatTrainer(Trainer):
             "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
             "datamanager": self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {},
             "balance": self.pipeline.balance_summary(),
+            "memory_budget": self.pipeline.memory_budget_summary(),
         }
 
     def _write_stats(self) -> None:

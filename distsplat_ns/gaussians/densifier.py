@@ -59,6 +59,9 @@ class Densifier(ABC):
 
     #: The strategy's per-Gaussian statistics, kept in the strategy state (none by default).
     statistics: tuple[RowField, ...] = ()
+    #: Whether :meth:`set_max_held` can cap each rank's Gaussians (MCMC cannot: an addition lands
+    #: on its source's owner).
+    caps_each_rank: bool = True
 
     def __init__(self, *, seed: int, next_id: int, log_events: bool) -> None:
         self.seed = int(seed)
@@ -68,23 +71,29 @@ class Densifier(ABC):
         self.refused_total = RefusedCounts()
         self.last_refused = RefusedCounts()
         self._logged_caps: set[str] = set()
+        self._cap_reasons: dict[str, str] = {}
 
-    def set_cap(self, max_gaussians: int | None) -> None:
+    def set_cap(self, max_gaussians: int | None, reason: str = "") -> None:
         """Cap the Gaussians over all ranks that growth reaches (None: no cap); every rank the same.
+        ``reason`` (e.g. the memory budget that implies it) is named in the line logged when the
+        cap first refuses growth.
 
         Raises:
             ValueError, TypeError: not None or an int >= 0.
         """
         self.caps = GrowthCaps(max_gaussians, self.caps.max_held)
+        self._cap_reasons["max_gaussians"] = reason
 
-    def set_max_held(self, max_held: int | None) -> None:
+    def set_max_held(self, max_held: int | None, reason: str = "") -> None:
         """Cap the Gaussians each rank holds after growth (sharded mode; None: no cap); every rank
         the same. A trim by this cap depends on the number of ranks (``gaussians/growth_cap.py``).
+        ``reason`` as for :meth:`set_cap`.
 
         Raises:
             ValueError, TypeError: not None or an int >= 0.
         """
         self.caps = GrowthCaps(self.caps.max_gaussians, max_held)
+        self._cap_reasons["max_held"] = reason
 
     def _record_refused(self, step: int, refused: RefusedCounts) -> None:
         """Add one event's refusals to the totals; the first event each cap limits logs one line
@@ -98,7 +107,8 @@ class Densifier(ABC):
             if count > 0 and name not in self._logged_caps:
                 self._logged_caps.add(name)
                 if self.log_events:
-                    LOGGER.info("step %d: densification reached its cap %s = %s: %d Gaussians not grown", step, name, cap, count)
+                    why = f" ({self._cap_reasons[name]})" if self._cap_reasons.get(name) else ""
+                    LOGGER.warning("step %d: densification reached its cap %s = %s%s: %d Gaussians not grown", step, name, cap, why, count)
 
     @classmethod
     @abstractmethod

@@ -485,7 +485,9 @@ class MCMCDensifier(Densifier):
         )
         return cls(mcmc, schedule, seed=seed, next_id=next_id, log_events=log_events)
 
-    def set_max_held(self, max_held: int | None) -> None:
+    caps_each_rank = False
+
+    def set_max_held(self, max_held: int | None, reason: str = "") -> None:
         """MCMC honours no per-rank cap: an addition lands on its source's owner and the sharded
         mode's rebalance evens the shards after each event.
 

@@ -3,8 +3,8 @@ the run's own steps where the device can say (docs/densification.md, "What the b
 
 ``gaussians/budget.py`` holds the pure arithmetic; this object adds what only a run has: on CUDA the
 peak the allocator saw since the last event, from which the bytes the rank uses besides its
-Gaussians (``fixed``) are measured, the largest over ranks; the first event the caps limit, logged
-once; the figures for the run summary.
+Gaussians (``fixed``) are measured, the largest over ranks; the caps set on the densifier at each
+event; the figures for the run summary.
 """
 
 from __future__ import annotations
@@ -16,21 +16,20 @@ import torch
 from distsplat_ns.distributed.collectives import all_gather_counts, all_reduce_max_
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.gaussians.budget import (
-    GIB,
     GaussianBytes,
     GaussianCaps,
     MemoryBudget,
     caps_from_budget,
     check_initial_fit,
+    format_bytes,
     gaussian_bytes,
     projection_budget_bytes,
     resolve_memory_budget,
 )
+from distsplat_ns.gaussians.densifier import Densifier
+from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.rows import GaussianRows
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
-from distsplat_ns.utils.logging import get_logger
-
-LOGGER = get_logger(__name__)
 
 
 class RankBudget:
@@ -59,7 +58,6 @@ class RankBudget:
         """The largest allocation the device's allocator reported at any event (CUDA; 0 on the CPU)."""
         self.peak_counted_bytes = 0
         """The largest ``fixed + held x bytes per Gaussian`` at any event: what the budget was held to."""
-        self._limited_logged = False
 
     @classmethod
     def for_run(
@@ -125,19 +123,22 @@ class RankBudget:
         """What the budget leaves a sharded rank's live projections (``budget.projection_budget_bytes``)."""
         return projection_budget_bytes(self.budget.bytes, self.fixed_bytes, num_held, self.per_gaussian)
 
-    def note_refused(self, step: int, refused: int, caps: GaussianCaps) -> None:
-        """Log, once per run and on rank 0, the first event the caps limited (``refused`` > 0)."""
-        if refused <= 0 or self._limited_logged:
-            return
-        self._limited_logged = True
-        if self.ctx.is_main:
-            LOGGER.warning(
-                "step %d: the memory budget of %.2f GiB per rank (%s) caps the Gaussians at %s over all ranks (%s per rank): %s refused at this event",
-                step, self.budget.bytes / GIB, self.budget.source, f"{caps.total:,}", f"{caps.held:,}", f"{refused:,}",
-            )  # fmt: skip
+    def apply_caps(self, densifier: Densifier, num_held: int) -> GaussianCaps:
+        """Set ``densifier``'s caps for the event about to run (``caps``): the total over all
+        ranks, and in sharded mode each rank's where the strategy can cap it. The first event they
+        limit logs one line naming this budget (``Densifier.set_cap``'s reason).
 
-    def summary(self, refused_total: int, refused_by_shard: int) -> dict[str, Any]:
-        """The run summary's ``memory_budget``."""
+        **Collective:** as :meth:`caps`.
+        """
+        caps = self.caps(num_held)
+        reason = f"the memory budget of {format_bytes(self.budget.bytes)} per rank, {self.budget.source}"
+        densifier.set_cap(caps.total, reason)
+        if self.sharded and densifier.caps_each_rank:
+            densifier.set_max_held(caps.held, reason)
+        return caps
+
+    def summary(self, refused: RefusedCounts) -> dict[str, Any]:
+        """The run summary's ``memory_budget``, with the densifier's ``refused_total``."""
         return {
             "budget_bytes": self.budget.bytes,
             "source": self.budget.source,
@@ -145,6 +146,6 @@ class RankBudget:
             "fixed_bytes_measured": self.fixed_bytes,
             "peak_counted_bytes": self.peak_counted_bytes,
             "peak_device_bytes": self.peak_device_bytes,
-            "gaussians_refused": refused_total,
-            "gaussians_refused_by_shard_cap": refused_by_shard,
+            "gaussians_refused": refused.global_cap + refused.shard_cap,
+            "gaussians_refused_by_shard_cap": refused.shard_cap,
         }
