@@ -8,7 +8,7 @@ its final checkpoint with ``ns-eval`` (PSNR over the eval split). The budget is 
 the one-process bytes per Gaussian (``gaussians/budget.py``), so the caps follow from the code, not
 from this script.
 
-    python -m benchmarks.bench_budget_quality --seeds 42 43 --n1 6600
+    python -m benchmarks.bench_budget_quality --seeds 42 43 --n1 2500 --num-random 2000 --images 600
 
 Writes ``benchmarks/results/budget_quality_<date>.json``; docs/densification.md discusses it.
 """
@@ -63,6 +63,7 @@ def train_args(out: Path, name: str, seed: int, args: argparse.Namespace, parall
         "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
         "--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "100", "--pipeline.model.refine-every", "100",
         "--pipeline.model.densify-grad-thresh", str(args.densify_grad_thresh),
+        *(["--pipeline.model.random-init", "True", "--pipeline.model.num-random", str(args.num_random)] if args.num_random else []),
         "colmap", "--data", str(args.data), "--colmap-path", "sparse/0", "--load-3D-points", "True",
         "--downscale-factor", str(args.downscale),
     ]  # fmt: skip
@@ -119,12 +120,15 @@ def verdicts(rows: list[dict[str, Any]], n1: int, world_size: int) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
-    parser.add_argument("--n1", type=int, default=6600, help="the one-process cap the budget implies (above the scene's 6,271 seed points)")
+    parser.add_argument(
+        "--n1", type=int, default=6600, help="the one-process cap the budget implies (above the initial Gaussians: bird has 6,271 points)"
+    )
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--downscale", type=int, default=6)
     parser.add_argument("--densify-grad-thresh", type=float, default=0.0002)
+    parser.add_argument("--num-random", type=int, default=0, help="random initial Gaussians (0: the scene's COLMAP points)")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget_quality"))
     parser.add_argument("--timeout", type=float, default=3600)
