@@ -43,13 +43,15 @@ SCENE = REPO / "scenes" / "lund_door"
 WORLDS = (1, 2, 4, 8)
 #: The issue's target: the largest process's marginal bytes per Gaussian at W over W = 1's.
 TARGET_NUMERATOR = 1.5
-#: Each rank's fixed base (torch, nerfstudio, the dataset), docs/sharded.md "Memory at 2M
-#: Gaussians": 1.3-1.6 GB; the launch check adds it per rank.
-BASE_BYTES_PER_RANK = 1_600_000_000
-#: Bytes per Gaussian one process peaked at above its base in that table (B = 1: (4722 - 1373) MiB
-#: over 2M): the launch check's estimate of a run's extra bytes, all ranks together, with the
-#: factor 2 the per-rank terms that do not fall with W may add.
+#: Each rank's fixed base for the launch check: torch, nerfstudio and the dataset, 1.3-1.6 GB
+#: (docs/sharded.md, "Memory at 2M Gaussians"), and what the first eval adds at any N (measured
+#: here at 2,000 Gaussians: 0.3-0.55 GB per rank).
+BASE_BYTES_PER_RANK = 2_000_000_000
+#: Bytes per Gaussian, all ranks together, for the launch check: one process's peak above its
+#: base (measured here at W = 1: 1,547 B) with a margin, plus the start-up draw's 76 B per
+#: Gaussian of all N on every rank (README.md, "Memory per rank").
 BYTES_PER_GAUSSIAN_W1 = 1_760
+INIT_ALL_BYTES_PER_GAUSSIAN = 76
 PHASES_FILE = "capacity_phases_rank{rank}.json"
 
 
@@ -226,8 +228,8 @@ def available_bytes() -> int:
 
 
 def estimated_bytes(world: int, num: int) -> int:
-    """A run's memory, all ranks together, for the launch check (generous: see the constants)."""
-    return world * BASE_BYTES_PER_RANK + 2 * num * BYTES_PER_GAUSSIAN_W1
+    """A run's memory, all ranks together, for the launch check (see the constants)."""
+    return world * BASE_BYTES_PER_RANK + num * (BYTES_PER_GAUSSIAN_W1 + world * INIT_ALL_BYTES_PER_GAUSSIAN)
 
 
 def run_one(work: Path, world: int, num: int, steps: int, timeout_s: float) -> dict[str, Any]:
@@ -365,6 +367,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/capacity_<date>.json")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
     parser.add_argument("--reanalyse", type=Path, default=None, help="a written JSON: recompute its table from its runs")
+    parser.add_argument(
+        "--reuse-w1",
+        type=Path,
+        default=None,
+        help="a written JSON at the same sizes: its W = 1 runs are the baseline (marked reused_from), W = 1 is not run",
+    )
     args = parser.parse_args()
     if args.reanalyse is not None:
         result = json.loads(args.reanalyse.read_text())
@@ -387,7 +395,14 @@ def main() -> None:
         "machine": machine_record(),
         "runs": [],
     }
-    for world in sorted(args.worlds):  # W = 8 last: the largest run starts once the others are done
+    worlds = sorted(args.worlds)
+    if args.reuse_w1 is not None:
+        reused = json.loads(args.reuse_w1.read_text())
+        if list(reused["sizes"]) != [num_a, num_b]:
+            raise SystemExit(f"--reuse-w1 {args.reuse_w1}: sizes {reused['sizes']}, not --sizes {num_a} {num_b}")
+        result["runs"] = [{**r, "reused_from": args.reuse_w1.name} for r in reused["runs"] if r["world_size"] == 1]
+        worlds = [w for w in worlds if w != 1]
+    for world in worlds:  # W = 8 last: the largest run starts once the others are done
         for num in (num_a, num_b):
             run = run_one(args.work, world, num, args.steps, args.timeout_s)
             result["runs"].append(run)
