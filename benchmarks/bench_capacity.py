@@ -45,10 +45,11 @@ WORLDS = (1, 2, 4, 8)
 TARGET_NUMERATOR = 1.5
 #: Each rank's fixed base for the launch check: torch, nerfstudio and the dataset, 1.3-1.6 GB
 #: (docs/sharded.md, "Memory at 2M Gaussians"), and what the first eval adds at any N (measured
-#: here at 2,000 Gaussians: 0.3-0.55 GB per rank).
-BASE_BYTES_PER_RANK = 2_000_000_000
+#: here at 2,000 Gaussians: 0.3-0.55 GB per rank; every rank of W = 8 at 500,000 Gaussians peaked
+#: at 1.47-1.67 GiB, docs/sharded.md "Capacity with W").
+BASE_BYTES_PER_RANK = 1_600_000_000
 #: Bytes per Gaussian, all ranks together, for the launch check: one process's peak above its
-#: base (measured here at W = 1: 1,547 B) with a margin, plus the start-up draw's 76 B per
+#: base (measured here at W = 1: 1,546 B) with a margin, plus the start-up draw's 76 B per
 #: Gaussian of all N on every rank (README.md, "Memory per rank").
 BYTES_PER_GAUSSIAN_W1 = 1_760
 INIT_ALL_BYTES_PER_GAUSSIAN = 76
@@ -368,10 +369,10 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
     parser.add_argument("--reanalyse", type=Path, default=None, help="a written JSON: recompute its table from its runs")
     parser.add_argument(
-        "--reuse-w1",
+        "--reuse",
         type=Path,
         default=None,
-        help="a written JSON at the same sizes: its W = 1 runs are the baseline (marked reused_from), W = 1 is not run",
+        help="a written JSON at the same sizes: its runs of every W not in --worlds are kept (marked reused_from)",
     )
     args = parser.parse_args()
     if args.reanalyse is not None:
@@ -395,14 +396,13 @@ def main() -> None:
         "machine": machine_record(),
         "runs": [],
     }
-    worlds = sorted(args.worlds)
-    if args.reuse_w1 is not None:
-        reused = json.loads(args.reuse_w1.read_text())
+    if args.reuse is not None:
+        reused = json.loads(args.reuse.read_text())
         if list(reused["sizes"]) != [num_a, num_b]:
-            raise SystemExit(f"--reuse-w1 {args.reuse_w1}: sizes {reused['sizes']}, not --sizes {num_a} {num_b}")
-        result["runs"] = [{**r, "reused_from": args.reuse_w1.name} for r in reused["runs"] if r["world_size"] == 1]
-        worlds = [w for w in worlds if w != 1]
-    for world in worlds:  # W = 8 last: the largest run starts once the others are done
+            raise SystemExit(f"--reuse {args.reuse}: sizes {reused['sizes']}, not --sizes {num_a} {num_b}")
+        kept = [r for r in reused["runs"] if r["world_size"] not in args.worlds]
+        result["runs"] = [{**r, "reused_from": r.get("reused_from", args.reuse.name)} for r in kept]
+    for world in sorted(args.worlds):  # W = 8 last: the largest run starts once the others are done
         for num in (num_a, num_b):
             run = run_one(args.work, world, num, args.steps, args.timeout_s)
             result["runs"].append(run)
