@@ -129,18 +129,25 @@ def checkpoint_payload(
     )
 
 
-def write_payload_atomic(checkpoint_dir: Path, step: int, payload: dict[str, Any], keep_only_latest: bool) -> Path:
+def write_payload_atomic(
+    checkpoint_dir: Path, step: int, payload: dict[str, Any], keep_only_latest: bool, write: Callable[[Path, dict[str, Any]], None] | None = None
+) -> Path:
     """Write ``payload`` as ``step-{step:09d}.ckpt`` atomically and durably (see
-    :func:`save_checkpoint_atomic`); returns its path."""
+    :func:`save_checkpoint_atomic`); returns its path. ``write(path, payload)``, when given,
+    writes and fsyncs the temporary file in place of ``torch.save`` (the consolidation's streamed
+    writer, ``parallel/streamed_file.py``)."""
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_dir / f"step-{step:09d}{FILE_SUFFIX}"
     tmp = checkpoint_dir / f".{path.name}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "wb") as fh:
-            torch.save(payload, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if write is not None:
+            write(tmp, payload)
+        else:
+            with open(tmp, "wb") as fh:
+                torch.save(payload, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_directory(checkpoint_dir)
     finally:

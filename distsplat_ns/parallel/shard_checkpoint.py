@@ -23,7 +23,9 @@ Gaussians on this rank.
 
 from __future__ import annotations
 
+import functools
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ from distsplat_ns.gaussians.ownership import owned_block
 from distsplat_ns.gaussians.row_entries import put_rows_, without_rows
 from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
 from distsplat_ns.parallel.shard_rows import agree_layout
+from distsplat_ns.parallel.streamed_file import write_streamed
 from distsplat_ns.utils.errors import UserError
 
 if TYPE_CHECKING:
@@ -79,16 +82,23 @@ def write_shard_checkpoint(ctx: DistContext, folder: Path, model: DistSplatModel
     return save_rows(ctx, folder, flat, blob)
 
 
-def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest.
+@dataclass
+class _Head:
+    """What a read knows before any row of a key but the ids: the keys to read with their dtype
+    and shape, the range, the ids in id order with where each saved row goes, and the rest."""
 
-    The ids first; then each key into a tensor in id order, filled from reads of the saved rows
-    (rank order) scattered to their ids' places: one read per key on a distributed ``ctx``, reads
-    of :data:`ALONE_CHUNK_ROWS` rows in one process (rank 0 consolidating a model no device holds),
-    so besides the rows kept only one chunk is held twice (docs/sharded.md, "nerfstudio's tools").
+    layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    keys: list[str]
+    row_range: tuple[int, int]
+    ids: torch.Tensor | None
+    place: torch.Tensor | None  # place[j]: where saved row lo + j goes in id order
+    rest: dict[str, Any]
 
-    **Collective:** with a distributed ``ctx``, :func:`load_rows` once for the ids and once per
-    row key, every rank the same keys in the layout's order; without one, local.
+
+def _read_head(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> _Head:
+    """The layout, the ids of ``row_range_of(num_total)`` in id order and the rest of ``folder``.
+
+    **Collective:** with a distributed ``ctx``, :func:`load_rows` once (the ids); without one, local.
     """
     if not Path(folder).is_dir():
         raise UserError(f"checkpoint {folder} does not exist")
@@ -99,22 +109,46 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
     num_total = layout[IDS_KEY][1][0] if IDS_KEY in layout else 0
     keys = [k for k in layout if not only_params or k.startswith(PARAM_PREFIX) or k == IDS_KEY]
     row_range = row_range_of(num_total)
-    place = None  # place[j]: where saved row lo + j goes in id order
+    place = None
     rows, blob = load_rows(ctx, Path(folder), [IDS_KEY] if IDS_KEY in keys else [], row_range)
-    if IDS_KEY in rows and rows[IDS_KEY].numel():
-        order = torch.sort(rows[IDS_KEY], stable=True).indices
-        rows[IDS_KEY] = rows[IDS_KEY][order]
+    ids = rows.get(IDS_KEY)
+    if ids is not None and ids.numel():
+        order = torch.sort(ids, stable=True).indices
+        ids = ids[order]
         place = torch.empty_like(order)
         place[order] = torch.arange(order.numel())
-    for key in keys:
-        if key != IDS_KEY:
-            rows[key] = _read_key_in_id_order(ctx, Path(folder), key, layout[key], row_range, place)
     register_numpy_safe_globals()
     rest = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
-    for key, (dtype, trailing) in rest.pop("row_keys", {}).items():
-        if key not in rows and (not only_params or key.startswith(PARAM_PREFIX) or key == IDS_KEY):
-            rows[key] = torch.empty((0, *trailing), dtype=getattr(torch, dtype))  # no rank held any row
-    return rows, rest
+    row_keys = rest.pop("row_keys", {})
+    for key, (dtype, trailing) in row_keys.items():
+        if key not in layout and (not only_params or key.startswith(PARAM_PREFIX) or key == IDS_KEY):
+            layout[key] = (getattr(torch, dtype), (0, *trailing))  # no rank held any row
+            keys.append(key)
+    return _Head(layout, keys, row_range, ids, place, rest)
+
+
+def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest.
+
+    The ids first; then each key into a tensor in id order, filled from reads of the saved rows
+    (rank order) scattered to their ids' places: one read per key on a distributed ``ctx``, reads
+    of :data:`ALONE_CHUNK_ROWS` rows in one process, so besides the rows kept only one chunk is
+    held twice (docs/sharded.md, "nerfstudio's tools").
+
+    **Collective:** with a distributed ``ctx``, :func:`load_rows` once for the ids and once per
+    row key, every rank the same keys in the layout's order; without one, local.
+    """
+    head = _read_head(ctx, folder, row_range_of, only_params)
+    rows = {}
+    for key in head.keys:
+        dtype, shape = head.layout[key]
+        if shape[0] == 0:
+            rows[key] = torch.empty(tuple(shape), dtype=dtype)
+        elif key == IDS_KEY:
+            rows[key] = head.ids
+        else:
+            rows[key] = _read_key_in_id_order(ctx, Path(folder), key, head.layout[key], head.row_range, head.place)
+    return rows, head.rest
 
 
 def _read_key_in_id_order(
@@ -193,15 +227,36 @@ def _route_to_id_blocks(ctx: DistContext, rows: dict[str, torch.Tensor]) -> dict
 def consolidate_params(folder: Path, checkpoint_dir: Path, step: int) -> Path:
     """Write ``step-N.ckpt`` in nerfstudio's format from the DCP checkpoint ``folder``: the whole
     model's parameters and ids in id order, no Adam state (``ns-export``, ``ns-eval``,
-    ``ns-render`` and ``ns-viewer --load-config`` read it). This process holds the parameters once
-    (about a third of a row's bytes), never the moments.
+    ``ns-render`` and ``ns-viewer --load-config`` read it).
+
+    The parameters are never held whole: each is written into the file in reads of
+    :data:`ALONE_CHUNK_ROWS` saved rows at their ids' places (``parallel/streamed_file.py``), so
+    this process holds the ids (8 B per Gaussian), where each saved row goes (8 B) and one chunk
+    beside its own shard, not every Gaussian's parameters (docs/sharded.md, "Capacity with W").
 
     Local: rank 0 calls it alone, inside the trainer's rank-0 window. Atomic, as every single file.
     """
-    rows, rest = _read(None, folder, lambda n: (0, n), only_params=True)
-    payload = _assemble(rows, rest)
+    head = _read_head(None, folder, lambda n: (0, n), only_params=True)
+    rows: dict[str, torch.Tensor] = {}
+    fills: dict[int, Any] = {}
+    for key in head.keys:
+        dtype, shape = head.layout[key]
+        if key == IDS_KEY and head.ids is not None:
+            rows[key] = head.ids
+            continue
+        rows[key] = torch.empty(tuple(shape), dtype=dtype)  # a placeholder: no page of it is touched
+        fills[id(rows[key])] = functools.partial(_fill_in_id_order, Path(folder), key, shape[0], head.place)
+    payload = _assemble(rows, head.rest)
     payload["optimizers"] = {}
     payload["distsplat"] = {**payload.get("distsplat", {}), "params_only": True, "consolidated_from": Path(folder).name}
-    path = write_payload_atomic(checkpoint_dir, step, payload, keep_only_latest=False)
+    path = write_payload_atomic(checkpoint_dir, step, payload, keep_only_latest=False, write=lambda fh_path, obj: write_streamed(fh_path, obj, fills))
     assert path.name.endswith(FILE_SUFFIX)
     return path
+
+
+def _fill_in_id_order(folder: Path, key: str, num_rows: int, place: torch.Tensor | None, write: Any) -> None:
+    """``write`` every saved row of ``key`` with its id's place, :data:`ALONE_CHUNK_ROWS` at a time."""
+    for start in range(0, num_rows, ALONE_CHUNK_ROWS):
+        stop = min(start + ALONE_CHUNK_ROWS, num_rows)
+        chunk = load_rows(None, folder, [key], (start, stop), with_blob=False)[0][key]
+        write(chunk, torch.arange(start, stop) if place is None else place[start:stop])
