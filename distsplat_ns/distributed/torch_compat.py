@@ -19,6 +19,8 @@ Shims (oldest torch that needs none of it: 2.6):
 - ``post_accumulate_grad_hook``: ``Tensor.register_post_accumulate_grad_hook`` exists from torch 2.1
   (the oldest supported); where a build lacks it, None: the gradient sum then starts after the backward.
 - ``add_safe_globals``: ``torch.serialization.add_safe_globals`` exists from torch 2.4.
+- ``save_layout_only``: ``torch.serialization.skip_data`` exists from torch 2.5; before, None (a
+  streamed file's rows are then filled in memory and saved whole: parallel/streamed_file.py).
 - ``numpy_scalar_reconstructor``: numpy 2 moved ``numpy.core`` to ``numpy._core``.
 - ``destroy_process_groups``: a process group's destructor holds the GIL before pytorch PR 154976
   (June 2025); applied on every version (see its docstring).
@@ -199,6 +201,13 @@ def add_safe_globals(objects: Iterable[Any]) -> bool:
         return False
     add(list(objects))
     return True
+
+
+def save_layout_only() -> Any:
+    """A context in which ``torch.save`` writes a file's layout without its storages' bytes
+    (``torch.serialization.skip_data``), or None where torch has none (before torch 2.5)."""
+    skip = getattr(torch.serialization, "skip_data", None)  # unnecessary from torch 2.5
+    return skip() if skip is not None else None
 
 
 def numpy_scalar_reconstructor() -> Any:

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from distsplat_ns.distributed.torch_compat import save_layout_only
+
 #: ``fill(write)`` of a placeholder: calls ``write(rows, positions)`` for pieces of its rows --
 #: ``rows`` `[n, ...]` (the placeholder's dtype and trailing shape) going to rows ``positions``
 #: `[n]` int64 of the placeholder -- until every row is written once.
@@ -105,6 +107,18 @@ def _pairs(obj: Any, ref: Any) -> Iterator[tuple[torch.Tensor, _TensorRef]]:
             yield from _pairs(value, value_ref)
 
 
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of ``obj`` (dicts, lists and tuples walked as ``_pairs`` walks them)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
 def _storage_bytes(tensor: torch.Tensor) -> bytes:
     whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
     return whole.numpy().tobytes()
@@ -125,7 +139,11 @@ def write_streamed(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) 
 
     Local; no collective.
     """
-    with torch.serialization.skip_data():
+    layout_only = save_layout_only()
+    if layout_only is None:  # torch < 2.5: the placeholders filled in memory, the file saved whole
+        _save_filled(path, payload, fills)
+        return
+    with layout_only:
         torch.save(payload, path)
     offsets = _record_offsets(path)
     written: set[str] = set()
@@ -156,6 +174,28 @@ def write_streamed(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) 
         raise RuntimeError(f"write_streamed: {len(set(fills) - placed)} placeholder(s) not in the payload of {path}")
     if written != set(offsets):
         raise RuntimeError(f"write_streamed: storages {sorted(set(offsets) - written)} of {path} were not written")
+
+
+def _save_filled(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) -> None:
+    """``write_streamed`` where torch cannot save a layout alone: each placeholder's rows written
+    into the placeholder itself (so held whole, as before the streamed file), then ``torch.save``."""
+    placed: set[int] = set()
+    for tensor in _tensors(payload):
+        if id(tensor) not in fills or id(tensor) in placed:
+            continue
+        count = [0]
+
+        def write(rows: torch.Tensor, positions: torch.Tensor, tensor: torch.Tensor = tensor, count: list = count) -> None:
+            tensor[positions] = rows.to(tensor.dtype)
+            count[0] += positions.numel()
+
+        fills[id(tensor)](write)
+        if count[0] != tensor.shape[0]:
+            raise RuntimeError(f"write_streamed: a placeholder of {tensor.shape[0]} rows of {path} got {count[0]}")
+        placed.add(id(tensor))
+    if placed != set(fills):
+        raise RuntimeError(f"write_streamed: {len(set(fills) - placed)} placeholder(s) not in the payload of {path}")
+    torch.save(payload, path)
 
 
 def _write_rows(fd: int, start: int, row_bytes: int, rows: torch.Tensor, positions: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distsplat_ns.parallel import streamed_file
 from distsplat_ns.parallel.streamed_file import write_streamed
 
 
@@ -21,8 +22,19 @@ def _pieces(source: torch.Tensor, positions: torch.Tensor, size: int):
     return fill
 
 
+@pytest.fixture(params=["layout", "filled"])
+def save_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of writing: the layout then the rows (torch >= 2.5), and the placeholders filled in
+    memory then saved whole (torch < 2.5: no ``skip_data``, distributed/torch_compat.py)."""
+    if request.param == "filled":
+        monkeypatch.setattr(streamed_file, "save_layout_only", lambda: None)
+    elif streamed_file.save_layout_only() is None:
+        pytest.skip("this torch has no torch.serialization.skip_data (before 2.5)")
+    return request.param
+
+
 @pytest.mark.parametrize("piece_rows", [1, 5, 1000])
-def test_streamed_file_loads_as_torch_save_of_the_whole(tmp_path: Path, piece_rows: int) -> None:
+def test_streamed_file_loads_as_torch_save_of_the_whole(tmp_path: Path, piece_rows: int, save_path: str) -> None:
     gen = torch.Generator().manual_seed(0)
     num = 37
     rest = torch.randn(num, 15, 3, generator=gen)
@@ -45,7 +57,7 @@ def test_streamed_file_loads_as_torch_save_of_the_whole(tmp_path: Path, piece_ro
     assert loaded["step"] == 7 and torch.equal(loaded["opt"][0], torch.ones(2)) and loaded["opt"][1] == {"lr": 0.1}
 
 
-def test_a_fill_that_misses_rows_is_refused(tmp_path: Path) -> None:
+def test_a_fill_that_misses_rows_is_refused(tmp_path: Path, save_path: str) -> None:
     placeholder = torch.empty(10, 3)
 
     def short(write) -> None:
