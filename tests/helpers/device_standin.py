@@ -240,6 +240,7 @@ class CopyCounter:
     step: int = -1
     blocking_in_steps: Counter = field(default_factory=Counter)
     blocking_total: int = 0
+    blocking_by_step: dict = field(default_factory=dict)
     syncs_in_steps: Counter = field(default_factory=Counter)
     steps: list = field(default_factory=list)
 
@@ -249,7 +250,9 @@ class CopyCounter:
         with _LOCK:
             self.blocking_total += 1
             if self.in_step:
-                self.blocking_in_steps[_place()] += 1
+                place = _place()
+                self.blocking_in_steps[place] += 1
+                self.blocking_by_step.setdefault(self.step, Counter())[place] += 1
 
     def sync(self, what: str) -> None:
         if self.in_step:
@@ -261,6 +264,7 @@ class CopyCounter:
             "steps": self.steps,
             "blocking_copies_total": self.blocking_total,
             "blocking_copies_in_steps": dict(self.blocking_in_steps),
+            "blocking_copies_by_step": {str(step): dict(c) for step, c in sorted(self.blocking_by_step.items())},
             "host_syncs_in_steps": dict(self.syncs_in_steps),
         }
 
@@ -360,6 +364,11 @@ class _Stream:
         return False
 
 
+_OBJECT_DEPTH = [0]  # > 0 inside torch's object collectives, which stage pickles on their own
+_ORIGINALS: dict[str, Callable] = {}  # torch.distributed's own collectives, before the patches
+_GLOO_GROUPS: list = []  # groups the package made gloo on purpose (host-side control): not checked
+
+
 def _checked_collective(original: Callable) -> Callable:
     """``original`` (a ``torch.distributed`` collective) refusing host tensors as NCCL does, run
     by gloo on the wrapped CPU tensors (written in place, so the device tensors see the result)."""
@@ -367,15 +376,39 @@ def _checked_collective(original: Callable) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         kwargs.pop("device_ids", None)
         flat, _ = tree_flatten((args, kwargs))
-        for t in flat:
-            if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor):
-                _refuse(f"{NCCL_MESSAGE} (a host tensor handed to {original.__name__})")
-        return original(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
+        on_gloo = any(g is group for g in _GLOO_GROUPS for group in flat)
+        if not _OBJECT_DEPTH[0] and not on_gloo:
+            for t in flat:
+                if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor):
+                    _refuse(f"{NCCL_MESSAGE} (a host tensor handed to {original.__name__})")
+        args, kwargs = tree_map(_unwrap, args), tree_map(_unwrap, kwargs)
+        if original.__name__ == "all_gather_into_tensor":  # NCCL takes any output of W x the input's size, gloo a flat one
+            output, tensor = args[0], args[1]
+            world = output.numel() // max(tensor.numel(), 1)
+            return _ORIGINALS["all_gather"](list(output.view(world, *tensor.shape).unbind(0)), tensor, *args[2:], **kwargs)
+        return original(*args, **kwargs)
 
     run.__name__ = original.__name__
     return run
 
 
+def _object_collective(original: Callable) -> Callable:
+    """``original`` (``broadcast_object_list`` and kin) with its pickles staged on the host: NCCL
+    stages them on the current device itself, nothing of the caller's reaches it as a tensor."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("device", None)
+        _OBJECT_DEPTH[0] += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _OBJECT_DEPTH[0] -= 1
+
+    run.__name__ = original.__name__
+    return run
+
+
+_OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "send_object_list", "recv_object_list")
 _COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -453,7 +486,32 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         return original_init(*args, **kwargs)
 
     patches.append((dist, "init_process_group", init_process_group))
-    patches += [(dist, name, _checked_collective(getattr(dist, name))) for name in _COLLECTIVES if hasattr(dist, name)]
+    original_new_group = dist.new_group
+
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        asked = kwargs.get("backend")
+        if asked == "nccl":
+            kwargs["backend"] = "gloo"
+        group = original_new_group(*args, **kwargs)
+        if asked == "gloo":
+            _GLOO_GROUPS.append(group)
+        return group
+
+    original_get_backend = dist.get_backend
+
+    def get_backend(group: Any = None) -> Any:
+        """ "nccl" for the groups NCCL would carry: the package then hands them device tensors."""
+        if any(g is group for g in _GLOO_GROUPS):
+            return original_get_backend(group)
+        return "nccl"
+
+    patches += [(dist, "new_group", new_group), (dist, "get_backend", get_backend)]
+    import torch.distributed.distributed_c10d as c10d
+
+    _ORIGINALS.setdefault("all_gather", c10d.all_gather)
+    for module in (dist, c10d):  # the package calls the first, torch's own functions the second
+        patches += [(module, name, _checked_collective(getattr(c10d, name))) for name in _COLLECTIVES if hasattr(c10d, name)]
+        patches += [(module, name, _object_collective(getattr(c10d, name))) for name in _OBJECT_COLLECTIVES if hasattr(c10d, name)]
     with contextlib.ExitStack() as stack:
         for target, name, value in patches:
             stack.enter_context(_patched(target, name, value))
