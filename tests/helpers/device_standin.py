@@ -334,6 +334,19 @@ def _host_built(original: Callable) -> Callable:
 
 
 _ORIGINAL_NEW_TENSOR = torch.Tensor.new_tensor
+_ORIGINAL_TO = torch.Tensor.to
+
+
+def _indexed(device: Any) -> Any:
+    """``cuda`` made ``cuda:<current>``: C++ asks the driver for the current device of a bare one."""
+    if isinstance(device, str) and device == "cuda" or isinstance(device, torch.device) and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", _CURRENT[0])
+    return device
+
+
+def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``Tensor.to`` with a bare ``cuda`` given its index (:func:`_indexed`)."""
+    return _ORIGINAL_TO(self, *(_indexed(a) for a in args), **{k: _indexed(v) if k == "device" else v for k, v in kwargs.items()})
 
 
 # ---------------------------------------------------------------- torch.cuda and NCCL, faked
@@ -430,8 +443,8 @@ _COLLECTIVES = (
 
 @contextlib.contextmanager
 def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
-    had = hasattr(target, name)
-    old = getattr(target, name, None)
+    had = name in vars(target)  # its own attribute, not one inherited (put back as it was)
+    old = vars(target).get(name)
     setattr(target, name, value)
     try:
         yield
@@ -475,6 +488,16 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
     patches.append((torch.cuda, "is_current_stream_capturing", lambda: False))
     patches += [(torch, name, _host_built(getattr(torch, name))) for name in ("tensor", "as_tensor", "asarray")]
     patches.append((torch.Tensor, "new_tensor", _host_built(_ORIGINAL_NEW_TENSOR)))
+    patches.append((torch.Tensor, "to", _to))
+    patches.append(
+        (
+            torch.Tensor,
+            "cuda",
+            lambda self, device=None, non_blocking=False, **k: _to(
+                self, _indexed(torch.device("cuda", device) if isinstance(device, int) else device or "cuda"), non_blocking=non_blocking
+            ),
+        )
+    )
     original_init = dist.init_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
