@@ -279,7 +279,7 @@ else
     --only $CRASHED ${PREV:+--previous "$PREV/bench.json"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
   RC=$?
   if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
-  step refinement_runs "$STATUS" $(($(date +%s) - t0)) "$CRASHED: status, final PSNR and log tails in bench.json (kept by step 4)"
+  step refinement_runs "$STATUS" $(($(date +%s) - t0)) "${CRASHED# }: status, final PSNR and log tails in bench.json (kept by step 4)"
 fi
 
 # ------------------------------------------------------------------ 3. pytest -m cuda
