@@ -27,6 +27,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -394,6 +395,8 @@ class _Stream:
 
 
 _OBJECT_DEPTH = [0]  # > 0 inside torch's object collectives, which stage pickles on their own
+_PROPERTIES = SimpleNamespace(name="CUDA device stand-in", major=9, minor=0, total_memory=80 << 30, multi_processor_count=132)
+"""What ``torch.cuda.get_device_properties`` says under the stand-in (an H100's figures)."""
 _ORIGINALS: dict[str, Callable] = {}  # torch.distributed's own collectives, before the patches
 _GLOO_GROUPS: list = []  # groups the package made gloo on purpose (host-side control): not checked
 
@@ -498,6 +501,9 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         (torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None),
         (torch.cuda, "mem_get_info", lambda *a, **k: (64 << 30, 80 << 30)),
         (torch.cuda, "set_sync_debug_mode", lambda *a, **k: None),
+        (torch.cuda, "get_device_properties", lambda *a, **k: _PROPERTIES),  # torch 2.1's inductor asks at import
+        (torch.cuda, "get_device_capability", lambda *a, **k: (_PROPERTIES.major, _PROPERTIES.minor)),
+        (torch.cuda, "get_device_name", lambda *a, **k: _PROPERTIES.name),
     ]
     if hasattr(torch, "accelerator"):  # torch >= 2.6: the optimizers' CUDA-graph check asks it
         patches.append((torch.accelerator, "current_stream", lambda *a, **k: _Stream()))
