@@ -2,13 +2,16 @@
 # The CUDA check (docs/gpu.md), in one go, on the bare CUDA machine (run from the repository root):
 #   1. install the carried wheels (.whl/, made by scripts/prepare_gpu_wheels.sh) and this project
 #      into .gpu_cache/site; compile gsplat 1.4.0's CUDA extension (or load a carried build);
-#   2. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
-#   3. train distsplat (B=1, B=4, 2 processes on one GPU over gloo) and splatfacto on the same scene
-#      for the same number of images, recording step time, images/s, peak GPU memory, final PSNR;
-#   3a. python -m benchmarks.bench_cost_unit --device cuda: gsplat's time per intersection and fixed cost per
+#   2. train distsplat B=1 and B=4 to their end, through refinement, with final PSNR: the runs that
+#      crashed on 2026-12-04 (docs/gpu.md), first, so that one call says whether the fixes hold;
+#   3. pytest -m cuda (parity with the reference, training step, NCCL/gloo collectives);
+#   4. the timing: splatfacto and distsplat on 2 processes on one GPU over gloo on the same scene
+#      for the same number of images (step 2's runs kept), recording step time, images/s, peak GPU
+#      memory, final PSNR;
+#   4a. python -m benchmarks.bench_cost_unit --device cuda: gsplat's time per intersection and fixed cost per
 #      band (what rendering/api.py:BAND_COST_FRACTIONS["gsplat"] should hold);
-#   3b. with the time left: python -m benchmarks.bench_time_to_quality --quick (1 vs 2 ranks, PSNR vs wall time);
-#   4. write summary.json, env.json, tests.json, bench.json, cost_unit.json, time_to_quality.json
+#   4b. with the time left: python -m benchmarks.bench_time_to_quality --quick (1 vs 2 ranks, PSNR vs wall time);
+#   5. write summary.json, env.json, tests.json, bench.json, cost_unit.json, time_to_quality.json
 #      (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
 #
 # Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
@@ -17,16 +20,16 @@
 #   scenes/lund_door (distsplat; splatfacto through the reference rasterizer). Everything it writes
 #   says "dry_run": true.
 # Environment knobs (defaults in brackets):
-#   GPU_CHECK_BUDGET_S [540]   wall-clock budget; later steps are skipped (and say so) when it runs out
+#   GPU_CHECK_BUDGET_S [480]   wall-clock budget (8 min: issue 53); later steps are skipped (and say so) when it runs out
 #   GPU_BENCH_IMAGES [1500]    images per single-process run (CUDA); GPU_BENCH_IMAGES_2PROC [400]
 #   GPU_BENCH_DATA [.gpu_data/lund_door_x2]   scene for the CUDA runs (made by prepare_gpu_wheels.sh)
 #   GPU_CHECK_SKIP_TESTS=1, GPU_CHECK_SKIP_BENCH=1   leave a step out (recorded as skipped)
 #   GPU_CHECK_RESUME=1         a second call on the same (warm) machine, or with .gpu_prebuilt/previous/
 #                              carried: reuse the previous call's tests.json and its finished runs,
 #                              run only what is missing (each call saves its results in .gpu_cache/previous)
-#   GPU_CHECK_SKIP_COST_UNIT=1 leave out the cost-unit step (3a); GPU_COST_UNIT_IMAGES [300] its training images
-#   GPU_CHECK_SKIP_TTQ=1       leave out the time-to-quality step (3b); GPU_TTQ_DATA [.gpu_data/bird] its scene
-#                              (and step 3a's)
+#   GPU_CHECK_SKIP_COST_UNIT=1 leave out the cost-unit step (4a); GPU_COST_UNIT_IMAGES [300] its training images
+#   GPU_CHECK_SKIP_TTQ=1       leave out the time-to-quality step (4b); GPU_TTQ_DATA [.gpu_data/bird] its scene
+#                              (and step 4a's)
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
 #   GPU_CHECK_INSTALL=1        with --dry-run: install as the real run does (the wheels of .whl with pip
 #                              --no-index --no-deps --target, the project, PYTHONPATH, the import check)
@@ -57,7 +60,7 @@ done
 mkdir -p "$OUTDIR"
 OUTDIR="$(cd "$OUTDIR" && pwd)"
 T_START=$(date +%s)
-BUDGET_S="${GPU_CHECK_BUDGET_S:-540}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-480}"
 DEADLINE=$((T_START + BUDGET_S))
 PY="${PYTHON:-python3}"
 CACHE="${GPU_CHECK_CACHE:-$ROOT/.gpu_cache}"
@@ -239,7 +242,10 @@ PYBUILD
 fi
 "$PY" scripts/gpu_bench.py env --out "$OUTDIR/env.json" --wheels-json "$WORK/wheels.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"} || true
 
-# ------------------------------------------------------------------ 2. pytest -m cuda
+# ------------------------------------------------------------------ 2. the trainings that crashed
+# On 2026-12-04 distsplat B=1 and B=4 crashed at their first refinement (docs/gpu.md). They run
+# first, to their end (through refinement, with final PSNR), before the tests and the timing, so
+# that one call answers whether the fixes hold (issue 53).
 t0=$(date +%s)
 PREV=""
 if [[ "${GPU_CHECK_RESUME:-0}" == 1 ]]; then
@@ -248,6 +254,36 @@ if [[ "${GPU_CHECK_RESUME:-0}" == 1 ]]; then
   done
   say "resuming from ${PREV:-nothing (no previous results found)}"
 fi
+if ((DRY)); then
+  DATA="scenes/lund_door"; DEVICE=cpu; IMAGES=2; IMAGES_B4=4; IMAGES2=2
+else
+  DATA="${GPU_BENCH_DATA:-.gpu_data/lund_door_x2}"; DEVICE=cuda
+  IMAGES="${GPU_BENCH_IMAGES:-1500}"; IMAGES_B4="$IMAGES"; IMAGES2="${GPU_BENCH_IMAGES_2PROC:-400}"
+fi
+CRASHED=""
+for name in distsplat_b1 distsplat_b4; do
+  [[ -z "${GPU_BENCH_ONLY:-}" || " $GPU_BENCH_ONLY " == *" $name "* ]] && CRASHED="$CRASHED $name"
+done
+if [[ -z "$CRASHED" ]]; then
+  step refinement_runs skipped 0 "GPU_BENCH_ONLY leaves out distsplat_b1 and distsplat_b4"
+elif [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 ]]; then
+  step refinement_runs skipped 0 "GPU_CHECK_SKIP_BENCH=1"
+elif ((GSPLAT_MISSING)); then
+  step refinement_runs skipped 0 "gsplat's extension is not built"
+elif [[ ! -f "$DATA/sparse/0/cameras.txt" ]]; then
+  step refinement_runs failed 0 "scene $DATA not found (make it with scripts/prepare_gpu_wheels.sh and carry .gpu_data)"
+else
+  say "the runs that crashed on 2026-12-04, to their end:$CRASHED on $DATA ($DEVICE), $IMAGES images each"
+  "$PY" scripts/gpu_bench.py bench --out "$WORK/bench_first.json" --workdir "$WORK" --data "$DATA" --device "$DEVICE" \
+    --images "$IMAGES" --images-b4 "$IMAGES_B4" --images-two-procs "$IMAGES2" --deadline $((DEADLINE - 20)) \
+    --only $CRASHED ${PREV:+--previous "$PREV/bench.json"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+  RC=$?
+  if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
+  step refinement_runs "$STATUS" $(($(date +%s) - t0)) "${CRASHED# }: status, final PSNR and log tails in bench.json (kept by step 4)"
+fi
+
+# ------------------------------------------------------------------ 3. pytest -m cuda
+t0=$(date +%s)
 if [[ -n "$PREV" && -f "$PREV/tests.json" ]] && "$PY" -c "import json,sys; sys.exit(0 if json.load(open('$PREV/tests.json')).get('tests') else 1)"; then
   cp "$PREV/tests.json" "$OUTDIR/tests.json"
   step cuda_tests reused 0 "GPU_CHECK_RESUME=1: tests.json of the previous call ($PREV), not re-run"
@@ -277,14 +313,12 @@ else
   step cuda_tests "$STATUS" $(($(date +%s) - t0)) "pytest exit code $RC; per-test outcomes in tests.json"
 fi
 
-# ------------------------------------------------------------------ 3. training runs
+# ------------------------------------------------------------------ 4. training runs (the timing)
 t0=$(date +%s)
-if ((DRY)); then
-  DATA="scenes/lund_door"; DEVICE=cpu; IMAGES=2; IMAGES_B4=4; IMAGES2=2
-else
-  DATA="${GPU_BENCH_DATA:-.gpu_data/lund_door_x2}"; DEVICE=cuda
-  IMAGES="${GPU_BENCH_IMAGES:-1500}"; IMAGES_B4="$IMAGES"; IMAGES2="${GPU_BENCH_IMAGES_2PROC:-400}"
-fi
+# The runs of step 2 are kept (their bench.json is this one's --previous) and only the others run.
+FIRST_BENCH=""
+[[ -f "$WORK/bench_first.json" ]] && FIRST_BENCH="$WORK/bench_first.json"
+[[ -z "$FIRST_BENCH" && -n "$PREV" ]] && FIRST_BENCH="$PREV/bench.json"
 if [[ "${GPU_CHECK_SKIP_BENCH:-0}" == 1 ]]; then
   step bench skipped 0 "GPU_CHECK_SKIP_BENCH=1"
 elif ((GSPLAT_MISSING)); then
@@ -296,13 +330,13 @@ else
   # B=4 needs at least 4 images for one step: the dry run gives it 4.
   "$PY" scripts/gpu_bench.py bench --out "$OUTDIR/bench.json" --workdir "$WORK" --data "$DATA" --device "$DEVICE" \
     --images "$IMAGES" --images-b4 "$IMAGES_B4" --images-two-procs "$IMAGES2" --deadline $((DEADLINE - 20)) \
-    ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} ${PREV:+--previous "$PREV/bench.json"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+    ${GPU_BENCH_ONLY:+--only $GPU_BENCH_ONLY} ${FIRST_BENCH:+--previous "$FIRST_BENCH"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
   RC=$?
   if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
   step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
 fi
 
-# ------------------------------------------------------------------ 3a, 3b. benchmarks on bird
+# ------------------------------------------------------------------ 4a, 4b. benchmarks on bird
 TTQ_DATA="${GPU_TTQ_DATA:-.gpu_data/bird}"
 # bird_step NAME SKIP_VAR NEEDS_S DRY_DETAIL OK_DETAIL CMD...: run a benchmark on gsplat with the
 # scene TTQ_DATA when NEEDS_S of the budget are left; CMD writes $WORK/NAME.json, which comes back
@@ -337,7 +371,7 @@ bird_step() {
   fi
 }
 
-# 3a. Cost unit (issue 28): python -m benchmarks.bench_cost_unit on gsplat, each bird camera rendered whole
+# 4a. Cost unit (issue 28): python -m benchmarks.bench_cost_unit on gsplat, each bird camera rendered whole
 # and as two bands from a 1-rank run's checkpoint; summary.band_cost_fraction is the figure
 # rendering/api.py:BAND_COST_FRACTIONS["gsplat"] waits for (docs/balance.md).
 bird_step cost_unit GPU_CHECK_SKIP_COST_UNIT 120 \
@@ -346,7 +380,7 @@ bird_step cost_unit GPU_CHECK_SKIP_COST_UNIT 120 \
   "$PY" -m benchmarks.bench_cost_unit --device cuda --data "$TTQ_DATA" --images "${GPU_COST_UNIT_IMAGES:-300}" \
   --out "$WORK/cost_unit.json"
 
-# 3b. Time to quality (issue 21), last and only with the time left: python -m benchmarks.bench_time_to_quality
+# 4b. Time to quality (issue 21), last and only with the time left: python -m benchmarks.bench_time_to_quality
 # --quick on the GPU, 1 rank vs 2 ranks (gloo, one GPU), replicated and sharded, B = 1 and 2, eval
 # PSNR per checkpoint (`--replot` draws its plot from the JSON here).
 bird_step time_to_quality GPU_CHECK_SKIP_TTQ 200 \
@@ -355,7 +389,7 @@ bird_step time_to_quality GPU_CHECK_SKIP_TTQ 200 \
   "$PY" -m benchmarks.bench_time_to_quality --quick --device cuda --data "$TTQ_DATA" \
   --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
 
-# ------------------------------------------------------------------ 4. summary
+# ------------------------------------------------------------------ 5. summary
 "$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
 mkdir -p "$CACHE/previous"
 for f in tests.json bench.json cost_unit.json time_to_quality.json; do [[ -f "$OUTDIR/$f" ]] && cp "$OUTDIR/$f" "$CACHE/previous/$f"; done

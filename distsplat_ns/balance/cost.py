@@ -472,7 +472,10 @@ def footprint_row_costs(means2d: Tensor, radii: Tensor, height: int, width: int,
     radius = radii.detach().to(torch.float64)
     radius_xy = radius.unsqueeze(-1).expand(num, 2) if radius.ndim == 1 else radius
     visible = (radius_xy > 0).all(dim=-1)
-    limits = torch.tensor([tiles_wide, tiles_high], dtype=torch.float64, device=means.device)
+    # Filled on the device: torch.tensor(..., device=) would be a blocking host-to-device copy on
+    # every step of a camera's first epoch (found by the device stand-in, docs/device_standin.md).
+    limits = torch.full((2,), float(tiles_wide), dtype=torch.float64, device=means.device)
+    limits[1] = tiles_high
     # Same order of operations as gsplat: divide by the tile size first, then offset.
     centre, extent = means / tile_size, radius_xy / tile_size
     lo = torch.minimum(torch.clamp(torch.floor(centre - extent), min=0), limits)
