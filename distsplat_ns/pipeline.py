@@ -14,7 +14,7 @@ then broadcast and rendered by all ranks at the end of the step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +26,10 @@ from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch.cuda.amp.grad_scaler import GradScaler
 
-from distsplat_ns.balance.bands import Band
 from distsplat_ns.balance.cost import footprint_row_costs
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode, StepPlan
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
+from distsplat_ns.data.step_batch import StepImages
 from distsplat_ns.distributed.collectives import (
     all_reduce_max_,
     broadcast_object,
@@ -42,14 +42,16 @@ from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.gaussians.budget import parse_memory_budget
 from distsplat_ns.gaussians.rank_budget import RankBudget
 from distsplat_ns.model.band_backward import backward_bands
-from distsplat_ns.model.band_depth import BandDepth, fill_empty_depth_, image_depth_maxima
+from distsplat_ns.model.band_depth import fill_empty_depth_, image_depth_maxima
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
+from distsplat_ns.parallel.full_state import GatheredState
 from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
 from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
+from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
@@ -101,58 +103,26 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
 
 
 @dataclass(frozen=True)
-class StepTimings:
-    """Seconds spent in each phase of one step on this rank."""
-
-    data_wait: float
-    forward: float
-    backward: float
-    all_reduce: float
-    optimizer: float
-    densify: float
-    exposed_comm: float = 0.0
-    """Seconds the step was blocked in communication: the SSIM-halo all-gather, the sharded
-    exchange, the part of the gradient sum the backward did not hide, the statistics' reductions
-    (with their small computation) and the cost all-gather (issue 28)."""
-
-    def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_clock(cls, clock: PhaseClock) -> StepTimings:
-        return cls(**{name: clock[name] for name in cls.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one training step did on this rank (for logging and the run summary).
+class StepState:
+    """What the phases of one step read, built once in ``train_step`` and passed (never stored).
 
     Attributes:
-        loss: This rank's share of the batch loss (sum over ranks = batch loss), detached. 0-d.
-        l1: This rank's share of the batch's mean L1, detached. 0-d.
-        dssim: This rank's share of the batch's mean ``1 - SSIM``, detached. 0-d.
-        loss_terms: This rank's shares of the named terms inside ``loss``
-            (``BandRenderResult.loss_terms``: the same keys on every rank), detached.
-        num_gaussians: Gaussians rendered this step (before densification).
-        timings: Seconds per phase.
-        bytes_communicated: Payload bytes this rank sent or reduced: gradients and statistics;
-            sharded, the exchange's rows and gradients and the rows a shard rebalance moved.
-        measured_imbalance: Max over mean of the ranks' measured tile costs.
-        time_imbalance: Max over mean of the ranks' render times (forward + backward).
-        band_depths: With ``output_depth_during_training``, this rank's bands' rows of splatfacto's
-            training depth (``model/band_depth.py``), filled over every rank's bands; else empty.
+        step: The step.
+        cameras: The batch's cameras on the host, by batch position.
+        sizes_px: Each batch image's rendered ``(width, height)``. `[B]`.
+        plan: Every rank's bands.
+        images: This rank's images and masks on the device, at ``plan.positions(rank)``.
+        num_gaussians: Gaussians over every rank (the mode's ``num_gaussians_total``).
+        clock: The step's phase times.
     """
 
-    loss: torch.Tensor
-    l1: torch.Tensor
-    dssim: torch.Tensor
-    loss_terms: dict[str, torch.Tensor]
+    step: int
+    cameras: BatchCameras
+    sizes_px: list[tuple[int, int]]
+    plan: StepPlan
+    images: StepImages
     num_gaussians: int
-    timings: StepTimings
-    bytes_communicated: int
-    measured_imbalance: float
-    time_imbalance: float
-    band_depths: list[BandDepth] = field(default_factory=list)
+    clock: PhaseClock
 
 
 @contextmanager
@@ -310,6 +280,46 @@ class DistSplatPipeline(VanillaPipeline):
     def _named_trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(name.removeprefix("gauss_params."), p) for name, p in self.model.named_parameters() if p.requires_grad]
 
+    # ------------------------------------------------------------------ around the loop (the mode's answers)
+    @property
+    def evaluates_here(self) -> bool:
+        """Whether this rank renders eval images (``ParallelMode.evaluates_here``: rank 0 alone, or
+        every rank where views are collective); the same at every step."""
+        return self.mode.evaluates_here
+
+    @property
+    def views_are_collective(self) -> bool:
+        """Whether every rank renders each eval image and viewer frame (``ParallelMode.views_are_collective``)."""
+        return self.mode.views_are_collective
+
+    def viewer_lock(self, train_lock: Any) -> Any:
+        """The lock the viewer thread holds while it renders (``ParallelMode.viewer_lock``)."""
+        return self.mode.viewer_lock(train_lock)
+
+    def close_views(self) -> None:
+        """Training is over on every rank (``ParallelMode.close_views``). Local."""
+        self.mode.close_views()
+
+    @property
+    def writes_shards(self) -> bool:
+        """Whether every rank writes its shard of a checkpoint (``ParallelMode.writes_shards``)."""
+        return self.mode.writes_shards
+
+    def write_shards(self, folder: Path, optimizers: Mapping[str, torch.optim.Optimizer], payload: dict[str, Any]) -> int:
+        """This rank's part of a ``step-N.dcp`` checkpoint written into ``folder``; returns its bytes
+        (``ParallelMode.write_shards``). **Collective** as DCP's save."""
+        return self.mode.write_shards(folder, optimizers, payload)
+
+    def gather_full_state(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> GatheredState | None:
+        """The whole model and optimizer state to save, on rank 0 (``ParallelMode.gather_full_state``;
+        None where this rank's ``state_dict()`` is the whole model, or on other ranks)."""
+        return self.mode.gather_full_state(optimizers)
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any]:
+        """A checkpoint as this rank loads it: the whole model or its block (``ParallelMode.read_checkpoint``;
+        a collective for a ``step-N.dcp`` folder)."""
+        return self.mode.read_checkpoint(path)
+
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int, optimizers: Optimizers) -> StepReport:
         """One training step on this rank, every phase in order.
@@ -341,24 +351,26 @@ class DistSplatPipeline(VanillaPipeline):
             self.configure_training(start_step=step)
         optimizers.zero_grad_all()
         clock = PhaseClock()
-        batch = self.datamanager.batch_camera_ids(step)
+        data = self.datamanager.step_batch(step)  # the step's one call into the data
+        batch = data.camera_ids
         cameras = BatchCameras(batch, self._host_cameras, [self._image_sizes[c] for c in batch])
-        sizes_px = cameras.sizes_px(range(len(batch)), self.model.downscale_factor_at(step))
         num_gaussians = self.mode.num_gaussians_total()
         plan = self.plan(step, batch)
-        bands = plan.bands[self.ctx.rank]
-        positions, images, masks = self._fetch_images(step, batch, bands, clock)
+        images = data.on_device(plan.positions(self.ctx.rank))
+        clock.add("data_wait", images.wait_s)
+        self.images_fetched_on_demand += images.num_fetched_on_demand
+        state = StepState(step, cameras, cameras.sizes_px(range(len(batch)), plan.downscale), plan, images, num_gaussians, clock)
         named = self._named_trainable_parameters()
         # Buckets start during the last backward, unless a test reads the gradients before the sum.
         gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
-        result, sources, moved = self._forward_backward(step, cameras, sizes_px, plan, positions, images, masks, num_gaussians, clock, gradient_sum)
+        result, sources, moved = self._forward_backward(state, gradient_sum)
         with clock.phase("all_reduce"):
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
             moved += gradient_sum.finish()  # before any other collective: the rest of the buckets
             clock.add("exposed_comm", gradient_sum.exposed_s)
             with communicating(clock):
-                info, statistics_bytes = self._statistics(step, sources, sizes_px)
+                info, statistics_bytes = self._statistics(step, sources, state.sizes_px)
             verdict = self._finite_verdict(step, named)
         if self.model.config.output_depth_during_training:
             self._fill_band_depths(result, len(batch))
@@ -387,23 +399,12 @@ class DistSplatPipeline(VanillaPipeline):
             timings=StepTimings.from_clock(clock),
             bytes_communicated=moved + statistics_bytes,
             measured_imbalance=measured_imbalance,
+            predicted_imbalance=plan.predicted_imbalance,
             time_imbalance=time_imbalance,
             band_depths=result.band_depths,
         )
 
-    def _forward_backward(
-        self,
-        step: int,
-        cameras: BatchCameras,
-        sizes_px: Sequence[tuple[int, int]],
-        plan: StepPlan,
-        positions: list[int],
-        images: list[torch.Tensor],
-        masks: list[torch.Tensor | None],
-        num_gaussians: int,
-        clock: PhaseClock,
-        gradient_sum: GradientSum,
-    ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
+    def _forward_backward(self, state: StepState, gradient_sum: GradientSum) -> tuple[BandRenderResult, list[ProjectionSource], int]:
         """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
         time, so that only one group's projections are live; the gradients accumulate. Returns the
         whole batch's result (loss shares summed, every band's tile counts), each group's source
@@ -413,32 +414,33 @@ class DistSplatPipeline(VanillaPipeline):
         **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
         all-gather, the source's backward.
         """
-        share = self.mode.regularizer_share(num_gaussians)
-        no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=num_gaussians)
+        share = self.mode.regularizer_share(state.num_gaussians)
+        no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=state.num_gaussians)
+        clock, images = state.clock, state.images
         total: BandRenderResult | None = None
         sources: list[ProjectionSource] = []
         moved = 0
-        groups = list(self.mode.camera_groups(len(cameras), num_gaussians))
+        groups = list(self.mode.camera_groups(len(state.cameras), state.num_gaussians))
         for g, group in enumerate(groups):
             wanted = set(group)
-            mine = [i for i, p in enumerate(positions) if p in wanted]
-            mine_positions = [positions[i] for i in mine]
+            mine = [i for i, p in enumerate(images.positions) if p in wanted]
+            mine_positions = [images.positions[i] for i in mine]
             with clock.phase("forward"):
-                source, sent = self.mode.projections(cameras, plan, step, lambda: communicating(clock), group)
+                source, sent = self.mode.projections(state.cameras, state.plan, state.step, lambda: communicating(clock), group)
                 # Host-side cameras: indexed only where this rank projects them, then moved.
                 result = self.model.forward_bands(
-                    cameras,
+                    state.cameras,
                     mine_positions,
-                    [images[i] for i in mine],
-                    [masks[i] for i in mine],
-                    [b for b in plan.bands[self.ctx.rank] if b.position in wanted],
-                    step,
+                    [images.images[i] for i in mine],
+                    [images.masks[i] for i in mine],
+                    [b for b in state.plan.bands[self.ctx.rank] if b.position in wanted],
+                    state.step,
                     share if g == 0 else no_terms,
                     source,
-                    camera_ids=[cameras.camera_ids[p] for p in mine_positions],
+                    camera_ids=[state.cameras.camera_ids[p] for p in mine_positions],
                 )
             with clock.phase("backward"):
-                halos = [halo_slots([b for b in bands if b.position in wanted], sizes_px) for bands in plan.bands]
+                halos = [halo_slots([b for b in bands if b.position in wanted], state.sizes_px) for bands in state.plan.bands]
                 self._backward(result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None, halos)
             sources.append(source)
             moved += sent
@@ -511,31 +513,6 @@ class DistSplatPipeline(VanillaPipeline):
                 costs[i] = footprint_row_costs(proj.means2d[k].detach(), proj.radii[k], proj.height, proj.width)
         flat, _ = self.mode.reduce_footprint_costs(torch.cat(costs))
         return [c.cpu() for c in torch.split(flat, [len(c) for c in costs])]  # host sync: cold cameras only
-
-    def _fetch_images(
-        self, step: int, batch: Sequence[int], bands: Sequence[Band], clock: PhaseClock
-    ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor | None]]:
-        """This rank's images of the step on its device: ``(positions, images, masks)``, in batch
-        order; the wait goes to ``clock``'s ``data_wait``.
-
-        The data stream decoded the images this rank was expected to need; one the balanced cut
-        gave it beyond those is decoded here, on demand, with its mask, and counted.
-        """
-        needed = sorted({b.position for b in bands})
-        train_batch = self.datamanager.next_train_batch(step)
-        clock.add("data_wait", train_batch.wait_s)
-        images = dict(zip(train_batch.positions, train_batch.images, strict=False))
-        masks = dict(zip(train_batch.positions, train_batch.masks, strict=False))
-        missing = [p for p in needed if p not in images]
-        if missing:
-            self.images_fetched_on_demand += len(missing)
-            with clock.phase("data_wait"):
-                # With their masks: an image fetched here trains exactly as a streamed one.
-                fetched = self.datamanager.get_images_and_masks([batch[p] for p in missing], step=step)
-                for p, (image, mask) in zip(missing, fetched, strict=True):
-                    images[p], masks[p] = image, mask
-        # To the device without blocking (pinned memory, a copy stream; plain tensors on CPU).
-        return needed, *self.datamanager.to_device([images[p] for p in needed], [masks.get(p) for p in needed])
 
     def _backward(
         self,

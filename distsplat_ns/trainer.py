@@ -12,7 +12,8 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
   the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
-  checkpoint holds and what a rank loads of one -- is asked of the mode (``parallel/``);
+  checkpoint holds and what a rank loads of one -- is asked of the pipeline, which answers with its
+  parallel mode's (``parallel/``); what it logs of a step comes in the step's ``StepReport``;
 * ``max_num_iterations`` counts training images; the number of steps is that over the batch size;
 * checkpoints are written atomically (temporary file or folder, then rename) and load under torch >= 2.6's
   ``weights_only`` default; optimizers are built after the checkpoint's Gaussians are loaded, so
@@ -207,7 +208,7 @@ class DistSplatTrainer(Trainer):
                 datapath=datapath,
                 pipeline=self.pipeline,
                 trainer=self,
-                train_lock=self.pipeline.mode.viewer_lock(self.train_lock),
+                train_lock=self.pipeline.viewer_lock(self.train_lock),
                 share=self.config.viewer.make_share_url,
             )
             banner_messages = self.viewer_state.viewer_info
@@ -292,7 +293,7 @@ class DistSplatTrainer(Trainer):
 
         A stop -- SIGINT/SIGTERM on any rank, or the viewer's stop on rank 0 -- is agreed by all
         ranks after every step (:func:`any_rank_true`, one int over gloo: no GPU sync), so every
-        rank leaves after the same step. Eval runs on the ranks ``mode.evaluates_here`` names (all
+        rank leaves after the same step. Eval runs on the ranks ``pipeline.evaluates_here`` names (all
         of them where a view is a collective), at the same steps.
         """
         last_step = self._start_step - 1
@@ -327,9 +328,9 @@ class DistSplatTrainer(Trainer):
                 writer.put_dict(name="Train Metrics Dict", scalar_dict=metrics_dict, step=step)
             # Replicated, rank 0 evaluates alone and the others wait in a rank-0 window (not in a
             # collective whose timeout the eval would exhaust); where views are collective, every rank renders.
-            eval_window = self._evaluates_at(step) and not self.pipeline.mode.views_are_collective
+            eval_window = self._evaluates_at(step) and not self.pipeline.views_are_collective
             with rank0_work(self.ctx, f"evaluating after step {step}", active=eval_window):
-                if self.pipeline.mode.evaluates_here and self.pipeline.datamanager.eval_dataset:
+                if self.pipeline.evaluates_here and self.pipeline.datamanager.eval_dataset:
                     with self.train_lock, self.record.timing_eval():
                         self.eval_iteration(step)
             if step_check(step, self.config.steps_per_save):
@@ -376,7 +377,7 @@ class DistSplatTrainer(Trainer):
                 )
             metrics_dict["bytes_communicated"] = report.bytes_communicated
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
-            metrics_dict["balance_predicted_imbalance"] = self.pipeline.planner.log.predicted_imbalance[-1]
+            metrics_dict["balance_predicted_imbalance"] = report.predicted_imbalance
             metrics_dict["balance_time_imbalance"] = report.time_imbalance
             # Splatfacto's camera_opt_* metrics (replicated adjustments: the same on every rank).
             metrics_dict.update(camera_optimizer_metrics(self.pipeline.model.camera_optimizer))
@@ -386,11 +387,11 @@ class DistSplatTrainer(Trainer):
     def eval_iteration(self, step: int) -> None:
         """One eval image every ``steps_per_eval_image``, all of them every
         ``steps_per_eval_all_images`` (recorded in the run summary), on the ranks
-        ``mode.evaluates_here`` names; rank 0 writes what it measured.
+        ``pipeline.evaluates_here`` names; rank 0 writes what it measured.
 
         **Collective:** where the mode's views are (sharded: every rank, at the same steps).
         """
-        if not self.pipeline.mode.evaluates_here:
+        if not self.pipeline.evaluates_here:
             return
         if step_check(step, self.config.steps_per_eval_image):
             with TimeWriter(writer, EventName.TEST_RAYS_PER_SEC, write=False) as test_t:
@@ -458,8 +459,8 @@ class DistSplatTrainer(Trainer):
         self._save_unless_saved(self.step)
         self.attempts.end(self.step, "completed")
         final_eval = bool(self.pipeline.datamanager.eval_dataset) and self._last_eval_all_step != self.step
-        with rank0_work(self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.mode.views_are_collective):
-            if self.pipeline.mode.evaluates_here and final_eval:
+        with rank0_work(self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.views_are_collective):
+            if self.pipeline.evaluates_here and final_eval:
                 with self.record.timing_eval():
                     self._eval_all(self.step)
         self._write_stats()
@@ -469,7 +470,7 @@ class DistSplatTrainer(Trainer):
             CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}", soft_wrap=True)
         for callback in self.callbacks:
             callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
-        self.pipeline.mode.close_views()  # no more step boundaries to render viewer frames at
+        self.pipeline.close_views()  # no more step boundaries to render viewer frames at
         if self.ctx.is_main and not self.config.viewer.quit_on_train_completion:
             self._train_complete_viewer()
         shutdown_distributed()

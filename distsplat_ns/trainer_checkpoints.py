@@ -43,7 +43,8 @@ class TrainerCheckpoints:
     Args:
         ctx: The process context.
         checkpoint_dir: The run's checkpoint folder (the agreed run folder's, on every rank).
-        pipeline: The run's pipeline: its state and its parallel mode (what a checkpoint holds).
+        pipeline: The run's pipeline: its state, and how its parallel mode writes and reads a
+            checkpoint (``writes_shards``, ``write_shards``, ``gather_full_state``, ``read_checkpoint``).
         record: The run record; a sharded save adds the bytes this rank wrote.
         attempts: Rank 0's attempt log; a replicated save records its step.
         keep_only_latest: ``--save-only-latest-checkpoint``.
@@ -72,7 +73,7 @@ class TrainerCheckpoints:
         if path is None:
             return None
         # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
-        loaded = self.pipeline.mode.read_checkpoint(path)
+        loaded = self.pipeline.read_checkpoint(path)
         self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
         rng = loaded.get("distsplat", {}).get("torch_rng_state")
         if isinstance(rng, torch.Tensor):
@@ -114,7 +115,7 @@ class TrainerCheckpoints:
     def save(self, step: int, optimizers: Optimizers, grad_scaler: GradScaler) -> None:
         """Write checkpoint ``step`` atomically; every rank learns whether it worked.
 
-        Sharded (``mode.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
+        Sharded (``pipeline.writes_shards``): every rank writes its own rows into ``step-XXXXXXXXX.dcp``
         (``checkpoint.py:save_sharded_checkpoint_atomic``, ``parallel/shard_checkpoint.py``); the
         whole model is never gathered. Replicated: rank 0 writes nerfstudio's ``step-XXXXXXXXX.ckpt``.
 
@@ -126,19 +127,18 @@ class TrainerCheckpoints:
         the outcome broadcast (it replaces a barrier).
         """
         extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size, "parallel": self.pipeline.config.parallel}
-        mode = self.pipeline.mode
-        if mode.writes_shards:
+        if self.pipeline.writes_shards:
             payload = checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(), extra) if self.ctx.is_main else {}
 
             def write_shard(folder: Path) -> int:
-                written = mode.write_shards(folder, optimizers.optimizers, payload)
+                written = self.pipeline.write_shards(folder, optimizers.optimizers, payload)
                 self.record.checkpoint_bytes_written += written
                 return written
 
             save_sharded_checkpoint_atomic(self.ctx, self.checkpoint_dir, step, write_shard, self.keep_only_latest)
             self.last_saved_step = step
             return
-        gathered = mode.gather_full_state(optimizers.optimizers)
+        gathered = self.pipeline.gather_full_state(optimizers.optimizers)
 
         def write() -> Path:
             pipeline_state = self.pipeline.state_dict()
@@ -167,7 +167,7 @@ class TrainerCheckpoints:
         **Collective:** world group, one outcome broadcast (rank 0 reads and writes alone).
         """
         step = self.last_saved_step
-        if not self.pipeline.mode.writes_shards or step is None:
+        if not self.pipeline.writes_shards or step is None:
             return
         # Nothing after the last save reads the last step's gradients (n x 236 B at SH degree 3):
         # freed, rank 0 reads the whole model's parameters in their place.

@@ -59,6 +59,15 @@ class StepPlan:
     heights_px: list[int]
     downscale: int
 
+    def positions(self, rank: int) -> list[int]:
+        """The batch positions ``rank`` renders a band of, increasing."""
+        return sorted({b.position for b in self.bands[rank]})
+
+    @property
+    def predicted_imbalance(self) -> float:
+        """Max over mean of the ranks' predicted costs (1.0: the cut expects perfect balance)."""
+        return max_over_mean(self.predicted_costs)
+
 
 @dataclass
 class BalanceLog:
@@ -244,7 +253,7 @@ class BandPlanner:
                 levels[camera] = self._level[downscale]
         measured_imb = max_over_mean(measured)
         self.log.measured_imbalance.append(measured_imb)
-        self.log.predicted_imbalance.append(max_over_mean(plan.predicted_costs))
+        self.log.predicted_imbalance.append(plan.predicted_imbalance)
         denom = max(sum(measured), 1e-12)
         # Relative error of the predicted share of each rank (costs of a camera's first step are
         # priors in other units, so shares, not absolute values, are what the cut relies on).

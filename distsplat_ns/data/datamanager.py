@@ -11,7 +11,9 @@ decode each rank's share of every step (``stream.py``, read by ``reader.py``), p
   from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does
   (``image_specs.py``, ``undistort.py``).
 - The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner, downscale_at)`` once and
-  then ``next_train_batch(step)`` for increasing steps.
+  then, once per step for increasing steps, ``step_batch(step)``: the batch's camera ids, then
+  this rank's images on the device (``step_batch.py``). ``batch_camera_ids``, ``next_train_batch``,
+  ``get_images_and_masks`` and ``to_device`` are its parts, for tests and benchmarks.
 - nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
   ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
 - Bad data fails at construction, on every rank alike, with one line naming the path or file
@@ -49,6 +51,7 @@ from distsplat_ns.data.eval_split import EvalImages, EvalSplit
 from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
+from distsplat_ns.data.step_batch import StepBatch
 from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost, format_bytes
 from distsplat_ns.data.stream import Assigner, ImageBatchStream
 from distsplat_ns.data.upload import DeviceUploader
@@ -355,6 +358,24 @@ class ParallelFullImageDatamanager(DataManager):
         self._reader = TrainBatchReader(stream, self.config.num_workers, self.config.prefetch_batches, pin_memory=self._uploader.pin_memory)
         self._training = (batch_size, rank, world_size, assigner, downscale_at)
         self._compat_mode = False
+
+    def step_batch(self, step: int) -> StepBatch:
+        """The training step's data, asked for once (``step_batch.py``): the global batch's camera
+        ids (``batch_camera_ids``) now; this rank's images and masks on the device
+        (``StepBatch.on_device``) once the plan says which positions it renders -- the stream's
+        (``next_train_batch``), any other decoded on demand (``get_images_and_masks``), uploaded
+        without blocking (``to_device``).
+
+        Raises:
+            RuntimeError: ``configure_training`` was not called.
+        """
+        return StepBatch(
+            step,
+            self.batch_camera_ids(step),
+            functools.partial(self.next_train_batch, step),
+            functools.partial(self.get_images_and_masks, step=step),
+            self.to_device,
+        )
 
     def batch_camera_ids(self, step: int) -> list[int]:
         """The global batch of dataset indices for ``step`` (same on every rank).

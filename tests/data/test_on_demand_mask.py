@@ -1,5 +1,5 @@
-"""An image the stream did not deliver, decoded on demand by the pipeline (``_fetch_images`` ->
-``get_images_and_masks``), trains with its mask exactly as a streamed one: its masked pixels get
+"""An image the stream did not deliver, decoded on demand for the pipeline
+(``data/step_batch.py:StepBatch.on_device`` -> ``get_images_and_masks``), trains with its mask exactly as a streamed one: its masked pixels get
 no gradient (issue 27; before, that path kept the image and dropped the mask)."""
 
 from __future__ import annotations

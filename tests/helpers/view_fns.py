@@ -50,9 +50,10 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
 
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.balance.planner import StepPlan
+    from distsplat_ns.data.step_batch import StepImages
     from distsplat_ns.distributed.gradient_sum import GradientSum
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline import DistSplatPipeline, StepState
     from distsplat_ns.utils.cameras import BatchCameras
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
@@ -69,20 +70,12 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
     bands = [[Band(*b, tile_size=1) for b in rank] for rank in cuts]
     plan = StepPlan(bands=bands, predicted_costs=[0.0] * len(bands), heights_px=[HEIGHT] * len(batch), downscale=1)
-    positions = sorted({b.position for b in plan.bands[ctx.rank]})
+    positions = plan.positions(ctx.rank)
     images = make_images(len(batch))
-    result, sources, _ = pipe._forward_backward(
-        5,
-        BatchCameras.of(make_cameras(len(batch))),
-        [(WIDTH, HEIGHT)] * len(batch),
-        plan,
-        positions,
-        [images[p] for p in positions],
-        [None] * len(positions),
-        NUM_POINTS,
-        PhaseClock(),
-        GradientSum(lambda: 0),  # no gradient sum: the test reads each rank's own gradients
-    )
+    step_images = StepImages(positions, [images[p] for p in positions], [None] * len(positions), wait_s=0.0, num_fetched_on_demand=0)
+    state = StepState(5, BatchCameras.of(make_cameras(len(batch))), [(WIDTH, HEIGHT)] * len(batch), plan, step_images, NUM_POINTS, PhaseClock())
+    # No gradient sum: the test reads each rank's own gradients.
+    result, sources, _ = pipe._forward_backward(state, GradientSum(lambda: 0))
     info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
     grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
     return {

@@ -51,6 +51,7 @@ LAYERS: dict[str, int] = {
     "data/workers.py": 3,
     "data/reader.py": 3,
     "data/upload.py": 3,
+    "data/step_batch.py": 3,
     "data/dataparse.py": 4,
     "data/image_specs.py": 4,
     "model/": 4,
@@ -66,6 +67,7 @@ LAYERS: dict[str, int] = {
     "optimizer_rules.py": 4,
     "optimizer_step.py": 4,
     "run_record.py": 4,
+    "step_report.py": 4,
     "viewer_start.py": 4,
     "registry.py": 5,
 }

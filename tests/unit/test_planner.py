@@ -49,6 +49,22 @@ def test_measured_costs_balance_the_next_plan() -> None:
     assert max(plan.predicted_costs) / (sum(plan.predicted_costs) / 2) <= 1.1
 
 
+def test_the_plans_predicted_imbalance_is_what_the_log_records() -> None:
+    planner = BandPlanner("balanced", [64, 64])
+    costs = {0: [10.0, 10.0, 10.0, 10.0], 1: [1.0, 1.0, 1.0, 1.0]}
+    batch = [0, 1]
+    planner.observe(planner.plan(batch, 2, 1), batch, 1, _measure(planner.plan(batch, 2, 1), costs, batch))
+    plan = planner.plan(batch, 2, 1)  # a measured history: an imbalance other than 1.0
+    planner.observe(plan, batch, 1, _measure(plan, costs, batch))
+    assert plan.predicted_imbalance == planner.log.predicted_imbalance[-1] == max(plan.predicted_costs) / (sum(plan.predicted_costs) / 2)
+
+
+def test_a_plans_positions_are_each_ranks_images_in_batch_order() -> None:
+    plan = BandPlanner("whole-images", [64, 64, 64]).plan([2, 0, 1], 2, 1)
+    assert [plan.positions(rank) for rank in range(2)] == [sorted({b.position for b in bands}) for bands in plan.bands]
+    assert sorted(plan.positions(0) + plan.positions(1)) == [0, 1, 2]
+
+
 def _four_rank_step(planner: BandPlanner, batch: list[int], costs: dict[int, list[float]]):
     """Plan a W = 4 step (priors for new cameras first, as the pipeline does) and its measurements."""
     for camera in planner.cameras_needing_prior(1, batch):
