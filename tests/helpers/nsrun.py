@@ -91,7 +91,7 @@ def run_torchrun(
     program: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """``torchrun ... ns-train <args>``; ``program`` replaces ``ns-train`` (a script and its own
-    leading arguments, e.g. tests/helpers/ns_train_with_fault.py)."""
+    leading arguments, e.g. tests/helpers/ns_train_patched.py)."""
     cmd = [
         ns_bin("torchrun"),
         "--nproc_per_node",

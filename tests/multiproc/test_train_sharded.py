@@ -12,7 +12,8 @@ import torch
 from distsplat_ns.checkpoint import checkpoint_steps
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
-from tests.helpers.nsrun import REPO, latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -125,7 +126,7 @@ def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_che
         40,
         2,
         check=False,
-        program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        program=patched_ns_train("fault=12,1"),
         extra=["--pipeline.parallel", "sharded", "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr
