@@ -169,22 +169,3 @@ def train_runs(
             run_torchrun(path, name, num_images, world, extra=args)
         out[name] = path
     return out
-
-
-def pipeline_state_by_id(ckpt: Path) -> tuple[dict, dict]:
-    """A checkpoint's pipeline state (a step-N.ckpt file, or a sharded run's step-N.dcp read whole
-    in this process) and its Gaussian parameters in global-id order, the ids under "ids"."""
-    import torch
-
-    from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
-
-    if ckpt.is_dir():
-        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
-    else:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
-    ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
-    order = torch.argsort(ids)
-    prefix = "_model.gauss_params."
-    rows = {k[len(prefix) :]: v[order] for k, v in state.items() if k.startswith(prefix)}
-    rows["ids"] = ids[order]
-    return state, rows
