@@ -9,6 +9,7 @@ import torch
 from tests.helpers import rank_fns
 from tests.helpers.model_factory import HEIGHT
 from tests.helpers.multiproc import run_ranks
+from tests.helpers.rows_by_id import grads_by_id
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -18,13 +19,11 @@ SPLIT = [[(0, 0, 21)], [(0, 21, HEIGHT), (1, 0, HEIGHT)]]
 def test_sharded_gsplat_two_ranks_match_reference_one_process() -> None:
     reference = run_ranks(rank_fns.band_gradients_dtype, 1, [[[(0, 0, HEIGHT), (1, 0, HEIGHT)]]], 2, 5, "float32")[0][0]
     ranks = run_ranks(rank_fns.sharded_band_gradients, 2, [SPLIT], 2, 5, "float32", "gsplat", device_type="cuda", backend="gloo")
-    ids = torch.cat([r[0]["ids"] for r in ranks])
-    order = torch.argsort(ids)
+    joined = grads_by_id([r[0] for r in ranks])
     for name, ref in reference.items():
         if ref.numel() == 0 or name == "loss":
             continue
-        dim = 1 if name.startswith("means2d") else 0
-        got = torch.cat([r[0]["grads"][name] for r in ranks], dim=dim).index_select(dim, order)
+        got = joined[name]
         # float32 on different kernels (gsplat's sorting and atomics): 1e-3 of the largest entry,
         # the tolerance of tests/gpu/test_cuda_training.py.
         scale = ref.abs().max().clamp_min(1e-12)

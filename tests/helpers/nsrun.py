@@ -91,7 +91,7 @@ def run_torchrun(
     program: Sequence[str] = (),
 ) -> subprocess.CompletedProcess:
     """``torchrun ... ns-train <args>``; ``program`` replaces ``ns-train`` (a script and its own
-    leading arguments, e.g. tests/helpers/ns_train_with_fault.py)."""
+    leading arguments, e.g. tests/helpers/ns_train_patched.py)."""
     cmd = [
         ns_bin("torchrun"),
         "--nproc_per_node",
@@ -172,19 +172,8 @@ def train_runs(
 
 
 def pipeline_state_by_id(ckpt: Path) -> tuple[dict, dict]:
-    """A checkpoint's pipeline state (a step-N.ckpt file, or a sharded run's step-N.dcp read whole
-    in this process) and its Gaussian parameters in global-id order, the ids under "ids"."""
-    import torch
+    """``tests/helpers/rows_by_id.py:checkpoint_by_id`` under its old name, for main's
+    tests/multiproc/test_budget_training.py until it calls that helper itself."""
+    from tests.helpers.rows_by_id import checkpoint_by_id
 
-    from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
-
-    if ckpt.is_dir():
-        state = read_shard_checkpoint(None, ckpt, 0, 1, sharded=False)["pipeline"]
-    else:
-        state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
-    ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
-    order = torch.argsort(ids)
-    prefix = "_model.gauss_params."
-    rows = {k[len(prefix) :]: v[order] for k, v in state.items() if k.startswith(prefix)}
-    rows["ids"] = ids[order]
-    return state, rows
+    return checkpoint_by_id(ckpt)

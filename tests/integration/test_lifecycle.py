@@ -10,7 +10,8 @@ import pytest
 
 from distsplat_ns.checkpoint import load_checkpoint_file
 from tests.helpers.lifecycle import kill_session, start_training, wait_until_training
-from tests.helpers.nsrun import REPO, cpu_env, ns_bin, run_dir, run_ns_train, train_args
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import cpu_env, ns_bin, run_dir, run_ns_train, train_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -91,9 +92,7 @@ def test_internal_error_mid_training_ends_the_process_with_its_traceback(tmp_pat
     # and multiprocessing's exit handler waited for them for ever (data/stream.py:_kill_workers_at_exit).
     cmd = [
         ns_bin("python"),
-        str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"),
-        "3",
-        "0",
+        *patched_ns_train("fault=3,0"),
         *train_args(tmp_path, "boom", 20, extra=[*SHORT, "--pipeline.datamanager.num-workers", "2"]),
     ]
     env = dict(cpu_env(), DISTSPLAT_TEST_FAULT="raise")

@@ -23,7 +23,8 @@ import pytest
 from distsplat_ns.distributed.restart import checkpoint_steps
 from tests.helpers.lifecycle import LONG_RUN_EXTRA
 from tests.helpers.netns import TwoHosts
-from tests.helpers.nsrun import REPO, cpu_env, ns_bin, read_stats, run_dir, train_args
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import cpu_env, ns_bin, read_stats, run_dir, train_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -114,7 +115,7 @@ def _ranks(proc: subprocess.Popen) -> list[psutil.Process]:
     found = []
     for child in psutil.Process(proc.pid).children():
         try:
-            if any("ns-train" in part or "ns_train_with_fault" in part for part in child.cmdline()):
+            if any("ns-train" in part or "ns_train_patched" in part for part in child.cmdline()):
                 found.append(child)
         except psutil.Error:
             continue
@@ -246,7 +247,7 @@ STUCK_STEP = 12
 def test_stuck_rank_on_one_host_ends_both_hosts_in_bounded_time(hosts: TwoHosts, tmp_path: Path) -> None:
     """Rank 1 (host 1) hangs outside any collective: rank 0 times out and announces it; rank 1's
     torchrun sees nothing wrong, so only the abort watch (distributed/lifecycle.py) ends rank 1."""
-    program = [str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), str(STUCK_STEP), "1"]
+    program = patched_ns_train(f"fault={STUCK_STEP},1")
     procs = _launch(hosts, tmp_path, "stuck", "replicated", program=program, fault="hang")
     try:
         _wait_for_checkpoint(procs, tmp_path, "stuck")

@@ -16,6 +16,7 @@ import torch
 from tests.helpers import rank_fns
 from tests.helpers.model_factory import HEIGHT
 from tests.helpers.multiproc import run_ranks
+from tests.helpers.rows_by_id import grads_by_id, one_copy
 
 WHOLE = [[(0, 0, HEIGHT), (1, 0, HEIGHT)]]
 SPLITS = {
@@ -64,11 +65,8 @@ MODE_SPLIT = [[(0, 0, 21)], [(0, 21, H0), (1, 0, H1)]]
 
 
 def _gauss_by_id(parts: list) -> dict:
-    ids = torch.cat([p["ids"] for p in parts])
-    if len(torch.unique(ids)) < len(ids):  # replicated: every rank holds every Gaussian
-        parts, ids = parts[:1], parts[0]["ids"]
-    order = torch.argsort(ids)
-    return {name: torch.cat([p["grads"][name] for p in parts])[order] for name in parts[0]["grads"] if name.startswith("gauss_params.")}
+    rows = grads_by_id(one_copy(parts))
+    return {name: value for name, value in rows.items() if name.startswith("gauss_params.")}
 
 
 @pytest.mark.parametrize("parallel", ["replicated", "sharded"])

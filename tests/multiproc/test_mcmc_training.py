@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_torchrun, train_runs
+from tests.helpers.nsrun import latest_checkpoint, read_scalars, read_stats, run_dir, run_torchrun, train_runs
+from tests.helpers.rows_by_id import checkpoint_by_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -72,7 +73,7 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _by_id(ckpt: Path) -> dict:
-    state, rows = pipeline_state_by_id(ckpt)
+    state, rows = checkpoint_by_id(ckpt)
     extra = state["_model._extra_state"]
     rows["next_id"] = extra["next_gauss_id"]
     rows["state_keys"] = set(extra["strategy_state"])

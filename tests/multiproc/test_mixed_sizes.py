@@ -9,6 +9,7 @@ import torch
 from tests.helpers import rank_fns
 from tests.helpers.model_factory import MIXED_SIZES
 from tests.helpers.multiproc import run_ranks
+from tests.helpers.rows_by_id import grads_by_id, one_copy
 
 (_, H0), (_, H1) = MIXED_SIZES
 WHOLE = [[(0, 0, H0), (1, 0, H1)]]
@@ -20,22 +21,10 @@ SPLITS = {
 NAMES = list(SPLITS)
 
 
-def _by_id(result: dict) -> dict:
-    order = torch.argsort(result["ids"])
-    return {name: value[order] for name, value in result["grads"].items()}
-
-
 def _assemble(rank_results: list, index: int) -> dict:
     """Every Gaussian's values in id order (a rank holding all of them gives them alone)."""
-    parts = [r[index] for r in rank_results]
-    ids = torch.cat([p["ids"] for p in parts])
-    if len(torch.unique(ids)) < len(ids):  # replicated: every rank holds every Gaussian
-        parts = parts[:1]
-    merged = {
-        "ids": torch.cat([p["ids"] for p in parts]),
-        "grads": {name: torch.cat([p["grads"][name] for p in parts]) for name in parts[0]["grads"]},
-    }
-    return _by_id(merged) | {"loss": parts[0]["loss"]}
+    parts = one_copy([r[index] for r in rank_results])
+    return grads_by_id(parts) | {"loss": parts[0]["loss"]}
 
 
 @pytest.fixture(scope="module")

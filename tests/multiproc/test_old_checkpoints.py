@@ -18,12 +18,12 @@ from distsplat_ns.parallel.full_state import shard_loaded_checkpoint_
 from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.old_checkpoints import STEP, fixture_path, load_and_save
+from tests.helpers.rows_by_id import id_order, in_id_order
 from tests.helpers.shard_fns import assert_same, saved_model_state
 
 
 def _in_id_order(rows: dict) -> dict:
-    order = torch.sort(rows["state.gauss_ids"], stable=True).indices
-    return {k: v[order] for k, v in rows.items()}
+    return in_id_order(rows, rows["state.gauss_ids"])
 
 
 def test_fixtures_hold_every_row_kind_and_a_refine() -> None:
@@ -78,7 +78,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _state_by_id(state: dict) -> dict:
     """``saved_model_state``'s rows (parameters, statistics, ids, Adam moments) in id order."""
-    order = torch.sort(state["strategy_state"]["gauss_ids"], stable=True).indices
+    order = id_order(state["strategy_state"]["gauss_ids"])
     out = {
         **state,
         "params": {k: v[order] for k, v in state["params"].items()},

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, ns_bin, pipeline_state_by_id, read_scalars, read_stats, run_dir, run_ns_train, train_runs
+from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_scalars, read_stats, run_dir, run_ns_train, train_runs
+from tests.helpers.rows_by_id import checkpoint_by_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -76,7 +77,7 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _state(ckpt: Path) -> dict:
     """A checkpoint's Gaussians by global id (under "ids"), its pose adjustments under "pose"."""
-    state, rows = pipeline_state_by_id(ckpt)
+    state, rows = checkpoint_by_id(ckpt)
     rows["pose"] = state[ADJUSTMENT]
     return rows
 

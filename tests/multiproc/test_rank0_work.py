@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.nsrun import REPO, read_stats, run_dir, run_torchrun
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import read_stats, run_dir, run_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -18,7 +19,7 @@ CONSOLIDATE_DELAY_S = 25  # > 2 x the collective timeout
 
 
 def test_an_evaluation_longer_than_the_collective_timeout_trains_on(tmp_path: Path) -> None:
-    program = [str(REPO / "tests" / "helpers" / "ns_train_slow_eval.py"), str(EVAL_DELAY_S)]
+    program = patched_ns_train(f"slow-eval={EVAL_DELAY_S}")
     proc = run_torchrun(
         tmp_path,
         "slow",
@@ -40,7 +41,7 @@ def test_an_evaluation_longer_than_the_collective_timeout_trains_on(tmp_path: Pa
 def test_a_consolidation_longer_than_the_collective_timeout_completes(tmp_path: Path) -> None:
     """A sharded run's last checkpoint is consolidated by rank 0 alone (a scene no single device
     holds takes long to read and write); rank 1 waits in a rank-0 window, not in a collective."""
-    program = [str(REPO / "tests" / "helpers" / "ns_train_slow_consolidate.py"), str(CONSOLIDATE_DELAY_S)]
+    program = patched_ns_train(f"slow-consolidate={CONSOLIDATE_DELAY_S}")
     proc = run_torchrun(
         tmp_path,
         "slowc",

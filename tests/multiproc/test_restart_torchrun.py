@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.nsrun import REPO, read_stats, run_dir, run_torchrun
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import read_stats, run_dir, run_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -20,7 +21,7 @@ NUM_IMAGES = 14  # batch size 1: steps 0..13, saves at 5, 10 and the last step
 
 def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTSPLAT_TEST_FAULT", "sigkill")  # rank 1 kills itself at KILL_STEP, first attempt only
-    program = [str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), str(KILL_STEP), "1"]
+    program = patched_ns_train(f"fault={KILL_STEP},1")
     # No --timestamp pinning needed by torchrun: the restart finds its folder by torchrun's run id;
     # the test pins it anyway to know where to look.
     proc = run_torchrun(

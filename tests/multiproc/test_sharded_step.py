@@ -7,11 +7,11 @@ import itertools
 import random
 
 import pytest
-import torch
 
 from tests.helpers import rank_fns
 from tests.helpers.model_factory import HEIGHT
 from tests.helpers.multiproc import run_ranks
+from tests.helpers.rows_by_id import grads_by_id
 
 WHOLE = [[(0, 0, HEIGHT), (1, 0, HEIGHT)]]
 SPLITS = {
@@ -63,12 +63,7 @@ def top_rows_reference(dtype: str) -> dict:
 
 def _assemble(rank_results: list, index: int) -> dict:
     """Per-Gaussian values of every rank, ordered by global id, and the summed loss."""
-    ids = torch.cat([r[index]["ids"] for r in rank_results])
-    order = torch.argsort(ids)
-    out = {}
-    for name in rank_results[0][index]["grads"]:
-        dim = 1 if name.startswith("means2d") else 0
-        out[name] = torch.cat([r[index]["grads"][name] for r in rank_results], dim=dim).index_select(dim, order)
+    out = grads_by_id([r[index] for r in rank_results])
     out["loss"] = sum(r[index]["loss"] for r in rank_results)
     return out
 

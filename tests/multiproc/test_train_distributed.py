@@ -14,8 +14,8 @@ import torch
 
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
 from tests.helpers.multiproc import free_port
+from tests.helpers.ns_train_patched import patched_ns_train
 from tests.helpers.nsrun import (
-    REPO,
     cpu_env,
     latest_checkpoint,
     load_gauss_ids,
@@ -80,7 +80,7 @@ def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_chec
         40,
         2,
         check=False,
-        program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        program=patched_ns_train("fault=12,1"),
         extra=["--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr

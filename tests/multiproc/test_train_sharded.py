@@ -12,7 +12,9 @@ import torch
 from distsplat_ns.checkpoint import checkpoint_steps
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
-from tests.helpers.nsrun import REPO, latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.ns_train_patched import patched_ns_train
+from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun
+from tests.helpers.rows_by_id import checkpoint_rows_by_id
 
 pytestmark = pytest.mark.slow
 
@@ -33,26 +35,15 @@ def sharded_three_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def by_id(ckpt: Path) -> dict:
-    """A checkpoint's Gaussians ordered by global id, with the ids under "ids"."""
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["pipeline"]
-    ids = state["_model._extra_state"]["strategy_state"]["gauss_ids"]
-    order = torch.argsort(ids)
-    prefix = "_model.gauss_params."
-    out = {k[len(prefix) :]: v[order] for k, v in state.items() if k.startswith(prefix)}
-    out["ids"] = ids[order]
-    return out
-
-
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_ranks_make_the_decisions_of_one_process(one_process_run: Path, world: int, request: pytest.FixtureRequest) -> None:
     """float64, three refine events: the same Gaussians (by global id) as one replicated process,
     parameters within the 1-vs-2 tolerance of tests/helpers/equivalence.py."""
-    one = by_id(latest_checkpoint(one_process_run, "one"))
+    one = checkpoint_rows_by_id(latest_checkpoint(one_process_run, "one"))
     # Only the run of this world size (the compat job runs [2] alone).
     name, fixture = {2: ("sh2", "sharded_two_run"), 3: ("sh3", "sharded_three_run")}[world]
     run = request.getfixturevalue(fixture)
-    sharded = by_id(latest_checkpoint(run, name))
+    sharded = checkpoint_rows_by_id(latest_checkpoint(run, name))
     stats = read_stats(run, name)
     assert stats["steps"] == 50 and stats["world_size"] == world and stats["parallel"] == "sharded"
     assert one["means"].shape[0] != 11384, "no refine event changed the Gaussian count: the test lost its point"
@@ -65,8 +56,8 @@ def test_sharded_ranks_make_the_decisions_of_one_process(one_process_run: Path, 
 
 
 def test_sharded_equals_replicated_on_two_ranks(two_process_run: Path, sharded_two_run: Path) -> None:
-    replicated = by_id(latest_checkpoint(two_process_run, "two"))
-    sharded = by_id(latest_checkpoint(sharded_two_run, "sh2"))
+    replicated = checkpoint_rows_by_id(latest_checkpoint(two_process_run, "two"))
+    sharded = checkpoint_rows_by_id(latest_checkpoint(sharded_two_run, "sh2"))
     assert torch.equal(replicated["ids"], sharded["ids"])
     assert_same_model({k: v for k, v in replicated.items() if k != "ids"}, {k: v for k, v in sharded.items() if k != "ids"})
 
@@ -86,12 +77,12 @@ def test_resume_sharded_checkpoint_on_one_and_three_ranks_and_replicated(tmp_pat
     run_ns_train(tmp_path, "sh-one", 110, extra=[*SHARDED, *resume])
     run_torchrun(tmp_path, "sh-three", 110, 3, extra=[*SHARDED, *resume])
     run_torchrun(tmp_path, "rep-two", 110, 2, extra=[*EQUIV_EXTRA, *resume])
-    results = {name: by_id(latest_checkpoint(tmp_path, name)) for name in ("sh-one", "sh-three", "rep-two")}
+    results = {name: checkpoint_rows_by_id(latest_checkpoint(tmp_path, name)) for name in ("sh-one", "sh-three", "rep-two")}
     for name in results:
         assert read_stats(tmp_path, name)["steps"] == 5
     assert torch.equal(results["sh-one"]["ids"], results["sh-three"]["ids"])
     assert torch.equal(results["sh-one"]["ids"], results["rep-two"]["ids"])
-    start = by_id(latest_checkpoint(sharded_two_run, "sh2"))
+    start = checkpoint_rows_by_id(latest_checkpoint(sharded_two_run, "sh2"))
     assert results["sh-one"]["means"].shape[0] != start["means"].shape[0], "step 50 refined nothing"
 
 
@@ -106,7 +97,7 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
         timeout=600,
     )
     vertex = PlyData.read(str(tmp_path / "splat.ply"))["vertex"]
-    assert vertex.count == by_id(latest_checkpoint(sharded_two_run, "sh2"))["means"].shape[0]
+    assert vertex.count == checkpoint_rows_by_id(latest_checkpoint(sharded_two_run, "sh2"))["means"].shape[0]
     target = tmp_path / "eval.json"
     subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)], check=True, capture_output=True, timeout=600)
     assert target.exists()
@@ -125,7 +116,7 @@ def test_nonfinite_gradient_on_one_shard_stops_every_rank_and_keeps_the_last_che
         40,
         2,
         check=False,
-        program=[str(REPO / "tests" / "helpers" / "ns_train_with_fault.py"), "12", "1"],
+        program=patched_ns_train("fault=12,1"),
         extra=["--pipeline.parallel", "sharded", "--steps-per-save", "5", "--steps-per-eval-all-images", "1000"],
     )
     text = proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ import torch
 from tests.helpers import option_fns
 from tests.helpers.model_factory import HEIGHT
 from tests.helpers.multiproc import run_ranks
+from tests.helpers.rows_by_id import grads_by_id, one_copy
 
 # Rows cut across ranks mid-image and off the 16-px tile grid; image 1 whole on rank 1.
 SPLIT = [[(0, 0, 21)], [(0, 21, HEIGHT), (1, 0, HEIGHT)]]
@@ -37,14 +38,6 @@ def test_band_depth_rows_stitch_to_one_process_whole_image_depth(parallel: str) 
         assert ((stitched - want.double()).abs().max() / want.abs().max()).item() <= 1e-6, position
 
 
-def _by_id(parts: list[dict]) -> dict[str, torch.Tensor]:
-    ids = torch.cat([p["ids"] for p in parts])
-    if len(torch.unique(ids)) < len(ids):  # replicated: every rank holds every Gaussian
-        parts, ids = parts[:1], parts[0]["ids"]
-    order = torch.argsort(ids)
-    return {name: torch.cat([p["grads"][name] for p in parts])[order] for name in parts[0]["grads"]}
-
-
 @pytest.mark.parametrize(("parallel", "mode_name"), [("replicated", "SO3xR3"), ("sharded", "SO3xR3"), ("sharded", "SE3")])
 def test_pose_adjustment_gradient_on_two_ranks_equals_one_process(parallel: str, mode_name: str) -> None:
     """Camera optimisation (refused before issue 29): each band renders a crop of its camera's
@@ -62,6 +55,6 @@ def test_pose_adjustment_gradient_on_two_ranks_equals_one_process(parallel: str,
     assert ((ranks[0]["pose_grad"] - grad).abs().max() / grad.abs().max()).item() <= 1e-10
     assert ((ranks[0]["loss"] - ref["loss"]).abs() / ref["loss"].abs()).item() <= 1e-10
     assert ref["regularizer"] > 0 and ranks[0]["regularizer"] == ref["regularizer"] and ranks[1]["regularizer"] == 0
-    want, got = _by_id([ref]), _by_id(ranks)
+    want, got = grads_by_id([ref]), grads_by_id(one_copy(ranks))
     for name, value in want.items():
         assert ((got[name] - value).abs().max() / value.abs().max().clamp_min(1e-12)).item() <= 1e-10, name
