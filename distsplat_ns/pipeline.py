@@ -64,7 +64,7 @@ from distsplat_ns.viewer_start import StartAtTrainingView
 LOGGER = get_logger(__name__)
 
 #: Test hook (None in real runs): called as ``hook(step, rank, model)`` after backward, before the
-#: gradient sum; tests/helpers/ns_train_with_fault.py sets it to write a NaN into one rank's gradient.
+#: gradient sum; tests/helpers/ns_train_patched.py (its fault patch) sets it to write a NaN into one rank's gradient.
 before_gradient_sum_hook: Callable[[int, int, DistSplatModel], None] | None = None
 
 

@@ -70,7 +70,7 @@ def test_position_noise_does_not_sync() -> None:
 @pytest.mark.parametrize("partition", ["blocks2", "random3"])
 def test_sharded_mcmc_on_cuda_equals_one_process_bitwise(partition: str) -> None:
     from distsplat_ns.gaussians.densifier import gather_local
-    from tests.helpers.mcmc_shards import by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
+    from tests.helpers.mcmc_shards import gaussians_by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 
     host = mcmc_gaussians(torch.float32)
     full = _to_cuda(host)
@@ -79,6 +79,6 @@ def test_sharded_mcmc_on_cuda_equals_one_process_bitwise(partition: str) -> None
     assert all(e.num_relocated > 0 for e in expected) and expected[0].num_added > 0
     results, _ = run_ranks(len(shards), lambda rank, gather: mcmc_sequence(shards[rank], gather))
     assert all(r == expected for r in results)
-    want, got = by_id([full]), by_id(shards)
+    want, got = gaussians_by_id([full]), gaussians_by_id(shards)
     for key in want:
         assert torch.equal(want[key], got[key]), key

@@ -15,13 +15,14 @@ import torch
 
 from distsplat_ns.gaussians.mcmc import MCMCEvent, inject_keyed_position_noise, mcmc_event
 from distsplat_ns.utils.keyed_random import keyed_normal
-from tests.helpers.strategy_shards import SEED, N, as_rows, by_id, make_gaussians, take_shard
+from tests.helpers.rows_by_id import gaussians_by_id
+from tests.helpers.strategy_shards import SEED, N, as_rows, make_gaussians, take_shard
 
 __all__ = [
     "FIRST_ID",
     "PARTITIONS",
     "BarrierGather",
-    "by_id",
+    "gaussians_by_id",
     "kill_by_id",
     "mcmc_gaussians",
     "mcmc_rank_shard",
@@ -145,4 +146,4 @@ def mcmc_rank_shard(ctx: Any, dtype_name: str, partition: str) -> dict:
         return all_gather_rows(ctx, t)
 
     events = mcmc_sequence(shard, gather)
-    return {"tensors": by_id([shard]), "events": [tuple(e) for e in events], "gathers": len(calls)}
+    return {"tensors": gaussians_by_id([shard]), "events": [tuple(e) for e in events], "gathers": len(calls)}

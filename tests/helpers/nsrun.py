@@ -169,11 +169,3 @@ def train_runs(
             run_torchrun(path, name, num_images, world, extra=args)
         out[name] = path
     return out
-
-
-def pipeline_state_by_id(ckpt: Path) -> tuple[dict, dict]:
-    """``tests/helpers/rows_by_id.py:checkpoint_by_id`` under its old name, for main's
-    tests/multiproc/test_budget_training.py until it calls that helper itself."""
-    from tests.helpers.rows_by_id import checkpoint_by_id
-
-    return checkpoint_by_id(ckpt)

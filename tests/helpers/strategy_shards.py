@@ -11,6 +11,7 @@ import torch
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows, RowField, gaussian_schema
 from distsplat_ns.gaussians.strategy import DefaultDensifier, DefaultThresholds, StrategySchedule
 from distsplat_ns.utils.keyed_random import keyed_normal
+from tests.helpers.rows_by_id import gaussians_by_id
 
 N = 400
 SEED = 42
@@ -113,23 +114,6 @@ def refine_event(gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dty
     return event.num_dup, event.num_split, event.num_pruned
 
 
-def by_id(parts: list[tuple[dict, dict, dict]]) -> dict[str, torch.Tensor]:
-    """Every parameter, Adam moment and state tensor of the union of ``parts``, ordered by global id."""
-    ids = torch.cat([s["gauss_ids"] for _, _, s in parts])
-    order = torch.argsort(ids)
-    out = {"gauss_ids": ids[order]}
-    for k in parts[0][0]:
-        out[k] = torch.cat([p[k].detach() for p, _, _ in parts])[order]
-        for m in ("exp_avg", "exp_avg_sq"):
-            out[f"{k}.{m}"] = torch.cat([o[k].state[p[k]][m] for p, o, _ in parts])[order]
-        steps = {float(o[k].state[p[k]]["step"]) for p, o, _ in parts}
-        assert len(steps) == 1, k
-    for key in ("grad2d", "count", "radii"):
-        if key in parts[0][2]:  # the default strategy's statistics (MCMC keeps none)
-            out[key] = torch.cat([s[key] for _, _, s in parts])[order]
-    return out
-
-
 def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int | None = None, max_held: int | None = None) -> dict:
     """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
     gather (``all_gather_rows``) under the caps given; returns its tensors by global id, its
@@ -147,4 +131,4 @@ def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int |
         _, _, num_pruned = refine_event(shard, step, dtype, ids)
         refused.append(ids.densifier.last_refused)
         grown.append(len(shard[2]["gauss_ids"]) + num_pruned)
-    return {"tensors": by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls, "refused": refused, "grown": grown}
+    return {"tensors": gaussians_by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls, "refused": refused, "grown": grown}

@@ -17,7 +17,8 @@ import torch
 
 from tests.helpers.budget_runs import budget_for_cap
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
-from tests.helpers.nsrun import latest_checkpoint, pipeline_state_by_id, read_stats, run_ns_train, run_torchrun
+from tests.helpers.nsrun import latest_checkpoint, read_stats, run_ns_train, run_torchrun
+from tests.helpers.rows_by_id import checkpoint_rows_by_id
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def _train(tmp_path_factory: pytest.TempPathFactory, name: str, world: int, para
 
 
 def _rows(path, name: str) -> dict:
-    return pipeline_state_by_id(latest_checkpoint(path, name))[1]
+    return checkpoint_rows_by_id(latest_checkpoint(path, name))
 
 
 @pytest.fixture(scope="module")

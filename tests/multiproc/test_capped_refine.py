@@ -11,7 +11,8 @@ import torch
 from distsplat_ns.gaussians.densifier import gather_local
 from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from tests.helpers.multiproc import run_ranks
-from tests.helpers.strategy_shards import STEPS, IdCounter, N, by_id, make_gaussians, refine_event, refine_rank_shard
+from tests.helpers.rows_by_id import gaussians_by_id, joined_by_id
+from tests.helpers.strategy_shards import STEPS, IdCounter, N, make_gaussians, refine_event, refine_rank_shard
 
 CAP = N + 40
 """Below what either event of STEPS would grow to uncapped (checked below)."""
@@ -25,7 +26,7 @@ def _one_process(max_gaussians: int | None) -> tuple[dict[str, torch.Tensor], Id
     for step in STEPS:
         refine_event(full, step, torch.float64, one)
         refused.append(one.densifier.last_refused)
-    return by_id([full]), one, refused
+    return gaussians_by_id([full]), one, refused
 
 
 @pytest.mark.parametrize(("world_size", "partition"), [(2, "blocks2"), (3, "interleaved3")])
@@ -36,10 +37,9 @@ def test_a_global_cap_gives_the_same_gaussians_on_any_number_of_ranks(world_size
     assert [r["next_id"] for r in ranks] == [one.next_id] * world_size
     assert [r["gathers"] for r in ranks] == [len(STEPS)] * world_size  # no collective of its own
     assert [r["refused"] for r in ranks] == [refused] * world_size
-    order = torch.argsort(torch.cat([r["tensors"]["gauss_ids"] for r in ranks]))
+    got = joined_by_id([r["tensors"] for r in ranks], [r["tensors"]["gauss_ids"] for r in ranks])
     for key, value in expected.items():
-        got = torch.cat([r["tensors"][key] for r in ranks])[order]
-        assert got.dtype == value.dtype and torch.equal(got, value), key
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
 
 
 def test_a_rank_past_max_held_keeps_what_fits_and_counts_it_apart() -> None:

@@ -8,7 +8,8 @@ import torch
 
 from distsplat_ns.gaussians.densifier import gather_local
 from tests.helpers.multiproc import run_ranks
-from tests.helpers.strategy_shards import STEPS, IdCounter, N, by_id, make_gaussians, refine_event, refine_rank_shard
+from tests.helpers.rows_by_id import gaussians_by_id, joined_by_id
+from tests.helpers.strategy_shards import STEPS, IdCounter, N, make_gaussians, refine_event, refine_rank_shard
 
 
 @pytest.mark.parametrize(("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "interleaved3", "float32")])
@@ -18,11 +19,10 @@ def test_sharded_ranks_refine_as_one_process(world_size: int, partition: str, dt
     one = IdCounter(3 * N, gather_local)
     for step in STEPS:
         refine_event(full, step, dtype, one)
-    expected = by_id([full])
+    expected = gaussians_by_id([full])
     ranks = run_ranks(refine_rank_shard, world_size, dtype_name, partition)
     assert [r["next_id"] for r in ranks] == [one.next_id] * world_size
     assert [r["gathers"] for r in ranks] == [len(STEPS)] * world_size
-    order = torch.argsort(torch.cat([r["tensors"]["gauss_ids"] for r in ranks]))
+    got = joined_by_id([r["tensors"] for r in ranks], [r["tensors"]["gauss_ids"] for r in ranks])
     for key, value in expected.items():
-        got = torch.cat([r["tensors"][key] for r in ranks])[order]
-        assert got.dtype == value.dtype and torch.equal(got, value), key
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key

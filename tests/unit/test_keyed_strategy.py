@@ -16,6 +16,7 @@ import torch
 from distsplat_ns.gaussians.densifier import gather_local
 from distsplat_ns.gaussians.strategy import StrategySchedule, allocate_child_ids, grow_masks
 from distsplat_ns.utils.keyed_random import keyed_normal
+from tests.helpers.rows_by_id import gaussians_by_id
 from tests.helpers.strategy_shards import (
     PARTITIONS,
     SCHEDULE,
@@ -25,7 +26,6 @@ from tests.helpers.strategy_shards import (
     IdCounter,
     N,
     as_rows,
-    by_id,
     make_densifier,
     make_gaussians,
     refine_event,
@@ -70,7 +70,7 @@ def test_sharded_refine_equals_one_process_bitwise(dtype: torch.dtype, partition
         next_ids = [c.next_id for c in counters]
         assert next_ids == [one.next_id] * len(shards)
         assert all(c.calls == 1 for c in counters)
-        expected, got = by_id([full]), by_id(shards)
+        expected, got = gaussians_by_id([full]), gaussians_by_id(shards)
         assert expected.keys() == got.keys()
         for key in expected:
             assert expected[key].dtype == got[key].dtype and torch.equal(expected[key], got[key]), (step, key)

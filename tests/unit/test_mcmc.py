@@ -26,7 +26,7 @@ from distsplat_ns.gaussians.mcmc import (
 )
 from distsplat_ns.gaussians.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
 from distsplat_ns.utils.keyed_random import keyed_normal_device
-from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
+from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, gaussians_by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
 from tests.helpers.strategy_shards import SEED, N, as_rows
 
 MIN_OPACITY = 0.005
@@ -45,7 +45,7 @@ def test_sharded_mcmc_equals_one_process_bitwise(dtype: torch.dtype, partition: 
     results, calls = run_ranks(len(shards), lambda rank, gather: mcmc_sequence(shards[rank], gather))
     assert all(r == expected for r in results), "every rank sees the one process's global counts and ids"
     assert len(set(calls)) == 1, "every rank gathers the same number of times"
-    want, got = by_id([full]), by_id(shards)
+    want, got = gaussians_by_id([full]), gaussians_by_id(shards)
     assert want.keys() == got.keys()
     for key in want:
         assert want[key].dtype == got[key].dtype and torch.equal(want[key], got[key]), key
@@ -113,7 +113,7 @@ def test_relocation_equals_gsplats_relocate_given_the_same_draws(monkeypatch: py
     # gsplat overwrites dead row j with draw j's copy: there, id FIRST_ID + j is at dead row j.
     their_ids = ids.clone()
     their_ids[torch.nonzero(dead).flatten()] = FIRST_ID + torch.arange(int(dead.sum()))
-    mine, ref = by_id([ours]), by_id([(theirs[0], theirs[1], {"gauss_ids": their_ids})])
+    mine, ref = gaussians_by_id([ours]), gaussians_by_id([(theirs[0], theirs[1], {"gauss_ids": their_ids})])
     assert torch.equal(mine["gauss_ids"], ref["gauss_ids"])
     is_copy = mine["gauss_ids"] >= FIRST_ID
     for k in ours[0]:
@@ -138,8 +138,8 @@ def test_addition_equals_gsplats_sample_add_given_the_same_draws(monkeypatch: py
     _patched_gsplat_op(monkeypatch, source_rows, "sample_add", theirs[0], theirs[1], n=num_added)
     event = mcmc_event(as_rows(*ours, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
     assert (event.num_relocated, event.num_added) == (0, num_added)
-    mine = by_id([ours])
-    ref = by_id([(theirs[0], theirs[1], {"gauss_ids": torch.cat([ids, FIRST_ID + torch.arange(num_added)])})])
+    mine = gaussians_by_id([ours])
+    ref = gaussians_by_id([(theirs[0], theirs[1], {"gauss_ids": torch.cat([ids, FIRST_ID + torch.arange(num_added)])})])
     assert torch.equal(mine["gauss_ids"], ref["gauss_ids"])
     for k in mine:
         assert torch.allclose(mine[k].double(), ref[k].double(), rtol=1e-13, atol=1e-13), k
@@ -182,12 +182,12 @@ def test_eq9_equals_the_papers_double_sum(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("partition", ["blocks2", "interleaved3"])
-def test_noise_is_keyed_by_id(partition: str) -> None:
+def test_noise_is_keyed_gaussians_by_id(partition: str) -> None:
     full = mcmc_gaussians(torch.float64)
     shards = shards_of(full, partition)
     for params, _, state in [full, *shards]:
         inject_keyed_position_noise(params, state["gauss_ids"], seed=SEED, step=11, scaler=1e2)
-    assert torch.equal(by_id([full])["means"], by_id(shards)["means"])
+    assert torch.equal(gaussians_by_id([full])["means"], gaussians_by_id(shards)["means"])
 
 
 def test_noise_equals_gsplats_formula() -> None:
