@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 CAP = 11999
 """A total that a per-rank cap gives exactly on 2 and on 3 sharded ranks (floor(W x held / 1.1))."""
 NUM_IMAGES = 100
-MCMC_CAP = 11600
+MCMC_CAP = 11601
+"""Below max_gs_num, above the 11,384 seed points; a total a per-rank cap gives exactly on 2 sharded ranks."""
 MCMC_EXTRA = [
     "--pipeline.model.strategy",
     "mcmc",
