@@ -1,7 +1,8 @@
 """Caps on the Gaussians densification grows to: which grow candidates one event keeps.
 
 Two caps, both optional (None: no cap), set on a densifier after it is built
-(``Densifier.set_cap``, ``Densifier.set_max_held``; the lead's memory budget drives them):
+(``Densifier.set_cap``, ``Densifier.set_max_held``; ``--pipeline.memory-budget`` drives them through
+``gaussians/rank_budget.py``):
 
 * ``max_gaussians``, global over all ranks. The default strategy's grow event counts the global
   number of Gaussians after growth and before pruning (the event's memory peak); where that would
