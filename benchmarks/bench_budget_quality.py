@@ -132,9 +132,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget_quality"))
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--previous", type=Path, help="an earlier result of the same settings: its runs are kept, the seeds it holds not run again")
     args = parser.parse_args()
     machine = machine_record()
-    rows = []
+    rows = json.loads(args.previous.read_text())["runs"] if args.previous else []
+    args.seeds = [s for s in args.seeds if s not in {r["seed"] for r in rows}]
     for seed in args.seeds:
         rows.append(run_one(args.out, f"w1_seed{seed}", seed, 1, "replicated", args))
         rows.append(run_one(args.out, f"w{args.world_size}_sharded_seed{seed}", seed, args.world_size, "sharded", args))
@@ -143,6 +145,7 @@ def main() -> None:
         "scene": str(args.data), "n1": args.n1, "budget_gib": budget_gib(args.n1, args.batch_size),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": rows, "verdicts": verdicts(rows, args.n1, args.world_size), "machine": finish_machine_record(machine),
+        "previous": str(args.previous) if args.previous else None,
     }  # fmt: skip
     print(json.dumps(result["verdicts"], indent=1), flush=True)
     print(f"[budget] wrote {write_json(result_path('budget_quality'), result)}", flush=True)
