@@ -117,6 +117,37 @@ def verdicts(rows: list[dict[str, Any]], n1: int, world_size: int) -> dict[str, 
     return out
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Per seed, the final Gaussians (against N1 and 3 x N1) and the eval PSNR of one process and of W ranks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seeds = sorted(result["verdicts"])
+    world = result["settings"]["world_size"]
+    fig, (ax_n, ax_p) = plt.subplots(1, 2, figsize=(9, 3.6))
+    xs = range(len(seeds))
+    for offset, key, label in ((-0.2, "1", "1 process"), (0.2, str(world), f"{world} sharded ranks")):
+        v = [result["verdicts"][s] for s in seeds]
+        ax_n.bar([x + offset for x in xs], [r[f"gaussians_{key}"] for r in v], width=0.4, label=label)
+        ax_p.bar([x + offset for x in xs], [r[f"psnr_{key}"] for r in v], width=0.4, label=label)
+    n1 = result["n1"]
+    ax_n.axhline(n1, color="k", lw=1, ls="--", label="N1 (one process's cap)")
+    ax_n.axhline(3 * n1, color="r", lw=1, ls=":", label="3 x N1")
+    for ax, title in ((ax_n, "final Gaussians"), (ax_p, "eval PSNR (dB)")):
+        ax.set_xticks(list(xs), [f"seed {s}" for s in seeds])
+        ax.set_title(title)
+    low = min(min(r["psnr_1"], r[f"psnr_{world}"]) for r in result["verdicts"].values())
+    ax_p.set_ylim(low - 0.5, None)
+    ax_n.legend(fontsize=7)
+    fig.suptitle(
+        f"One per-rank budget ({float(result['budget_gib']) * 1024:.1f} MiB): 1 process vs {world} sharded ranks, bird, {result['settings']['images']} images"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
@@ -132,8 +163,13 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget_quality"))
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--plot", type=Path, help="draw the result's plot here (PNG)")
+    parser.add_argument("--replot", type=Path, help="only draw --plot from this result JSON")
     parser.add_argument("--previous", type=Path, help="an earlier result of the same settings: its runs are kept, the seeds it holds not run again")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(args.replot.read_text()), args.plot)
+        return
     machine = machine_record()
     rows = json.loads(args.previous.read_text())["runs"] if args.previous else []
     args.seeds = [s for s in args.seeds if s not in {r["seed"] for r in rows}]
@@ -149,6 +185,8 @@ def main() -> None:
     }  # fmt: skip
     print(json.dumps(result["verdicts"], indent=1), flush=True)
     print(f"[budget] wrote {write_json(result_path('budget_quality'), result)}", flush=True)
+    if args.plot:
+        plot(result, args.plot)
 
 
 if __name__ == "__main__":
