@@ -49,6 +49,7 @@ from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelCon
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.full_state import GatheredState
 from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
+from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
 from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
 from distsplat_ns.step_report import StepReport, StepTimings
@@ -203,7 +204,7 @@ class DistSplatPipeline(VanillaPipeline):
         model = self.model
         budget = RankBudget.for_run(
             self.ctx, config.memory_budget, model.rows, model.means.element_size(), bool(model.densifier.statistics),
-            batch_size=config.batch_size, sharded=shard is not None,
+            batch_size=config.batch_size, sharded=shard is not None, headroom=SHARD_BOUND,
         )  # fmt: skip
         self.model.to(device)
         self.world_size = self.ctx.world_size

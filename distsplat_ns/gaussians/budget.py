@@ -20,11 +20,19 @@ from dataclasses import dataclass
 import torch
 
 from distsplat_ns.gaussians.rows import RowSchema
-from distsplat_ns.parallel.camera_groups import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
 from distsplat_ns.utils.errors import UserError
 
 FLAG = "--pipeline.memory-budget"
 GIB = 1 << 30
+
+#: Bytes live per (camera, Gaussian) of a projection at its backward's peak, in units of the
+#: parameters' item size: the projection's outputs with what autograd saves to differentiate them,
+#: counted on the reference backend by ``benchmarks/projection_live_bytes.py`` (528 B, 132 items,
+#: at SH degree 3, the most splatfacto trains; 380 B at degree 0), times 2 because the backward's
+#: gradients of those tensors (each of its tensor's shape) exist beside the ones not yet freed
+#: (README.md, "Memory per rank"). gsplat's fused projection saves less: on CUDA this errs
+#: large. ``parallel/camera_groups.py`` sizes the sharded camera groups with it.
+LIVE_ITEMS_PER_CAMERA_GAUSSIAN = 2 * 132
 
 AUTO_DEVICE_FRACTION = 0.9
 """Share of a CUDA device's total memory the "auto" budget takes (Grendel-GS stops densifying at

@@ -29,7 +29,6 @@ from distsplat_ns.gaussians.budget import (
 from distsplat_ns.gaussians.densifier import Densifier
 from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.rows import GaussianRows
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
 
 
 class RankBudget:
@@ -61,7 +60,16 @@ class RankBudget:
 
     @classmethod
     def for_run(
-        cls, ctx: DistContext, setting: str, rows: GaussianRows, item_bytes: int, reads_statistics: bool, *, batch_size: int, sharded: bool
+        cls,
+        ctx: DistContext,
+        setting: str,
+        rows: GaussianRows,
+        item_bytes: int,
+        reads_statistics: bool,
+        *,
+        batch_size: int,
+        sharded: bool,
+        headroom: float,
     ) -> RankBudget | None:
         """This rank's budget from ``--pipeline.memory-budget`` (``setting``), or None without one.
 
@@ -73,6 +81,7 @@ class RankBudget:
             reads_statistics: Whether the strategy accumulates screen statistics.
             batch_size: Images per step over all ranks.
             sharded: Whether each rank holds a shard.
+            headroom: The shard imbalance the sharded total leaves room for (``SHARD_BOUND``).
 
         Raises:
             UserError: The initial Gaussians alone pass the budget (``check_initial_fit``: the
@@ -91,9 +100,9 @@ class RankBudget:
 
         num_initial = sum(all_gather_counts(ctx, len(rows))) if sharded else len(rows)
         check_initial_fit(
-            num_initial, budget, 0, bytes_when(sharded), bytes_when(True), world_size=ctx.world_size, sharded=sharded, headroom=SHARD_BOUND
+            num_initial, budget, 0, bytes_when(sharded), bytes_when(True), world_size=ctx.world_size, sharded=sharded, headroom=headroom
         )
-        return cls(ctx, budget, bytes_when(sharded), sharded=sharded, headroom=SHARD_BOUND)
+        return cls(ctx, budget, bytes_when(sharded), sharded=sharded, headroom=headroom)
 
     def caps(self, num_held: int) -> GaussianCaps:
         """The caps for the event about to run on this rank's ``num_held`` Gaussians.

@@ -17,13 +17,7 @@ import os
 
 import torch
 
-#: Bytes live per (camera, Gaussian) of a projection at its backward's peak, in units of the
-#: parameters' item size: the projection's outputs with what autograd saves to differentiate them,
-#: counted on the reference backend by ``benchmarks/projection_live_bytes.py`` (528 B, 132 items,
-#: at SH degree 3, the most splatfacto trains; 380 B at degree 0), times 2 because the backward's
-#: gradients of those tensors (each of its tensor's shape) exist beside the ones not yet freed
-#: (README.md, "Memory per rank"). gsplat's fused projection saves less: on CUDA this errs small.
-LIVE_ITEMS_PER_CAMERA_GAUSSIAN = 2 * 132
+from distsplat_ns.gaussians.budget import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
 
 #: Share of the memory free at the first step the live projections may take: the rest holds the
 #: parameters, Adam state, the received rows, the rasterizer's buffers and densification growth.

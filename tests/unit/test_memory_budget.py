@@ -10,6 +10,7 @@ import torch
 
 from distsplat_ns.gaussians.budget import (
     GIB,
+    LIVE_ITEMS_PER_CAMERA_GAUSSIAN,
     GaussianBytes,
     MemoryBudget,
     caps_from_budget,
@@ -22,7 +23,6 @@ from distsplat_ns.gaussians.budget import (
     smallest_sharded_world_size,
 )
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, gaussian_schema, parameter_fields
-from distsplat_ns.parallel.camera_groups import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
 from distsplat_ns.pipeline import DistSplatPipelineConfig
 from distsplat_ns.utils.errors import UserError
 
