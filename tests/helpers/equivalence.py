@@ -27,6 +27,27 @@ EQUIV_EXTRA = [
 ]
 
 
+# MCMC on lund_door, float64, B = 2: events every 10 images after a 10-image warm-up; dead below
+# opacity 0.1 (splatfacto's initial opacity), so thousands relocate at each event
+# (tests/multiproc/test_mcmc_training.py, tests/multiproc/test_budget_training.py).
+MCMC_EQUIV_EXTRA = [
+    "--pipeline.model.strategy",
+    "mcmc",
+    "--pipeline.model.param-dtype",
+    "float64",
+    "--pipeline.batch-size",
+    "2",
+    "--pipeline.model.warmup-length",
+    "10",
+    "--pipeline.model.refine-every",
+    "10",
+    "--pipeline.model.cull-alpha-thresh",
+    "0.1",
+    "--steps-per-eval-all-images",
+    "1000",
+]
+
+
 def assert_same_model(a: dict, b: dict) -> None:
     """Two runs' Gaussians agree within rounding, parameter by parameter: max |a - b| <= 1e-6.
 

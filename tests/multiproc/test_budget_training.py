@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.helpers.budget_runs import budget_for_cap
-from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
+from tests.helpers.equivalence import EQUIV_EXTRA, MCMC_EQUIV_EXTRA, assert_same_model
 from tests.helpers.nsrun import latest_checkpoint, read_stats, run_ns_train, run_torchrun
 from tests.helpers.rows_by_id import checkpoint_rows_by_id
 
@@ -27,24 +27,7 @@ CAP = 11999
 NUM_IMAGES = 100
 MCMC_CAP = 11601
 """Below max_gs_num, above the 11,384 seed points; a total a per-rank cap gives exactly on 2 sharded ranks."""
-MCMC_EXTRA = [
-    "--pipeline.model.strategy",
-    "mcmc",
-    "--pipeline.model.param-dtype",
-    "float64",
-    "--pipeline.batch-size",
-    "2",
-    "--pipeline.model.warmup-length",
-    "10",
-    "--pipeline.model.refine-every",
-    "10",
-    "--pipeline.model.cull-alpha-thresh",
-    "0.1",
-    "--steps-per-eval-all-images",
-    "1000",
-    "--steps-per-save",
-    "1000",
-]
+MCMC_EXTRA = [*MCMC_EQUIV_EXTRA, "--steps-per-save", "1000"]
 MCMC_IMAGES = 40
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.equivalence import assert_same_model
+from tests.helpers.equivalence import MCMC_EQUIV_EXTRA, assert_same_model
 from tests.helpers.nsrun import latest_checkpoint, read_scalars, read_stats, run_dir, run_torchrun, train_runs
 from tests.helpers.rows_by_id import checkpoint_by_id
 
@@ -28,26 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 CAP = 11700
 NUM_SEED_POINTS = 11384
-MCMC_EXTRA = [
-    "--pipeline.model.strategy",
-    "mcmc",
-    "--pipeline.model.param-dtype",
-    "float64",
-    "--pipeline.batch-size",
-    "2",
-    "--pipeline.model.warmup-length",
-    "10",
-    "--pipeline.model.refine-every",
-    "10",
-    "--pipeline.model.cull-alpha-thresh",
-    "0.1",
-    "--pipeline.model.max-gs-num",
-    str(CAP),
-    "--pipeline.replica-check-every",
-    "1",
-    "--steps-per-eval-all-images",
-    "1000",
-]
+MCMC_EXTRA = [*MCMC_EQUIV_EXTRA, "--pipeline.model.max-gs-num", str(CAP), "--pipeline.replica-check-every", "1"]
 NUM_IMAGES = 40
 NUM_STEPS = 20
 RESUME_STEP = 12
