@@ -50,7 +50,7 @@ PARAM_ITEMS = 3 + 3 + 4 + 1 + 3 + 15 * 3
 #: parameters, their gradients, Adam's two moments; densification statistics (grad2d, count,
 #: radii: 3 x float32); the global id (int64).
 STATE_BYTES_PER_GAUSSIAN = 4 * PARAM_ITEMS * ITEM_BYTES + 3 * 4 + 8
-#: The initial draw's peak (``gaussians/initial.py``), measured by ``benchmarks/bench_initial_draw.py`` (git history, 2f53be7) at 2M
+#: The initial draw's peak (``gaussians/initial.py``), measured by ``benchmarks/bench_initial_draw.py`` (git history, 891dfe8) at 2M
 #: (benchmarks/results/initial_draw.json): per Gaussian drawn whole (one process, a replicated rank), and,
 #: sharded, per Gaussian of all N (positions, random streams, the neighbour search) and of the rank's block.
 INIT_WHOLE_BYTES_PER_GAUSSIAN = 328
