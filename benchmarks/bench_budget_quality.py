@@ -33,13 +33,11 @@ from benchmarks.common import (
     train_command,
     write_json,
 )
-
-GIB = 1 << 30
+from distsplat_ns.gaussians.budget import GIB, gaussian_bytes
 
 
 def one_process_bytes_per_gaussian(batch_size: int) -> int:
     """Bytes per Gaussian of one float32 process at SH degree 3 with the default strategy."""
-    from distsplat_ns.gaussians.budget import gaussian_bytes
     from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, gaussian_schema, parameter_fields
 
     schema = gaussian_schema(parameter_fields(3), DEFAULT_STATISTICS)

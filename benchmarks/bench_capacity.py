@@ -20,7 +20,7 @@ Writes ``benchmarks/results/capacity_<date>.json`` (after every run, so a stoppe
 measured); ``--reanalyse FILE`` recomputes the table of a written JSON. docs/sharded.md, "Capacity
 with W", reads it.
 
-The launch code is :func:`ns_train_args`, :func:`launch_command` and :func:`run_one`; the fit is
+The launch goes through ``benchmarks/common.py`` (:func:`run_one`); the fit is
 :func:`marginal_bytes_per_gaussian` and :func:`capacity_table` (pure; tests/unit/test_capacity_fit.py).
 """
 
@@ -29,14 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from benchmarks.common import child_env, finish_machine_record, machine_record, run_command, train_command
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "scenes" / "lund_door"
@@ -210,16 +212,6 @@ def ns_train_args(out: Path, name: str, num: int, steps: int) -> list[str]:
     ]
 
 
-def launch_command(world: int, train_args: list[str], port: int) -> list[str]:
-    """The command line of one run: this module's ``--worker`` (the hooked ns-train) on one
-    process, or under torchrun on ``world``."""
-    worker = ["-m", "benchmarks.bench_capacity", "--worker", *train_args]
-    if world == 1:
-        return [sys.executable, *worker]
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    return [torchrun, "--nproc_per_node", str(world), "--master_port", str(port), *worker]
-
-
 def available_bytes() -> int:
     """MemAvailable from /proc/meminfo (what a new process may take without swapping out others)."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -243,14 +235,12 @@ def run_one(work: Path, world: int, num: int, steps: int, timeout_s: float) -> d
     if need > have:
         raise RuntimeError(f"W = {world}, N = {num}: about {need / 2**30:.1f} GiB needed, {have / 2**30:.1f} GiB available; not launched")
     name = f"sharded_w{world}_n{num}"
-    cmd = launch_command(world, ns_train_args(work, name, num, steps), 29500 + os.getpid() % 1000)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    # This module's --worker (the hooked ns-train) on one process, or under torchrun on ``world``.
+    cmd = train_command(["--worker", *ns_train_args(work, name, num, steps)], world_size=world, module="benchmarks.bench_capacity")
     load_before = os.getloadavg()
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+    run_command(cmd, name=name, env=child_env(), timeout=timeout_s)
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     run_dir = work / "capacity" / "distsplat" / name
     stats = json.loads((run_dir / "distsplat_stats.json").read_text())
     phases = [json.loads((run_dir / PHASES_FILE.format(rank=r)).read_text()) for r in range(world)]
@@ -275,7 +265,9 @@ def run_one(work: Path, world: int, num: int, steps: int, timeout_s: float) -> d
 
 # ----------------------------------------------------------------------------- the worker
 def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    from distsplat_ns.run_record import peak_memory_bytes
+
+    return peak_memory_bytes(torch.device("cpu"))
 
 
 def worker_main(train_args: list[str]) -> None:
@@ -324,22 +316,6 @@ def worker_main(train_args: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- the result
-def machine_record() -> dict[str, Any]:
-    """The machine and code a result was measured on."""
-    import torch
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip())
-    return {
-        "cpu_count": os.cpu_count(),
-        "load_average": list(os.getloadavg()),
-        "mem_total_bytes": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"),
-        "torch": torch.__version__,
-        "git_commit": commit + ("-dirty" if dirty else ""),
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The table as docs/sharded.md prints it (MiB, bytes per Gaussian, ratio, target, verdict)."""
     lines = [
@@ -413,6 +389,8 @@ def main() -> None:
                 f"W = {world}, N = {num}: peaks {[round(p / 2**20) for p in run['peak_rss_bytes_per_rank']]} MiB, {run['command_wall_s']:.0f} s",
                 flush=True,
             )
+    finish_machine_record(result["machine"])
+    out.write_text(json.dumps(result, indent=2))
     print(format_table(result["table"]))
 
 

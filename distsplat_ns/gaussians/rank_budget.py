@@ -111,18 +111,16 @@ class RankBudget:
         the rank uses besides them; the largest over ranks is kept, and the allocator's peak is reset
         so the next event measures its own interval.
 
-        **Collective:** world group, one all-reduce of one int (every rank, every event; none at one
-        rank). **Host sync:** that value (event steps only).
+        **Collective:** on CUDA, world group, one all-reduce of one int (every rank, every event;
+        none at one rank); on the CPU none (nothing is measured there: every rank's device is of
+        one type, so all agree). **Host sync:** that value (event steps only).
         """
         if self.ctx.device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(self.ctx.device))
             torch.cuda.reset_peak_memory_stats(self.ctx.device)
             self.peak_device_bytes = max(self.peak_device_bytes, peak)
-            fixed = max(0, peak - num_held * self.per_gaussian.total)
-        else:
-            fixed = 0
-        measured = torch.tensor([fixed], dtype=torch.int64, device=self.ctx.device)
-        self.fixed_bytes = max(self.fixed_bytes, int(all_reduce_max_(self.ctx, measured).item()))  # host sync: event step
+            fixed = torch.tensor([max(0, peak - num_held * self.per_gaussian.total)], dtype=torch.int64, device=self.ctx.device)
+            self.fixed_bytes = max(self.fixed_bytes, int(all_reduce_max_(self.ctx, fixed).item()))  # host sync: event step
         self.peak_counted_bytes = max(self.peak_counted_bytes, self.fixed_bytes + num_held * self.per_gaussian.total)
         return caps_from_budget(
             self.budget.bytes, self.fixed_bytes, self.per_gaussian.total, world_size=self.ctx.world_size, sharded=self.sharded, headroom=self.headroom
