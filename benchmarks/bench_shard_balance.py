@@ -98,23 +98,25 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
 
 
 def train_recording_step_costs(ns_train_args: list[str]) -> None:
-    """One rank of a run: ns-train with ``DistSplatPipeline._observe_costs`` recording each step's
-    figures (written by rank 0 at exit to ``DISTSPLAT_STEP_COSTS_OUT``)."""
+    """One rank of a run: ns-train with the step's cost gather (``pipeline_balance.py``'s
+    ``gather_step_costs``) recording each step's figures (written by rank 0 at exit to
+    ``DISTSPLAT_STEP_COSTS_OUT``)."""
     out = os.environ.get("DISTSPLAT_STEP_COSTS_OUT")
     if not out:
         raise SystemExit("error: bench_shard_balance ns-train needs DISTSPLAT_STEP_COSTS_OUT, the JSON file to write")
     from nerfstudio.scripts.train import entrypoint
 
-    from distsplat_ns import pipeline
+    from distsplat_ns import pipeline_balance
     from distsplat_ns.parallel import sharded
 
     bound = os.environ.get("DISTSPLAT_SHARD_BOUND")
     if bound is not None:
         sharded.rebalance_shards_ = functools.partial(sharded.rebalance_shards_, bound=float(bound))
     steps: list[dict] = []
-    observe = pipeline.DistSplatPipeline._observe_costs
+    gather = pipeline_balance.gather_step_costs
 
-    def recording(self, plan, batch, costs, view, clock):
+    def recording(*args, **kwargs):
+        costs = gather(*args, **kwargs)
         steps.append(
             {
                 "render_s": list(costs.render_s),
@@ -122,9 +124,9 @@ def train_recording_step_costs(ns_train_args: list[str]) -> None:
                 "bands": [len(bands) for bands in costs.measured],
             }
         )
-        return observe(self, plan, batch, costs, view, clock)
+        return costs
 
-    pipeline.DistSplatPipeline._observe_costs = recording
+    pipeline_balance.gather_step_costs = recording
 
     def write() -> None:
         if os.environ.get("RANK", "0") == "0":

@@ -2,20 +2,22 @@
 
 How the Gaussians are held -- every rank all of them (replicated) or a shard each (sharded) -- is
 one ``ParallelMode`` built at set-up from ``--pipeline.parallel`` (``parallel/``); the step calls
-it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order: plan
--> fetch -> projections -> forward -> backward (with the SSIM-halo exchange) -> reduce ->
-statistics -> finite check and cost gather -> optimizer -> refine -> after-refine -> observe
-costs -> replica check; docs/architecture.md walks through it. Rank 0 alone owns viewer, writers and checkpoints
-(trainer.py). Eval images and viewer frames are rendered as the mode says: by rank 0 alone from the
-whole model (replicated), or by every rank from its shard (sharded: eval is then called on every
-rank, and a viewer frame rank 0's viewer thread posted is flagged in the step's cost all-gather,
-then broadcast and rendered by all ranks at the end of the step).
+it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order, each
+phase in one place: the data (``datamanager.step_batch``) -> the balance's plan
+(``pipeline_balance.py``) -> the render phase's forward and backward, with the SSIM-halo exchange
+(``pipeline_render.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
+balance's measurement (cost gather with the finite check, viewer frame) -> optimizer -> densify
+(``gaussians/``) and after-refine -> replica check; docs/architecture.md walks through it. Rank 0
+alone owns viewer, writers and checkpoints (trainer.py). Eval images and viewer frames are
+rendered as the mode says: by rank 0 alone from the whole model (replicated), or by every rank
+from its shard (sharded: eval is then called on every rank, and a viewer frame rank 0's viewer
+thread posted is flagged in the step's cost all-gather, then broadcast and rendered by all ranks
+right after it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,37 +28,25 @@ from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from torch.cuda.amp.grad_scaler import GradScaler
 
-from distsplat_ns.balance.cost import footprint_row_costs
-from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode, StepPlan
+from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.data.step_batch import StepImages
-from distsplat_ns.distributed.collectives import (
-    all_reduce_max_,
-    broadcast_object,
-    broadcast_tensors_,
-    check_replicas,
-    raise_if_nonfinite,
-)
+from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.gaussians.budget import parse_memory_budget
 from distsplat_ns.gaussians.rank_budget import RankBudget
-from distsplat_ns.model.band_backward import backward_bands
-from distsplat_ns.model.band_depth import fill_empty_depth_, image_depth_maxima
-from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.full_state import GatheredState
-from distsplat_ns.parallel.plan_gathers import HaloSlot, StepCosts, exchange_halo_rows, gather_step_costs, halo_slots
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.pipeline_balance import StepBalance
 from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
+from distsplat_ns.pipeline_render import BandPass
 from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
 from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
-from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.utils.validation import one_of
@@ -101,37 +91,6 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
         if self.check_finite_every < 0:
             raise UserError(f"--pipeline.check-finite-every must be >= 0, got {self.check_finite_every}")
         parse_memory_budget(self.memory_budget)
-
-
-@dataclass(frozen=True)
-class StepState:
-    """What the phases of one step read, built once in ``train_step`` and passed (never stored).
-
-    Attributes:
-        step: The step.
-        cameras: The batch's cameras on the host, by batch position.
-        sizes_px: Each batch image's rendered ``(width, height)``. `[B]`.
-        plan: Every rank's bands.
-        images: This rank's images and masks on the device, at ``plan.positions(rank)``.
-        num_gaussians: Gaussians over every rank (the mode's ``num_gaussians_total``).
-        clock: The step's phase times.
-    """
-
-    step: int
-    cameras: BatchCameras
-    sizes_px: list[tuple[int, int]]
-    plan: StepPlan
-    images: StepImages
-    num_gaussians: int
-    clock: PhaseClock
-
-
-@contextmanager
-def communicating(clock: PhaseClock, phase: str | None = "all_reduce") -> Iterator[None]:
-    """A blocking collective: its time counts in ``phase`` (None: no phase) and in ``exposed_comm``
-    (once where such blocks nest: the sharded exchange times its parts inside its whole)."""
-    with clock.span("exposed_comm"), clock.phase(phase) if phase is not None else nullcontext():
-        yield
 
 
 class DistSplatPipeline(VanillaPipeline):
@@ -223,8 +182,11 @@ class DistSplatPipeline(VanillaPipeline):
         # Costs in the unit of the renderer this rank uses, and its fixed cost per band (the same on
         # every rank: one device type).
         backend = resolve_backend(self.model.config.rendering_backend, self.ctx.device)
-        self.planner = BandPlanner(config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend])
-        self.time_imbalance: list[float] = []
+        planner = BandPlanner(config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend])
+        # The step's phases, each an object of its own: the balance (plan, measure) and the render
+        # (forward, backward); the data is the datamanager's ``step_batch``.
+        self.balance = StepBalance(self.ctx, planner, self.mode, self.model, self._host_cameras)
+        self.band_pass = BandPass(self.ctx, self.mode, self.model)
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
         self.viewer_start_view = StartAtTrainingView(self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True))
@@ -232,11 +194,11 @@ class DistSplatPipeline(VanillaPipeline):
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
         """The balancer's cost history travels with checkpoints (a resumed run balances at once)."""
-        return {"planner": self.planner.state_dict()}
+        return {"planner": self.balance.planner.state_dict()}
 
     def set_extra_state(self, state: Any) -> None:
-        if isinstance(state, dict) and "planner" in state and hasattr(self, "planner"):
-            self.planner.load_state_dict(state["planner"])
+        if isinstance(state, dict) and "planner" in state and hasattr(self, "balance"):
+            self.balance.planner.load_state_dict(state["planner"])
 
     @property
     def model(self) -> DistSplatModel:
@@ -323,7 +285,9 @@ class DistSplatPipeline(VanillaPipeline):
 
     # ------------------------------------------------------------------ the step
     def train_step(self, step: int, optimizers: Optimizers) -> StepReport:
-        """One training step on this rank, every phase in order.
+        """One training step on this rank, every phase in order: the data, the balance's plan,
+        the render phase's forward and backward, the gradient sum with the statistics and the
+        finite verdict, the balance's measurement, the optimizer, densification, the replica check.
 
         Args:
             step: The step (the batch is ``step``'s on every rank).
@@ -337,14 +301,15 @@ class DistSplatPipeline(VanillaPipeline):
             ReplicaDriftError: the ranks' replicated parameters differ after the step.
 
         **Collective:** world group, in this order on every rank: the mode's Gaussian count (sharded:
-        on the first step and the first after one that may change shards), its
-        projections (an exchange where each rank holds a shard), the SSIM-halo all-gather (where
-        the plan cuts an image) and the mode's backward (the reverse exchange), the mode's gradient
-        reduction (replicated: its buckets started during the last backward, the rest right after it), with
+        on the first step and the first after one that may change shards), the footprint priors'
+        reduction (cold cameras only), per camera group the projections (an exchange where each
+        rank holds a shard), the SSIM-halo all-gather (where the plan cuts an image) and the mode's
+        backward (the reverse exchange), the mode's gradient reduction (replicated: its buckets
+        started during the last backward, the rest right after it), with
         ``output_depth_during_training`` the depth fill's max all-reduce, statistics (while
-        densification runs) and finite verdict, the cost all-gather (with the verdict), the
-        refine's id gather and after-refine, a viewer frame's broadcast and render (only when rank 0
-        took one) and, every ``replica_check_every`` steps, the replica digest.
+        densification runs) and finite verdict, the cost all-gather (with the verdict) and a
+        viewer frame's broadcast and render (only when rank 0 took one), the refine's id gather
+        and after-refine and, every ``replica_check_every`` steps, the replica digest.
         **Host sync:** the gathered tile costs with the finite verdict (one copy, every step: the
         next cut needs them), refine steps, the replica digest.
         """
@@ -356,41 +321,46 @@ class DistSplatPipeline(VanillaPipeline):
         batch = data.camera_ids
         cameras = BatchCameras(batch, self._host_cameras, [self._image_sizes[c] for c in batch])
         num_gaussians = self.mode.num_gaussians_total()
-        plan = self.plan(step, batch)
+        plan = self.balance.plan(step, batch)
         images = data.on_device(plan.positions(self.ctx.rank))
         clock.add("data_wait", images.wait_s)
         self.images_fetched_on_demand += images.num_fetched_on_demand
-        state = StepState(step, cameras, cameras.sizes_px(range(len(batch)), plan.downscale), plan, images, num_gaussians, clock)
         named = self._named_trainable_parameters()
         # Buckets start during the last backward, unless a test reads the gradients before the sum.
         gradient_sum = self.mode.gradient_sum(named, overlap=before_gradient_sum_hook is None)
-        result, sources, moved = self._forward_backward(state, gradient_sum)
+        result, sources, moved = self.band_pass.run(step, cameras, plan, images, clock, gradient_sum)
+        densifier = self.model.densifier
         with clock.phase("all_reduce"):
             if before_gradient_sum_hook is not None:
                 before_gradient_sum_hook(step, self.ctx.rank, self.model)
             moved += gradient_sum.finish()  # before any other collective: the rest of the buckets
             clock.add("exposed_comm", gradient_sum.exposed_s)
-            with communicating(clock):
-                info, statistics_bytes = self._statistics(step, sources, state.sizes_px)
-            verdict = self._finite_verdict(step, named)
-        if self.model.config.output_depth_during_training:
-            self._fill_band_depths(result, len(batch))
+            info, statistics_bytes = None, 0
+            if densifier.needs_statistics(step):  # None after the stop, and always under MCMC
+                with clock.communicating():
+                    info, statistics_bytes = self.mode.statistics(
+                        sources, self.config.batch_size, cameras.sizes_px(range(len(batch)), plan.downscale)
+                    )
+            every = self.config.check_finite_every
+            verdict = self.mode.finite_verdict(named) if every and step % every == 0 else None
+        self.band_pass.fill_depths(result, len(batch))
         # The costs' gather carries the verdict: the check costs no extra sync.
-        costs, view = self._gather_costs(plan, result, verdict, clock)
-        raise_if_nonfinite(costs.nonfinite, named, step)
+        measured = self.balance.measure(plan, batch, result, verdict, clock)
+        raise_if_nonfinite(measured.nonfinite, named, step)
         with clock.phase("optimizer"):
             optimizers.optimizer_step_all()
             optimizers.scheduler_step_all(step)
         with clock.phase("densify"):
             # The strategy (default or MCMC) decides what this step does; the mode how it is gathered;
             # the memory budget how far it may grow.
-            densifier = self.model.densifier
             if self.budget is not None and densifier.changes_shards_at(step):
                 self.budget.apply_caps(densifier, len(self.model.rows))
             densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-        measured_imbalance, time_imbalance = self._observe_costs(plan, batch, costs, view, clock)
-        self._check_replicas(step, named)
+        every = self.config.replica_check_every
+        replicated = self.mode.replicated_parameters(named) if self.ctx.is_distributed and every and step % every == 0 else []
+        if replicated:  # every rank alike: the mode's choice of parameters
+            check_replicas(self.ctx, replicated, step)
         return StepReport(
             loss=result.loss.detach(),
             l1=result.l1,
@@ -399,186 +369,17 @@ class DistSplatPipeline(VanillaPipeline):
             num_gaussians=num_gaussians,
             timings=StepTimings.from_clock(clock),
             bytes_communicated=moved + statistics_bytes,
-            measured_imbalance=measured_imbalance,
+            measured_imbalance=measured.measured_imbalance,
             predicted_imbalance=plan.predicted_imbalance,
-            time_imbalance=time_imbalance,
+            time_imbalance=measured.time_imbalance,
             band_depths=result.band_depths,
         )
-
-    def _forward_backward(self, state: StepState, gradient_sum: GradientSum) -> tuple[BandRenderResult, list[ProjectionSource], int]:
-        """Forward and backward of this rank's bands, one camera group (``mode.camera_groups``) at a
-        time, so that only one group's projections are live; the gradients accumulate. Returns the
-        whole batch's result (loss shares summed, every band's tile counts), each group's source
-        and the bytes moved. The batch-independent terms are added once (with the first group).
-        The last group's rasterizer backward runs inside ``gradient_sum.during_last_backward()``.
-
-        **Collective:** per group, in order on every rank: the mode's projections, the SSIM-halo
-        all-gather, the source's backward.
-        """
-        share = self.mode.regularizer_share(state.num_gaussians)
-        no_terms = RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=state.num_gaussians)
-        clock, images = state.clock, state.images
-        total: BandRenderResult | None = None
-        sources: list[ProjectionSource] = []
-        moved = 0
-        groups = list(self.mode.camera_groups(len(state.cameras), state.num_gaussians))
-        for g, group in enumerate(groups):
-            wanted = set(group)
-            mine = [i for i, p in enumerate(images.positions) if p in wanted]
-            mine_positions = [images.positions[i] for i in mine]
-            with clock.phase("forward"):
-                source, sent = self.mode.projections(state.cameras, state.plan, state.step, lambda: communicating(clock), group)
-                # Host-side cameras: indexed only where this rank projects them, then moved.
-                result = self.model.forward_bands(
-                    state.cameras,
-                    mine_positions,
-                    [images.images[i] for i in mine],
-                    [images.masks[i] for i in mine],
-                    [b for b in state.plan.bands[self.ctx.rank] if b.position in wanted],
-                    state.step,
-                    share if g == 0 else no_terms,
-                    source,
-                    camera_ids=[state.cameras.camera_ids[p] for p in mine_positions],
-                )
-            with clock.phase("backward"):
-                halos = [halo_slots([b for b in bands if b.position in wanted], state.sizes_px) for bands in state.plan.bands]
-                self._backward(result, source, clock, gradient_sum.during_last_backward() if g == len(groups) - 1 else None, halos)
-            sources.append(source)
-            moved += sent
-            if total is None:
-                total = result
-            else:
-                total.loss = total.loss.detach() + result.loss.detach()
-                total.l1, total.dssim = total.l1 + result.l1, total.dssim + result.dssim
-                total.loss_terms = {k: v + result.loss_terms[k] for k, v in total.loss_terms.items()}
-                total.band_tile_work.extend(result.band_tile_work)
-                total.band_depths.extend(result.band_depths)
-            total.pixel_links = []  # consumed by the backward
-        assert total is not None, "a batch has at least one camera"
-        return total, sources, moved
-
-    def _fill_band_depths(self, result: BandRenderResult, batch_size: int) -> None:
-        """Splatfacto's training depth in this rank's bands: uncovered pixels get their image's
-        largest depth over every rank's bands (``model/band_depth.py``).
-
-        **Collective:** world group, one max all-reduce of `[B]` (none at one rank).
-        """
-        maxima = image_depth_maxima(result.band_depths, batch_size, self.model.means)
-        fill_empty_depth_(result.band_depths, all_reduce_max_(self.ctx, maxima))
-
-    def _statistics(self, step: int, sources: Sequence[ProjectionSource], sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any] | None, int]:
-        """The mode's densification statistics on the steps the strategy reads them (None otherwise:
-        after the stop, and always under MCMC)."""
-        if not self.model.densifier.needs_statistics(step):
-            return None, 0
-        return self.mode.statistics(sources, self.config.batch_size, sizes_px)
-
-    def _finite_verdict(self, step: int, named: Sequence[tuple[str, torch.nn.Parameter]]) -> torch.Tensor | None:
-        """The mode's device-side finite verdict on ``check_finite_every`` steps (None otherwise)."""
-        every = self.config.check_finite_every
-        return self.mode.finite_verdict(named) if every and step % every == 0 else None
-
-    def _check_replicas(self, step: int, named: Sequence[tuple[str, torch.nn.Parameter]]) -> None:
-        """Every ``replica_check_every`` steps, prove the parameters every rank holds bitwise identical.
-
-        **Collective:** world group, on those steps with more than one rank: one digest all-gather.
-        """
-        every = self.config.replica_check_every
-        if not (self.ctx.is_distributed and every and step % every == 0):
-            return
-        replicated = self.mode.replicated_parameters(named)
-        if replicated:
-            check_replicas(self.ctx, replicated, step)
-
-    def plan(self, step: int, batch: Sequence[int]) -> StepPlan:
-        """Every rank's bands for the step: a pure function of values every rank has (the batch,
-        the resolution, and the cost history, which every rank updates with the same all-gathered
-        measurements)."""
-        downscale = self.model.downscale_factor_at(step)
-        need_prior = self.planner.cameras_needing_prior(downscale, batch)
-        if need_prior:
-            for camera_index, costs in zip(need_prior, self._footprint_priors(need_prior, step), strict=False):
-                self.planner.set_prior(downscale, camera_index, costs)
-        return self.planner.plan(batch, self.ctx.world_size, downscale)
-
-    @torch.no_grad()
-    def _footprint_priors(self, camera_indices: Sequence[int], step: int) -> list[torch.Tensor]:
-        """Cold-start costs: how many tiles each projected Gaussian's 3-sigma footprint covers, per
-        tile row (projection only, no rasterization; identical on every rank).
-
-        **Collective:** the mode's ``reduce_footprint_costs`` (sharded: one all-reduce).
-        """
-        costs: list[torch.Tensor] = [torch.empty(0)] * len(camera_indices)
-        for group, proj in self.model.project_cameras(self._host_cameras(camera_indices), step):
-            for k, i in enumerate(group):
-                costs[i] = footprint_row_costs(proj.means2d[k].detach(), proj.radii[k], proj.height, proj.width)
-        flat, _ = self.mode.reduce_footprint_costs(torch.cat(costs))
-        return [c.cpu() for c in torch.split(flat, [len(c) for c in costs])]  # host sync: cold cameras only
-
-    def _backward(
-        self,
-        result: BandRenderResult,
-        source: ProjectionSource,
-        clock: PhaseClock,
-        last_backward: AbstractContextManager | None,
-        halos: Sequence[Sequence[HaloSlot]],
-    ) -> None:
-        """Backpropagate this rank's loss share with exact per-pixel gradients
-        (``model/band_backward.py``); the source's terms are anchored, so that a backward that is
-        a collective (the sharded exchange's) runs on every rank.
-
-        The exchanges wait for the slowest rank: they count as communication (``all_reduce``), not
-        render time, or the per-rank render times (the balancer's wall-clock figure) would look
-        more equal than they are. ``last_backward``: entered around the rasterizer backward of the
-        step's last group (``backward_bands``), None for the others. ``halos``: every rank's halo
-        rows in this group (``parallel/plan_gathers.py:halo_slots``); none where the plan cuts no
-        image, and then no rank exchanges anything.
-
-        **Collective:** where some band has halo rows, one all-gather of their pixel gradients;
-        then the source's backward.
-        """
-
-        def exchange(msgs):
-            with communicating(clock):
-                return exchange_halo_rows(self.ctx, msgs, halos, self.model.compute_dtype)
-
-        backward_bands(result.loss, result.pixel_links, exchange, anchors=source.anchors, last_backward=last_backward)
 
     def _host_cameras(self, camera_ids: Sequence[int]) -> Any:
         """The training cameras ``camera_ids``, host-side, each carrying its id (the camera
         optimizer adjusts each by its own: ``model/camera_adjust.py``)."""
         cameras = self.datamanager.train_dataset.cameras[torch.tensor(list(camera_ids), dtype=torch.long)]
         return with_train_camera_ids(cameras, camera_ids)
-
-    def _gather_costs(self, plan: StepPlan, result: BandRenderResult, verdict: torch.Tensor | None, clock: PhaseClock) -> tuple[StepCosts, Any]:
-        """Every rank's measured per-row costs, render time and the finite verdict, and rank 0's
-        pending viewer frame (``mode.pending_view``), taken now and returned (None elsewhere): the
-        gathered flag tells every rank whether one is served at the end of the step.
-
-        **Collective:** one all-gather sized by the plan (``parallel/plan_gathers.py``).
-        **Host sync:** one copy: the next step's cut needs the costs.
-        """
-        view = self.mode.pending_view()
-        with communicating(clock, phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
-            costs = gather_step_costs(self.ctx, plan, result.band_tile_work, verdict, clock["forward"] + clock["backward"], view is not None)
-        return costs, view
-
-    def _observe_costs(self, plan: StepPlan, batch: Sequence[int], costs: StepCosts, view: Any, clock: PhaseClock) -> tuple[float, float]:
-        """Fold the gathered costs into the history; returns ``(measured_imbalance, time_imbalance)``.
-        When rank 0 took a viewer frame (``costs.view_posted``), every rank renders it now
-        (``mode.serve_view``): at most one frame per step.
-
-        **Collective:** only on steps with a viewer frame: the request's broadcast from rank 0,
-        then, in a mode whose views are collectives, the view's.
-        """
-        measured_imbalance = self.planner.observe(plan, batch, plan.downscale, costs.measured)
-        time_imbalance = max_over_mean(costs.render_s)
-        self.time_imbalance.append(time_imbalance)
-        if costs.view_posted:
-            with communicating(clock, phase=None):
-                request = broadcast_object(self.ctx, view)
-            self.mode.serve_view(request)
-        return measured_imbalance, time_imbalance
 
     def memory_budget_summary(self) -> dict[str, Any] | None:
         """The run summary's ``memory_budget`` (``RankBudget.summary``), None without a budget."""
@@ -588,13 +389,8 @@ class DistSplatPipeline(VanillaPipeline):
         """Balance figures for the run summary (measured after the first epoch: before it, most
         cameras have only a footprint prior)."""
         warmup = steps_to_cover(len(self.datamanager.train_dataset), self.config.batch_size)
-        summary: dict[str, Any] = {
+        return {
             "partition": self.config.partition,
-            "band_cost_fraction": self.planner.band_cost_fraction,
-            **self.planner.log.summary(warmup_steps=warmup),
+            **self.balance.summary(warmup_steps=warmup),
+            "images_fetched_on_demand": self.images_fetched_on_demand,
         }
-        tail = self.time_imbalance[warmup:] if len(self.time_imbalance) > warmup else self.time_imbalance
-        if tail:
-            summary["time_imbalance_mean"], summary["time_imbalance_p95"] = mean_and_p95(tail)
-        summary["images_fetched_on_demand"] = self.images_fetched_on_demand
-        return summary

@@ -175,9 +175,9 @@ class ParallelMode(ABC):
         """Training is over on every rank (called before the viewer is kept open). Local."""
 
     def pending_view(self) -> Any | None:
-        """Rank 0's viewer request to render at the end of this step (None: none, or not rank 0).
-        Flagged in the step's cost all-gather (``DistSplatPipeline._gather_costs``), then
-        broadcast from rank 0 (``_observe_costs``). Local."""
+        """Rank 0's viewer request to render in this step (None: none, or not rank 0). Flagged in
+        the step's cost all-gather, then broadcast from rank 0 (``pipeline_balance.py:StepBalance.measure``).
+        Local."""
         return None
 
     def serve_view(self, request: Any) -> None:  # noqa: B027 -- a default: no request is ever shared where rank 0 renders alone

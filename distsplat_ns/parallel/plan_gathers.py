@@ -35,7 +35,7 @@ from distsplat_ns.utils.host_to_device import host_tensor
 HALO_CHANNELS = 3
 
 #: Values each rank adds after its bands' costs: the finite verdict, its render time (s), and
-#: whether rank 0 took a viewer frame to render at the end of the step (1.0) or not (0.0).
+#: whether rank 0 took a viewer frame to render in this step (1.0) or not (0.0).
 _TRAILING = 3
 
 
@@ -122,7 +122,7 @@ class StepCosts:
             plan order (``BandPlanner.observe``'s measurements). `[R][...]`.
         render_s: Per rank, its render time of the step (forward + backward), s. `[R]`.
         nonfinite: The finite verdict: a gradient held NaN/Inf (False where none was computed).
-        view_posted: Rank 0 took a viewer frame to render at the end of the step.
+        view_posted: Rank 0 took a viewer frame to render in this step.
     """
 
     measured: list[list[tuple[int, int, list[float]]]]

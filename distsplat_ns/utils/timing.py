@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 
 class PhaseClock:
@@ -45,6 +45,14 @@ class PhaseClock:
             self._open_spans[name] = depth
             if depth == 0:
                 self.add(name, time.perf_counter() - start)
+
+    @contextmanager
+    def communicating(self, phase: str | None = "all_reduce") -> Iterator[None]:
+        """A blocking collective: its time counts in ``phase`` (None: no phase) and in the
+        ``exposed_comm`` span (once where such blocks nest: the sharded exchange times its parts
+        inside its whole)."""
+        with self.span("exposed_comm"), self.phase(phase) if phase is not None else nullcontext():
+            yield
 
     def add(self, name: str, seconds: float) -> None:
         """Count ``seconds`` under ``name`` (time measured elsewhere, e.g. the data stream's wait)."""

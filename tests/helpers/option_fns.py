@@ -52,10 +52,10 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
 def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]]:
     """One training forward and backward with ``output_depth_during_training`` through the mode
     ``parallel`` (bands per rank from ``splits``: ``(position, first_row_px, end_row_px)``), the
-    depth filled as ``DistSplatPipeline.train_step`` fills it; returns this rank's bands' depth rows
+    depth filled as ``DistSplatPipeline.train_step`` fills it (``BandPass.fill_depths``); returns this rank's bands' depth rows
     as ``{"position", "first_row", "depth"}`` and, on rank 0, ``"whole"``: ``get_outputs``' depth
     of each batch camera (splatfacto's training path: whole image, one process)."""
-    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline_render import BandPass
 
     model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", output_depth_during_training=True)
     whole = None
@@ -63,10 +63,7 @@ def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]
         with torch.no_grad():
             whole = [model.get_outputs(make_cameras(2)[i : i + 1])["depth"].clone() for i in range(2)]
     mode, result = _band_step(ctx, model, parallel, make_cameras(2), splits)
-    pipe = object.__new__(DistSplatPipeline)  # only what the depth fill reads
-    torch.nn.Module.__init__(pipe)
-    pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
-    pipe._fill_band_depths(result, 2)
+    BandPass(ctx, mode, model).fill_depths(result, 2)
     rows = [{"position": d.band.position, "first_row": d.band.first_row_px, "depth": d.depth.clone()} for d in result.band_depths]
     return [{"rows": rows, "whole": whole, "height": HEIGHT}]
 

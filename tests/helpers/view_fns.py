@@ -44,7 +44,7 @@ def sharded_view(ctx: Any, dtype: str, camera_index: int) -> Any:
 
 
 def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
-    """One sharded step's forward and backward (``DistSplatPipeline._forward_backward``) on a
+    """One sharded step's forward and backward (``pipeline_render.py:BandPass.run``) on a
     batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
     rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
 
@@ -53,7 +53,7 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     from distsplat_ns.data.step_batch import StepImages
     from distsplat_ns.distributed.gradient_sum import GradientSum
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline import DistSplatPipeline, StepState
+    from distsplat_ns.pipeline_render import BandPass
     from distsplat_ns.utils.cameras import BatchCameras
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
@@ -64,18 +64,15 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     model.step = 5
     mode = ShardedMode(ctx, model)
     mode.group_cameras = group_cameras
-    pipe = object.__new__(DistSplatPipeline)  # only what _forward_backward reads
-    torch.nn.Module.__init__(pipe)
-    pipe.ctx, pipe.mode, pipe._model = ctx, mode, model
     cuts = [[(0, 0, HEIGHT), (1, 0, 20)], [(1, 20, HEIGHT), (2, 0, HEIGHT)]]
     bands = [[Band(*b, tile_size=1) for b in rank] for rank in cuts]
     plan = StepPlan(bands=bands, predicted_costs=[0.0] * len(bands), heights_px=[HEIGHT] * len(batch), downscale=1)
     positions = plan.positions(ctx.rank)
     images = make_images(len(batch))
     step_images = StepImages(positions, [images[p] for p in positions], [None] * len(positions), wait_s=0.0, num_fetched_on_demand=0)
-    state = StepState(5, BatchCameras.of(make_cameras(len(batch))), [(WIDTH, HEIGHT)] * len(batch), plan, step_images, NUM_POINTS, PhaseClock())
     # No gradient sum: the test reads each rank's own gradients.
-    result, sources, _ = pipe._forward_backward(state, GradientSum(lambda: 0))
+    cameras = BatchCameras.of(make_cameras(len(batch)))
+    result, sources, _ = BandPass(ctx, mode, model).run(5, cameras, plan, step_images, PhaseClock(), GradientSum(lambda: 0))
     info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
     grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
     return {
@@ -92,8 +89,8 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
 
 def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
     """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
-    step's cost all-gather (``DistSplatPipeline._gather_costs``), which carries rank 0's flag,
-    and renders the request at the step's end (``_observe_costs``), every rank over rank 0's viewer
+    step's cost all-gather (``pipeline_balance.py:StepBalance.measure``), which carries rank 0's
+    flag, and renders the request right after it, every rank over rank 0's viewer
     background. Returns, on rank 0, the frame the viewer thread got and whether the model was back
     in training mode; on other ranks, whether they rendered (served) it."""
     import threading
@@ -102,7 +99,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
 
     from distsplat_ns.balance.planner import BandPlanner
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline_balance import StepBalance
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT
 
@@ -110,11 +107,8 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     model.train()  # mid-training
     mode = ShardedMode(ctx, model)
-    pipe = object.__new__(DistSplatPipeline)  # only what _gather_costs and _observe_costs read
-    torch.nn.Module.__init__(pipe)
-    pipe.ctx, pipe.mode, pipe._model, pipe.time_imbalance = ctx, mode, model, []
-    pipe.planner = BandPlanner("balanced", [HEIGHT] * 4)
-    plan = pipe.planner.plan([0], ctx.world_size, 1)
+    balance = StepBalance(ctx, BandPlanner("balanced", [HEIGHT] * 4), mode, model, host_cameras=lambda ids: make_cameras(4)[torch.tensor(list(ids))])
+    plan = balance.planner.plan([0], ctx.world_size, 1)
     result = SimpleNamespace(band_tile_work=[(b, torch.ones(b.num_cost_rows(HEIGHT), 2)) for b in plan.bands[ctx.rank]])
     frame: dict[str, Any] = {}
     viewer = None
@@ -127,8 +121,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
             time.sleep(0.01)
     served_before = mode.view_requests.num_served
     clock = PhaseClock()
-    costs, view = pipe._gather_costs(plan, result, None, clock)
-    pipe._observe_costs(plan, [0], costs, view, clock)
+    balance.measure(plan, [0], result, None, clock)
     if viewer is None:
         return {"served_here": True}
     viewer.join(timeout=60)

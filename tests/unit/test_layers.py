@@ -61,6 +61,8 @@ LAYERS: dict[str, int] = {
     "data/eval_split.py": 4,
     "pipeline.py": 4,
     "pipeline_eval.py": 4,
+    "pipeline_balance.py": 4,
+    "pipeline_render.py": 4,
     "trainer.py": 4,
     "trainer_checkpoints.py": 4,
     "checkpoint.py": 4,
