@@ -57,6 +57,8 @@ class Densifier(ABC):
     id any rank holds.
     """
 
+    #: What ``--pipeline.model.strategy``'s help says of this strategy (``densify.py:strategy_help``).
+    help: str = ""
     #: The strategy's per-Gaussian statistics, kept in the strategy state (none by default).
     statistics: tuple[RowField, ...] = ()
     #: Whether :meth:`set_max_held` can cap each rank's Gaussians (MCMC cannot: an addition lands

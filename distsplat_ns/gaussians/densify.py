@@ -11,8 +11,9 @@ pipeline's step asks the densifier three things:
 * ``changes_shards_at(step)``: whether the step may change the shards' sizes (the sharded mode
   rebalances then).
 
-A third strategy is its own module (a ``Densifier`` subclass with ``from_config``) and one entry in
-``StrategyName`` and ``DENSIFIERS`` here.
+A third strategy is its own module (a ``Densifier`` subclass with ``from_config`` and its ``help``)
+and one entry in ``StrategyName`` and ``DENSIFIERS`` here: the flag's choices, its help
+(``strategy_help``) and the refusal of other values follow from them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ STRATEGIES: tuple[StrategyName, ...] = get_args(StrategyName)
 
 DENSIFIERS: dict[StrategyName, type[Densifier]] = {"default": DefaultDensifier, "mcmc": MCMCDensifier}
 """The class of each choice."""
+
+
+def strategy_help() -> str:
+    """``--pipeline.model.strategy``'s help: each choice with its class's ``help``."""
+    described = "; ".join(f'"{name}" ({DENSIFIERS[name].help})' for name in STRATEGIES)
+    return f"Densification (nerfstudio main's field): {described}."
 
 
 def build_densifier(

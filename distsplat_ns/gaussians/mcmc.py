@@ -469,6 +469,12 @@ class MCMCDensifier(Densifier):
         seed, next_id, log_events: As ``Densifier``'s.
     """
 
+    help = (
+        "Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number "
+        "of ranks: docs/mcmc.md. The DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, "
+        "reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto"
+    )
+
     def __init__(self, config: MCMCConfig, schedule: MCMCSchedule, *, seed: int, next_id: int, log_events: bool) -> None:
         super().__init__(seed=seed, next_id=next_id, log_events=log_events)
         self.config = config

@@ -480,6 +480,7 @@ class DefaultDensifier(Densifier):
         seed, next_id, log_events: As ``Densifier``'s.
     """
 
+    help = "gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients"
     statistics = DEFAULT_STATISTICS
 
     def __init__(self, schedule: StrategySchedule, thresholds: DefaultThresholds, *, seed: int, next_id: int, log_events: bool) -> None:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+import tyro
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
 from nerfstudio.model_components.lib_bilagrid import BilateralGrid
@@ -33,7 +34,7 @@ from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.gaussians.densifier import Densifier
-from distsplat_ns.gaussians.densify import STRATEGIES, StrategyName, build_densifier
+from distsplat_ns.gaussians.densify import STRATEGIES, StrategyName, build_densifier, strategy_help
 from distsplat_ns.gaussians.initial import initial_gaussians, unique_seed_points
 from distsplat_ns.gaussians.mcmc import MCMCConfig
 from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
@@ -78,8 +79,8 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     """LPIPS in eval metrics: "auto" builds it on first use when its weights load (offline machines get a one-line notice and no LPIPS)."""
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
-    strategy: StrategyName = "default"
-    """Densification (nerfstudio main's field): "default" (gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients) or "mcmc" (Kheradmand et al. 2024: relocate dead Gaussians, add 5% per event up to max_gs_num, position noise; the same model on any number of ranks: docs/mcmc.md). Under mcmc the DefaultStrategy's fields (densify_*, cull_scale_thresh, cull_screen_size, split_screen_size, reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto."""
+    strategy: Annotated[StrategyName, tyro.conf.arg(help=strategy_help())] = "default"
+    """Densification: its help is each strategy's own (``gaussians/densify.py:strategy_help``)."""
     pause_after_reset: PauseRule = "bounded"
     """Default strategy: how long growth pauses after each opacity reset. "bounded": splatfacto's pause (training images + refine_every) but at most warmup_length + refine_every images, so captures of any size densify after every reset (splatfacto's own pause stops captures of 2900+ images from ever growing: nerfstudio #2927, #3743; docs/densification.md); identical to splatfacto for captures of at most warmup_length images. "splatfacto": splatfacto's pause, for exact parity."""
     max_gs_num: int = MCMCConfig.max_gs_num

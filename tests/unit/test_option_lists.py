@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner
-from distsplat_ns.gaussians.densify import STRATEGIES
+from distsplat_ns.gaussians.densify import DENSIFIERS, STRATEGIES, strategy_help
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from distsplat_ns.parallel import MODES, PARALLEL_MODES
 from distsplat_ns.pipeline import DistSplatPipelineConfig
@@ -30,6 +30,13 @@ def test_every_strategy_is_accepted(strategy: str) -> None:
     assert DistSplatModelConfig(strategy=strategy).strategy == strategy
 
 
+def test_the_strategy_flag_describes_every_choice_in_its_own_words() -> None:
+    assert sorted(DENSIFIERS) == sorted(STRATEGIES)
+    for name, densifier in DENSIFIERS.items():
+        assert densifier.help, f"{densifier.__name__} has no help for --pipeline.model.strategy"
+        assert f'"{name}" ({densifier.help})' in strategy_help()
+
+
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
@@ -39,7 +46,8 @@ def test_every_strategy_is_accepted(strategy: str) -> None:
             UserError,
             "--pipeline.partition must be balanced, whole-images or equal-rows, got 'rows'",
         ),
-        (lambda: DistSplatModelConfig(strategy="mcmc2"), ValueError, "--pipeline.model.strategy must be default or mcmc, got 'mcmc2'"),
+        # Every strategy DENSIFIERS lists, whatever their number (a new one touches no test).
+        (lambda: DistSplatModelConfig(strategy="mcmc2"), ValueError, f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got 'mcmc2'"),
     ],
 )
 def test_a_value_outside_the_list_is_refused_naming_every_choice(make, error: type, message: str) -> None:
