@@ -90,9 +90,10 @@ class RowField:
 
 def parameter_fields(sh_degree: int = 3) -> tuple[RowField, ...]:
     """splatfacto's six trained parameters at ``sh_degree`` (raw: logs of the scales, logits of the
-    opacities). A new per-Gaussian parameter is declared here (and its initial value in
-    ``gaussians/initial.py``, its optimizer in ``registry.py``): every row operation, shard move,
-    checkpoint format and the float64 rule then carry it."""
+    opacities). A new per-Gaussian parameter is declared here (with its initial value in
+    ``gaussians/initial.py`` and its optimizer in ``registry.py``; docs/architecture.md, "What a
+    change touches", names the rest): every row operation, shard move, checkpoint format and the
+    float64 rule then carry it."""
     num_rest = (sh_degree + 1) ** 2 - 1
     return (
         RowField("means", "parameter", (3,)),
