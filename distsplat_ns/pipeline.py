@@ -30,7 +30,7 @@ from torch.cuda.amp.grad_scaler import GradScaler
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
-from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, check_replicas, raise_if_nonfinite
+from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.gaussians.budget import parse_memory_budget
 from distsplat_ns.gaussians.rank_budget import RankBudget
@@ -47,7 +47,7 @@ from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
-from distsplat_ns.utils.steps import steps_to_cover
+from distsplat_ns.utils.steps import due, steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.utils.validation import one_of
 from distsplat_ns.viewer_start import StartAtTrainingView
@@ -341,8 +341,7 @@ class DistSplatPipeline(VanillaPipeline):
                     info, statistics_bytes = self.mode.statistics(
                         sources, self.config.batch_size, cameras.sizes_px(range(len(batch)), plan.downscale)
                     )
-            every = self.config.check_finite_every
-            verdict = self.mode.finite_verdict(named) if every and step % every == 0 else None
+            verdict = self.mode.finite_verdict(named) if due(step, self.config.check_finite_every) else None
         self.band_pass.fill_depths(result, len(batch))
         # The costs' gather carries the verdict: the check costs no extra sync.
         measured = self.balance.measure(plan, batch, result, verdict, clock)
@@ -357,10 +356,8 @@ class DistSplatPipeline(VanillaPipeline):
                 self.budget.apply_caps(densifier, len(self.model.rows))
             densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-        every = self.config.replica_check_every
-        replicated = self.mode.replicated_parameters(named) if self.ctx.is_distributed and every and step % every == 0 else []
-        if replicated:  # every rank alike: the mode's choice of parameters
-            check_replicas(self.ctx, replicated, step)
+        if due(step, self.config.replica_check_every):
+            self.mode.check_replicas(named, step)
         return StepReport(
             loss=result.loss.detach(),
             l1=result.l1,

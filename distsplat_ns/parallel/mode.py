@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
 
-from distsplat_ns.distributed.collectives import nonfinite_verdict
+from distsplat_ns.distributed.collectives import check_replicas, nonfinite_verdict
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.gradient_sum import GradientSum
 from distsplat_ns.gaussians.densifier import IdGather
@@ -149,6 +149,19 @@ class ParallelMode(ABC):
     @abstractmethod
     def replicated_parameters(self, named: NamedParameters) -> list[torch.Tensor]:
         """The parameters every rank holds identically (for the replica check)."""
+
+    def check_replicas(self, named: NamedParameters, step: int) -> None:
+        """Prove the parameters every rank holds (:meth:`replicated_parameters`) bitwise identical.
+
+        Raises:
+            ReplicaDriftError: on every rank, naming the drifting ranks and ``step``.
+
+        **Collective:** world group, one digest all-gather, where there is more than one rank and
+        the mode replicates some parameter (the same answer on every rank).
+        """
+        replicated = self.replicated_parameters(named)
+        if self.ctx.is_distributed and replicated:
+            check_replicas(self.ctx, replicated, step)
 
     # ------------------------------------------------------------------ views: eval and the viewer
     @property

@@ -78,12 +78,20 @@ def gather_rank_objects(ctx) -> list:
     return all_gather_object(ctx, {"rank": ctx.rank, "rows": list(range(ctx.rank * 50)), "t": torch.arange(ctx.rank + 1.0)})
 
 
-def replica_check_outcome(ctx, drift_rank: int) -> str:
+def replica_check_outcome(ctx, drift_rank: int, through_mode: bool = False) -> str:
+    """``check_replicas`` of a tensor that differs by one ulp on ``drift_rank`` (none: -1), called
+    directly or as the step calls it (the replicated mode's ``check_replicas``, which picks the
+    parameters)."""
+    from distsplat_ns.parallel.replicated import ReplicatedMode
+
     t = torch.arange(10, dtype=torch.float32)
     if ctx.rank == drift_rank:
         t[3] = torch.nextafter(t[3], torch.tensor(100.0))  # one ulp: bitwise drift
     try:
-        check_replicas(ctx, [t], step=7)
+        if through_mode:
+            ReplicatedMode(ctx, model=None).check_replicas([("t", torch.nn.Parameter(t))], step=7)  # the mode reads no model here
+        else:
+            check_replicas(ctx, [t], step=7)
     except ReplicaDriftError as err:
         return str(err)
     return "identical"

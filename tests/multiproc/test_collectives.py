@@ -66,10 +66,12 @@ def test_all_gather_object_gives_every_rank_every_object_of_any_size() -> None:
         assert all(torch.equal(g["t"], torch.arange(r + 1.0)) for r, g in enumerate(gathered))
 
 
-def test_replica_check_names_the_drifting_rank_on_every_rank() -> None:
-    results = run_ranks(rank_fns.replica_check_outcome, 3, 2)
+@pytest.mark.parametrize("through_mode", [False, True])
+def test_replica_check_names_the_drifting_rank_on_every_rank(through_mode: bool) -> None:
+    results = run_ranks(rank_fns.replica_check_outcome, 3, 2, through_mode)
     assert all("ranks [2]" in r and "step 7" in r for r in results)
 
 
-def test_replica_check_passes_identical_replicas() -> None:
-    assert run_ranks(rank_fns.replica_check_outcome, 2, -1) == ["identical", "identical"]
+@pytest.mark.parametrize("through_mode", [False, True])
+def test_replica_check_passes_identical_replicas(through_mode: bool) -> None:
+    assert run_ranks(rank_fns.replica_check_outcome, 2, -1, through_mode) == ["identical", "identical"]

@@ -1,11 +1,13 @@
-"""PhaseClock's accounting: nested phases counted once, under their own names; a blocking
-collective (``communicating``) counted in its phase and once in ``exposed_comm``."""
+"""The step's clocks: PhaseClock's accounting (nested phases counted once, under their own names;
+a blocking collective, ``communicating``, in its phase and once in ``exposed_comm``) and the
+periodic checks' ``due``."""
 
 from __future__ import annotations
 
 import pytest
 
 from distsplat_ns.utils import timing
+from distsplat_ns.utils.steps import due
 from distsplat_ns.utils.timing import PhaseClock
 
 
@@ -46,3 +48,8 @@ def test_a_collective_outside_any_phase_counts_only_as_exposed_communication(fak
         fake_time.now += 3.0
     assert clock["exposed_comm"] == 3.0
     assert clock.seconds.keys() == {"exposed_comm"}
+
+
+def test_a_check_every_k_steps_runs_on_the_multiples_of_k_and_never_at_zero() -> None:
+    assert [s for s in range(7) if due(s, 3)] == [0, 3, 6]
+    assert not any(due(s, 0) for s in range(7))
