@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,10 +122,7 @@ def scene_train_args(scene: dict[str, Any], data: Path, out: Path, save_every: i
         "distsplat",
         "--output-dir", str(out / "runs"), "--experiment-name", scene["name"], "--timestamp", "bench",
         "--machine.device-type", "cpu", "--max-num-iterations", str(scene["images"]),
-        "--steps-per-save", str(save_every), "--save-only-latest-checkpoint", "False",
-        "--steps-per-eval-batch", "0", "--steps-per-eval-image", "0", "--steps-per-eval-all-images", "0",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True",
-        "--logging.local-writer.enable", "False",
+        *unattended_args(save_every=save_every),
         *shlex.split(extra), *shlex.split(scene["train"]),
         scene["parser"], "--data", str(data), "--downscale-factor", str(scene["downscale"]),
         *shlex.split(scene["args"]),
@@ -411,10 +408,7 @@ def wallclock_runs(scene: dict[str, Any], data: Path, args, log) -> list[dict[st
                     "distsplat",
                     "--output-dir", str(out_dir), "--experiment-name", scene["name"], "--timestamp", name,
                     "--machine.device-type", "cpu", "--max-num-iterations", str(args.wallclock_images),
-                    "--pipeline.partition", mode, "--pipeline.batch-size", str(batch),
-                    "--steps-per-save", "100000", "--steps-per-eval-batch", "0", "--steps-per-eval-image", "0",
-                    "--steps-per-eval-all-images", "0", "--vis", "tensorboard",
-                    "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
+                    "--pipeline.partition", mode, "--pipeline.batch-size", str(batch), *unattended_args(),
                     *shlex.split(args.train_extra),
                     scene["parser"], "--data", str(data), "--downscale-factor", str(scene["downscale"]),
                     *shlex.split(scene["args"]),

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command
+from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command, unattended_args
 
 
 def train_args(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
@@ -64,18 +64,7 @@ def train_args(batch_size: int, seed: int, args: argparse.Namespace, out: Path) 
         str(batch_size),
         "--pipeline.model.num-downscales",
         "0",
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--logging.local-writer.enable",
-        "False",
-        "--steps-per-eval-image",
-        "1000000000",
-        "--steps-per-eval-all-images",
-        "1000000000",
-        "--steps-per-save",
-        "1000000000",
+        *unattended_args(eval_at_step_0=True),
         "--pipeline.model.warmup-length",
         str(args.warmup),
         "--pipeline.model.refine-every",

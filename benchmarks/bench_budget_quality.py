@@ -31,6 +31,7 @@ from benchmarks.common import (
     result_path,
     run_command,
     train_command,
+    unattended_args,
     write_json,
 )
 from distsplat_ns.gaussians.budget import GIB, gaussian_bytes
@@ -56,9 +57,7 @@ def train_args(out: Path, name: str, seed: int, args: argparse.Namespace, parall
         "distsplat", "--output-dir", str(out), "--experiment-name", "budget", "--timestamp", name,
         "--machine.device-type", "cpu", "--machine.seed", str(seed), "--max-num-iterations", str(args.images),
         "--pipeline.batch-size", str(args.batch_size), "--pipeline.parallel", parallel,
-        "--pipeline.memory-budget", budget_gib(args.n1, args.batch_size),
-        "--steps-per-save", "1000000", "--steps-per-eval-image", "1000000000", "--steps-per-eval-all-images", "1000000000",
-        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
+        "--pipeline.memory-budget", budget_gib(args.n1, args.batch_size), *unattended_args(eval_at_step_0=True),
         "--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "100", "--pipeline.model.refine-every", "100",
         "--pipeline.model.densify-grad-thresh", str(args.densify_grad_thresh),
         *(["--pipeline.model.random-init", "True", "--pipeline.model.num-random", str(args.num_random)] if args.num_random else []),

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import child_env, finish_machine_record, machine_record, run_command, train_command
+from benchmarks.common import child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "scenes" / "lund_door"
@@ -174,20 +174,7 @@ def ns_train_args(out: Path, name: str, num: int, steps: int) -> list[str]:
         str(steps),
         "--machine.device-type",
         "cpu",
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--logging.local-writer.enable",
-        "False",
-        "--steps-per-eval-image",
-        "100000",
-        "--steps-per-eval-batch",
-        "100000",
-        "--steps-per-eval-all-images",
-        "100000",
-        "--steps-per-save",
-        "100000",
+        *unattended_args(eval_at_step_0=True),
         "--pipeline.parallel",
         "sharded",
         "--pipeline.batch-size",

@@ -39,7 +39,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command, write_json
+from benchmarks.common import (
+    SHARED_DATA,
+    child_env,
+    finish_machine_record,
+    machine_record,
+    result_path,
+    run_command,
+    train_command,
+    unattended_args,
+    write_json,
+)
 
 EVENT = re.compile(r"MCMC relocated (\d+), added (\d+): (\d+) Gaussians over all ranks \(cap (\d+)\)")
 VARIANTS = "distsplat-mcmc=distsplat_ns.registry:distsplat_mcmc,distsplat-big=distsplat_ns.registry:distsplat_big"
@@ -66,18 +76,7 @@ def train_args(method: str, seed: int, args: argparse.Namespace, out: Path, cap:
         "1",
         "--pipeline.model.num-downscales",
         "0",
-        "--vis",
-        "tensorboard",
-        "--viewer.quit-on-train-completion",
-        "True",
-        "--logging.local-writer.enable",
-        "False",
-        "--steps-per-eval-image",
-        "1000000000",
-        "--steps-per-eval-all-images",
-        "1000000000",
-        "--steps-per-save",
-        "1000000000",
+        *unattended_args(eval_at_step_0=True),
         "--pipeline.model.warmup-length",
         str(args.warmup),
         "--pipeline.model.refine-every",

@@ -37,26 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, RESULTS, child_env, finish_machine_record, machine_record, run_command, train_command, write_json
+from benchmarks.common import REPO, RESULTS, child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args, write_json
 
 SCENE = REPO / "scenes" / "lund_door"
 DATA = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
-COMMON = [
-    "--machine.device-type",
-    "cpu",
-    "--vis",
-    "tensorboard",
-    "--viewer.quit-on-train-completion",
-    "True",
-    "--logging.local-writer.enable",
-    "False",
-    "--steps-per-eval-all-images",
-    "100000",
-    "--steps-per-eval-image",
-    "100000",
-    "--steps-per-eval-batch",
-    "100000",
-]
+# Every run: the step-0 and final evals over the held-out images, and the end-of-run save only.
+COMMON = ["--machine.device-type", "cpu", *unattended_args(eval_at_step_0=True)]
 DENSIFY = [
     "--pipeline.model.warmup-length",
     "8",
@@ -103,7 +89,7 @@ def _checkpoint_dir(out: Path, name: str) -> Path:
 
 def densify(out: Path, min_gaussians: int, max_images: int) -> dict[str, Any]:
     """Train replicated on one process until the final checkpoint holds >= ``min_gaussians``."""
-    stats = ns_train_run(out, "densify", max_images, 1, [*DENSIFY, "--steps-per-save", str(max_images)], timeout=3600)
+    stats = ns_train_run(out, "densify", max_images, 1, DENSIFY, timeout=3600)
     if stats["final_gaussian_count"] < min_gaussians:
         raise RuntimeError(f"densification reached {stats['final_gaussian_count']} Gaussians < {min_gaussians}; raise --densify-images")
     return stats
@@ -124,8 +110,6 @@ def measure(out: Path, ckpt: Path, start_step: int, mode: str, world: int, batch
         str(ckpt),
         "--pipeline.model.stop-split-at",
         "0",
-        "--steps-per-save",
-        "100000",
         "--load-scheduler",
         "False",
     ]

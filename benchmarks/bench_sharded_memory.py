@@ -110,8 +110,6 @@ def _run(args: Any, ns_train: Callable[..., dict[str, Any]], mode: str, world: i
         "0",
         "--pipeline.model.num-downscales",
         "0",
-        "--steps-per-save",
-        "100000",
     ]
     available = _available_bytes()
     stats = ns_train(args.work, name, args.steps * args.batch, world, extra, timeout=3 * 3600, module=MODULE)

@@ -7,6 +7,8 @@ benchmarks/README.md. A new benchmark builds on these functions and on nothing p
   ``ns-train ARGS`` (or ``python -m MODULE ARGS`` where a benchmark wraps ns-train) on one rank,
   ``python -m torch.distributed.run`` of the same on several (its port from :func:`free_port`),
   optionally pinned to the first cores with ``taskset``.
+- :func:`unattended_args`: the ns-train flags of a run nobody watches (no viewer, quit at the end,
+  no eval or save during the run unless asked).
 - :func:`child_env`: the environment of every child process: this tree first on ``PYTHONPATH``
   (the venv's editable install may point at another worktree), unbuffered output, one intra-op
   thread unless told otherwise.
@@ -22,10 +24,10 @@ benchmarks/README.md. A new benchmark builds on these functions and on nothing p
 Example (a new benchmark)::
 
     from benchmarks.common import child_env, finish_machine_record, machine_record, result_path
-    from benchmarks.common import run_command, train_command, write_json
+    from benchmarks.common import run_command, train_command, unattended_args, write_json
 
     machine = machine_record()
-    cmd = train_command(["distsplat", "--max-num-iterations", "8", "colmap", "--data", str(scene)], world_size=2)
+    cmd = train_command(["distsplat", "--max-num-iterations", "8", *unattended_args(), "colmap", "--data", str(scene)], world_size=2)
     proc = run_command(cmd, name="w2", env=child_env(), timeout=600)
     write_json(result_path("capacity"), {"machine": finish_machine_record(machine), "command": cmd})
 """
@@ -129,6 +131,45 @@ def train_command(
     if cores is not None:
         cmd = ["taskset", "-c", ",".join(str(c) for c in cores), *cmd]
     return cmd
+
+
+ONCE = 1_000_000_000
+"""A period no benchmark run reaches: as ``--steps-per-eval-all-images``, evaluate after step 0 only."""
+
+
+def unattended_args(*, save_every: int = 0, eval_at_step_0: bool = False) -> list[str]:
+    """The ns-train flags of a run nobody watches: no viewer, quit at the end, no eval or save during the run unless asked.
+
+    ``--vis tensorboard``, not the viewer (which waits for a browser): a writer keeps the trainer's
+    evals on (nerfstudio's ``check_eval_enabled``) and holds the step times some benchmarks read.
+    ``--viewer.quit-on-train-completion True`` ends the process after the last step, and
+    ``--logging.local-writer.enable False`` drops the console table. Each period is 0, which
+    ``step_check`` reads as never (``--steps-per-eval-batch``: distsplat's trainer never reads it;
+    nerfstudio's, e.g. splatfacto's, does). Whatever they say, distsplat's trainer saves after the
+    last step and evaluates every held-out image then (``final_eval_psnr``).
+
+    Args:
+        save_every: Save every this many steps and keep each checkpoint (``--save-only-latest-checkpoint
+            False``: the benchmarks that save load every one); 0: only the end-of-run save.
+        eval_at_step_0: Also evaluate every held-out image after step 0 (the initial model's PSNR).
+            distsplat's trainer does so whenever ``--steps-per-eval-all-images`` is non-zero
+            (``run_at_zero``), so this passes :data:`ONCE`; False passes 0: never.
+
+    Returns:
+        Flags for between the method and the dataparser subcommand.
+
+    Raises:
+        ValueError: ``save_every`` below 0.
+    """
+    if save_every < 0:
+        raise ValueError(f"save_every must be >= 0 (0: only the end-of-run save), got {save_every}")
+    saves = ["--steps-per-save", str(save_every), *(["--save-only-latest-checkpoint", "False"] if save_every else [])]
+    return [
+        "--vis", "tensorboard", "--viewer.quit-on-train-completion", "True", "--logging.local-writer.enable", "False",
+        "--steps-per-eval-batch", "0", "--steps-per-eval-image", "0",
+        "--steps-per-eval-all-images", str(ONCE if eval_at_step_0 else 0),
+        *saves,
+    ]  # fmt: skip
 
 
 def child_env(threads: int | None = 1, **extra: str) -> dict[str, str]:

@@ -39,6 +39,37 @@ def test_bad_launch_settings_are_refused(ns_train: str, kwargs: dict) -> None:
         common.train_command(["distsplat"], **kwargs)
 
 
+def _flags(args: list[str]) -> dict[str, str]:
+    assert len(args) % 2 == 0 and all(a.startswith("--") for a in args[::2])
+    return dict(zip(args[::2], args[1::2], strict=True))
+
+
+def test_unattended_run_by_default_never_evaluates_or_saves_mid_run() -> None:
+    assert _flags(common.unattended_args()) == {
+        "--vis": "tensorboard",
+        "--viewer.quit-on-train-completion": "True",
+        "--logging.local-writer.enable": "False",
+        "--steps-per-eval-batch": "0",
+        "--steps-per-eval-image": "0",
+        "--steps-per-eval-all-images": "0",
+        "--steps-per-save": "0",
+    }
+
+
+def test_unattended_run_with_a_save_period_keeps_every_checkpoint() -> None:
+    flags = _flags(common.unattended_args(save_every=25))
+    assert (flags["--steps-per-save"], flags["--save-only-latest-checkpoint"]) == ("25", "False")
+
+
+def test_unattended_run_evaluates_at_step_0_with_a_period_it_never_reaches() -> None:
+    assert _flags(common.unattended_args(eval_at_step_0=True))["--steps-per-eval-all-images"] == str(common.ONCE)
+
+
+def test_a_negative_save_period_is_refused() -> None:
+    with pytest.raises(ValueError, match="save_every"):
+        common.unattended_args(save_every=-1)
+
+
 def test_free_port_can_be_bound() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", common.free_port()))
