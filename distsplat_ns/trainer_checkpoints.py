@@ -74,7 +74,10 @@ class TrainerCheckpoints:
             return None
         # The whole model, or (sharded) this rank's rows of it, memory-mapped (parallel/).
         loaded = self.pipeline.read_checkpoint(path)
-        self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
+        try:
+            self.pipeline.load_pipeline(loaded["pipeline"], int(loaded["step"]))
+        except UserError as err:
+            raise UserError(f"{path}: {err}") from None
         rng = loaded.get("distsplat", {}).get("torch_rng_state")
         if isinstance(rng, torch.Tensor):
             torch.set_rng_state(rng)

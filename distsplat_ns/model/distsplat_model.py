@@ -55,6 +55,7 @@ from distsplat_ns.model.losses import halo_end_row
 from distsplat_ns.rendering import RASTERIZE_MODES, Backend, Projection, project, rasterize_rows
 from distsplat_ns.utils.cameras import BatchCameras, ResolutionSchedule, c2w_to_viewmat, cameras_at
 from distsplat_ns.utils.dtype import default_dtype
+from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.host_to_device import to_device
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.validation import one_of
@@ -245,6 +246,14 @@ class DistSplatModel(SplatfactoModel):
         # Checkpoints of splatfacto carry LPIPS weights (and older distsplat ones, where eval built
         # it, under "_lpips."): this model's LPIPS is built lazily outside its state; drop them.
         dict = {k: v for k, v in dict.items() if not k.startswith(("lpips.", "_lpips."))}
+        # A Gaussian parameter the checkpoint lacks would load as splatfacto's zeros without a word
+        # (nerfstudio retries a failed strict load without strict): refuse it, naming what is missing.
+        missing = [name for name in self.gauss_params if f"gauss_params.{name}" not in dict and name not in dict]
+        if missing:
+            raise UserError(
+                f"the checkpoint has no Gaussian parameter {', '.join(missing)} (this model trains {', '.join(self.gauss_params)}): "
+                "it was written by another model, or it is damaged"
+            )
         # Splatfacto's load re-creates the Gaussian parameters with torch.zeros in the default
         # dtype before copying the checkpoint in: without this a float64-mode run resumed in
         # float32 (tests/multiproc/test_mcmc_training.py, the resumed run).
