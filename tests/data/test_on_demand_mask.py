@@ -13,6 +13,7 @@ from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataPars
 from nerfstudio.engine.optimizers import Optimizers
 
 import distsplat_ns.pipeline as pipeline_module
+import distsplat_ns.pipeline_render as render_module
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.reader import TrainBatch
 from distsplat_ns.registry import distsplat_trainer_config
@@ -50,13 +51,13 @@ def on_demand_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[pip
 
     monkeypatch.setattr(manager, "next_train_batch", nothing_streamed)
     grads: list = []
-    backward = pipeline_module.backward_bands
+    backward = render_module.backward_bands
 
     def recording_backward(loss, links, exchange, anchors=(), **kwargs):
         backward(loss, links, exchange, anchors=anchors, **kwargs)
         grads.extend((link.position, link.first_row_px, link.leaf.grad.detach().clone()) for link in links)
 
-    monkeypatch.setattr(pipeline_module, "backward_bands", recording_backward)
+    monkeypatch.setattr(render_module, "backward_bands", recording_backward)
     pipeline.train_step(0, optimizers)
     batch = manager.batch_camera_ids(0)
     loader = manager._train_loader
