@@ -16,6 +16,7 @@ Shape letters: N rows of a placeholder.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import pickle
@@ -93,30 +94,45 @@ def _layout(path: Path) -> Any:
         return _LayoutUnpickler(archive.open(pkl)).load()
 
 
-def _pairs(obj: Any, ref: Any) -> Iterator[tuple[torch.Tensor, _TensorRef]]:
-    """Every tensor of ``obj`` with its place in the file (``ref``: the same structure unpickled)."""
+def _tensors(obj: Any, keys: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """Every tensor of ``obj`` (dicts, lists and tuples walked in order) with the keys that reach it."""
     if isinstance(obj, torch.Tensor):
-        if not isinstance(ref, _TensorRef):
-            raise TypeError(f"a tensor of the payload was written as {type(ref).__name__}")
-        yield obj, ref
+        yield keys, obj
     elif isinstance(obj, dict):
         for key, value in obj.items():
-            yield from _pairs(value, ref[key])
+            yield from _tensors(value, (*keys, key))
     elif isinstance(obj, (list, tuple)):
-        for value, value_ref in zip(obj, ref, strict=True):
-            yield from _pairs(value, value_ref)
+        for i, value in enumerate(obj):
+            yield from _tensors(value, (*keys, i))
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor of ``obj`` (dicts, lists and tuples walked as ``_pairs`` walks them)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
+def _ref_at(layout: Any, keys: tuple) -> _TensorRef:
+    """The place in the file of the tensor ``keys`` reach (``layout``: the payload unpickled)."""
+    for key in keys:
+        layout = layout[key]
+    if not isinstance(layout, _TensorRef):
+        raise TypeError(f"a tensor of the payload was written as {type(layout).__name__}")
+    return layout
+
+
+def _fill(tensor: torch.Tensor, fill: Fill, write_rows: Callable[[torch.Tensor, torch.Tensor], None], path: Path) -> None:
+    """Run a placeholder's ``fill`` with a writer that hands each batch of rows to ``write_rows``;
+    every row of ``tensor`` must come."""
+    count = 0
+
+    def write(rows: torch.Tensor, positions: torch.Tensor) -> None:
+        nonlocal count
+        write_rows(rows, positions)
+        count += positions.numel()
+
+    fill(write)
+    if count != tensor.shape[0]:
+        raise RuntimeError(f"write_streamed: a placeholder of {tensor.shape[0]} rows of {path} got {count}")
+
+
+def _check_placed(placed: set[int], fills: dict[int, Fill], path: Path) -> None:
+    if placed != set(fills):
+        raise RuntimeError(f"write_streamed: {len(set(fills) - placed)} placeholder(s) not in the payload of {path}")
 
 
 def _storage_bytes(tensor: torch.Tensor) -> bytes:
@@ -150,19 +166,13 @@ def write_streamed(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) 
     placed: set[int] = set()
     fd = os.open(path, os.O_WRONLY)
     try:
-        for tensor, ref in _pairs(payload, _layout(path)):
+        layout = _layout(path)
+        for keys, tensor in _tensors(payload):
+            ref = _ref_at(layout, keys)
             start = offsets[ref.key] + ref.storage_offset * tensor.element_size()
             if id(tensor) in fills:
                 row_bytes = math.prod(tensor.shape[1:]) * tensor.element_size()
-                count = [0]
-
-                def write(rows: torch.Tensor, positions: torch.Tensor, start: int = start, row_bytes: int = row_bytes, count: list = count) -> None:
-                    _write_rows(fd, start, row_bytes, rows, positions)
-                    count[0] += positions.numel()
-
-                fills[id(tensor)](write)
-                if count[0] != tensor.shape[0]:
-                    raise RuntimeError(f"write_streamed: a placeholder of {tensor.shape[0]} rows of {path} got {count[0]}")
+                _fill(tensor, fills[id(tensor)], functools.partial(_write_rows, fd, start, row_bytes), path)
                 placed.add(id(tensor))
             elif ref.key not in written:
                 os.pwrite(fd, _storage_bytes(tensor), offsets[ref.key])
@@ -170,8 +180,7 @@ def write_streamed(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) 
         os.fsync(fd)
     finally:
         os.close(fd)
-    if placed != set(fills):
-        raise RuntimeError(f"write_streamed: {len(set(fills) - placed)} placeholder(s) not in the payload of {path}")
+    _check_placed(placed, fills, path)
     if written != set(offsets):
         raise RuntimeError(f"write_streamed: storages {sorted(set(offsets) - written)} of {path} were not written")
 
@@ -180,21 +189,16 @@ def _save_filled(path: Path, payload: dict[str, Any], fills: dict[int, Fill]) ->
     """``write_streamed`` where torch cannot save a layout alone: each placeholder's rows written
     into the placeholder itself (so held whole, as before the streamed file), then ``torch.save``."""
     placed: set[int] = set()
-    for tensor in _tensors(payload):
+    for _, tensor in _tensors(payload):
         if id(tensor) not in fills or id(tensor) in placed:
             continue
-        count = [0]
 
-        def write(rows: torch.Tensor, positions: torch.Tensor, tensor: torch.Tensor = tensor, count: list = count) -> None:
+        def write_rows(rows: torch.Tensor, positions: torch.Tensor, tensor: torch.Tensor = tensor) -> None:
             tensor[positions] = rows.to(tensor.dtype)
-            count[0] += positions.numel()
 
-        fills[id(tensor)](write)
-        if count[0] != tensor.shape[0]:
-            raise RuntimeError(f"write_streamed: a placeholder of {tensor.shape[0]} rows of {path} got {count[0]}")
+        _fill(tensor, fills[id(tensor)], write_rows, path)
         placed.add(id(tensor))
-    if placed != set(fills):
-        raise RuntimeError(f"write_streamed: {len(set(fills) - placed)} placeholder(s) not in the payload of {path}")
+    _check_placed(placed, fills, path)
     torch.save(payload, path)
 
 
