@@ -41,7 +41,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, train_command, unattended_args
+from benchmarks.common import (
+    SHARED_DATA,
+    child_env,
+    colmap_args,
+    finish_machine_record,
+    machine_record,
+    result_path,
+    run_command,
+    train_command,
+    unattended_args,
+)
 
 
 def train_args(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
@@ -71,15 +81,7 @@ def train_args(batch_size: int, seed: int, args: argparse.Namespace, out: Path) 
         str(args.refine_every),
         "--pipeline.model.reset-alpha-every",
         str(args.reset_alpha_every),
-        "colmap",
-        "--data",
-        str(args.scene),
-        "--colmap-path",
-        "sparse/0",
-        "--load-3D-points",
-        "True",
-        "--downscale-factor",
-        str(args.downscale_factor),
+        *colmap_args(args.scene, args.downscale_factor),
     ]
 
 

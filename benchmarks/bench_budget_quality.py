@@ -25,6 +25,7 @@ from typing import Any
 from benchmarks.common import (
     SHARED_DATA,
     child_env,
+    colmap_args,
     finish_machine_record,
     machine_record,
     ns_train_executable,
@@ -61,8 +62,7 @@ def train_args(out: Path, name: str, seed: int, args: argparse.Namespace, parall
         "--pipeline.model.num-downscales", "0", "--pipeline.model.warmup-length", "100", "--pipeline.model.refine-every", "100",
         "--pipeline.model.densify-grad-thresh", str(args.densify_grad_thresh),
         *(["--pipeline.model.random-init", "True", "--pipeline.model.num-random", str(args.num_random)] if args.num_random else []),
-        "colmap", "--data", str(args.data), "--colmap-path", "sparse/0", "--load-3D-points", "True",
-        "--downscale-factor", str(args.downscale),
+        *colmap_args(args.data, args.downscale),
     ]  # fmt: skip
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args
+from benchmarks.common import child_env, colmap_args, finish_machine_record, machine_record, run_command, train_command, unattended_args
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "scenes" / "lund_door"
@@ -187,15 +187,7 @@ def ns_train_args(out: Path, name: str, num: int, steps: int) -> list[str]:
         "0",
         "--pipeline.model.num-downscales",
         "0",
-        "colmap",
-        "--data",
-        str(SCENE),
-        "--colmap-path",
-        "sparse/0",
-        "--load-3D-points",
-        "True",
-        "--downscale-factor",
-        "1",
+        *colmap_args(SCENE),
     ]
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from benchmarks.common import (
     SHARED_DATA,
     child_env,
+    colmap_args,
     finish_machine_record,
     machine_record,
     result_path,
@@ -82,15 +83,7 @@ def train_args(method: str, seed: int, args: argparse.Namespace, out: Path, cap:
         "--pipeline.model.refine-every",
         str(args.refine_every),
         *(["--pipeline.model.max-gs-num", str(cap)] if cap is not None else []),
-        "colmap",
-        "--data",
-        str(args.scene),
-        "--colmap-path",
-        "sparse/0",
-        "--load-3D-points",
-        "True",
-        "--downscale-factor",
-        str(args.downscale_factor),
+        *colmap_args(args.scene, args.downscale_factor),
     ]
 
 

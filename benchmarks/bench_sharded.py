@@ -37,10 +37,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, RESULTS, child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args, write_json
+from benchmarks.common import (
+    REPO,
+    RESULTS,
+    child_env,
+    colmap_args,
+    finish_machine_record,
+    machine_record,
+    run_command,
+    train_command,
+    unattended_args,
+    write_json,
+)
 
 SCENE = REPO / "scenes" / "lund_door"
-DATA = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
+DATA = colmap_args(SCENE)
 # Every run: the step-0 and final evals over the held-out images, and the end-of-run save only.
 COMMON = ["--machine.device-type", "cpu", *unattended_args(eval_at_step_0=True)]
 DENSIFY = [

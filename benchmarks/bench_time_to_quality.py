@@ -63,6 +63,7 @@ from benchmarks.common import (
     REPO,
     SHARED_DATA,
     child_env,
+    colmap_args,
     finish_machine_record,
     load_average_1min,
     machine_record,
@@ -259,15 +260,7 @@ def train_args(spec: RunSpec, size: Size, out: Path, data: Path, device: str, se
         str(size.warmup),
         "--pipeline.model.refine-every",
         str(size.refine_every),
-        "colmap",
-        "--data",
-        str(data),
-        "--colmap-path",
-        "sparse/0",
-        "--load-3D-points",
-        "True",
-        "--downscale-factor",
-        str(size.downscale),
+        *colmap_args(data, size.downscale),
     ]
 
 

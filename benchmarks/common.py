@@ -137,6 +137,12 @@ ONCE = 1_000_000_000
 """A period no benchmark run reaches: as ``--steps-per-eval-all-images``, evaluate after step 0 only."""
 
 
+def colmap_args(data: Path, downscale: int = 1) -> list[str]:
+    """ns-train's dataparser arguments for a COLMAP capture at ``data`` (``sparse/0``; its 3D points
+    seed the Gaussians), its images at 1/``downscale`` of their size."""
+    return ["colmap", "--data", str(data), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", str(downscale)]
+
+
 def unattended_args(*, save_every: int = 0, eval_at_step_0: bool = False) -> list[str]:
     """The ns-train flags of a run nobody watches: no viewer, quit at the end, no eval or save during the run unless asked.
 
