@@ -26,6 +26,7 @@ import torch
 from nerfstudio.data.datamanagers.base_datamanager import DataManagerConfig
 from nerfstudio.engine.optimizers import Optimizers
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
+from nerfstudio.utils.misc import step_check
 from torch.cuda.amp.grad_scaler import GradScaler
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedImagesAssigner, PartitionMode
@@ -47,7 +48,7 @@ from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
-from distsplat_ns.utils.steps import due, steps_to_cover
+from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.utils.validation import one_of
 from distsplat_ns.viewer_start import StartAtTrainingView
@@ -341,7 +342,7 @@ class DistSplatPipeline(VanillaPipeline):
                     info, statistics_bytes = self.mode.statistics(
                         sources, self.config.batch_size, cameras.sizes_px(range(len(batch)), plan.downscale)
                     )
-            verdict = self.mode.finite_verdict(named) if due(step, self.config.check_finite_every) else None
+            verdict = self.mode.finite_verdict(named) if step_check(step, self.config.check_finite_every, run_at_zero=True) else None
         self.band_pass.fill_depths(result, len(batch))
         # The costs' gather carries the verdict: the check costs no extra sync.
         measured = self.balance.measure(plan, batch, result, verdict, clock)
@@ -356,7 +357,7 @@ class DistSplatPipeline(VanillaPipeline):
                 self.budget.apply_caps(densifier, len(self.model.rows))
             densifier.after_optimizer(self.model.rows.bound(optimizers.optimizers), step, info, self.mode.gather_ids)
             moved += self.mode.after_refine(step, optimizers.optimizers)
-        if due(step, self.config.replica_check_every):
+        if step_check(step, self.config.replica_check_every, run_at_zero=True):
             self.mode.check_replicas(named, step)
         return StepReport(
             loss=result.loss.detach(),

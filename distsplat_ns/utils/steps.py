@@ -29,11 +29,6 @@ def images_to_steps(num_images: int, batch_size: int, *, minimum: int = 1) -> in
     return max(minimum, round(num_images / batch_size))
 
 
-def due(step: int, every: int) -> bool:
-    """Whether a check run every ``every`` steps (0: never) runs at ``step``."""
-    return every > 0 and step % every == 0
-
-
 def steps_to_cover(num_images: int, batch_size: int) -> int:
     """The fewest steps of ``batch_size`` images that train at least ``num_images`` images (>= 1)."""
     batch_size = check_int("batch_size", batch_size, 1)

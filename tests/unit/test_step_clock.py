@@ -1,13 +1,13 @@
 """The step's clocks: PhaseClock's accounting (nested phases counted once, under their own names;
 a blocking collective, ``communicating``, in its phase and once in ``exposed_comm``) and the
-periodic checks' ``due``."""
+periodic checks' rule."""
 
 from __future__ import annotations
 
 import pytest
+from nerfstudio.utils.misc import step_check
 
 from distsplat_ns.utils import timing
-from distsplat_ns.utils.steps import due
 from distsplat_ns.utils.timing import PhaseClock
 
 
@@ -51,5 +51,6 @@ def test_a_collective_outside_any_phase_counts_only_as_exposed_communication(fak
 
 
 def test_a_check_every_k_steps_runs_on_the_multiples_of_k_and_never_at_zero() -> None:
-    assert [s for s in range(7) if due(s, 3)] == [0, 3, 6]
-    assert not any(due(s, 0) for s in range(7))
+    # The rule train_step's periodic checks use (nerfstudio's step_check, step 0 included).
+    assert [s for s in range(7) if step_check(s, 3, run_at_zero=True)] == [0, 3, 6]
+    assert not any(step_check(s, 0, run_at_zero=True) for s in range(7))
