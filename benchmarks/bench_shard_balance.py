@@ -98,7 +98,7 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
 
 
 def train_recording_step_costs(ns_train_args: list[str]) -> None:
-    """One rank of a run: ns-train with the step's cost gather (``pipeline_balance.py``'s
+    """One rank of a run: ns-train with the step's cost gather (``pipeline/step_balance.py``'s
     ``gather_step_costs``) recording each step's figures (written by rank 0 at exit to
     ``DISTSPLAT_STEP_COSTS_OUT``)."""
     out = os.environ.get("DISTSPLAT_STEP_COSTS_OUT")

@@ -10,7 +10,7 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
   params-only into ``step-N.ckpt`` at the end for nerfstudio's tools), written and loaded by the
   trainer's ``TrainerCheckpoints`` (``trainer_checkpoints.py``, ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
-  the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
+  the parallel mode's reduction, optimizer step, densification: ``pipeline/distsplat_pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
   checkpoint holds and what a rank loads of one -- is asked of the pipeline, which answers with its
   parallel mode's (``parallel/``); what it logs of a step comes in the step's ``StepReport``;
@@ -64,7 +64,7 @@ from distsplat_ns.distributed.restart import AttemptLog, elastic_run_id, previou
 from distsplat_ns.model.camera_adjust import camera_optimizer_metrics
 from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.optimizer_step import FusedAdamOptimizers
-from distsplat_ns.pipeline import DistSplatPipeline
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
 from distsplat_ns.trainer_checkpoints import TrainerCheckpoints

@@ -31,7 +31,7 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.lifecycle import agree_outcome
 from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, restart_count
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
-from distsplat_ns.pipeline import DistSplatPipeline
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
 from distsplat_ns.run_record import RunRecord
 from distsplat_ns.utils.errors import UserError
 

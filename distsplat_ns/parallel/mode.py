@@ -189,7 +189,7 @@ class ParallelMode(ABC):
 
     def pending_view(self) -> Any | None:
         """Rank 0's viewer request to render in this step (None: none, or not rank 0). Flagged in
-        the step's cost all-gather, then broadcast from rank 0 (``pipeline_balance.py:StepBalance.measure``).
+        the step's cost all-gather, then broadcast from rank 0 (``pipeline/step_balance.py:StepBalance.measure``).
         Local."""
         return None
 

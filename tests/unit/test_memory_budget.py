@@ -23,7 +23,7 @@ from distsplat_ns.gaussians.budget import (
     smallest_sharded_world_size,
 )
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, gaussian_schema, parameter_fields
-from distsplat_ns.pipeline import DistSplatPipelineConfig
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipelineConfig
 from distsplat_ns.utils.errors import UserError
 
 

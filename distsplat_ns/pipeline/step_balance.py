@@ -1,6 +1,6 @@
 """The step's balance phase: cut the batch's image rows across ranks, then learn from what they cost.
 
-``StepBalance`` is an object the pipeline (``pipeline.py``) builds at set-up and calls twice a
+``StepBalance`` is an object the pipeline (``pipeline/distsplat_pipeline.py``) builds at set-up and calls twice a
 step: ``plan`` before the data is fetched (every rank's bands, from the cost history and, for a
 camera seen for the first time at a resolution, its footprint prior) and ``measure`` after the
 backward (every rank's measured row costs, render time and finite verdict gathered in one

@@ -4,8 +4,8 @@ How the Gaussians are held -- every rank all of them (replicated) or a shard eac
 one ``ParallelMode`` built at set-up from ``--pipeline.parallel`` (``parallel/``); the step calls
 it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order, each
 phase in one place: the data (``datamanager.step_batch``) -> the balance's plan
-(``pipeline_balance.py``) -> the render phase's forward and backward, with the SSIM-halo exchange
-(``pipeline_render.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
+(``pipeline/step_balance.py``) -> the render phase's forward and backward, with the SSIM-halo exchange
+(``pipeline/band_pass.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
 balance's measurement (cost gather with the finite check, viewer frame) -> optimizer -> densify
 (``gaussians/``) and after-refine -> replica check; docs/architecture.md walks through it. Rank 0
 alone owns viewer, writers and checkpoints (trainer.py). Eval images and viewer frames are
@@ -40,18 +40,18 @@ from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelCon
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.full_state import GatheredState
 from distsplat_ns.parallel.shard_rows import SHARD_BOUND
-from distsplat_ns.pipeline_balance import StepBalance
-from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
-from distsplat_ns.pipeline_render import BandPass
+from distsplat_ns.pipeline.band_pass import BandPass
+from distsplat_ns.pipeline.evaluation import PipelineEval, eval_mode
+from distsplat_ns.pipeline.step_balance import StepBalance
+from distsplat_ns.pipeline.step_report import StepReport, StepTimings
+from distsplat_ns.pipeline.viewer_start import StartAtTrainingView
 from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
-from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.utils.validation import one_of
-from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
 
@@ -96,7 +96,7 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
 
 class DistSplatPipeline(VanillaPipeline):
     """Data-parallel splatting pipeline; see the module docstring (eval: its ``evaluation``,
-    ``pipeline_eval.py:PipelineEval``).
+    ``pipeline/evaluation.py:PipelineEval``).
 
     Args:
         config: The pipeline configuration.

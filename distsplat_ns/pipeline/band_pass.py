@@ -1,6 +1,6 @@
 """The step's render phase: forward and backward of this rank's bands, one camera group at a time.
 
-``BandPass`` is an object the pipeline (``pipeline.py``) builds from its context, parallel mode and
+``BandPass`` is an object the pipeline (``pipeline/distsplat_pipeline.py``) builds from its context, parallel mode and
 model, and calls once per step between the plan and the gradient sum. It runs the mode's
 projections of each camera group, the model's band forward (``DistSplatModel.forward_bands``), the
 SSIM-halo exchange and the band backward (``model/band_backward.py``), and -- with splatfacto's
