@@ -40,7 +40,7 @@ def ring_all_reduce_bytes(payload_bytes: float, world_size: int) -> float:
 
 
 def replicated_payload_bytes(num_gaussians: int, batch_size: int, densifying: bool) -> int:
-    """Bytes handed to the all-reduce per step in replicated mode (what trainer.py reports as
+    """Bytes handed to the all-reduce per step in replicated mode (what trainer/distsplat_trainer.py reports as
     ``bytes_communicated_per_step``): the dense gradient, plus the batch's densification
     statistics while densifying."""
     payload = num_gaussians * PARAM_FLOATS * FLOAT_BYTES

@@ -26,7 +26,7 @@
   whole model; the DCP folder one global tensor per row key, read back in any row range), so a run
   saved on R ranks resumes on R' ranks, in either mode.
 
-The optimizer configuration rules (batch-size scaling, float64 eps) are in ``optimizer_rules.py``.
+The optimizer configuration rules (batch-size scaling, float64 eps) are in ``trainer/optimizer_rules.py``.
 """
 
 from __future__ import annotations

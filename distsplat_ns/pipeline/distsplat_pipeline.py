@@ -8,7 +8,7 @@ phase in one place: the data (``datamanager.step_batch``) -> the balance's plan
 (``pipeline/band_pass.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
 balance's measurement (cost gather with the finite check, viewer frame) -> optimizer -> densify
 (``gaussians/``) and after-refine -> replica check; docs/architecture.md walks through it. Rank 0
-alone owns viewer, writers and checkpoints (trainer.py). Eval images and viewer frames are
+alone owns viewer, writers and checkpoints (trainer/distsplat_trainer.py). Eval images and viewer frames are
 rendered as the mode says: by rank 0 alone from the whole model (replicated), or by every rank
 from its shard (sharded: eval is then called on every rank, and a viewer frame rank 0's viewer
 thread posted is flagged in the step's cost all-gather, then broadcast and rendered by all ranks

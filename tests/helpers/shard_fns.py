@@ -168,7 +168,7 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     from distsplat_ns.registry import distsplat_trainer_config
-    from distsplat_ns.trainer import DistSplatTrainer
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
     config = distsplat_trainer_config()
     config.output_dir = Path(out)

@@ -60,12 +60,8 @@ LAYERS: dict[str, int] = {
     "data/datamanager.py": 4,
     "data/eval_split.py": 4,
     "pipeline/": 4,
-    "trainer.py": 4,
-    "trainer_checkpoints.py": 4,
+    "trainer/": 4,
     "checkpoint.py": 4,
-    "optimizer_rules.py": 4,
-    "optimizer_step.py": 4,
-    "run_record.py": 4,
     "registry.py": 5,
 }
 #: The nerfstudio glue starts at this layer; nothing below it imports nerfstudio.
