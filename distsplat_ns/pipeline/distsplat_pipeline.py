@@ -33,7 +33,7 @@ from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedI
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.gaussians.budget import parse_memory_budget
+from distsplat_ns.gaussians.budget_caps import parse_memory_budget
 from distsplat_ns.gaussians.rank_budget import RankBudget
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig

@@ -1,4 +1,4 @@
-"""The memory budget's arithmetic (gaussians/budget.py): the flag, the bytes per Gaussian, the caps
+"""The memory budget's arithmetic (gaussians/budget_caps.py): the flag, the bytes per Gaussian, the caps
 and the set-up refusal."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.gaussians.budget import (
+from distsplat_ns.gaussians.budget_caps import (
     GIB,
     LIVE_ITEMS_PER_CAMERA_GAUSSIAN,
     GaussianBytes,
