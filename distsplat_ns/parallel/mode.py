@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
-    from distsplat_ns.gaussians.rank_budget import RankBudget
+    from distsplat_ns.gaussians.budget_measured import RankBudget
     from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.utils.cameras import BatchCameras
 

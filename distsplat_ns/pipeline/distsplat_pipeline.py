@@ -34,7 +34,7 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.gaussians.budget_caps import parse_memory_budget
-from distsplat_ns.gaussians.rank_budget import RankBudget
+from distsplat_ns.gaussians.budget_measured import RankBudget
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
@@ -173,7 +173,7 @@ class DistSplatPipeline(VanillaPipeline):
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model, budget)
         #: The rank's memory budget (``--pipeline.memory-budget``; None without one): the caps it
-        #: sets on the densifier at each event (``gaussians/rank_budget.py``).
+        #: sets on the densifier at each event (``gaussians/budget_measured.py``).
         self.budget = budget
         self.evaluation = PipelineEval(self.datamanager, self.model)
         self._training_configured = False
