@@ -13,7 +13,7 @@ statistics and :data:`ID_FIELD`, put together by :func:`gaussian_schema`):
 :class:`GaussianRows` is a view over those three places (the model's ``ParameterDict``, its
 strategy-state dict and, when bound, the optimizers). Every function that adds, removes, moves or
 reorders Gaussians -- densification (``gaussians/strategy.py``, ``gaussians/mcmc.py``), shard moves
-(``parallel/shard_rows.py``), gathers, checkpoints (``gaussians/row_entries.py``) -- goes through it.
+(``parallel/shard_rows.py``), gathers, checkpoints (``gaussians/checkpoint_keys.py``) -- goes through it.
 
 Two rules keep every holder of a parameter right without a patch: a row operation never creates a
 new ``nn.Parameter``. It gives the existing one new data (``param.data = ...``, gradient dropped, as

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts
-from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
+from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.shard_rows import rebalance_shards_
 from tests.helpers.model_factory import take_initial_shard_
