@@ -160,7 +160,7 @@ def caps_from_budget(budget_bytes: int, fixed_bytes: int, per_gaussian: int, *, 
         world_size: Ranks.
         sharded: Whether each rank holds a shard (else every rank holds every Gaussian).
         headroom: Sharded: the largest shard over the mean that the shards may reach before rows
-            move (``parallel/shard_rows.py:SHARD_BOUND``); the total leaves that room.
+            move (``parallel/shard_moves.py:SHARD_BOUND``); the total leaves that room.
 
     Returns:
         ``held = (budget - fixed) // per_gaussian`` (0 when negative); ``total = held`` replicated

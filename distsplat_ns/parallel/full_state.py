@@ -27,7 +27,7 @@ from distsplat_ns.gaussians.checkpoint_keys import (
 )
 from distsplat_ns.gaussians.ownership import owned_block
 from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
-from distsplat_ns.parallel.shard_rows import agree_layout
+from distsplat_ns.parallel.shard_moves import agree_layout
 
 if TYPE_CHECKING:
     from distsplat_ns.model.distsplat_model import DistSplatModel

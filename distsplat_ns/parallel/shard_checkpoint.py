@@ -38,7 +38,7 @@ from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, 
 from distsplat_ns.gaussians.checkpoint_keys import put_rows_, without_rows
 from distsplat_ns.gaussians.ownership import owned_block
 from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
-from distsplat_ns.parallel.shard_rows import agree_layout
+from distsplat_ns.parallel.shard_moves import agree_layout
 from distsplat_ns.parallel.streamed_file import write_streamed
 from distsplat_ns.utils.errors import UserError
 

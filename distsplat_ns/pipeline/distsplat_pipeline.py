@@ -39,7 +39,7 @@ from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.full_state import GatheredState
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 from distsplat_ns.pipeline.band_pass import BandPass
 from distsplat_ns.pipeline.evaluation import PipelineEval, eval_mode
 from distsplat_ns.pipeline.step_balance import StepBalance

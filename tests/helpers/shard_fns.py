@@ -11,7 +11,7 @@ import torch
 from distsplat_ns.distributed.collectives import all_gather_counts
 from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.parallel.shard_rows import rebalance_shards_
+from distsplat_ns.parallel.shard_moves import rebalance_shards_
 from tests.helpers.model_factory import take_initial_shard_
 
 NUM_POINTS = 31  # odd, so no world size here splits it evenly
