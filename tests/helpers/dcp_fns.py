@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from distsplat_ns.checkpoint import save_sharded_checkpoint_atomic
-from distsplat_ns.distributed.row_checkpoint import save_rows
+from distsplat_ns.distributed.dcp_rows import save_rows
 
 
 def rows_of(rank: int, step: int) -> dict:
