@@ -134,7 +134,7 @@ class ParallelMode(ABC):
         (``distributed/collectives.py:nonfinite_verdict``). Replicated, every rank holds the same
         summed gradient and so the same flag; sharded, each its own Gaussians'. Either way the
         step's cost all-gather carries every rank's flag and any one stops every rank
-        (``parallel/plan_gathers.py:gather_step_costs``). Local; no host sync by itself."""
+        (``parallel/halo_cost_gathers.py:gather_step_costs``). Local; no host sync by itself."""
         return nonfinite_verdict(named)
 
     @property
