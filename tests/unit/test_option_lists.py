@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner
-from distsplat_ns.gaussians.densify import DENSIFIERS, STRATEGIES, strategy_help
+from distsplat_ns.gaussians.strategy_choices import DENSIFIERS, STRATEGIES, strategy_help
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from distsplat_ns.parallel import MODES, PARALLEL_MODES
 from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipelineConfig
