@@ -21,6 +21,7 @@ import torch
 
 from distsplat_ns.gaussians.rows import RowSchema
 from distsplat_ns.utils.errors import UserError
+from distsplat_ns.utils.units import format_bytes
 
 FLAG = "--pipeline.memory-budget"
 GIB = 1 << 30
@@ -181,11 +182,6 @@ def smallest_sharded_world_size(num_gaussians: int, budget_bytes: int, fixed_byt
     if num_gaussians <= held:
         return 1
     return max(2, math.ceil(num_gaussians * headroom / held))
-
-
-def format_bytes(num_bytes: int) -> str:
-    """``num_bytes`` for a message: GiB from 1 GiB on, MiB below."""
-    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / (1 << 20):.1f} MiB"
 
 
 def check_initial_fit(

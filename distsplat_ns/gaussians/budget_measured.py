@@ -21,7 +21,6 @@ from distsplat_ns.gaussians.budget_caps import (
     MemoryBudget,
     caps_from_budget,
     check_initial_fit,
-    format_bytes,
     gaussian_bytes,
     projection_budget_bytes,
     resolve_memory_budget,
@@ -29,6 +28,7 @@ from distsplat_ns.gaussians.budget_caps import (
 from distsplat_ns.gaussians.densifier import Densifier
 from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.rows import GaussianRows
+from distsplat_ns.utils.units import format_bytes
 
 
 class RankBudget:
