@@ -52,13 +52,14 @@ from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
 from distsplat_ns.data.step_batch import StepBatch
-from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost, format_bytes
+from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost
 from distsplat_ns.data.stream import Assigner, ImageBatchStream
 from distsplat_ns.data.upload import DeviceUploader
 from distsplat_ns.data.workers import start_worker_server
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
+from distsplat_ns.utils.units import format_bytes
 
 _LOGGER = get_logger(__name__)
 

@@ -267,7 +267,7 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
 
     Without it, a rank whose launcher was killed (SIGKILL, out of memory) trains on in the
     background to the end. SIGTERM takes the ordinary stop path: with the trainer's handlers
-    installed every rank stops after the same step and keeps a checkpoint (``trainer.py``); before
+    installed every rank stops after the same step and keeps a checkpoint (``trainer/distsplat_trainer.py``); before
     that, SIGTERM's default ends the process. Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere
     nothing is set.
 

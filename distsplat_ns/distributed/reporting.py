@@ -1,7 +1,7 @@
 """How ``ns-train distsplat`` reports a failure: bad input and run failures as their whole message,
 once when every rank fails alike; internal errors with their traceback.
 
-Used by ``trainer.py`` around the trainer's entry points (here, beside the collectives it uses to
+Used by ``trainer/distsplat_trainer.py`` around the trainer's entry points (here, beside the collectives it uses to
 print once; it does not import torch.distributed itself).
 """
 

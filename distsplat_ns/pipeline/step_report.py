@@ -1,6 +1,6 @@
 """What one training step reports (``DistSplatPipeline.train_step``'s ``StepReport``): the rank's
 loss shares, Gaussian count, phase times, bytes moved and the balance figures, which the trainer
-logs (``trainer.py:DistSplatTrainer.train_iteration``) and the run record sums (``run_record.py``).
+logs (``trainer/distsplat_trainer.py:DistSplatTrainer.train_iteration``) and the run record sums (``trainer/run_record.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from nerfstudio.engine.optimizers import Optimizers
 
 from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.step_report import StepReport
+from distsplat_ns.pipeline.step_report import StepReport
 
 STATS_FILENAME = "distsplat_stats.json"
 
