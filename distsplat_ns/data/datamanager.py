@@ -68,7 +68,7 @@ _FLAG_PREFIX = "--pipeline.datamanager."
 _AUTO_RAM_FRACTION = 0.25
 """Share of the host's memory available at start-up that the encoded training files may take when
 ``ram_budget_bytes`` is 0: it leaves room for the models, optimizers and images in flight of every
-local rank. The files are held once per host (issue 27), so the share is not divided by the
+local rank. The files are held once per host (docs/data.md, "One store per host"), so the share is not divided by the
 number of local ranks."""
 
 
@@ -234,7 +234,7 @@ class ParallelFullImageDatamanager(DataManager):
             return self.config.ram_budget_bytes
         import psutil
 
-        # One store per host (issue 27): the host's share, not divided between its local ranks.
+        # One store per host (docs/data.md, "One store per host"): the host's share, not divided between its local ranks.
         return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available)
 
     def _host_share(self) -> HostShare:

@@ -6,7 +6,7 @@ Why (docs/data.md): decoded 1080p images take 6 MB each in uint8 (25 MB in float
 about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
 DataLoader workers decode on demand.
 
-One store per host (issue 27): the local ranks of a host share one buffer, filled once by one of
+One store per host (docs/data.md, "One store per host"): the local ranks of a host share one buffer, filled once by one of
 them (the host's *filler*, its lowest rank) and mapped read-only by the others and by every
 DataLoader worker. Which ranks share a host, and how the buffer's descriptor reaches them, is the
 ``host`` argument (``HostShare``: ``distributed/host_share.py`` in a process group, ``LocalHost``

@@ -109,7 +109,7 @@ class StepBalance:
         """
         view = self.mode.pending_view()
         render_s = clock["forward"] + clock["backward"]
-        with clock.communicating(phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
+        with clock.communicating(phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before docs/overlap.md's overlap)
             costs = gather_step_costs(self.ctx, plan, result.band_tile_work, verdict, render_s, view is not None)
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, costs.measured)
         time_imbalance = max_over_mean(costs.render_s)

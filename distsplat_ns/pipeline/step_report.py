@@ -26,7 +26,7 @@ class StepTimings:
     exposed_comm: float = 0.0
     """Seconds the step was blocked in communication: the SSIM-halo all-gather, the sharded
     exchange, the part of the gradient sum the backward did not hide, the statistics' reductions
-    (with their small computation) and the cost all-gather (issue 28)."""
+    (with their small computation) and the cost all-gather (docs/overlap.md, "Fewer small collectives")."""
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
