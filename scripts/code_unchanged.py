@@ -1,6 +1,7 @@
 """Check that only docstrings and comments changed in Python files between a revision and the work tree.
 
-    python scripts/code_unchanged.py REV [FILE...]   # default: the .py files that differ from REV
+    python scripts/code_unchanged.py REV [FILE...]   # default: the .py files changed since REV
+    python scripts/code_unchanged.py $(git merge-base main HEAD)   # a branch's own changes
 
 Each file is parsed with `ast`; docstrings (first-statement string constants of modules, classes and
 functions) and other bare string statements (attribute docstrings) are removed; the dumps of both
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
         return 2
     rev, files = argv[0], argv[1:]
     if not files:
-        out = subprocess.run(["git", "diff", "--name-only", rev, "--", "*.py"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(["git", "diff", "--name-only", "--diff-filter=M", rev, "--", "*.py"], capture_output=True, text=True, check=True).stdout
         files = [f for f in out.split() if f]
     bad = 0
     for path in files:
