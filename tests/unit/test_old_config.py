@@ -54,3 +54,19 @@ def test_b53ba80_config_sets_up_its_pipeline() -> None:
     pipeline = config.pipeline.setup(device="cpu", test_mode="inference")
     assert isinstance(pipeline, DistSplatPipeline) and isinstance(pipeline.model, DistSplatModel)
     assert pipeline.mode.name == "sharded" and pipeline.model.num_points > 0
+
+
+#: config.yml of the float32 runs of scripts/train_compare_runs.sh written by 860afc4 (before the pipeline/ and
+#: trainer/ packages): they name the pipeline and trainer classes at distsplat_ns.pipeline and distsplat_ns.trainer.
+RUN_860AFC4 = FIXTURE.parent / "run_860afc4"
+
+
+def test_860afc4_configs_name_the_current_classes_and_set_up() -> None:
+    for run in ("replicated", "sharded"):
+        config = yaml.load((RUN_860AFC4 / run / "config.yml").read_text(), Loader=yaml.Loader)
+        assert type(config) is DistSplatTrainerConfig and config._target is DistSplatTrainer
+        assert type(config.pipeline) is DistSplatPipelineConfig and config.pipeline._target is DistSplatPipeline
+        assert config.pipeline.parallel == run
+        config.pipeline.datamanager.dataparser.data = SCENE
+        pipeline = config.pipeline.setup(device="cpu", test_mode="inference")
+        assert pipeline.mode.name == run and pipeline.model.num_points > 0
