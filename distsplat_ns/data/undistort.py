@@ -1,27 +1,11 @@
 """Undistortion as nerfstudio 1.1.5 does it: the new intrinsics of each camera, then each image remapped.
 
-Pure: numpy and OpenCV (imported lazily), no nerfstudio import at module level: the glue
-(``image_specs.undistort_cameras``) hands over nerfstudio's camera model names, intrinsics and
-fisheye crop radius and writes the results back into its ``Cameras``; the workers
-(``image_loader.ImageLoader``) apply the ``UndistortSpec`` of each image. FISHEYE624 cameras alone
-call nerfstudio's public projection functions (``fisheye624_project``,
-``fisheye624_unproject_helper``, with torch), imported inside the two functions that build their
-intrinsics and maps: the module stays importable without nerfstudio.
-
-Two halves, both replicating nerfstudio's ``FullImageDatamanager._undistort_image`` (same float32
-K, same OpenCV calls, same torch operations for FISHEYE624), so that cameras, pixels and masks
-match its loader bit for bit:
-
-- **Intrinsics, no pixel decoded** (``undistort_intrinsics``): per distinct camera, the optimal new
-  camera matrix and valid region (``cv2.getOptimalNewCameraMatrix`` for perspective cameras,
-  ``cv2.fisheye.estimateNewCameraMatrixForUndistortRectify`` for fisheye; for FISHEYE624 a square
-  pinhole image of side ``int(2 * fisheye_crop_radius)`` spanning the crop circle's field of
-  view), giving an ``UndistortSpec`` and the intrinsics and size of the delivered images.
-- **Pixels** (``undistort``): remap of the image and its mask with maps computed once per distinct
-  camera and kept in a small per-process cache (``MapCache``): ``cv2.undistort`` rebuilds the same
-  maps on every call (it is ``initUndistortRectifyMap`` + ``remap`` in row stripes), so caching
-  gives identical pixels for less work. Perspective maps are computed for the kept region only.
-  FISHEYE624 images get a generated mask (the crop circle, remapped), cached with the maps.
+Two halves, both replicating nerfstudio's ``FullImageDatamanager._undistort_image`` bit for bit (same
+float32 K, OpenCV calls and, for FISHEYE624, torch operations): ``undistort_intrinsics`` (new K and
+valid region per distinct camera, no pixel decoded) and ``undistort`` (the remap of image and mask,
+maps cached per process in ``MapCache``). Pure: numpy, OpenCV and, for FISHEYE624 alone,
+nerfstudio's projection functions, all imported lazily. Models, conventions and the map cache:
+docs/data.md, "Decoding and hand-over".
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """
