@@ -1,12 +1,11 @@
 """Per-image decode instructions from a nerfstudio dataset: cameras undistorted, one ``ImageSpec`` per image.
 
-nerfstudio glue. The datamanager calls ``undistort_cameras`` on each split's ``InputDataset.cameras``
-(rewriting them to the intrinsics and sizes of the delivered, undistorted images: the arithmetic is
-``undistort.py``'s, no image is decoded) and ``image_specs`` to tell the workers, per image, the
-size of the file, the resize, alpha and mask colours, and the undistortion
-(``image_loader.ImageSpec``, picklable and free of nerfstudio). FISHEYE624 cameras take their crop
-radius from the cameras' ``fisheye_crop_radius`` metadata (transforms.json) and generate their
-masks, so mask files are refused with them (as nerfstudio's loader asserts).
+nerfstudio glue. ``undistort_cameras`` rewrites a split's ``InputDataset.cameras`` to the
+intrinsics and sizes of the delivered images (``undistort.py``'s arithmetic, no decode);
+``image_specs`` tells the workers, per image, the file's size, resize, alpha and mask colours and
+undistortion (``image_loader.ImageSpec``, picklable, free of nerfstudio). FISHEYE624 cameras take
+their crop radius from ``fisheye_crop_radius`` and generate their masks, so mask files are refused
+with them (as nerfstudio's loader asserts).
 
 Shape legend: ``C``: cameras.
 """
