@@ -195,10 +195,9 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
 def _fisheye624_undistortion(key: tuple, params: np.ndarray, K: np.ndarray) -> Undistortion:
     """A square pinhole camera over the crop circle's field of view, as nerfstudio's FISHEYE624 case.
 
-    The same float32 torch operations in the same order: ``fov`` is the larger of the angles
-    between the rays through the circle's top and bottom points and through its left and right
-    points (``fisheye624_unproject_helper``), the side is ``int(2 * radius)`` and the principal
-    point the centre of the pixel grid, ``(side - 1) / 2``.
+    The same float32 torch operations in the same order: the field of view is the larger of the
+    top-bottom and left-right angles between rays through the circle's edge points (docs/data.md,
+    "Decoding and hand-over").
     """
     import torch
     from nerfstudio.cameras.camera_utils import fisheye624_unproject_helper
@@ -317,19 +316,11 @@ class MapCache:
 def _fisheye624_maps_and_mask(spec: UndistortSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Float32 remap maps and generated mask of a fisheye624 camera, as nerfstudio 1.1.5 builds them.
 
-    Every pixel of the delivered grid is unprojected through the pinhole ``new_K`` and projected by
-    nerfstudio's ``fisheye624_project`` (same float32 torch operations, same point order, so the
-    same values). nerfstudio lays the grid out x-major (``torch.meshgrid`` 'ij' over ``(x, y)``):
-    row ``i`` of its maps is the pixel column ``x = i``, and it passes the projected *v* as the
-    remap's x map and *u* as its y map. Kept as is for parity: the delivered pixel at row ``r``,
-    column ``c`` is the source read at column ``v(x=r, y=c)``, row ``u(x=r, y=c)``, which is the
-    textbook undistortion only for a camera symmetric under swapping x and y (fx = fy, cx = cy,
-    p0 = p1, s0 = s2, s1 = s3; square Aria images come close). docs/data.md has the details.
-
-    The mask is the distorted image's crop circle (centre ``(H // 2, W // 2)`` in rows and
-    columns, radius ``crop_radius_px``), remapped with the same maps (bilinear, zero border):
-    True where any of it is read. Returns ``(map_x, map_y, mask)``: `[H', W']` float32, float32,
-    bool.
+    The delivered grid unprojected through ``new_K`` and projected by nerfstudio's
+    ``fisheye624_project`` (same float32 operations and point order), laid out x-major and with
+    *v* as the x map as nerfstudio does, kept for parity (docs/data.md, "Limits and follow-ups").
+    The mask is the crop circle remapped with the same maps, True where any of it is read.
+    Returns ``(map_x, map_y, mask)``: `[H', W']` float32, float32, bool.
     """
     import cv2
     import torch
