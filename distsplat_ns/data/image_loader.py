@@ -212,11 +212,9 @@ class ImageLoader:
     def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
 
-        ``downscale`` is the step's render downscale (splatfacto's resolution schedule): the image
-        comes out at ``downscaled_px`` of ``spec.output_size_hw``, the size the model renders.
-        Where no per-pixel step comes before it (``ImageSpec.decodes_at_scale``), the downscale is
-        folded into the decode (DCT scale + box average); otherwise the full-size result is
-        box-averaged at the end. Masks stay at full training resolution (the model resizes them).
+        The image comes out at ``downscaled_px`` of ``spec.output_size_hw``, folded into the decode
+        where ``ImageSpec.decodes_at_scale``; masks stay at full training resolution
+        (docs/data.md, "Decode at the training scale").
 
         Args:
             index: Dataset index.

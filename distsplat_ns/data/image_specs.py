@@ -25,12 +25,10 @@ from distsplat_ns.utils.errors import UserError
 def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
     """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
 
-    Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
-    operations, same OpenCV calls: ``undistort.undistort_intrinsics``) without decoding any image,
-    once per distinct camera. Distortion parameters of undistorted cameras are set to zero: the
-    cameras then describe the delivered pixels (nerfstudio keeps them; their camera type stays,
-    as in nerfstudio). FISHEYE624 cameras use ``cameras.metadata["fisheye_crop_radius"]`` (one
-    radius for all cameras, in pixels, as nerfstudio's dataparser sets it, not rescaled).
+    nerfstudio 1.1.5's ``_undistort_image`` arithmetic (``undistort.undistort_intrinsics``), no
+    image decoded. Distortion parameters are zeroed so that the cameras describe the delivered
+    pixels (nerfstudio keeps them; the camera type stays). FISHEYE624 cameras use
+    ``cameras.metadata["fisheye_crop_radius"]`` (one radius for all cameras, pixels, not rescaled).
 
     Args:
         cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.

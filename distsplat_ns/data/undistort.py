@@ -89,10 +89,8 @@ def undistort_intrinsics(
     distortion: np.ndarray,
     fisheye_crop_radius: Sequence[float | None] | None = None,
 ) -> list[Undistortion | None]:
-    """The undistortion of each camera, computed from K and the image size alone (no decoding).
-
-    Computed once per distinct camera (model, intrinsics, size, distortion and, for FISHEYE624,
-    crop radius alike).
+    """The undistortion of each camera from K and the image size alone (no decoding), computed
+    once per distinct camera.
 
     Args:
         camera_models: nerfstudio ``CameraType`` name per camera (``"PERSPECTIVE"``, ...). `[C]`.
