@@ -1,25 +1,12 @@
-"""ParallelFullImageDatamanager: nerfstudio glue around the shared-byte image stream (docs/data.md).
+"""ParallelFullImageDatamanager: nerfstudio glue around the shared-byte image stream.
 
-nerfstudio 1.1.5's FullImageDatamanager decodes every image up front (RAM ~ decoded size, start-up
-linear in the number of images). This datamanager keeps only the encoded files in one shared
-buffer per host (``store.py``: filled once by the host's lowest rank and mapped by every local rank
-and its workers; ``distributed/host_share.py`` groups the ranks by host) and lets DataLoader workers
-decode each rank's share of every step (``stream.py``, read by ``reader.py``), prefetched.
-
-- ``train_dataset`` / ``eval_dataset`` are nerfstudio ``InputDataset``s (viewer, ns-export), whose
-  ``cameras`` are rewritten at construction to the *undistorted* intrinsics and sizes, computed
-  from K and the image size alone (no decoding), exactly as nerfstudio's own undistortion does
-  (``image_specs.py``, ``undistort.py``).
-- The pipeline calls ``configure_training(B, rank, world_size, start_step, assigner, downscale_at)`` once and
-  then, once per step for increasing steps, ``step_batch(step)``: the batch's camera ids, then
-  this rank's images on the device (``step_batch.py``). ``batch_camera_ids``, ``next_train_batch``,
-  ``get_images_and_masks`` and ``to_device`` are its parts, for tests and benchmarks.
-- nerfstudio's own trainer keeps working through ``next_train`` (one image per step),
-  ``next_eval``, ``next_eval_image`` and ``fixed_indices_eval_dataloader``.
-- Bad data fails at construction, on every rank alike, with one line naming the path or file
-  (``preflight.py``): a missing data path, missing files, unreadable headers, sizes that do not
-  match the cameras, JPEGs cut before their end-of-image marker. Config errors name their
-  command-line flag.
+Unlike nerfstudio 1.1.5's FullImageDatamanager, which decodes every image up front, it keeps the
+encoded files in one shared buffer per host (``store.py``) and lets DataLoader workers decode each
+rank's share of every step (``stream.py``, ``reader.py``). Its datasets' ``cameras`` carry the
+undistorted intrinsics (``image_specs.py``); the pipeline calls ``configure_training`` once, then
+``step_batch(step)`` once per step; nerfstudio's own ``next_train`` / ``next_eval`` keep working;
+bad data fails at construction on every rank alike (``preflight.py``). Interface and design:
+docs/data.md.
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """

@@ -1,15 +1,10 @@
 """Parse a scene at a dataparser downscale factor without pre-made ``images_N`` folders, never prompting.
 
-nerfstudio glue. nerfstudio 1.1.5's colmap dataparser asks on stdin whether to create
-``images_N`` when ``--downscale-factor N`` (or its automatic factor for images over 1600 px) has no
-such folder: with no terminal every rank dies with ``EOFError``, and under torchrun each rank asks
-at once. Its nerfstudio-data parser points at ``images_N`` files that do not exist.
-
-Here, when the folder is missing, the scene is parsed at factor 1 (a copy of the dataparser config;
-the user's is never changed) and the cameras are rescaled exactly as the dataparser itself would
-(``Cameras.rescale_output_resolution(1 / N, rounding)``); the datamanager then decodes each file at
-``1 / N`` (``image_loader.ImageSpec.source_downscale``: libjpeg-turbo DCT scale + box average). Folders
-that exist are still used, through the unchanged dataparser. Other dataparsers are left as they are.
+nerfstudio glue. nerfstudio 1.1.5's colmap dataparser asks on stdin whether to create ``images_N``
+(every rank dies with ``EOFError`` without a terminal). When the folder is missing, the scene is
+parsed at factor 1 (from a copy of the config), the cameras rescaled as the dataparser would, and
+each file decoded at ``1 / N`` (``image_loader.ImageSpec.source_downscale``). Folders that exist are
+used through the unchanged dataparser (docs/data.md, "A dataparser downscale without `images_N`").
 """
 
 from __future__ import annotations

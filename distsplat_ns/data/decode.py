@@ -3,11 +3,9 @@
 Pure: numpy, torch, PIL, simplejpeg (and, lazily, torchvision). What is done with the pixels
 (resize, alpha, mask, undistortion) is ``image_loader.py``'s.
 
-Decode at the training scale (docs/data.md): libjpeg-turbo decodes a JPEG at ``1 / s`` of its size
-(``s`` in 1, 2, 4, 8) in the DCT domain (simplejpeg's ``min_height``/``min_width``, PIL's
-``draft``), ``ceil(H / s) x ceil(W / s)`` pixels; ``decode_at_scale`` says whether that happened.
-Every decoder returns RGB, or RGBA when the file has alpha, whatever the file's colour space
-(grey, CMYK, palette).
+Every decoder returns RGB, or RGBA when the file has alpha, whatever the file's colour space; a JPEG
+may be decoded at ``1 / s`` in the DCT domain (docs/data.md, "Decode at the training scale",
+"Colour").
 
 Shape legend: ``H``, ``W``: pixels.
 """

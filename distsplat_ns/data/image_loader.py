@@ -1,23 +1,11 @@
 """One dataset image from its encoded bytes to the pixels training uses: the per-image work of every worker.
 
-Pure: numpy, torch, PIL (and, through the sibling modules, the decoders and OpenCV). No nerfstudio
-import: the nerfstudio glue (``image_specs.py``) computes each image's ``ImageSpec`` from its
-cameras and dataparser outputs; ``ImageLoader`` follows it.
-
-The steps replicate nerfstudio 1.1.5 exactly (``InputDataset.get_data`` then
-``FullImageDatamanager``'s ``_undistort_image``), so pixels match its loader bit for bit:
-decode (``decode.py``) -> resize by ``scale_factor`` (PIL bilinear) -> alpha compositing
-(``alpha_color``) -> mask (PIL nearest resize) -> undistortion of image and mask (``undistort.py``)
--> crop to the valid region. FISHEYE624 cameras have no mask files (refused at start-up,
-``image_specs.py``): their undistortion generates each image's mask.
-
-Decode at the training scale (docs/data.md): an image wanted at ``1 / f`` of its file's size is
-decoded by libjpeg-turbo at the largest DCT-domain scale ``1 / s`` (``s`` in 1, 2, 4, 8) dividing
-``f`` (``decode.decode_at_scale``), then box-averaged by ``f / s`` (``resize.py``). The box average
-is the *exact* rule of splatfacto's ``resize_image`` (and OpenCV's INTER_AREA at an integer
-factor): the top-left ``(H // f) * f`` x ``(W // f) * f`` pixels, each output pixel the mean of its
-``f x f`` block, rounded to uint8 (within 0.5 of the float mean). So the rendered size is
-``utils.cameras.downscaled_px(side, f)`` and the pixel grid is the one the model's own resize gives.
+Pure: numpy, torch, PIL (and, through the sibling modules, the decoders and OpenCV); the nerfstudio
+glue (``image_specs.py``) computes each image's ``ImageSpec``. The steps replicate nerfstudio 1.1.5
+bit for bit (``InputDataset.get_data`` then ``_undistort_image``): decode, resize by
+``scale_factor``, alpha, mask, undistortion (FISHEYE624: a generated mask), crop. An image wanted at
+``1 / f`` of its size is decoded at a DCT-domain scale and box-averaged exactly as splatfacto's
+``resize_image`` (docs/data.md, "Decoding and hand-over", "Decode at the training scale").
 
 Shape legend: ``H``, ``W``: pixels.
 """
@@ -224,11 +212,9 @@ class ImageLoader:
     def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
 
-        ``downscale`` is the step's render downscale (splatfacto's resolution schedule): the image
-        comes out at ``downscaled_px`` of ``spec.output_size_hw``, the size the model renders.
-        Where no per-pixel step comes before it (``ImageSpec.decodes_at_scale``), the downscale is
-        folded into the decode (DCT scale + box average); otherwise the full-size result is
-        box-averaged at the end. Masks stay at full training resolution (the model resizes them).
+        The image comes out at ``downscaled_px`` of ``spec.output_size_hw``, folded into the decode
+        where ``ImageSpec.decodes_at_scale``; masks stay at full training resolution
+        (docs/data.md, "Decode at the training scale").
 
         Args:
             index: Dataset index.

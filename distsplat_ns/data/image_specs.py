@@ -1,12 +1,11 @@
 """Per-image decode instructions from a nerfstudio dataset: cameras undistorted, one ``ImageSpec`` per image.
 
-nerfstudio glue. The datamanager calls ``undistort_cameras`` on each split's ``InputDataset.cameras``
-(rewriting them to the intrinsics and sizes of the delivered, undistorted images: the arithmetic is
-``undistort.py``'s, no image is decoded) and ``image_specs`` to tell the workers, per image, the
-size of the file, the resize, alpha and mask colours, and the undistortion
-(``image_loader.ImageSpec``, picklable and free of nerfstudio). FISHEYE624 cameras take their crop
-radius from the cameras' ``fisheye_crop_radius`` metadata (transforms.json) and generate their
-masks, so mask files are refused with them (as nerfstudio's loader asserts).
+nerfstudio glue. ``undistort_cameras`` rewrites a split's ``InputDataset.cameras`` to the
+intrinsics and sizes of the delivered images (``undistort.py``'s arithmetic, no decode);
+``image_specs`` tells the workers, per image, the file's size, resize, alpha and mask colours and
+undistortion (``image_loader.ImageSpec``, picklable, free of nerfstudio). FISHEYE624 cameras take
+their crop radius from ``fisheye_crop_radius`` and generate their masks, so mask files are refused
+with them (as nerfstudio's loader asserts).
 
 Shape legend: ``C``: cameras.
 """
@@ -26,12 +25,10 @@ from distsplat_ns.utils.errors import UserError
 def undistort_cameras(cameras: Cameras) -> list[UndistortSpec | None]:
     """Rewrite ``cameras`` in place to the intrinsics of their undistorted images.
 
-    Replicates the K / ROI arithmetic of nerfstudio 1.1.5's ``_undistort_image`` (same float32
-    operations, same OpenCV calls: ``undistort.undistort_intrinsics``) without decoding any image,
-    once per distinct camera. Distortion parameters of undistorted cameras are set to zero: the
-    cameras then describe the delivered pixels (nerfstudio keeps them; their camera type stays,
-    as in nerfstudio). FISHEYE624 cameras use ``cameras.metadata["fisheye_crop_radius"]`` (one
-    radius for all cameras, in pixels, as nerfstudio's dataparser sets it, not rescaled).
+    nerfstudio 1.1.5's ``_undistort_image`` arithmetic (``undistort.undistort_intrinsics``), no
+    image decoded. Distortion parameters are zeroed so that the cameras describe the delivered
+    pixels (nerfstudio keeps them; the camera type stays). FISHEYE624 cameras use
+    ``cameras.metadata["fisheye_crop_radius"]`` (one radius for all cameras, pixels, not rescaled).
 
     Args:
         cameras: A flat batch of cameras (`[C]`), e.g. ``InputDataset.cameras`` after scaling.

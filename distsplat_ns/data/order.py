@@ -1,13 +1,10 @@
 """Which images each training step uses, and which of them each rank decodes.
 
-Pure: numpy only. Every function here is a deterministic function of its arguments, so every rank
-(and every DataLoader worker) computes the same global batch for a step without communicating.
-
-Sampling (docs/data.md): the training images are visited in epochs; epoch ``e`` is the permutation of
-``range(num_images)`` drawn from a generator seeded by ``(seed, e)``. The epochs are concatenated
-into one infinite sequence of camera ids, and step ``t`` with batch size ``B`` takes positions
-``[t * B, (t + 1) * B)`` of it. So every image is used once per epoch, a batch may straddle two
-epochs, and resuming at step ``t`` needs no state but ``t``.
+Pure: numpy only. Every function is a deterministic function of its arguments, so every rank (and
+worker) computes the same global batch for a step without communicating: epoch ``e`` is the
+permutation drawn from ``(seed, e)``, the epochs are concatenated, and step ``t`` takes positions
+``[t * B, (t + 1) * B)``; resuming at step ``t`` needs no state but ``t`` (docs/data.md, "Sampling
+and sharding").
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Checks of a scene's files before the first training step: cheap, and the same on every rank.
 
-Pure: PIL and the standard library. Every rank runs the same checks on the same files, so every
-rank fails the same way (one ``ValueError`` naming the path and what is wrong) before any
-collective, instead of one rank failing inside a DataLoader worker thousands of steps later.
-
-What is checked (``check_data_path``, ``check_image_headers``):
-- the data path exists;
-- each image file (and mask) has a readable header: only the header is read (PIL opens lazily),
-  about 0.1 ms per file, no pixel is decoded;
-- the size in the header is the one the camera describes (``image_loader.file_size_matches``: after
-  ``camera_res_scale_factor``, or at 1/N when a dataparser downscale is decoded on the fly), and a
-  mask has its image's size;
-- a JPEG's primary image is complete: it ends with the end-of-image marker (``jpeg_is_complete``).
-  A file cut after its header would otherwise pass and fail only when first drawn, up to an epoch
-  later (docs/data.md, "Checked before the first step"). The common case is a two-byte read: the file ends with ``FF D9``. Otherwise the
-  file is read and its segments walked to the first scan: the image is complete when an ``FF D9``
-  follows the scan's data, whatever comes after it -- padding (zeros, ``FF`` fill) or an appended
-  block (an MPF second frame, a motion photo's video, a vendor trailer), which decoders ignore. A
-  cut file has no ``FF D9`` after its scan (entropy-coded data never holds one: ``FF`` is stuffed
-  as ``FF 00``), also when the cut is zero-filled; an ``FF D9`` inside an earlier segment (the EXIF
-  thumbnail's) is skipped with its segment.
-
-A file that goes bad after start-up is found when it is decoded (the worker's error names it).
+Pure: PIL and the standard library. Every rank fails the same way (one ``ValueError`` naming the
+path and what is wrong) before any collective, instead of one rank failing inside a DataLoader
+worker thousands of steps later. ``check_data_path`` and ``check_image_headers`` check that the
+data path exists, that each image (and mask) has a readable header of the size its camera describes
+(``image_loader.file_size_matches``; no pixel decoded), and that a JPEG's primary image ends with
+its end-of-image marker (``jpeg_is_complete``). The rules, messages and cost: docs/data.md,
+"Checked before the first step". A file that goes bad after start-up is found when it is decoded.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Decode slots: shared memory that workers decode into, so that no image costs a new shared-memory segment.
 
-Pure: numpy, torch (and ``store.SharedBuffer``).
-
-Handing a fresh 6 MB tensor from a worker to the trainer costs a new shared-memory segment per
-image, whose page faults cost about as much as the JPEG decode itself (measured: 186 -> 101
-images/s per core on fox). Instead, ``reader.TrainBatchReader`` maps one ``DecodeSlots`` ring (a
-``store.SharedBuffer``, sent to the workers by handle); a worker decodes (or undistorts) straight
-into its slot and sends only a ``SlotRef`` ``(offset, shape)``; the reader copies the pixels out
-into an ordinary tensor when it hands the batch over, so the caller owns its images. A slot is
-reused ``num_parts`` parts later, by when the DataLoader's bounded prefetch guarantees the reader
-has copied it; a stamp per slot turns any violation into an error instead of wrong pixels.
+Pure: numpy, torch (and ``store.SharedBuffer``). ``reader.TrainBatchReader`` maps one
+``DecodeSlots`` ring; a worker decodes straight into its slot and sends only a ``SlotRef``
+``(offset, shape)``; the reader copies the pixels out into a tensor the caller owns. A slot is
+reused ``num_parts`` parts later, when the DataLoader's bounded prefetch guarantees the copy; a
+stamp per slot turns any violation into an error. Why and cost: docs/data.md, "Decoding and
+hand-over".
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """One training step's data as the pipeline sees it: asked for once, in two parts.
 
-The step needs the global batch's camera ids before it can cut bands (the plan), and the plan
-before it knows which images this rank renders. ``ParallelFullImageDatamanager.step_batch(step)``
-therefore hands one ``StepBatch`` per step: its ``camera_ids`` at once (a pure function of the
-seed and the step, ``order.batch_camera_ids``), and, once the plan names this rank's batch
-positions, ``on_device(positions)``: the images (and masks) the stream prefetched for this rank,
-any other the plan gave it decoded on demand, all uploaded to the device. The stream is read only
-then, so the plan still runs while the workers decode.
+The plan needs the batch's camera ids before it knows which images this rank renders. So
+``ParallelFullImageDatamanager.step_batch(step)`` hands one ``StepBatch``: its ``camera_ids`` at
+once (``order.batch_camera_ids``), then ``on_device(positions)``: the images (and masks) prefetched
+for this rank, any other decoded on demand, all uploaded. The stream is read only then, so the plan
+runs while the workers decode.
 
 Pure: torch and the sibling pure modules.
 

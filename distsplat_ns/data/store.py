@@ -1,40 +1,13 @@
 """The encoded image files of a dataset, read once into one shared, read-only byte buffer per host.
 
-Pure: numpy and the standard library only.
-
-Why (docs/data.md): decoded 1080p images take 6 MB each in uint8 (25 MB in float32), their JPEG files
-about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
-DataLoader workers decode on demand.
-
-One store per host (docs/data.md, "One store per host"): the local ranks of a host share one buffer, filled once by one of
-them (the host's *filler*, its lowest rank) and mapped read-only by the others and by every
-DataLoader worker. Which ranks share a host, and how the buffer's descriptor reaches them, is the
-``host`` argument (``HostShare``: ``distributed/host_share.py`` in a process group, ``LocalHost``
-alone). The filler also decides, once for the host, whether the files fit the budget (else disk
-mode on every local rank).
-
-How the workers and the other local ranks avoid copies:
-- The bytes live in one ``SharedBuffer``: a ``memfd`` (an anonymous shared-memory file) mapped
-  ``MAP_SHARED``; its pages are shared between processes, never copy-on-write, and nobody writes
-  them after the fill. Nothing has a name: the memory is freed when the last process holding the
-  descriptor or a mapping ends, SIGKILL included (no file in ``/dev/shm`` to leak).
-- Local ranks, unrelated processes under torchrun, receive the filler's descriptor over a Unix
-  socket (``utils/fd_passing.py``), read-only. Workers map the *same* file whatever the start
-  method: forked ones inherit the mapping, and forkserver/spawn ones (the datamanager's choice:
-  ``workers.py``) receive the file descriptor while being started
-  (``multiprocessing.reduction.DupFd``), never the bytes. Unlike ``/dev/shm``, a memfd is not
-  bounded by the size of a tmpfs mount. Outside process start-up the store refuses to be pickled.
-- Readers get zero-copy, read-only ``memoryview``s of one file's bytes.
-
-Start-up time: the buffer is filled by a background thread of the filler, in dataset order,
-while training starts; an entry not yet filled is read from its file (same bytes). The number of
-filled entries lives in the buffer's header, written and read under a POSIX record lock of the
-memfd (``fcntl.lockf``): the kernel's lock orders the filler's bytes before the count for every
-process (the lock needs no name, and the kernel drops it when its holder dies, SIGKILL included).
-So time to first batch does not grow with the size of the dataset (docs/data.md).
-
-Disk mode: when the files exceed the host's RAM budget the store keeps only paths and sizes, and
-readers open the file on each access; the filler logs this once, at construction.
+Pure: numpy and the standard library only. Memory grows with the size of the files, not of the
+decoded images. The host's lowest rank (its *filler*) decides RAM or disk mode for the host and
+fills a ``SharedBuffer`` (a nameless ``memfd``, freed when its last holder ends, SIGKILL included)
+in a background thread; the other local ranks receive its descriptor read-only (``host``:
+``HostShare``, ``LocalHost``), workers map the same file, and readers get zero-copy ``memoryview``s.
+The fill count sits in the buffer's header under a POSIX record lock; an entry not yet filled is
+read from its file. Design and measurements: docs/data.md, "The shared byte buffer (how workers
+avoid copies)" and "One store per host".
 
 Shape legend: ``F``: files (entries).
 """

@@ -2,21 +2,11 @@
 
 Pure: torch only (plus the sibling pure modules). What runs in the workers: ``ImageBatchStream``
 (training) and ``IndexedImageDataset`` (eval); the consumer side is ``reader.py``, how the workers
-start and end is ``workers.py``, the shared memory they decode into is ``slots.py``.
-
-Who decodes what (docs/data.md):
-- Step ``t``'s global batch is ``batch_camera_ids(seed, num_images, B, t)``, the same on every rank.
-- The assigner says which positions of it this rank needs (contiguous split by default).
-- Worker ``w`` of ``K`` takes the ``j``-th of those positions when ``(j + t) % K == w``: each image
-  is decoded by one worker of one rank, and with fewer images than workers per step the work still
-  rotates over all workers.
-- Every worker yields exactly one ``StepPart`` per step (possibly empty), so the DataLoader's
-  round-robin, in-order delivery hands over the ``K`` parts of step ``t`` before those of ``t + 1``;
-  ``reader.TrainBatchReader`` merges them into one ``TrainBatch``.
-- A decode error is sent as data (``workers.WorkerFailure``) in the part, and the worker stops.
-
-No collate: the DataLoader runs with ``batch_size=None`` and an identity ``collate_fn``; each image
-is its own tensor (images may differ in size).
+start and end is ``workers.py``, the shared memory they decode into is ``slots.py``. Worker ``w`` of
+``K`` decodes the ``j``-th of this rank's positions of step ``t`` when ``(j + t) % K == w``, and
+every worker yields exactly one ``StepPart`` per step (a decode error travels in it as
+``workers.WorkerFailure``); no collate (``batch_size=None``). Why: docs/data.md, "Sampling and
+sharding".
 
 Shape legend: ``H``, ``W``: pixels. ``B``: images per step over all ranks.
 """

@@ -1,27 +1,11 @@
 """Undistortion as nerfstudio 1.1.5 does it: the new intrinsics of each camera, then each image remapped.
 
-Pure: numpy and OpenCV (imported lazily), no nerfstudio import at module level: the glue
-(``image_specs.undistort_cameras``) hands over nerfstudio's camera model names, intrinsics and
-fisheye crop radius and writes the results back into its ``Cameras``; the workers
-(``image_loader.ImageLoader``) apply the ``UndistortSpec`` of each image. FISHEYE624 cameras alone
-call nerfstudio's public projection functions (``fisheye624_project``,
-``fisheye624_unproject_helper``, with torch), imported inside the two functions that build their
-intrinsics and maps: the module stays importable without nerfstudio.
-
-Two halves, both replicating nerfstudio's ``FullImageDatamanager._undistort_image`` (same float32
-K, same OpenCV calls, same torch operations for FISHEYE624), so that cameras, pixels and masks
-match its loader bit for bit:
-
-- **Intrinsics, no pixel decoded** (``undistort_intrinsics``): per distinct camera, the optimal new
-  camera matrix and valid region (``cv2.getOptimalNewCameraMatrix`` for perspective cameras,
-  ``cv2.fisheye.estimateNewCameraMatrixForUndistortRectify`` for fisheye; for FISHEYE624 a square
-  pinhole image of side ``int(2 * fisheye_crop_radius)`` spanning the crop circle's field of
-  view), giving an ``UndistortSpec`` and the intrinsics and size of the delivered images.
-- **Pixels** (``undistort``): remap of the image and its mask with maps computed once per distinct
-  camera and kept in a small per-process cache (``MapCache``): ``cv2.undistort`` rebuilds the same
-  maps on every call (it is ``initUndistortRectifyMap`` + ``remap`` in row stripes), so caching
-  gives identical pixels for less work. Perspective maps are computed for the kept region only.
-  FISHEYE624 images get a generated mask (the crop circle, remapped), cached with the maps.
+Two halves, both replicating nerfstudio's ``FullImageDatamanager._undistort_image`` bit for bit (same
+float32 K, OpenCV calls and, for FISHEYE624, torch operations): ``undistort_intrinsics`` (new K and
+valid region per distinct camera, no pixel decoded) and ``undistort`` (the remap of image and mask,
+maps cached per process in ``MapCache``). Pure: numpy, OpenCV and, for FISHEYE624 alone,
+nerfstudio's projection functions, all imported lazily. Models, conventions and the map cache:
+docs/data.md, "Decoding and hand-over".
 
 Shape legend: ``H``, ``W``: pixels. ``C``: cameras.
 """
@@ -105,10 +89,8 @@ def undistort_intrinsics(
     distortion: np.ndarray,
     fisheye_crop_radius: Sequence[float | None] | None = None,
 ) -> list[Undistortion | None]:
-    """The undistortion of each camera, computed from K and the image size alone (no decoding).
-
-    Computed once per distinct camera (model, intrinsics, size, distortion and, for FISHEYE624,
-    crop radius alike).
+    """The undistortion of each camera from K and the image size alone (no decoding), computed
+    once per distinct camera.
 
     Args:
         camera_models: nerfstudio ``CameraType`` name per camera (``"PERSPECTIVE"``, ...). `[C]`.
@@ -211,10 +193,9 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
 def _fisheye624_undistortion(key: tuple, params: np.ndarray, K: np.ndarray) -> Undistortion:
     """A square pinhole camera over the crop circle's field of view, as nerfstudio's FISHEYE624 case.
 
-    The same float32 torch operations in the same order: ``fov`` is the larger of the angles
-    between the rays through the circle's top and bottom points and through its left and right
-    points (``fisheye624_unproject_helper``), the side is ``int(2 * radius)`` and the principal
-    point the centre of the pixel grid, ``(side - 1) / 2``.
+    The same float32 torch operations in the same order: the field of view is the larger of the
+    top-bottom and left-right angles between rays through the circle's edge points (docs/data.md,
+    "Decoding and hand-over").
     """
     import torch
     from nerfstudio.cameras.camera_utils import fisheye624_unproject_helper
@@ -333,19 +314,11 @@ class MapCache:
 def _fisheye624_maps_and_mask(spec: UndistortSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Float32 remap maps and generated mask of a fisheye624 camera, as nerfstudio 1.1.5 builds them.
 
-    Every pixel of the delivered grid is unprojected through the pinhole ``new_K`` and projected by
-    nerfstudio's ``fisheye624_project`` (same float32 torch operations, same point order, so the
-    same values). nerfstudio lays the grid out x-major (``torch.meshgrid`` 'ij' over ``(x, y)``):
-    row ``i`` of its maps is the pixel column ``x = i``, and it passes the projected *v* as the
-    remap's x map and *u* as its y map. Kept as is for parity: the delivered pixel at row ``r``,
-    column ``c`` is the source read at column ``v(x=r, y=c)``, row ``u(x=r, y=c)``, which is the
-    textbook undistortion only for a camera symmetric under swapping x and y (fx = fy, cx = cy,
-    p0 = p1, s0 = s2, s1 = s3; square Aria images come close). docs/data.md has the details.
-
-    The mask is the distorted image's crop circle (centre ``(H // 2, W // 2)`` in rows and
-    columns, radius ``crop_radius_px``), remapped with the same maps (bilinear, zero border):
-    True where any of it is read. Returns ``(map_x, map_y, mask)``: `[H', W']` float32, float32,
-    bool.
+    The delivered grid unprojected through ``new_K`` and projected by nerfstudio's
+    ``fisheye624_project`` (same float32 operations and point order), laid out x-major and with
+    *v* as the x map as nerfstudio does, kept for parity (docs/data.md, "Limits and follow-ups").
+    The mask is the crop circle remapped with the same maps, True where any of it is read.
+    Returns ``(map_x, map_y, mask)``: `[H', W']` float32, float32, bool.
     """
     import cv2
     import torch

@@ -3,25 +3,11 @@ workers that do not re-run the training process's main script.
 
 Pure: the standard library (and ``stream.py``). Imported only in the fork server
 (``workers.worker_context`` names it in ``set_forkserver_preload``), never by the training process.
-
-Main script: a child of the fork server first runs multiprocessing's start-up (``spawn.prepare``),
-which re-runs the parent's main script (as ``__mp_main__``) unless that script is already the
-server's ``__main__`` -- and the standard library's server never preloads it (Python 3.11 looks up
-a ``main_path`` key that the preparation data does not have, so ``"__main__"`` in the preload list
-does nothing). Under ``ns-train`` the main script imports nerfstudio's whole training CLI, so every
-worker, at every (re)start, spent seconds importing it before its first decode
-(``benchmarks/bench_worker_start.py``, ``forkserver_ns_train_main``; docs/data.md). The workers need
-only what they unpickle, from importable modules (``distsplat_ns``, torch), never the main script:
-this server's children skip it (``skip_main_script``). So objects defined in a main script cannot
-be sent to these workers; the stream sends none.
-
-The fork server is started by the training process; workers are forked by the server. On import
-(in the server) this module asks the kernel for SIGKILL when the server's parent dies
-(``PR_SET_PDEATHSIG``), and registers the same request in every child the server forks, right
-after the fork. So when a rank dies, even by SIGKILL, the kernel kills its fork server and then
-every worker at once -- also a worker still starting, before any Python code of ours runs in it.
-The standard library's server would otherwise notice the death only through its alive pipe and
-take seconds to shut down, and a worker in start-up would wait on it.
+Its children skip the main script (``skip_main_script``: under ``ns-train`` it imports nerfstudio's
+whole CLI), so objects defined in a main script cannot be sent to these workers. On import it asks
+the kernel to SIGKILL the server when its parent dies (``PR_SET_PDEATHSIG``), and every child it
+forks likewise, so a rank's death takes its workers with it at once. Why and measurements:
+docs/data.md, "How workers start".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
-"""How DataLoader worker processes start and end, and how they report a bad image (docs/data.md, "Workers and errors").
+"""How DataLoader worker processes start and end, and how they report a bad image.
 
 Pure: torch and the standard library. Used by every loader of the package (the training stream's
-``reader.TrainBatchReader`` and the datamanager's eval loader, through ``worker_kwargs``).
-
-- Started by ``forkserver``, never forked from the training process: by the time the loader starts,
-  gloo and tensorboard threads exist there, and a child forked from a multi-threaded process can
-  inherit a lock held by another thread (a worker once hung in ``PyOS_AfterFork_Child``). The fork
-  server is a fresh single-threaded interpreter; it preloads ``worker_server.py`` (and through it
-  ``stream.py`` and the decoders), and its workers skip re-running the training process's main
-  script (under ``ns-train``, nerfstudio's whole CLI), so a worker starts in milliseconds once the
-  server is up.
-- Each worker exits within a fraction of a second when the process that owns the loader dies,
-  even by SIGKILL: the fork server and its children die with their parent (``worker_server.py``,
-  which also covers a worker still starting), and each worker watches its owner
-  (``exit_with_owner``, which also covers the fork and spawn start methods).
-- Workers ignore SIGINT/SIGTERM (a stop signal to the rank's process group must not kill them
-  mid-step), so multiprocessing's exit handler, which stops daemonic children with SIGTERM and then
-  waits for them, would wait for ever when a loader is still alive at interpreter exit (a failed
-  run: its exception keeps the iterator referenced). ``_kill_workers_at_exit`` runs first and
-  SIGKILLs them.
-- A decode error (``ValueError`` from ``ImageLoader.load_array``: file, dataset index, decoder's
-  reason) travels to the consumer as data (``WorkerFailure``) and is raised there with the worker's
-  message unchanged; torch's own re-raise would put ``Caught ValueError in DataLoader worker
-  process 0.`` first. Any other exception keeps torch's re-raise with the worker's traceback.
+``reader.TrainBatchReader`` and the datamanager's eval loader, through ``worker_kwargs``). Workers
+are started by ``forkserver`` (a fork of the multi-threaded training process can inherit a held
+lock), exit with the process that owns the loader (``exit_with_owner``), are SIGKILLed at
+interpreter exit since they ignore stop signals (``_kill_workers_at_exit``), and send a decode
+error as data (``WorkerFailure``) so that its message reaches the consumer unchanged. Why and
+measurements: docs/data.md, "Workers and errors".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Row tensors written by every rank with ``torch.distributed.checkpoint`` (DCP), and read back in
 any row range on any number of ranks.
 
-The sharded mode's per-Gaussian tensors are variable-length row sets: rank ``r`` holds ``n_r`` rows
-of each, with arbitrary global ids. In the checkpoint each row key is ONE global tensor
-``[sum(n_r), ...]``, the concatenation of every rank's rows in rank order; rank ``r`` writes its
-rows as the chunk at row offset ``n_0 + ... + n_{r-1}`` (from an all-gather of the counts). Why this
-layout rather than one key per rank:
-
-* DCP's metadata then describes each tensor once, with its chunks, and its own resharding
-  (``create_read_items_for_chunk_list``) reads any contiguous row range of it, touching only the
-  files that hold those rows: a rank of a new world size reads one range per key, never the whole
-  tensor and never a whole saved shard it does not need.
-* Keys do not depend on the number of ranks that wrote them, so ``format_utils``-style tools and a
-  different world size see one tensor per row key.
-
-DTensor cannot express it (its ``Shard(0)`` sizes are ``torch.chunk``'s, not arbitrary) and
-``ShardedTensor`` is deprecated, so the planners below declare the chunk of each row key
-themselves: the offsets are the only thing they add to DCP's default planners.
-
-Everything else in a checkpoint (the same on every rank: step, non-Gaussian parameters, optimizer
-hyper-parameters, RNG) is one opaque ``bytes`` blob written by rank 0, as a ``torch.save`` payload
-the caller loads with ``weights_only=True``; DCP's default would unpickle it with
-``weights_only=False``, which is why the load planner keeps the raw bytes.
+Each row key is ONE global tensor ``[sum(n_r), ...]``, every rank's rows in rank order: rank ``r``
+writes its ``n_r`` rows as the chunk at offset ``n_0 + ... + n_{r-1}``, which the planners below
+declare (DTensor's ``Shard(0)`` cannot express arbitrary sizes). Everything else is one ``bytes``
+blob from rank 0, kept raw so that the caller loads it with ``weights_only=True``. Layout and why:
+docs/sharded.md, "Checkpoint format (sharded mode)".
 
 Shape letters: N rows on this rank, R ranks.
 """

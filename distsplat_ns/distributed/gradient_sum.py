@@ -1,29 +1,12 @@
 """The step's gradient sum over ranks, started in buckets during the backward (docs/overlap.md, "What overlaps, and why only that").
 
-DDP's pattern, adapted to the band backward (``model/band_backward.py``): the gradients are
-summed in flat buckets by asynchronous all-reduces, each started as soon as every gradient in it is
-final, and waited for before the finite check and the optimizer.
-
-**When a gradient is final.** A step's backward is not one autograd call: ``backward_bands`` first
-differentiates the loss w.r.t. the rendered pixels (``loss.backward()``; the regularisers put
-gradients straight into parameters there), exchanges the SSIM halo rows, and only then runs the
-backward through the rasterizer into the parameters; a mode with several camera groups
-(``mode.camera_groups``) repeats both per group. A gradient-accumulation hook therefore fires more
-than once per step for some parameters, and a gradient is final only after the step's *last*
-autograd call. The hooks are armed only inside :meth:`GradientSum.during_last_backward`, which the
-step enters around that last call (the last group's rasterizer backward): within one autograd call
-the engine accumulates each leaf's gradient once, so a hook firing there means that parameter's
-gradient is final. A parameter the last call does not reach (no band on this rank, or reached only
-by the first call) is taken by :meth:`GradientSum.finish`. A second accumulation of a parameter
-whose bucket has started would be a wrong sum: it raises.
-
-**Deterministic sums.** Bucket contents and order are fixed by the parameter order (reversed, as
-DDP: the parameters used last in the forward are final first), never by the order the hooks fire,
-which may differ between ranks (different bands, different graphs). A bucket starts only when it
-and every bucket before it are complete, so every rank issues the same all-reduces in the same
-order; :meth:`GradientSum.finish` issues the rest right after the backward, before any other
-collective. The sum of each element is the same as :func:`collectives.sum_gradients_`'s: every rank
-receives the identical result (bitwise replicas), and float64 1 = W equivalence is unchanged.
+DDP's pattern, adapted to the band backward (``model/band_backward.py``): flat buckets summed by
+asynchronous all-reduces, each started once every gradient in it is final, and waited for before
+the finite check and the optimizer. A step runs several autograd calls, so the hooks are armed only
+inside :meth:`GradientSum.during_last_backward` (the last one); what it does not reach is taken by
+:meth:`GradientSum.finish`. Buckets and their order come from the parameter order alone, never
+from the order hooks fire, so every rank issues the same all-reduces in the same order and the sum
+is :func:`collectives.sum_gradients_`'s, bitwise.
 """
 
 from __future__ import annotations

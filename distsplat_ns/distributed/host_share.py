@@ -1,22 +1,10 @@
 """The ranks of one host, found through the process group, and what their leader shares with them.
 
-Each host keeps one encoded-image store for all its local ranks (``data/store.py``; docs/data.md, "One store per host"). This
-module says which ranks share a host and hands them the leader's descriptors:
-
-- **Which host.** Every rank contributes a key, ``host_key()``: the kernel's boot id (one per
-  running kernel: one per machine) and the inode of its network namespace. Ranks with the same
-  key can share memory *and* reach each other's abstract Unix sockets (which are per network
-  namespace) -- so two "hosts" emulated by network namespaces on one machine
-  (``tests/integration/test_two_hosts.py``) are two hosts here too. One all-gather of the keys
-  works the same under torchrun (local ranks are unrelated processes), nerfstudio's launcher
-  (children of one process) and several hosts (each host its own group), without trusting
-  ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (which nerfstudio's launcher does not set).
-- **Who leads.** The lowest rank of a host: it decides (RAM or disk mode, the budget), fills the
-  store and serves its descriptors.
-- **How the descriptors travel.** Over an abstract Unix socket with ``SCM_RIGHTS``
-  (``utils/fd_passing.py``), whose random name the world all-gather carries. Nothing is named in
-  the file system: a SIGKILL of any rank, the leader included, leaves no segment, file or
-  semaphore behind (docs/data.md, "One store per host").
+Each host keeps one encoded-image store for all its local ranks (``data/store.py``). Ranks with the
+same ``host_key()`` (boot id and network-namespace inode) share a host, found by one all-gather
+without trusting ``LOCAL_RANK``; the lowest is the leader, which decides, fills the store and serves
+its descriptors over an abstract Unix socket (``utils/fd_passing.py``), so nothing is named in the
+file system. Why: docs/data.md, "One store per host".
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Agreement on the run's lifecycle: named start-up phases, stop requests, rank-0 outcomes, errors.
 
-These are the collectives that keep every rank doing the same thing at the edges of training:
-
-* :func:`startup_phase` -- a named barrier with the collective timeout: a rank that does not
-  finish a start-up phase is reported by name (phase and rank) instead of hanging the others;
-* :func:`any_rank_true` -- the per-step stop flag (Ctrl-C/SIGTERM on any rank stops every rank
-  after the same step);
-* :func:`agree_outcome` -- rank 0 does something alone (write a checkpoint, probe the output
-  folder) and every rank learns whether it worked, so all fail with one message instead of the
-  others seeing a broken collective;
-* :func:`first_report` -- print a failure once when every rank fails the same way;
-* :func:`rank0_work` -- the other ranks wait for rank 0's own work (evaluation, a checkpoint
-  write, the viewer) under its own bound while rank 0's heartbeat says it is alive, so that work
-  never counts against ``--collective-timeout-s``.
-
-The phase and error keys travel through the process group's key-value store (torchrun's or
-``init_process_group``'s), not through collectives, so they work while a rank is stuck.
+The collectives that keep every rank doing the same thing at the edges of training:
+:func:`startup_phase` (a named barrier: a rank that does not finish is named), :func:`any_rank_true`
+(the per-step stop flag), :func:`agree_outcome` (every rank learns whether rank 0's own action
+worked), :func:`first_report` (a failure printed once) and :func:`rank0_work`. The phase and error
+keys travel through the process group's key-value store, not collectives, so they work while a rank
+is stuck (docs/distributed.md, "Faults").
 """
 
 from __future__ import annotations

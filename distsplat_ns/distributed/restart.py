@@ -1,18 +1,11 @@
 """One run, several launches: which checkpoint a launch resumes from, and the record of every attempt.
 
-A run is its folder (``--output-dir/--experiment-name/distsplat/--timestamp``). It is launched again
-when torchrun restarts its workers (``--max-restarts``: ``TORCHELASTIC_RESTART_COUNT > 0``, the same
-command, torchrun's documentation asks the script to load its latest checkpoint) or when a user
-re-runs the same command after a crash or a preemption. Both resume from the run's latest complete
-checkpoint, so no launch ever writes a step at or below one an earlier attempt left on disk
-(:func:`choose_checkpoint`).
-
-Every attempt is recorded by rank 0 in ``distsplat_attempts.json`` in the run folder
-(:class:`AttemptLog`): its start step, the last step it saved, its end step and the cause of its
-end. An attempt that was killed (SIGKILL, a lost host) cannot record its end; the next attempt
-marks it "ended without a record".
-
-Pure file and environment logic: no collective here (the trainer has rank 0 decide and broadcasts).
+A torchrun restart (``TORCHELASTIC_RESTART_COUNT > 0``) or a user's re-run of the same command
+resumes from the run folder's latest complete checkpoint, so no launch writes a step at or below one
+an earlier attempt left (:func:`choose_checkpoint`). Rank 0 records every attempt in
+``distsplat_attempts.json`` (:class:`AttemptLog`); a killed attempt is marked "ended without a
+record" by the next. Pure file and environment logic: no collective here (docs/distributed.md,
+"Faults", Restarts).
 """
 
 from __future__ import annotations

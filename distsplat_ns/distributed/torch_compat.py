@@ -1,31 +1,8 @@
 """Every difference between the torch (and numpy) versions the package supports, in one place.
 
-Supported: torch 2.1.2 (nerfstudio 1.1.5's documented install) through the newest release, numpy
-1.26 and 2.x. The rest of the package calls these names and never tests a version itself. Each shim
-says which release made it unnecessary; when the oldest supported torch reaches that release the
-shim collapses to its first branch. It lives in ``distributed/`` because most of it wraps
-``torch.distributed``, which only that layer imports (tests/unit/test_layers.py).
-
-Shims (oldest torch that needs none of it: 2.6):
-- ``store_has_key`` / ``store_set``: ``Store.check`` is bound in Python from torch 2.3; before, a
-  counter beside each key, read with ``add`` (``compare_set`` is unsafe from threads in 2.1.2).
-- ``DIST_ERRORS`` / ``is_dist_error``: ``torch.distributed.DistError`` exists from torch 2.2.
-- ``dcp_save`` / ``dcp_load``: ``torch.distributed.checkpoint.save``/``load`` exist from torch 2.2.
-- ``planner_kwargs``: DCP planners' keyword arguments (``dedup_save_to_lowest_rank``,
-  ``allow_partial_load``) exist from torch 2.4 (see ``_PLANNER_KEYWORDS_SINCE``).
-- ``grads_inf_norm``: ``torch.nn.utils.get_total_norm`` exists from torch 2.6.
-- ``nonzero_of_size``: ``torch.nonzero_static`` runs on the CPU from torch 2.1 and on CUDA from
-  torch 2.6 (pytorch PR 141838); before, ``nonzero`` and its host sync.
-- ``post_accumulate_grad_hook``: ``Tensor.register_post_accumulate_grad_hook`` exists from torch 2.1
-  (the oldest supported); where a build lacks it, None: the gradient sum then starts after the backward.
-- ``add_safe_globals``: ``torch.serialization.add_safe_globals`` exists from torch 2.4.
-- ``save_layout_only``: ``torch.serialization.skip_data`` exists from torch 2.5; before, None (a
-  streamed file's rows are then filled in memory and saved whole: parallel/streamed_file.py).
-- ``numpy_scalar_reconstructor``: numpy 2 moved ``numpy.core`` to ``numpy._core``.
-- ``destroy_process_groups``: a process group's destructor holds the GIL before pytorch PR 154976
-  (June 2025); applied on every version (see its docstring).
-- ``torch.load(..., mmap=True)`` accepts a ``Path`` from torch 2.3: callers pass ``str(path)``,
-  which every version accepts (checkpoint.py), so no function is needed for it.
+torch 2.1.2 through the newest release, numpy 1.26 and 2.x; the rest of the package calls these
+names and never tests a version itself. Each shim says which release made it unnecessary. The list
+of shims and the versions that need them: docs/distributed.md, "Torch and numpy versions".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """The two-phase backward of band rendering: exact per-pixel gradients across band edges.
 
-A band's loss (``model/losses.py``) reads SSIM halo rows below the band's own rows; those rows
-belong to the next band, possibly on another rank. So a rank's backward runs in two phases:
-
-1. forward (``link_pixels``): the loss sees a detached copy (``leaf``) of the rendered pixels;
-2. backward (``backward_bands``): the loss's gradient w.r.t. every rendered pixel (own rows and
-   halo rows) is taken first; the halo rows' part goes to the band that owns them (an all-gather
-   through ``exchange``); only then does the gradient flow through the rasterizer, from the own
-   rows only.
-
-Every pixel then carries its whole-image gradient, whichever rank computed each loss term: the
-regular gradients are exact either way (they are linear in the per-pixel gradients), and gsplat's
-absgrad (a sum of |per-pixel gradient|) equals the single-process value only this way.
+A band's loss reads SSIM halo rows that belong to the next band, possibly on another rank. So the
+loss sees a detached copy of the rendered pixels (``link_pixels``); ``backward_bands`` takes its
+gradient w.r.t. every rendered pixel first, sends the halo rows' part to the band that owns them
+(an all-gather through ``exchange``), and only then runs the rasterizer backward from the own rows.
+gsplat's absgrad then equals the single-process value (docs/README.md, "Two-phase backward").
 
 Shape letters: h rows a band rendered (own rows plus halo), W pixels per row.
 """

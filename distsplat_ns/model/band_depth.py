@@ -1,16 +1,11 @@
 """Depth during training (``--pipeline.model.output-depth-during-training True``): each band's rows
 of splatfacto's training depth.
 
-Splatfacto renders ``RGB+ED`` while training when the flag is set and returns, as ``depth``, the
-expected depth of every pixel, with the pixels no Gaussian covers (alpha 0) set to the image's
-largest depth (``depth.detach().max()``). A band is a slice of the same per-pixel operation, so its
-rows of the expected depth are the whole image's; only the fill needs the whole image, and the
-largest depth of an image is the largest of its bands' (a maximum, the same in any order): the
-ranks combine their bands' maxima (``image_depth_maxima``, then an all-reduce by the pipeline) and
-fill (``fill_empty_depth_``). Stitched in row order, the bands' rows are the whole image's depth.
-
-The depth is returned detached: splatfacto's loss does not read it, and in sharded mode the
-exchange carries depth without gradient (``parallel/exchange.py``).
+A band's rows of the expected depth are the whole image's; only splatfacto's fill of uncovered
+pixels (alpha 0) with the image's largest depth needs the whole image, and that is the largest of
+its bands' maxima (``image_depth_maxima``, all-reduced by the pipeline, then
+``fill_empty_depth_``). Returned detached, as splatfacto's loss does not read it
+(docs/parity.md, "Depth during training").
 
 Shape letters: C cameras of a projection, N Gaussians, B images in the global batch, H/W pixels.
 """

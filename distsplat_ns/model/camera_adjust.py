@@ -1,19 +1,12 @@
 """Camera pose optimisation (``--pipeline.model.camera-optimizer.mode SO3xR3 | SE3``) on batches of
 band cameras.
 
-Splatfacto adjusts the one training camera it renders with nerfstudio's
-``CameraOptimizer.apply_to_camera``, which finds the camera's index in ``metadata["cam_idx"]`` (a
-single int). A distsplat step renders the bands of B cameras, so each camera carries its
-training-camera index under :data:`TRAIN_CAMERA_IDS` (`[C, 1]`, kept through ``Cameras`` slicing
-and ``.to``) and :func:`adjusted_camera_to_worlds` applies each camera's own adjustment exactly as
-``apply_to_camera`` does (the rotation composed on the left, the translation added). A band is a
-crop of its adjusted camera: every rank that renders a band of camera ``i``, and in sharded mode
-every owner that projects its shard into it, uses the same adjusted pose, so the adjustments'
-gradient is the sum of what every band (sharded: every owner's projection) contributes.
-
-As in splatfacto, only training renders are adjusted: eval images and viewer frames use the poses
-as given (``DistSplatModel.render_inputs`` checks ``training``), and a camera without an index
-(viser's) is used as given.
+Each camera of a step carries its training-camera index under :data:`TRAIN_CAMERA_IDS` (`[C, 1]`,
+kept through ``Cameras`` slicing and ``.to``), and :func:`adjusted_camera_to_worlds` applies each
+camera's own adjustment exactly as nerfstudio's ``CameraOptimizer.apply_to_camera`` does. A band is
+a crop of its adjusted camera. Only training renders are adjusted (``DistSplatModel.render_inputs``
+checks ``training``); a camera without an index (viser's) is used as given. Why and how the
+gradient is summed: docs/parity.md, "Camera pose optimisation".
 
 Shape letters: C cameras.
 """

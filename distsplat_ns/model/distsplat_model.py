@@ -1,18 +1,13 @@
 """DistSplatModel: splatfacto's Gaussians rendered as batches of image bands.
 
 A subclass of nerfstudio's ``SplatfactoModel`` so that ``ns-export gaussian-splat``, ``ns-eval``
-and the viewer accept it unchanged. What differs from splatfacto:
-
-* a training step renders the bands of B images (``forward_bands``) through
-  ``distsplat_ns.rendering`` (gsplat on CUDA, the pure-PyTorch reference on CPU);
-* the loss of every band is its exact share of the whole batch's loss (``model/losses.py``), and its
-  backward exact across band edges (``model/band_backward.py``);
-* densification reads statistics of the whole batch over every rank (``densifier``, built here
-  from ``--pipeline.model.strategy`` and called by the pipeline with this model's ``rows``);
-* what a rank renders from (its own Gaussians or the terms other ranks sent) is a
-  ``ProjectionSource`` the parallel mode hands to ``forward_bands`` (``model/band_render.py``);
-* schedules (warm-up, refine interval, SH degree, resolution) are counted in images;
-* no bare ``.cuda()``; LPIPS is built only when its weights can be had, never at construction.
+and the viewer accept it unchanged. What differs from splatfacto: a training step renders the bands
+of B images (``forward_bands``) from a ``ProjectionSource`` the parallel mode hands it
+(``model/band_render.py``); each band's loss is its exact share of the batch's
+(``model/losses.py``, ``model/band_backward.py``); densification reads the whole batch's statistics
+over every rank (``densifier``, from ``--pipeline.model.strategy``); schedules are counted in
+images; no bare ``.cuda()``; LPIPS is built only when its weights can be had. See
+docs/architecture.md.
 
 Shape letters: N Gaussians, C cameras rendered by this rank, B images in the global batch,
 H/W pixels, K SH bases.

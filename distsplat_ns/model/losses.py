@@ -1,15 +1,9 @@
 """Splatfacto's L1 + SSIM loss, split exactly over image bands.
 
-The SSIM here equals pytorch_msssim's (11-tap Gaussian window, sigma 1.5, K = (0.01, 0.03),
-"valid" filtering, mean over channels and positions) but returns the per-position map, so that a band
-can own a range of SSIM rows: map row r depends on image rows [r, r + 10], so a band that owns
-rows [a, b) renders rows up to min(b + 10, H) (the halo) and owns map rows [a, min(b, H - 10)).
-Summed over the bands of an image, the band losses equal the whole-image loss.
-
-An image under 11 px in a dimension is not filtered along it, as pytorch_msssim does (it warns and
-skips that dimension's Gaussian smoothing), so splatfacto's tiny images (a 1/4 warm-up of a small
-capture) train with splatfacto's loss: an image under 11 px high has no halo, and each band owns
-its own rows of the map.
+The SSIM equals pytorch_msssim's but returns the per-position map, so that a band owns a range of
+SSIM rows (rendering 10 halo rows below its own); summed over the bands of an image, the band losses
+equal the whole-image loss. The window, the halo rule and images under 11 px: docs/distributed.md,
+"A step", item 4.
 
 Shape letters: H, W pixels; D channels.
 """
