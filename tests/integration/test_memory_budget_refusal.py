@@ -19,7 +19,7 @@ def test_initial_points_past_the_budget_are_refused_at_set_up(tmp_path: Path) ->
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "--pipeline.memory-budget: the" in line]
     assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     line = lines[0]
-    assert "initial Gaussians need" in line and "MiB per rank" in line and "budget of 0.1 MiB" in line
+    assert "initial Gaussians need" in line and "MiB per rank" in line and "budget of 104.86 KiB" in line
     assert "sharded mode holds them on" in line
     # Nothing trained: no checkpoint was written.
     assert not list(tmp_path.rglob("*.ckpt"))
