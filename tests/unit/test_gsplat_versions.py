@@ -9,6 +9,7 @@ this file on gsplat 1.4.0 (scripts/test.sh) and 1.5.3 (scripts/test_gsplat_next.
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -87,3 +88,12 @@ def test_table_matches_the_installed_gsplat():
     # gsplat's own reference asserts the radii shape of its release.
     tiles_per_gauss, _, _ = gsplat_torch._isect_tiles(means2d, api.radii_to_gsplat(contract), depths, 16, 3, 2)
     assert int(tiles_per_gauss.sum()) > 0
+
+
+def test_the_expected_gsplat_is_the_one_imported():
+    # scripts/test_gsplat_next.sh sets DISTSPLAT_EXPECT_GSPLAT: fails if its gsplat is not the one in use.
+    expected = os.environ.get("DISTSPLAT_EXPECT_GSPLAT")
+    if expected is None:
+        pytest.skip("DISTSPLAT_EXPECT_GSPLAT unset: the installed gsplat is whichever it is")
+    gsplat = pytest.importorskip("gsplat")
+    assert gsplat.__version__ == expected, gsplat.__file__
