@@ -14,7 +14,7 @@ The differences, each with the release that made it (compare ``gsplat/cuda/_wrap
 
 Not a call difference, so not here: gsplat 1.5's radii are 3.33 sigma per axis (and tightened by
 opacity when ``opacities=`` is given) where 1.4.0's are 3 sigma of the major axis; the package's
-reference projection keeps 1.4.0's rule (README, "gsplat versions").
+reference projection keeps 1.4.0's rule (docs/gsplat_on_cpu.md).
 
 The version is read from ``gsplat.__version__`` rather than from a signature: the radii's shape
 appears in no signature, and the two differences came in different releases.
