@@ -1,7 +1,8 @@
-"""The CUDA backend: gsplat 1.4.0's fused kernels behind this package's contract.
+"""The CUDA backend: gsplat's fused kernels (1.4.0 to 1.5.3) behind this package's contract.
 
 gsplat is imported inside the functions only: importing it may JIT-compile its CUDA extension,
-and importing ``distsplat_ns.rendering`` must stay light (STYLE: layers).
+and importing ``distsplat_ns.rendering`` must stay light (STYLE: layers). Every call whose form
+differs between gsplat releases goes through ``_api()`` (rendering/gsplat_versions.py).
 
 Bands: gsplat has no pixel-origin argument, so a band is rendered by shifting ``means2d`` up by
 the band's (tile-aligned) first row and rasterizing an image of the band's height.
@@ -15,16 +16,26 @@ Shape legend: ``C`` cameras, ``N`` Gaussians, ``D`` channels, ``K`` SH bases, ``
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
 import torch
 from torch import Tensor
 
+from distsplat_ns.rendering.gsplat_versions import GsplatApi, gsplat_api
 from distsplat_ns.rendering.projection import ProjectedGaussians
 from distsplat_ns.utils.host_to_device import host_tensor
 
 __all__ = ["evaluate_sh", "project_gaussians", "rasterize_band", "rasterize_packed"]
+
+
+@functools.cache
+def _api() -> GsplatApi:
+    """The installed gsplat's calling table, read once from ``gsplat.__version__``."""
+    import gsplat
+
+    return gsplat_api(gsplat.__version__)
 
 
 def project_gaussians(
@@ -61,6 +72,7 @@ def project_gaussians(
         radius_clip=radius_clip,
         calc_compensations=calc_compensations,
     )
+    radii = _api().radii_to_contract(radii)
     return ProjectedGaussians(radii=radii, means2d=means2d, depths=depths, conics=conics, compensations=compensations)
 
 
@@ -128,7 +140,10 @@ def rasterize_band(
     band_means2d = means2d - shift
     num_tile_rows = math.ceil(num_rows / tile_size)
     num_tile_cols = math.ceil(width / tile_size)
-    _, isect_ids, flatten_ids = isect_tiles(band_means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=False, n_cameras=num_cameras)
+    api = _api()
+    _, isect_ids, flatten_ids = isect_tiles(
+        band_means2d, api.radii_to_gsplat(radii), depths, tile_size, num_tile_cols, num_tile_rows, packed=False, **api.isect_ids_kwargs(num_cameras)
+    )
     isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
     render_colors, render_alphas = rasterize_to_pixels(
         band_means2d,
@@ -189,7 +204,7 @@ def rasterize_packed(
     absgrad: bool,
     rasterize_mode: str,
 ) -> tuple[Tensor, Tensor, dict[str, object]]:
-    """gsplat 1.4.0's ``rasterization`` with ``packed=True`` (pinhole, not distributed).
+    """gsplat's ``rasterization`` with ``packed=True`` (pinhole, not distributed).
 
     Args: as ``distsplat_ns.rendering.rasterization`` (validated there).
 
@@ -205,12 +220,14 @@ def rasterize_packed(
     """
     from gsplat import fully_fused_projection, isect_tiles, rasterize_to_pixels, spherical_harmonics
 
+    api = _api()
     num_cameras = viewmats.shape[0]
-    camera_ids, gaussian_ids, radii, means2d, depths, conics, compensations = fully_fused_projection(
+    camera_ids, gaussian_ids, radii, means2d, depths, conics, compensations = api.split_packed_projection(fully_fused_projection(
         means, None, quats, scales, viewmats, Ks, width, height, eps2d=eps2d, packed=True,
         near_plane=near_plane, far_plane=far_plane, radius_clip=radius_clip,
         calc_compensations=rasterize_mode == "antialiased",
-    )  # fmt: skip
+    ))  # fmt: skip
+    contract_radii = api.radii_to_contract(radii)  # [nnz]; gsplat's own shape stays for isect_tiles
     if means2d.requires_grad:
         means2d.retain_grad()  # meta's means2d.grad, as with packed=False
     pair_opacities = opacities[gaussian_ids]
@@ -222,7 +239,7 @@ def rasterize_packed(
         cam_centres = torch.linalg.inv(viewmats)[:, :3, 3]  # as gsplat: inverse of w2c
         dirs = means[gaussian_ids] - cam_centres[camera_ids]  # [nnz, 3]
         coeffs = colors[gaussian_ids] if colors.dim() == 3 else colors[camera_ids, gaussian_ids]
-        sh_colors = spherical_harmonics(sh_degree, dirs, coeffs, masks=radii > 0)
+        sh_colors = spherical_harmonics(sh_degree, dirs, coeffs, masks=contract_radii > 0)
         pair_colors = torch.clamp_min(sh_colors + 0.5, 0.0)  # gsplat: as Inria's CUDA backend
     if render_mode == "RGB+ED":
         pair_colors = torch.cat([pair_colors, depths[..., None]], dim=-1)
@@ -233,7 +250,7 @@ def rasterize_packed(
     num_tile_cols = math.ceil(width / tile_size)
     _, isect_ids, flatten_ids = isect_tiles(
         means2d, radii, depths, tile_size, num_tile_cols, num_tile_rows, packed=True,
-        n_cameras=num_cameras, camera_ids=camera_ids, gaussian_ids=gaussian_ids,
+        gaussian_ids=gaussian_ids, **api.isect_ids_kwargs(num_cameras, camera_ids),
     )  # fmt: skip
     isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
     render_colors, render_alphas = rasterize_to_pixels(
@@ -246,7 +263,7 @@ def rasterize_packed(
     meta: dict[str, object] = {
         "camera_ids": camera_ids,
         "gaussian_ids": gaussian_ids,
-        "radii": radii,
+        "radii": contract_radii,
         "means2d": means2d,
         "depths": depths,
         "conics": conics,

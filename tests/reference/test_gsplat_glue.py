@@ -9,6 +9,7 @@ built on the reference compositor that, like gsplat's, sets ``.absgrad`` on its 
 from __future__ import annotations
 
 import gc
+import inspect
 
 import pytest
 import torch
@@ -23,12 +24,21 @@ gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
 WIDTH, HEIGHT = 37, 45
 
 
-def _fake_isect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, packed=False, n_cameras=None):
-    return gsplat_torch._isect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height)
+# The installed gsplat's signatures: a fake takes exactly the arguments the real function takes, so
+# a keyword this gsplat release does not know (e.g. 1.4.0's n_cameras on 1.5.3) fails here.
+_ISECT_TILES = inspect.signature(gsplat.isect_tiles)
+_ISECT_OFFSET_ENCODE = inspect.signature(gsplat.isect_offset_encode)
 
 
-def _fake_isect_offset_encode(isect_ids, n_cameras, tile_width, tile_height):
-    return gsplat_torch._isect_offset_encode(isect_ids, n_cameras, tile_width, tile_height)
+def _fake_isect_tiles(*args, **kwargs):
+    bound = _ISECT_TILES.bind(*args, **kwargs).arguments
+    assert not bound.get("packed", False)
+    # gsplat's own reference asserts the radii shape of its release ([C, N] on 1.4, [C, N, 2] from 1.5.0).
+    return gsplat_torch._isect_tiles(*(bound[k] for k in ("means2d", "radii", "depths", "tile_size", "tile_width", "tile_height")))
+
+
+def _fake_isect_offset_encode(*args, **kwargs):
+    return gsplat_torch._isect_offset_encode(*_ISECT_OFFSET_ENCODE.bind(*args, **kwargs).args)
 
 
 class _FakeRasterizeToPixels(torch.autograd.Function):

@@ -15,18 +15,27 @@ the last bit; a glue error (wrong index, channel or factor) changes results by O
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 from distsplat_ns.rendering import evaluate_sh, gsplat_backend, rasterization
 from distsplat_ns.rendering import projection as ref_projection
 from distsplat_ns.rendering import reference as ref
+from distsplat_ns.rendering.gsplat_versions import parse_version
 from tests.helpers.scenes import assert_grads_close, random_scene
 
 gsplat = pytest.importorskip("gsplat")
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
 
 _TOL = 1e-6
+# The installed gsplat's signatures and output form, written here apart from gsplat_versions.py's
+# table so that a wrong table fails: a fake binds its arguments to the real signature.
+_GSPLAT = parse_version(gsplat.__version__)
+_PROJECTION = inspect.signature(gsplat.fully_fused_projection)
+_ISECT_TILES = inspect.signature(gsplat.isect_tiles)
+_RASTERIZE = inspect.signature(gsplat.rasterize_to_pixels)
 _PARAMS = ("means", "quats", "scales", "opacities", "colors")
 
 
@@ -44,10 +53,14 @@ class _Pairs:
         return out.index_put((cls.camera_ids, cls.gaussian_ids), values)
 
 
-def _fake_projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d=0.3, near_plane=0.01,
-                     far_plane=1e10, radius_clip=0.0, packed=False, sparse_grad=False, calc_compensations=False,
-                     camera_model="pinhole"):  # fmt: skip
-    assert packed and covars is None and not sparse_grad and camera_model == "pinhole"
+def _fake_projection(*args, **kwargs):
+    bound = _PROJECTION.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    assert a["packed"] and a["covars"] is None and not a["sparse_grad"] and a["camera_model"] == "pinhole"
+    means, quats, scales, viewmats, Ks, width, height = (a[k] for k in ("means", "quats", "scales", "viewmats", "Ks", "width", "height"))
+    eps2d, near_plane, far_plane, radius_clip = a["eps2d"], a["near_plane"], a["far_plane"], a["radius_clip"]
+    calc_compensations = a["calc_compensations"]
     proj = ref_projection.project_gaussians(
         means, quats, scales, viewmats, Ks, width, height, eps2d=eps2d, near_plane=near_plane,
         far_plane=far_plane, radius_clip=radius_clip, calc_compensations=calc_compensations,
@@ -56,16 +69,26 @@ def _fake_projection(means, covars, quats, scales, viewmats, Ks, width, height, 
     _Pairs.camera_ids, _Pairs.gaussian_ids = cam, gid
     _Pairs.num_cameras, _Pairs.num_gaussians = int(viewmats.shape[0]), int(means.shape[0])
     comp = proj.compensations[cam, gid] if calc_compensations else None
-    return cam, gid, proj.radii[cam, gid], proj.means2d[cam, gid], proj.depths[cam, gid], proj.conics[cam, gid], comp
+    radii = proj.radii[cam, gid]
+    if _GSPLAT >= (1, 5, 0):
+        radii = torch.stack([radii, radii], dim=-1)  # per-axis radii [nnz, 2]
+    out = (cam, gid, radii, proj.means2d[cam, gid], proj.depths[cam, gid], proj.conics[cam, gid], comp)
+    return (torch.zeros_like(cam), *out) if _GSPLAT >= (1, 5, 3) else out  # batch_ids first from 1.5.3
 
 
 def _fake_sh(degrees_to_use, dirs, coeffs, masks=None):
     return torch.where(masks[..., None], evaluate_sh(degrees_to_use, dirs, coeffs), 0.0)
 
 
-def _fake_isect_tiles(means2d, radii, depths, tile_size, tile_width, tile_height, sort=True, packed=False,
-                      n_cameras=None, camera_ids=None, gaussian_ids=None):  # fmt: skip
-    assert packed and n_cameras == _Pairs.num_cameras and torch.equal(camera_ids, _Pairs.camera_ids)
+def _fake_isect_tiles(*args, **kwargs):
+    a = _ISECT_TILES.bind(*args, **kwargs).arguments
+    means2d, radii, depths, tile_size, tile_width, tile_height = (
+        a[k] for k in ("means2d", "radii", "depths", "tile_size", "tile_width", "tile_height")
+    )
+    # Renamed in gsplat 1.5.3: n_cameras/camera_ids -> n_images/image_ids (no batch dimensions: image = camera).
+    n_cameras, camera_ids = (a["n_images"], a["image_ids"]) if _GSPLAT >= (1, 5, 3) else (a["n_cameras"], a["camera_ids"])
+    gaussian_ids = a["gaussian_ids"]
+    assert a["packed"] and n_cameras == _Pairs.num_cameras and torch.equal(camera_ids, _Pairs.camera_ids)
     tiles_per_gauss, isect_ids, flat_dense = gsplat_torch._isect_tiles(
         _Pairs.dense(means2d), _Pairs.dense(radii), _Pairs.dense(depths), tile_size, tile_width, tile_height
     )
@@ -102,8 +125,12 @@ class _FakePackedRasterize(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
-def _fake_rasterize_to_pixels(means2d, conics, colors, opacities, image_width, image_height, tile_size,
-                              isect_offsets, flatten_ids, backgrounds=None, masks=None, packed=False, absgrad=False):  # fmt: skip
+def _fake_rasterize_to_pixels(*args, **kwargs):
+    bound = _RASTERIZE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    means2d, conics, colors, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, backgrounds, masks, packed, absgrad = (
+        bound.arguments.values()
+    )
     assert packed and masks is None and means2d.dim() == 2
     num_cameras, rows, cols = isect_offsets.shape
     offsets = torch.cat([isect_offsets.reshape(-1).long(), torch.tensor([flatten_ids.numel()])])

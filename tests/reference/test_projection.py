@@ -1,7 +1,10 @@
-"""Reference projection against gsplat 1.4.0's own PyTorch implementation (CPU, float64).
+"""Reference projection against gsplat's own PyTorch implementation (CPU, float64).
 
 gsplat's ``_torch_impl`` mirrors its CUDA kernel's maths (Jacobian clamp, eps2d, radius, culling
-box) but not its culled-entry zeroing, so only kept entries are compared there.
+box) but not its culled-entry zeroing, so only kept entries are compared there. The reference
+keeps gsplat 1.4.0's radius (3 sigma of the major axis, one per entry); from gsplat 1.5.0 the radii
+are 3.33 sigma per axis (rendering/gsplat_versions.py), so there only the other outputs are compared,
+on the entries both keep.
 """
 
 from __future__ import annotations
@@ -9,10 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distsplat_ns.rendering.gsplat_versions import parse_version
 from distsplat_ns.rendering.projection import project_gaussians, quats_to_rotmats
 from tests.helpers.scenes import random_scene
 
+gsplat = pytest.importorskip("gsplat")
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
+_RADII_PER_AXIS = parse_version(gsplat.__version__) >= (1, 5, 0)
 
 _F64_TOL = {"rtol": 1e-10, "atol": 1e-10}
 
@@ -39,8 +45,15 @@ def test_projection_matches_gsplat_torch_impl(seed):
     ours = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks,
                              scene.width, scene.height, calc_compensations=True)  # fmt: skip
     radii, means2d, depths, conics, comps = _gsplat_projection(scene, calc_compensations=True)
-    torch.testing.assert_close(ours.radii, radii, rtol=0, atol=0)
-    kept = radii > 0
+    if _RADII_PER_AXIS:
+        kept = (radii > 0).all(dim=-1) & (ours.radii > 0)
+        # The two radius rules cull differently only at the image border: 93% and 96% of the kept
+        # entries agree on seeds 0 and 1 (measured on gsplat 1.5.3), so 90% leaves room and still
+        # fails if the comparison degenerates to a few entries.
+        assert int(kept.sum()) >= 0.9 * int((ours.radii > 0).sum())
+    else:
+        torch.testing.assert_close(ours.radii, radii, rtol=0, atol=0)
+        kept = radii > 0
     assert 0 < int(kept.sum()) < kept.numel()  # both kept and culled Gaussians are exercised
     torch.testing.assert_close(ours.means2d[kept], means2d[kept], **_F64_TOL)
     torch.testing.assert_close(ours.depths[kept], depths[kept], **_F64_TOL)

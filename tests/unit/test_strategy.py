@@ -78,6 +78,17 @@ def _state() -> dict:
     return {"grad2d": None, "count": None, "radii": None}
 
 
+def _gsplats_info(info: dict) -> dict:
+    """``info`` as the installed gsplat's strategy reads it: per-axis radii ``[C, N, 2]`` from gsplat 1.5.0."""
+    import gsplat
+
+    from distsplat_ns.rendering.gsplat_versions import parse_version
+
+    if parse_version(gsplat.__version__) < (1, 5, 0):
+        return info
+    return {**info, "radii": torch.stack([info["radii"], info["radii"]], dim=-1)}
+
+
 def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
     from gsplat.strategy import DefaultStrategy
 
@@ -92,7 +103,7 @@ def test_batch_statistics_match_gsplats_update_for_one_camera() -> None:
     ours, theirs = _state(), _state()
     strategy = DefaultStrategy(absgrad=True, refine_scale2d_stop_iter=100)
     update_batch_statistics(ours, info, n, absgrad=True, keep_radii=True)
-    strategy._update_state(params, theirs, info)
+    strategy._update_state(params, theirs, _gsplats_info(info))
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
 
@@ -118,7 +129,7 @@ def test_batch_statistics_of_several_cameras_sum_in_gsplats_order() -> None:
         radii = (torch.rand(4, n, generator=gen) * 10).to(torch.int32) * (torch.rand(4, n, generator=gen) > 0.3)
         info = batch_info(grads, grads.abs(), radii, 40, 30)
         update_batch_statistics(ours, info, n, absgrad=True, keep_radii=True)
-        strategy._update_state(params, theirs, info)
+        strategy._update_state(params, theirs, _gsplats_info(info))
         assert torch.equal(ours["grad2d"], theirs["grad2d"]) and torch.equal(ours["count"], theirs["count"])
     norms = torch.where(radii > 0, (grads.abs() * torch.tensor([20.0 * 4, 15.0 * 4])).norm(dim=-1), 0.0)
     assert not torch.equal(ours["grad2d"], before + norms.sum(dim=0))  # the order is what the test checks
