@@ -148,6 +148,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "api.py",
             "gsplat_backend.py",
             "gsplat_compat.py",
+            "gsplat_versions.py",
             "packed.py",
             "projection.py",
             "reference.py",
