@@ -5,7 +5,7 @@ Gaussians, the same training on W sharded ranks may grow to about W x N1 (less t
 headroom). For each seed this trains both on a real scene (bird, COLMAP points, the same images,
 batch and schedule), reads each run's summary (final Gaussians, the caps' refusals) and evaluates
 its final checkpoint with ``ns-eval`` (PSNR over the eval split). The budget is chosen from N1 and
-the one-process bytes per Gaussian (``gaussians/budget.py``), so the caps follow from the code, not
+the one-process bytes per Gaussian (``gaussians/budget_caps.py``), so the caps follow from the code, not
 from this script.
 
     python -m benchmarks.bench_budget_quality --seeds 42 43 --n1 2500 --num-random 2000 --images 600
@@ -35,7 +35,7 @@ from benchmarks.common import (
     unattended_args,
     write_json,
 )
-from distsplat_ns.gaussians.budget import GIB, gaussian_bytes
+from distsplat_ns.gaussians.budget_caps import GIB, gaussian_bytes
 
 
 def one_process_bytes_per_gaussian(batch_size: int) -> int:

@@ -5,7 +5,7 @@ sharded run on one host (CPU, gloo): ``scenes/lund_door`` with splatfacto's rand
 of N Gaussians, densification off (every run holds the same N), ``--steps`` steps of B = 1, the
 step-0 eval and the final eval over the held-out images, and the end-of-run save (every rank its
 DCP shard, then rank 0's params-only consolidation). Each rank's peak is ``ru_maxrss`` of its own
-process (VmHWM; ``run_record.py``, children -- the image decoders -- excluded), as
+process (VmHWM; ``trainer/run_record.py``, children -- the image decoders -- excluded), as
 ``bench_sharded.py --memory`` takes it; the worker (``--worker``, the ns-train entry point with
 hooks) also records the peak after each phase (set-up, each eval, the steps, the save, the
 consolidation) so the phase that sets the peak is known.
@@ -244,7 +244,7 @@ def run_one(work: Path, world: int, num: int, steps: int, timeout_s: float) -> d
 
 # ----------------------------------------------------------------------------- the worker
 def _peak_rss_bytes() -> int:
-    from distsplat_ns.run_record import peak_memory_bytes
+    from distsplat_ns.trainer.run_record import peak_memory_bytes
 
     return peak_memory_bytes(torch.device("cpu"))
 
@@ -274,7 +274,7 @@ def worker_main(train_args: list[str]) -> None:
         setattr(owner, attr, hooked)
 
     after(shard_checkpoint, "consolidate_params", "consolidate")  # before trainer_checkpoints imports the name
-    from distsplat_ns.trainer import DistSplatTrainer
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
     after(DistSplatTrainer, "setup", "setup")
     after(DistSplatTrainer, "_eval_all", "eval")

@@ -23,7 +23,7 @@ gathered balance figures. Its environment:
   time (forward + backward, s), its measured tile work (the sum of its bands' row costs) and its
   number of bands, as every rank has them after the step's cost gather.
 - ``DISTSPLAT_SHARD_BOUND`` (optional): the sharded mode's rebalance bound for this run
-  (``parallel/shard_rows.py:SHARD_BOUND`` otherwise).
+  (``parallel/shard_moves.py:SHARD_BOUND`` otherwise).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks.bench_time_to_quality import SIZES, RunSpec, train_args
 from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command, write_json
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 
 
 def rank_gap_fit(steps: list[dict], skip: int) -> dict:
@@ -98,7 +98,7 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
 
 
 def train_recording_step_costs(ns_train_args: list[str]) -> None:
-    """One rank of a run: ns-train with the step's cost gather (``pipeline_balance.py``'s
+    """One rank of a run: ns-train with the step's cost gather (``pipeline/step_balance.py``'s
     ``gather_step_costs``) recording each step's figures (written by rank 0 at exit to
     ``DISTSPLAT_STEP_COSTS_OUT``)."""
     out = os.environ.get("DISTSPLAT_STEP_COSTS_OUT")

@@ -23,7 +23,7 @@ the held-out images and a save, run through ``python -m benchmarks.bench_sharded
 (which times each save, and after the summary the gathered save on the same model): replicated W = 1 and
 sharded W = 2 (``--with-replicated-w2``: replicated W = 2 too), and the same at ``--base-random``
 Gaussians for each process's fixed base RSS. Peak RSS is ``ru_maxrss`` of each rank's process
-(``run_record.py``; children, the image-decoding workers, excluded). Writes
+(``trainer/run_record.py``; children, the image-decoding workers, excluded). Writes
 benchmarks/results/bench_sharded_memory.json; docs/sharded.md reads it.
 """
 

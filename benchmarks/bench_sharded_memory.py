@@ -310,7 +310,7 @@ def train_timing_saves(ns_train_args: list[str]) -> None:
             timings["peak_rss_after_consolidate_bytes"].append(_peak_rss_bytes())
 
     shard_checkpoint.consolidate_params = timed_consolidate  # before any module imports the name
-    from distsplat_ns.trainer import DistSplatTrainer
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
     original_save, original_write_stats = DistSplatTrainer.save_checkpoint, DistSplatTrainer._write_stats
 

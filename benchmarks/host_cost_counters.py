@@ -186,7 +186,7 @@ HOST_SIDE_OP_SITES = (
     "distsplat_ns/balance/cost.py:",
     "distsplat_ns/balance/planner.py:",
     "distsplat_ns/model/band_render.py:rendered_sizes_px",
-    "distsplat_ns/pipeline.py:_host_cameras",
+    "distsplat_ns/pipeline/distsplat_pipeline.py:_host_cameras",
     "distsplat_ns/utils/cameras.py:cameras_at",
 )
 """Callers (``path:function``) whose operators a GPU run performs on host tensors (the cost

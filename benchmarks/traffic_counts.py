@@ -21,7 +21,7 @@ PARAM_FLOATS = 59
 """Trainable floats per Gaussian: 3 means + 3 scales + 4 quats + 3 SH dc + 45 SH rest + 1 opacity."""
 FLOAT_BYTES = 4
 STATS_BYTES_PER_IMAGE = 2 * FLOAT_BYTES + 2 * FLOAT_BYTES + 4
-"""Densification statistics summed per (image, Gaussian) in replicated mode (pipeline.py):
+"""Densification statistics summed per (image, Gaussian) in replicated mode (pipeline/distsplat_pipeline.py):
 grads2d and absgrads (2 float32 each) and radii (int32)."""
 STATE_COPIES = 4
 """Per-Gaussian model state in floats of ``PARAM_FLOATS``: parameter, gradient, Adam's two moments."""
@@ -40,7 +40,7 @@ def ring_all_reduce_bytes(payload_bytes: float, world_size: int) -> float:
 
 
 def replicated_payload_bytes(num_gaussians: int, batch_size: int, densifying: bool) -> int:
-    """Bytes handed to the all-reduce per step in replicated mode (what trainer.py reports as
+    """Bytes handed to the all-reduce per step in replicated mode (what trainer/distsplat_trainer.py reports as
     ``bytes_communicated_per_step``): the dense gradient, plus the batch's densification
     statistics while densifying."""
     payload = num_gaussians * PARAM_FLOATS * FLOAT_BYTES

@@ -9,7 +9,7 @@ by which rank they are owned. From those counts, bytes per step per rank:
 
 - replicated: a ring all-reduce of ``N x 59`` float32 gradients, plus while densifying the
   ``[B, N, 2]`` grads2d, ``[B, N, 2]`` absgrads (float32) and ``[B, N]`` radii (int32) that
-  ``pipeline.py`` sums; a ring moves ``2 (W - 1) / W`` times the payload out of (and into) each rank;
+  ``pipeline/distsplat_pipeline.py`` sums; a ring moves ``2 (W - 1) / W`` times the payload out of (and into) each rank;
 - sharded: forward, every owner sends a band's rank the screen-space rows of its Gaussians that
   touch the band (``FORWARD_ROW_BYTES``), once per (camera, destination), none to itself;
   backward, the band's rank sends their gradients back (``BACKWARD_ROW_BYTES``).

@@ -26,7 +26,7 @@
   whole model; the DCP folder one global tensor per row key, read back in any row range), so a run
   saved on R ranks resumes on R' ranks, in either mode.
 
-The optimizer configuration rules (batch-size scaling, float64 eps) are in ``optimizer_rules.py``.
+The optimizer configuration rules (batch-size scaling, float64 eps) are in ``trainer/optimizer_rules.py``.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ import torch
 from nerfstudio.engine.optimizers import Optimizers
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.distributed.dcp_rows import METADATA_FILE
 from distsplat_ns.distributed.lifecycle import agree_outcome
 from distsplat_ns.distributed.restart import is_complete_checkpoint
-from distsplat_ns.distributed.row_checkpoint import METADATA_FILE
 from distsplat_ns.distributed.torch_compat import add_safe_globals, numpy_scalar_reconstructor
 from distsplat_ns.utils.errors import UserError
 

@@ -20,8 +20,8 @@ from nerfstudio.plugins.types import MethodSpecification
 from distsplat_ns.checkpoint import register_numpy_safe_globals
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
-from distsplat_ns.pipeline import DistSplatPipelineConfig
-from distsplat_ns.trainer import DistSplatTrainerConfig
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipelineConfig
+from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainerConfig
 from distsplat_ns.utils.startup import register_frozen_module_files
 
 # nerfstudio's own checkpoints hold numpy scalars; let them load under weights_only=True.

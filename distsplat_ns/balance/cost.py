@@ -81,16 +81,9 @@ def _check_costs(arrays: Sequence[np.ndarray], flat: np.ndarray, *, numbered: bo
 class CostHistory:
     """Tile-row cost estimates of every camera of the dataset, blended over time.
 
-    What ``get`` returns for a row, in order of preference:
-
-    1. A measurement: the first one replaces whatever was there; each later one is blended in
-       as ``new = decay * old + (1 - decay) * measured`` (``decay = 0``: replace, as Grendel-GS).
-    2. The camera's prior (``set_prior``, e.g. ``footprint_row_costs``), times ``prior_scale``:
-       the ratio of measured to prior cost over every row measured so far that had a prior. A
-       prior counts Gaussian-tile overlaps, a measurement is whatever the caller measures
-       (intersections, milliseconds); the scale keeps both in one unit, so a batch that mixes
-       measured and unmeasured cameras is still balanced.
-    3. Uniform: the mean of all measured rows, else the mean of all (scaled) prior rows, else 1.
+    ``get`` returns per row a measurement (blended by ``decay``), else the camera's prior times
+    ``prior_scale`` (measured / prior over rows that had both: one unit for a batch mixing
+    measured and unmeasured cameras), else a uniform mean (docs/balance.md, "The cost history").
 
     Args:
         row_counts: Tile rows of each camera of the dataset (``ceil(H_c / 16)``); cameras may

@@ -6,52 +6,9 @@ cost history and gets the same answer, so no rank needs to broadcast the assignm
 Shape legend: ``C`` cameras in the batch, ``R`` ranks, ``T`` tile rows (16-px strips) of one
 image; "row" below always means a tile row unless a name ends in ``_px``.
 
-The algorithm (docs/balance.md has the proof of the bound):
-
-1. Lay the batch's tile rows end to end (image 0's rows, then image 1's, ...) and take the prefix
-   sum ``P`` of their costs; ``P[g]`` is the cost of the first ``g`` rows, ``total = P[n]``.
-2. Cut ``k`` (``k = 1 .. W'-1``) goes to the row boundary ``g`` whose ``P[g]`` is closest to
-   ``k * total / W'`` (ties, e.g. plateaus of zero-cost rows: the boundary closest to the
-   equal-rows position ``k * n / W'``, then the lower one). ``W' = min(world_size, capacity)``
-   where ``capacity`` is the most non-empty parts the min-band rule allows (``n`` when
-   ``min_band_rows == 1``).
-3. Legalise: a cut that would leave a band thinner than ``min_band_rows`` moves to the nearer (in
-   cost) of the two closest legal boundaries of the same image.
-4. Snap: left to right, an interior cut moves onto an edge of its image when the part that grows
-   still costs at most ``(1 + snap_tolerance) * total / W'`` (fewer, larger bands: one render call
-   and one SSIM halo fewer each).
-5. Repair: push cuts apart so that every part is non-empty and every band is legal, clamping each
-   cut to the latest position that leaves room for the parts after it.
-
-With ``band_cost > 0`` (a fixed cost per band) the steps above are replaced by a min-max search:
-bisection over the bottleneck, each probe the greedy "every part as far as the bottleneck
-allows"; exact when ``min_band_rows == 1`` (``_BandCostCuts``; docs/balance.md).
-
-Bound. Let ``S = total / W'``, ``tau = snap_tolerance``, ``b = min_band_rows``, ``m`` the largest
-row cost and ``Q`` the largest cost of at most ``2b - 1`` consecutive rows of one image
-(``Q = m`` when ``b == 1``). Every rank's cost is at most ``max(S + Q, (1 + tau) * S)``, so with
-``W' == world_size``: ``imbalance <= max(1 + world_size * Q / total, 1 + tau)``; without snapping
-and with ``b == 1`` this is the classic ``cost <= total / W + m``.
-
-Proof (docs/balance.md has it at length; ``t_k = k * S``):
-
-a. Nearest cut: ``P`` climbs from 0 to ``total`` in steps of one row (<= m), so some ``P[j] <=
-   t_k <= P[j+1]``; the nearest boundary ``c_k`` has ``|P[c_k] - t_k| <= m / 2``.
-b. Legal cut: if ``c_k`` is not allowed it lies inside a gap ``(a, b')`` between consecutive
-   allowed positions of one image, and every gap spans at most ``2b - 1`` rows, so
-   ``P[b'] - P[a] <= Q``. If ``t_k`` is inside ``[P[a], P[b']]`` the nearer end is within
-   ``Q / 2``; otherwise that end is at least as near as ``c_k`` was (<= m / 2). So the legalised
-   ``l_k`` has ``|P[l_k] - t_k| <= Q / 2`` and ``P[l_{k+1}] - P[l_k] <= S + Q``.
-c. Snap: a part whose cuts did not move outward is inside ``[l_k, l_{k+1})`` (<= S + Q). A part
-   whose right cut moved out was checked against ``(1 + tau) * S`` with its final left cut; a part
-   whose left cut moved out was checked with its right cut as it then was, and that cut can later
-   only stay, move in, or move out under its own check. So the snapped ``s`` obeys
-   ``P[s_{k+1}] - P[s_k] <= max(S + Q, (1 + tau) * S)``.
-d. Repair, ``c'_k = min(max(s_k, next(c'_{k-1})), latest_k)``: if ``c'_{k+1} > next(c'_k)`` the
-   ``max`` picked ``s_{k+1}``, so ``c'_{k+1} <= s_{k+1}``; if moreover ``c'_k < s_k`` the ``min``
-   picked ``latest_k``. So each part is (i) a smallest legal step ``[c, next(c))``, (ii) inside
-   ``[latest_k, latest_{k+1})``, or (iii) inside ``[s_k, s_{k+1})``. (i) and (ii) lie in one image
-   and span at most ``2b - 1`` rows (cost <= Q); (iii) is bounded by (c).
+The algorithm (nearest cut on the cost prefix sum, legalise, snap, repair; with ``band_cost > 0`` a
+min-max bisection, ``_BandCostCuts``), its bound ``imbalance <= max(1 + world_size * Q / total, 1 + tau)``
+and the proof: docs/balance.md, "The partition", "The bound" and "With a fixed cost per band".
 """
 
 from __future__ import annotations

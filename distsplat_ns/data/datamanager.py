@@ -52,13 +52,14 @@ from distsplat_ns.data.image_loader import ImageLoader, ImageSpec
 from distsplat_ns.data.image_specs import image_specs, undistort_cameras
 from distsplat_ns.data.reader import TrainBatch, TrainBatchReader
 from distsplat_ns.data.step_batch import StepBatch
-from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost, format_bytes
+from distsplat_ns.data.store import EncodedImageStore, HostShare, LocalHost
 from distsplat_ns.data.stream import Assigner, ImageBatchStream
 from distsplat_ns.data.upload import DeviceUploader
 from distsplat_ns.data.workers import start_worker_server
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger, log_rank0
+from distsplat_ns.utils.units import format_bytes
 
 _LOGGER = get_logger(__name__)
 
@@ -67,7 +68,7 @@ _FLAG_PREFIX = "--pipeline.datamanager."
 _AUTO_RAM_FRACTION = 0.25
 """Share of the host's memory available at start-up that the encoded training files may take when
 ``ram_budget_bytes`` is 0: it leaves room for the models, optimizers and images in flight of every
-local rank. The files are held once per host (issue 27), so the share is not divided by the
+local rank. The files are held once per host (docs/data.md, "One store per host"), so the share is not divided by the
 number of local ranks."""
 
 
@@ -233,7 +234,7 @@ class ParallelFullImageDatamanager(DataManager):
             return self.config.ram_budget_bytes
         import psutil
 
-        # One store per host (issue 27): the host's share, not divided between its local ranks.
+        # One store per host (docs/data.md, "One store per host"): the host's share, not divided between its local ranks.
         return int(_AUTO_RAM_FRACTION * psutil.virtual_memory().available)
 
     def _host_share(self) -> HostShare:

@@ -13,7 +13,7 @@ What is checked (``check_data_path``, ``check_image_headers``):
   mask has its image's size;
 - a JPEG's primary image is complete: it ends with the end-of-image marker (``jpeg_is_complete``).
   A file cut after its header would otherwise pass and fail only when first drawn, up to an epoch
-  later (issue 20). The common case is a two-byte read: the file ends with ``FF D9``. Otherwise the
+  later (docs/data.md, "Checked before the first step"). The common case is a two-byte read: the file ends with ``FF D9``. Otherwise the
   file is read and its segments walked to the first scan: the image is complete when an ``FF D9``
   follows the scan's data, whatever comes after it -- padding (zeros, ``FF`` fill) or an appended
   block (an MPF second frame, a motion photo's video, a vendor trailer), which decoders ignore. A

@@ -6,7 +6,7 @@ Why (docs/data.md): decoded 1080p images take 6 MB each in uint8 (25 MB in float
 about 0.36 MB. Keeping the *files* in RAM makes memory grow with the size of the files, and the
 DataLoader workers decode on demand.
 
-One store per host (issue 27): the local ranks of a host share one buffer, filled once by one of
+One store per host (docs/data.md, "One store per host"): the local ranks of a host share one buffer, filled once by one of
 them (the host's *filler*, its lowest rank) and mapped read-only by the others and by every
 DataLoader worker. Which ranks share a host, and how the buffer's descriptor reaches them, is the
 ``host`` argument (``HostShare``: ``distributed/host_share.py`` in a process group, ``LocalHost``
@@ -56,6 +56,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from distsplat_ns.utils.logging import get_logger
+from distsplat_ns.utils.units import format_bytes
 
 _LOGGER = get_logger(__name__)
 
@@ -68,16 +69,6 @@ _FILLING, _FILLED, _FILL_STOPPED = 0, 1, 2
 """The fill state in the header: running, every entry in the buffer, stopped on a read error."""
 
 _POLL_S = 0.01
-
-
-def format_bytes(num_bytes: float) -> str:
-    """Human-readable size, e.g. ``'1.50 GiB'``."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024.0 or unit == "TiB":
-            return f"{value:.2f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024.0
-    raise AssertionError("unreachable")
 
 
 def stat_files(paths: Sequence[Path]) -> np.ndarray:

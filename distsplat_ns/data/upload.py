@@ -1,4 +1,4 @@
-"""Decoded uint8 images from host to device without stalling the training step (issue 27).
+"""Decoded uint8 images from host to device without stalling the training step (docs/data.md, "Uploads off the critical path").
 
 Pure: torch only.
 

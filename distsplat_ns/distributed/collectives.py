@@ -214,7 +214,7 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
 def nonfinite_verdict(named_params: Sequence[tuple[str, torch.Tensor]]) -> torch.Tensor:
     """Whether one of this rank's gradients holds NaN or Inf, as a device-side flag: 1 or 0,
     `[1]` int32. Local: the flags of all ranks travel in the step's cost gather
-    (``parallel/plan_gathers.py``), where any rank's stops every rank.
+    (``parallel/halo_cost_gathers.py``), where any rank's stops every rank.
 
     **Host sync:** none.
     """
@@ -293,7 +293,7 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     """Every rank's ``tensor`` (any number of rows, same trailing shape and dtype), by rank.
 
     ``counts``: every rank's row count where every rank already knows them (from the step's plan:
-    ``parallel/plan_gathers.py``); then nothing is read on the host, and nothing moves when all are 0.
+    ``parallel/halo_cost_gathers.py``); then nothing is read on the host, and nothing moves when all are 0.
 
     **Collective:** world group: the row counts (unless given), then one all-gather padded to the
     longest. **Host sync:** the row counts, unless given.

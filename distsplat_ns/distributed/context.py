@@ -220,7 +220,7 @@ def attempt_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | 
     restart (``--max-restarts``) reuses that store and its keys: ``env://`` adds no prefix per
     attempt, so the restarted ranks read the addresses gloo's full mesh published in the failed
     attempt (measured: "Gloo connectFullMesh failed ... Connection refused", or both ranks waiting
-    in ``_create_gloo_process_group``; issue 20), and the lifecycle's barrier keys are already set.
+    in ``_create_gloo_process_group``; docs/distributed.md, "Faults across hosts"), and the lifecycle's barrier keys are already set.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
@@ -267,7 +267,7 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
 
     Without it, a rank whose launcher was killed (SIGKILL, out of memory) trains on in the
     background to the end. SIGTERM takes the ordinary stop path: with the trainer's handlers
-    installed every rank stops after the same step and keeps a checkpoint (``trainer.py``); before
+    installed every rank stops after the same step and keeps a checkpoint (``trainer/distsplat_trainer.py``); before
     that, SIGTERM's default ends the process. Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere
     nothing is set.
 

@@ -1,4 +1,4 @@
-"""The step's gradient sum over ranks, started in buckets during the backward (issue 28, item 1).
+"""The step's gradient sum over ranks, started in buckets during the backward (docs/overlap.md, "What overlaps, and why only that").
 
 DDP's pattern, adapted to the band backward (``model/band_backward.py``): the gradients are
 summed in flat buckets by asynchronous all-reduces, each started as soon as every gradient in it is

@@ -1,6 +1,6 @@
 """The ranks of one host, found through the process group, and what their leader shares with them.
 
-Each host keeps one encoded-image store for all its local ranks (``data/store.py``, issue 27). This
+Each host keeps one encoded-image store for all its local ranks (``data/store.py``; docs/data.md, "One store per host"). This
 module says which ranks share a host and hands them the leader's descriptors:
 
 - **Which host.** Every rank contributes a key, ``host_key()``: the kernel's boot id (one per

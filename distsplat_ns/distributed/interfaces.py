@@ -4,7 +4,7 @@ gloo (and NCCL's bootstrap) bind to the address this host's name resolves to unl
 ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` name an interface. On many cluster images (and in
 network namespaces sharing one hostname) the name resolves to 127.0.0.1: the other hosts are then
 told to connect to their own loopback, and the start-up hangs for minutes before a raw "Connect
-timeout" (issue 20). :func:`choose_socket_interface` picks, in that case only, the interface whose
+timeout" (docs/distributed.md, "Faults across hosts"). :func:`choose_socket_interface` picks, in that case only, the interface whose
 route reaches the rendezvous address (``MASTER_ADDR``), says so in one line, and fails in seconds
 naming the variable when no interface does.
 """

@@ -1,4 +1,4 @@
-"""Rank 0's own work, waited for by the other ranks outside any collective (issue 20).
+"""Rank 0's own work, waited for by the other ranks outside any collective (docs/distributed.md, "Faults").
 
 Evaluation, checkpoint writing and the viewer run on rank 0 alone; the other ranks would wait in
 their next collective, whose ``--collective-timeout-s`` that work would use up. :func:`rank0_work`
@@ -28,7 +28,7 @@ def rank0_work(ctx: DistContext, what: str, active: bool = True, failure_told_la
     """The block is rank 0's own work (``what``, unique per call: "evaluation after step 40"); the
     other ranks wait here until rank 0 has finished it, however long it takes, up to
     ``ctx.rank0_work_timeout_s`` -- instead of waiting in their next collective, whose timeout it
-    would exhaust (issue 20: a 41 s evaluation failed a run at ``--collective-timeout-s 20``).
+    would exhaust (docs/distributed.md, "Faults": a 41 s evaluation failed a run at ``--collective-timeout-s 20``).
 
     Rank 0 writes a heartbeat to the store every :data:`HEARTBEAT_S` while it works; a waiting rank
     that sees none for ``ctx.timeout_s`` (rank 0 dead, its host lost) or cannot reach the store

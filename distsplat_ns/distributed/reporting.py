@@ -1,7 +1,7 @@
 """How ``ns-train distsplat`` reports a failure: bad input and run failures as their whole message,
 once when every rank fails alike; internal errors with their traceback.
 
-Used by ``trainer.py`` around the trainer's entry points (here, beside the collectives it uses to
+Used by ``trainer/distsplat_trainer.py`` around the trainer's entry points (here, beside the collectives it uses to
 print once; it does not import torch.distributed itself).
 """
 
@@ -76,7 +76,7 @@ def report_user_errors(method):
 
 #: Seconds a failed rank may take from its report to its exit (flushing logs, ending DataLoader
 #: workers, destroying the process group) before it is ended with ``os._exit(1)``: a teardown that
-#: talks to a lost host must not keep the rank alive (issue 20). The bound of a failure is then
+#: talks to a lost host must not keep the rank alive (docs/distributed.md, "Faults across hosts"). The bound of a failure is then
 #: ``--collective-timeout-s`` (the collective that notices it) + this + the store's
 #: ``lifecycle.STORE_REPLY_S`` per report.
 EXIT_GRACE_S = 15.0

@@ -3,7 +3,7 @@
 The lifecycle's phase, error and heartbeat keys live in the default group's store (torchrun's agent
 store, or rank 0's under ``env://``) under :data:`KEY_PREFIX`. On error and shutdown paths every
 operation goes through :func:`bounded`: a TCPStore client whose server's host is cut off blocks in
-``recv()`` until the kernel gives up on the connection (issue 20).
+``recv()`` until the kernel gives up on the connection (docs/distributed.md, "Faults across hosts").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def default_store() -> dist.Store | None:
 
 #: Seconds a store read or write on an error or shutdown path may take. The store lives on one host
 #: (torchrun's agent, or rank 0's); after a partition a TCPStore ``check``/``set`` blocks in
-#: ``recv()`` until the kernel gives up on TCP (measured 925 s, issue 20). Its host answers in
+#: ``recv()`` until the kernel gives up on TCP (measured 925 s: docs/distributed.md, "Faults across hosts"). Its host answers in
 #: milliseconds when it is alive, so 5 s only ever cuts off a lost one.
 STORE_REPLY_S = 5.0
 

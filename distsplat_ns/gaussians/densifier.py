@@ -6,7 +6,7 @@ draws and the global id counter (``next_id``: the first id no Gaussian of any ra
 pipeline calls it after each optimizer step with what it reads -- this rank's rows bound to their
 optimizers (``GaussianRows``), the step, the step's statistics and the mode's gather -- and never
 with the model. The strategies: ``gaussians/strategy.py:DefaultDensifier`` and
-``gaussians/mcmc.py:MCMCDensifier``; ``gaussians/densify.py`` maps ``--pipeline.model.strategy`` to
+``gaussians/mcmc.py:MCMCDensifier``; ``gaussians/strategy_choices.py`` maps ``--pipeline.model.strategy`` to
 them.
 
 Shape letters: ``N`` Gaussians held here.
@@ -57,7 +57,7 @@ class Densifier(ABC):
     id any rank holds.
     """
 
-    #: What ``--pipeline.model.strategy``'s help says of this strategy (``densify.py:strategy_help``).
+    #: What ``--pipeline.model.strategy``'s help says of this strategy (``strategy_choices.py:strategy_help``).
     help: str = ""
     #: The strategy's per-Gaussian statistics, kept in the strategy state (none by default).
     statistics: tuple[RowField, ...] = ()

@@ -2,7 +2,7 @@
 
 Two caps, both optional (None: no cap), set on a densifier after it is built
 (``Densifier.set_cap``, ``Densifier.set_max_held``; ``--pipeline.memory-budget`` drives them through
-``gaussians/rank_budget.py``):
+``gaussians/budget_measured.py``):
 
 * ``max_gaussians``, global over all ranks. The default strategy's grow event counts the global
   number of Gaussians after growth and before pruning (the event's memory peak); where that would

@@ -13,7 +13,7 @@ statistics and :data:`ID_FIELD`, put together by :func:`gaussian_schema`):
 :class:`GaussianRows` is a view over those three places (the model's ``ParameterDict``, its
 strategy-state dict and, when bound, the optimizers). Every function that adds, removes, moves or
 reorders Gaussians -- densification (``gaussians/strategy.py``, ``gaussians/mcmc.py``), shard moves
-(``parallel/shard_rows.py``), gathers, checkpoints (``gaussians/row_entries.py``) -- goes through it.
+(``parallel/shard_moves.py``), gathers, checkpoints (``gaussians/checkpoint_keys.py``) -- goes through it.
 
 Two rules keep every holder of a parameter right without a patch: a row operation never creates a
 new ``nn.Parameter``. It gives the existing one new data (``param.data = ...``, gradient dropped, as
@@ -259,7 +259,7 @@ class GaussianRows:
 
     def describe(self) -> tuple[dict[str, tuple[torch.dtype, tuple[int, ...]]], dict[str, float]]:
         """What this rank holds: each row key's dtype and row shape, and Adam's ``step`` per
-        parameter (where it has one). Ranks agree on it before rows move (``parallel/shard_rows.py``)."""
+        parameter (where it has one). Ranks agree on it before rows move (``parallel/shard_moves.py``)."""
         keys = {k: (v.dtype, tuple(v.shape[1:])) for k, v in self.tensors().items() if v is not None}
         steps = {name: float(s) for name, _ in self.parameters() if (s := self.adam_step(name)) is not None}
         return keys, steps

@@ -75,7 +75,7 @@ def pause_after_reset_images(rule: PauseRule, *, num_train_images: int, warmup_i
 
     ``"splatfacto"``: splatfacto's ``num_train_images + refine_every``. gsplat applies the pause
     from step 0 on (``step % reset_every >= pause``), so a capture of 2900 or more images at the
-    default 3000-image reset never grows at all (nerfstudio issues #2927 and #3743).
+    default 3000-image reset never grows at all (docs/densification.md; nerfstudio's tracker, #2927 and #3743).
     ``"bounded"``: the same, but never longer than the warm-up plus one refine interval, so growth
     resumes after every reset as it started after the warm-up, whatever the capture size. Captures
     of at most ``warmup_images`` images get splatfacto's schedule unchanged (docs/densification.md).

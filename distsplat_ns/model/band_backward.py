@@ -80,7 +80,7 @@ def backward_bands(
             for the regularisers). 0-d.
         links: Every band this rank rendered, from :func:`link_pixels`.
         exchange: Delivers every rank's list of halo messages to every rank (an all-gather,
-            ``parallel/plan_gathers.py:exchange_halo_rows``); each band with halo rows sends one.
+            ``parallel/halo_cost_gathers.py:exchange_halo_rows``); each band with halo rows sends one.
         anchors: Tensors whose backward must run on every rank even where this rank's loss does
             not reach them (the sharded exchange's token: its backward is a collective); they
             join phase 2's roots with a zero gradient (an empty anchor is its own).

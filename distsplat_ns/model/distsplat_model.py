@@ -34,11 +34,11 @@ from nerfstudio.utils.colors import get_color
 
 from distsplat_ns.balance.bands import TILE_SIZE, Band
 from distsplat_ns.gaussians.densifier import Densifier
-from distsplat_ns.gaussians.densify import STRATEGIES, StrategyName, build_densifier, strategy_help
 from distsplat_ns.gaussians.initial import initial_gaussians, unique_seed_points
 from distsplat_ns.gaussians.mcmc import MCMCConfig
 from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
 from distsplat_ns.gaussians.strategy import PAUSE_RULES, PauseRule
+from distsplat_ns.gaussians.strategy_choices import STRATEGIES, StrategyName, build_densifier, strategy_help
 from distsplat_ns.model.band_depth import band_depth, with_depth_channel
 from distsplat_ns.model.band_render import (
     BandRenderResult,
@@ -81,7 +81,7 @@ class DistSplatModelConfig(SplatfactoModelConfig):
     param_dtype: Literal["float32", "float64"] = "float32"
     """Precision of the Gaussians and of rendering. float64 (reference backend only) is for verification: runs on different numbers of processes stay within rounding of each other far longer than in float32 (not for ever: docs/float64_exactness.md). float64 also seeds from unique point positions and gives the Gaussians' parameters an Adam eps of at least 1e-8."""
     strategy: Annotated[StrategyName, tyro.conf.arg(help=strategy_help())] = "default"
-    """Densification: its help is each strategy's own (``gaussians/densify.py:strategy_help``)."""
+    """Densification: its help is each strategy's own (``gaussians/strategy_choices.py:strategy_help``)."""
     pause_after_reset: PauseRule = "bounded"
     """Default strategy: how long growth pauses after each opacity reset. "bounded": splatfacto's pause (training images + refine_every) but at most warmup_length + refine_every images, so captures of any size densify after every reset (splatfacto's own pause stops captures of 2900+ images from ever growing: nerfstudio #2927, #3743; docs/densification.md); identical to splatfacto for captures of at most warmup_length images. "splatfacto": splatfacto's pause, for exact parity."""
     max_gs_num: int = MCMCConfig.max_gs_num
@@ -167,7 +167,7 @@ class DistSplatModel(SplatfactoModel):
         else:
             self.background_color = get_color(self.config.background_color)
 
-        # The densification strategy (gaussians/densify.py), which owns the global id counter: the
+        # The densification strategy (gaussians/strategy_choices.py), which owns the global id counter: the
         # pipeline calls it with this model's rows after each optimizer step.
         self.densifier: Densifier = build_densifier(
             self.config.strategy,

@@ -1,4 +1,6 @@
-"""How the Gaussians are held across ranks: one ``ParallelMode`` chosen at set-up (``parallel/mode.py``)."""
+"""What differs between modes: how the Gaussians are held across ranks (replicated or sharded), one
+``ParallelMode`` chosen at set-up (``parallel/mode.py``), with its exchanges, gathers and checkpoint
+rows. Not here: the process group and its collectives (``distributed/``)."""
 
 from __future__ import annotations
 

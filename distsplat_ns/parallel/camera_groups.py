@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from distsplat_ns.gaussians.budget import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
+from distsplat_ns.gaussians.budget_caps import LIVE_ITEMS_PER_CAMERA_GAUSSIAN
 
 #: Share of the memory free at the first step the live projections may take: the rest holds the
 #: parameters, Adam state, the received rows, the rasterizer's buffers and densification growth.

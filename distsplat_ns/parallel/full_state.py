@@ -2,7 +2,7 @@
 (checkpoints, eval and the viewer) and the cut of a loaded checkpoint to this rank's block.
 
 Rows and their keys are ``gaussians/rows.py``'s (``GaussianRows``), their places in a checkpoint
-``gaussians/row_entries.py``'s. Shape letters: N Gaussians on this
+``gaussians/checkpoint_keys.py``'s. Shape letters: N Gaussians on this
 rank, R ranks.
 """
 
@@ -16,8 +16,7 @@ import torch
 
 from distsplat_ns.distributed.collectives import gather_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.gaussians.row_entries import (
+from distsplat_ns.gaussians.checkpoint_keys import (
     MODEL_EXTRA_KEY,
     checkpoint_rows,
     cut_rows_,
@@ -26,8 +25,9 @@ from distsplat_ns.gaussians.row_entries import (
     put_rows_,
     step_only_states,
 )
+from distsplat_ns.gaussians.ownership import owned_block
 from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
-from distsplat_ns.parallel.shard_rows import agree_layout
+from distsplat_ns.parallel.shard_moves import agree_layout
 
 if TYPE_CHECKING:
     from distsplat_ns.model.distsplat_model import DistSplatModel
@@ -128,7 +128,7 @@ def shard_loaded_checkpoint_(loaded: dict[str, Any], rank: int, world: int) -> N
     """Cut a whole-model checkpoint down to this rank's :func:`owned_block` of its id-ordered
     Gaussians, in place, before nerfstudio's ``load_pipeline`` / ``load_optimizers`` read it.
 
-    Sliced: every row the checkpoint holds (``gaussians/row_entries.py``: the Gaussian parameters, the
+    Sliced: every row the checkpoint holds (``gaussians/checkpoint_keys.py``: the Gaussian parameters, the
     statistics and ids of the model's extra state, the parameters' Adam moments). A
     checkpoint without ids (older, or splatfacto's) counts as ids ``0..N-1``. The owned rows stay
     in id order. Load the file with ``mmap=True`` so that only the owned rows are read into memory.

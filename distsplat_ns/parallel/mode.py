@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
-    from distsplat_ns.gaussians.rank_budget import RankBudget
+    from distsplat_ns.gaussians.budget_measured import RankBudget
     from distsplat_ns.model.distsplat_model import DistSplatModel
     from distsplat_ns.utils.cameras import BatchCameras
 
@@ -134,7 +134,7 @@ class ParallelMode(ABC):
         (``distributed/collectives.py:nonfinite_verdict``). Replicated, every rank holds the same
         summed gradient and so the same flag; sharded, each its own Gaussians'. Either way the
         step's cost all-gather carries every rank's flag and any one stops every rank
-        (``parallel/plan_gathers.py:gather_step_costs``). Local; no host sync by itself."""
+        (``parallel/halo_cost_gathers.py:gather_step_costs``). Local; no host sync by itself."""
         return nonfinite_verdict(named)
 
     @property
@@ -189,7 +189,7 @@ class ParallelMode(ABC):
 
     def pending_view(self) -> Any | None:
         """Rank 0's viewer request to render in this step (None: none, or not rank 0). Flagged in
-        the step's cost all-gather, then broadcast from rank 0 (``pipeline_balance.py:StepBalance.measure``).
+        the step's cost all-gather, then broadcast from rank 0 (``pipeline/step_balance.py:StepBalance.measure``).
         Local."""
         return None
 

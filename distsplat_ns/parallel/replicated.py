@@ -70,7 +70,7 @@ class ReplicatedMode(ParallelMode):
         maximised over ranks.
 
         **Collective:** world group, two all-reduces: the sum of the gradients and absgrads stacked,
-        `[2, B, N, 2]` (one call, not two: issue 28), then the max of the radii, `[B, N]` (none at one rank).
+        `[2, B, N, 2]` (one call, not two: docs/host_cost.md), then the max of the radii, `[B, N]` (none at one rank).
         """
         grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.statistics_projections], batch_size)
         if self.ctx.is_distributed:

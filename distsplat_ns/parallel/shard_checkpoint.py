@@ -5,10 +5,10 @@ What is saved (docs/sharded.md, "Checkpoints"):
 
 * Rows: every per-Gaussian tensor of ``gaussians/rows.py`` by row key (``param.<name>``,
   ``opt.<name>.<adam key>``, ``state.<key>``, ids ``state.gauss_ids`` included), each one global
-  tensor in rank order (``distributed/row_checkpoint.py`` says why). The ranks agree the row keys
+  tensor in rank order (``distributed/dcp_rows.py`` says why). The ranks agree the row keys
   first (``agree_layout``), so a rank without a moment writes zeros, as a gathered save did.
 * The rest, rank 0's: nerfstudio's checkpoint dictionary (``checkpoint.py:checkpoint_payload``)
-  without the rows (``gaussians/row_entries.py:without_rows``) -- the pipeline's other entries, the
+  without the rows (``gaussians/checkpoint_keys.py:without_rows``) -- the pipeline's other entries, the
   model's extra state without its per-Gaussian statistics, each Gaussian optimizer's param groups
   and agreed Adam ``step``, schedulers, scalers, RNG.
 
@@ -34,11 +34,11 @@ import torch
 from distsplat_ns.checkpoint import FILE_SUFFIX, register_numpy_safe_globals, write_payload_atomic
 from distsplat_ns.distributed.collectives import all_gather_counts, all_gather_rows, all_to_all_counts, all_to_all_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.row_checkpoint import load_rows, read_row_layout, save_rows
+from distsplat_ns.distributed.dcp_rows import load_rows, read_row_layout, save_rows
+from distsplat_ns.gaussians.checkpoint_keys import put_rows_, without_rows
 from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.gaussians.row_entries import put_rows_, without_rows
 from distsplat_ns.gaussians.rows import IDS, PARAM_PREFIX, STATE_PREFIX, Optimizers
-from distsplat_ns.parallel.shard_rows import agree_layout
+from distsplat_ns.parallel.shard_moves import agree_layout
 from distsplat_ns.parallel.streamed_file import write_streamed
 from distsplat_ns.utils.errors import UserError
 

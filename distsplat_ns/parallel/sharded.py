@@ -36,7 +36,7 @@ from distsplat_ns.parallel.exchange import ProjectionCall, Timer, exchange_scree
 from distsplat_ns.parallel.full_state import GatheredState, gather_full_state, shard_loaded_checkpoint_
 from distsplat_ns.parallel.mode import NamedParameters, Optimizers, ParallelMode, batch_statistics, info_for
 from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint, write_shard_checkpoint
-from distsplat_ns.parallel.shard_rows import rebalance_shards_
+from distsplat_ns.parallel.shard_moves import rebalance_shards_
 from distsplat_ns.parallel.view_render import render_view_collectively
 from distsplat_ns.parallel.view_requests import ViewRequests
 from distsplat_ns.utils.cameras import BatchCameras
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from nerfstudio.cameras.cameras import Cameras
 
     from distsplat_ns.balance.planner import StepPlan
-    from distsplat_ns.gaussians.rank_budget import RankBudget
+    from distsplat_ns.gaussians.budget_measured import RankBudget
     from distsplat_ns.model.distsplat_model import DistSplatModel
 
 

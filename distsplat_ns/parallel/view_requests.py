@@ -5,7 +5,7 @@ mode a frame is a collective (``parallel/view_render.py``), and a collective ent
 of one rank would interleave with the training step's. So the viewer thread only posts its camera
 here and waits; every rank learns of the request from a flag in the step's cost all-gather, rank 0
 then broadcasts it and all ranks render it right after that gather, before the optimizer step
-(``pipeline_balance.py:StepBalance.measure``), and rank 0 hands the image to the waiting thread.
+(``pipeline/step_balance.py:StepBalance.measure``), and rank 0 hands the image to the waiting thread.
 One request is pending at a time (a newer camera replaces the camera of one not yet taken), so a
 slow browser costs training at most one frame's render per step.
 """

@@ -51,9 +51,8 @@ class ResolutionSchedule:
     """Splatfacto's resolution schedule counted in images: step ``t`` renders at
     ``1 / 2 ** max(num_downscales - t * batch_size // resolution_schedule, 0)``.
 
-    The one copy of the rule: ``DistSplatModel.downscale_factor_at`` calls it, and the pipeline
-    hands it to the datamanager, whose workers (started from a fork server) receive it by pickling
-    -- a small callable, where a bound method of the model would pickle the whole model.
+    The one copy of the rule, for the model and the datamanager's workers (a small picklable callable,
+    where a bound method of the model would pickle the whole model).
 
     Args:
         num_downscales: Halvings at the start (splatfacto's ``num_downscales``).
@@ -85,10 +84,8 @@ def cameras_at(cameras: CamerasT, indices: Sequence[int]) -> CamerasT:
 
 
 class BatchCameras(Generic[CamerasT]):
-    """A step's cameras by batch position, indexed only when asked for and once per set of
-    positions, and their rendered sizes without any index: a rank that projects reads the
-    cameras it projects, one that renders only received terms (the sharded mode) reads none of
-    its own (docs/host_cost.md).
+    """A step's cameras by batch position, indexed on demand and once per set of positions, and
+    their rendered sizes without any index (docs/host_cost.md).
 
     Args:
         camera_ids: The training-camera index at each batch position.

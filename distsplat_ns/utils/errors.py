@@ -5,7 +5,7 @@
 * :class:`RunFailure` -- the run cannot go on for a reason the message explains (a rank that did
   not arrive, a checkpoint that could not be written).
 
-Every other exception is an internal error and keeps its traceback (``trainer.py`` reports both
+Every other exception is an internal error and keeps its traceback (``trainer/distsplat_trainer.py`` reports both
 kinds once, from rank 0, when every rank fails the same way).
 """
 

@@ -2,7 +2,7 @@
 
 Pure: the standard library (Linux).
 
-The local ranks of a host share one encoded-image store (``data/store.py``, issue 27): the rank
+The local ranks of a host share one encoded-image store (``data/store.py``; docs/data.md, "One store per host"): the rank
 that fills it sends the store's memfd to the others. Under torchrun the local ranks are unrelated
 processes (siblings), so the descriptor cannot be inherited; it travels over a Unix socket as
 ``SCM_RIGHTS`` ancillary data. The socket lives in the *abstract* namespace (a name starting with

@@ -1,15 +1,8 @@
 """Random numbers keyed by (seed, step, id, draw): the same value whichever process draws it.
 
-torch and numpy generators give one stream per generator object: a value depends on how many were
-drawn before it, so a Gaussian's split offsets would depend on how many Gaussians the same process
-split first, i.e. on the number of processes. Neither offers a vectorised draw keyed per element,
-hence this counter-based generator (splitmix64 mixing, Box-Muller), a few lines of numpy.
-
-``keyed_bits_device`` / ``keyed_normal_device`` are the same generator in torch int64 arithmetic on
-the ids' device (no copy to the host: MCMC's position noise runs every step). Their bits equal
-``keyed_bits``' (numpy) bit for bit; a ``stream`` number separates uses that share (seed, step, id).
-
-Shape letters: ``n`` ids, ``D`` draws per id.
+A counter-based generator (splitmix64, Box-Muller) in numpy, and the same bits in torch int64 on the
+ids' device (``*_device``, no host sync); why neither torch's nor numpy's generators serve:
+docs/architecture.md, "Keyed random numbers". Shape letters: ``n`` ids, ``D`` draws per id.
 """
 
 from __future__ import annotations
@@ -26,10 +19,7 @@ _MIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijection of uint64 whose outputs look independent for nearby inputs.
-
-    numpy uint64 array arithmetic wraps modulo 2^64 by definition, as the finaliser needs.
-    """
+    """splitmix64's finaliser (numpy uint64 arithmetic wraps modulo 2^64, as it needs)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -167,14 +157,11 @@ def keyed_uniform_device(seed: int, step: int, ids: torch.Tensor, draws: int, *,
 def keyed_normal_device(seed: int, step: int, ids: torch.Tensor, draws: int, *, stream: int = 0) -> torch.Tensor:
     """Standard normal samples keyed by (seed, step, stream, id, draw index), on ``ids``' device.
 
-    ``keyed_normal``'s construction (Box-Muller on two 53-bit uniforms per sample) in torch: at
-    ``stream=0`` its uniforms are ``keyed_normal``'s bit for bit, its normals within a few ulp (numpy's
-    and torch's ``log``/``cos`` round differently in the last bit).
+    At ``stream=0`` its uniforms are ``keyed_normal``'s bit for bit, its normals within a few ulp
+    (docs/architecture.md, "Keyed random numbers").
 
     Returns:
-        `[n, D]`, float64 on ``ids``' device; row ``i`` is the same whether ``ids[i]`` is passed
-        alone or inside any batch, in any order (torch's ``log``, ``cos`` and ``sqrt`` are
-        element-wise with no position-dependent tail; tests/unit/test_keyed_random.py).
+        `[n, D]`, float64 on ``ids``' device; row ``i`` the same in any batch, in any order.
 
     **Host sync:** none.
     """

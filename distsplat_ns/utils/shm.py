@@ -5,7 +5,7 @@ initial scales) renames every multiprocessing semaphore of the process ``/loky-<
 (``joblib/externals/loky/backend/__init__.py`` replaces ``SemLock._make_name``). Semaphores made
 for spawn/forkserver children (DataLoader queues) are named, and only multiprocessing's exit
 handler or its resource tracker unlinks them; a rank SIGKILLed with its process group (torchrun's
-teardown, a scheduler) takes the tracker with it and leaves them (issue 20: 14 per rank). The pid
+teardown, a scheduler) takes the tracker with it and leaves them (14 per rank; tests/unit/test_orphan_semaphores.py). The pid
 in the name says whose they were: :func:`remove_orphan_semaphores` unlinks those whose process is
 gone.
 """

@@ -12,8 +12,8 @@ import torch
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
 from nerfstudio.engine.optimizers import Optimizers
 
-import distsplat_ns.pipeline as pipeline_module
-import distsplat_ns.pipeline_render as render_module
+import distsplat_ns.pipeline.band_pass as render_module
+import distsplat_ns.pipeline.distsplat_pipeline as pipeline_module
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.reader import TrainBatch
 from distsplat_ns.registry import distsplat_trainer_config

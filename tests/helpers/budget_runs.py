@@ -1,11 +1,11 @@
 """Memory budgets for the tests: the ``--pipeline.memory-budget`` value that implies a given cap on
-the Gaussians for a run's mode, number of ranks, batch and dtype (``gaussians/budget.py``)."""
+the Gaussians for a run's mode, number of ranks, batch and dtype (``gaussians/budget_caps.py``)."""
 
 from __future__ import annotations
 
-from distsplat_ns.gaussians.budget import GIB, caps_from_budget, gaussian_bytes
+from distsplat_ns.gaussians.budget_caps import GIB, caps_from_budget, gaussian_bytes
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, gaussian_schema, parameter_fields
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 
 
 def bytes_per_gaussian(*, world_size: int, sharded: bool, batch_size: int, item_bytes: int, default_strategy: bool, sh_degree: int = 3) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from distsplat_ns.checkpoint import save_sharded_checkpoint_atomic
-from distsplat_ns.distributed.row_checkpoint import save_rows
+from distsplat_ns.distributed.dcp_rows import save_rows
 
 
 def rows_of(rank: int, step: int) -> dict:
@@ -35,8 +35,8 @@ def save_step(ctx: Any, checkpoint_dir: str, step: int, die_on_rank: int = -1) -
 
 def log_figures(ctx: Any) -> Any:
     """``run_record.reduce_log_figures`` of a made-up step: rank r's forward took r + 1 s."""
-    from distsplat_ns.run_record import reduce_log_figures
-    from distsplat_ns.step_report import StepReport, StepTimings
+    from distsplat_ns.pipeline.step_report import StepReport, StepTimings
+    from distsplat_ns.trainer.run_record import reduce_log_figures
 
     timings = StepTimings(data_wait=0.0, forward=ctx.rank + 1.0, backward=0.5, all_reduce=0.0, optimizer=0.0, densify=0.0)
     report = StepReport(

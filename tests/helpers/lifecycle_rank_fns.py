@@ -84,7 +84,7 @@ def trainer_identity(ctx, out: str) -> dict:
     """Build a DistSplatTrainer from a config with this rank's own timestamp and seed."""
     from nerfstudio.configs.base_config import MachineConfig
 
-    from distsplat_ns.trainer import DistSplatTrainer, DistSplatTrainerConfig
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer, DistSplatTrainerConfig
 
     config = DistSplatTrainerConfig(
         method_name="distsplat",

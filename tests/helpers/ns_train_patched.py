@@ -5,7 +5,7 @@ arguments>``; the leading ``NAME=VALUE`` words (no leading dash) choose the patc
 to ns-train. ``patched_ns_train`` (below) builds the word list for a test. The patches:
 
 - ``fault=STEP,RANK``: a fault on rank RANK at step STEP, through the pipeline's test hook
-  (``distsplat_ns/pipeline.py``: ``before_gradient_sum_hook``): a NaN written into its local
+  (``distsplat_ns/pipeline/distsplat_pipeline.py``: ``before_gradient_sum_hook``): a NaN written into its local
   gradient; with ``DISTSPLAT_TEST_FAULT=raise`` an internal error (a RuntimeError); with
   ``DISTSPLAT_TEST_FAULT=sigkill`` a SIGKILL of the rank itself (first torchrun attempt only, so
   a restart trains on); with ``DISTSPLAT_TEST_FAULT=hang`` a rank stuck outside any collective
@@ -70,7 +70,7 @@ def _fault(value: str) -> None:
 
 
 def _slow_eval(value: str) -> None:
-    from distsplat_ns.pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
     from distsplat_ns.utils.logging import get_logger
 
     delay_s = float(value)

@@ -22,7 +22,7 @@ def main() -> None:
     from tests.helpers import device_standin
 
     with device_standin.installed() as counter:
-        from distsplat_ns.trainer import DistSplatTrainer
+        from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
         step_fn = DistSplatTrainer.train_iteration
 

@@ -53,7 +53,7 @@ def load_and_save(ctx: Any, out: str, source: str, parallel: str, step: int) -> 
     trained). Returns this rank's ids and the new checkpoint folder."""
     import yaml
 
-    from distsplat_ns.trainer import DistSplatTrainer
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
     run = SOURCES[source][0]
     config = yaml.load((FIXTURES / run / "config.yml").read_text(), Loader=yaml.Loader)

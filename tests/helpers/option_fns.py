@@ -55,7 +55,7 @@ def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]
     depth filled as ``DistSplatPipeline.train_step`` fills it (``BandPass.fill_depths``); returns this rank's bands' depth rows
     as ``{"position", "first_row", "depth"}`` and, on rank 0, ``"whole"``: ``get_outputs``' depth
     of each batch camera (splatfacto's training path: whole image, one process)."""
-    from distsplat_ns.pipeline_render import BandPass
+    from distsplat_ns.pipeline.band_pass import BandPass
 
     model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", output_depth_during_training=True)
     whole = None

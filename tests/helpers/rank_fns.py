@@ -19,10 +19,10 @@ from distsplat_ns.utils.cameras import BatchCameras
 
 
 def plan_halo_exchange(ctx, model, cameras, bands_per_rank: list, step: int):
-    """The pipeline's SSIM-halo exchange (``parallel/plan_gathers.py``), sized by every rank's
+    """The pipeline's SSIM-halo exchange (``parallel/halo_cost_gathers.py``), sized by every rank's
     bands of ``cameras`` at ``step``'s resolution: what ``backward_bands`` is given in training."""
     from distsplat_ns.model.band_render import rendered_sizes_px
-    from distsplat_ns.parallel.plan_gathers import exchange_halo_rows, halo_slots
+    from distsplat_ns.parallel.halo_cost_gathers import exchange_halo_rows, halo_slots
 
     sizes_px = rendered_sizes_px(cameras, model.downscale_factor_at(step))
     slots = [halo_slots(bands, sizes_px) for bands in bands_per_rank]
@@ -327,7 +327,7 @@ def plan_sized_halo_exchange(ctx, bands_per_rank: list, sizes_px: list) -> tuple
     bands in pixel rows, ``sizes_px`` each position's ``(width, height)``."""
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.distributed.collectives import all_gather_object
-    from distsplat_ns.parallel.plan_gathers import HALO_CHANNELS, exchange_halo_rows, halo_slots
+    from distsplat_ns.parallel.halo_cost_gathers import HALO_CHANNELS, exchange_halo_rows, halo_slots
 
     plan = [[Band(*b, tile_size=1) for b in rank_bands] for rank_bands in bands_per_rank]
     slots = [halo_slots(bands, sizes_px) for bands in plan]
@@ -349,7 +349,7 @@ def plan_sized_step_costs(ctx, bands_per_rank: list, heights_px: list, bad_rank:
     from types import SimpleNamespace
 
     from distsplat_ns.balance.bands import Band
-    from distsplat_ns.parallel.plan_gathers import gather_step_costs
+    from distsplat_ns.parallel.halo_cost_gathers import gather_step_costs
 
     plan = SimpleNamespace(bands=[[Band(*b) for b in rank_bands] for rank_bands in bands_per_rank], heights_px=heights_px)
     counts = [

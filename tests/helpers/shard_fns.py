@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts
-from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
+from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.parallel.shard_rows import rebalance_shards_
+from distsplat_ns.parallel.shard_moves import rebalance_shards_
 from tests.helpers.model_factory import take_initial_shard_
 
 NUM_POINTS = 31  # odd, so no world size here splits it evenly
@@ -168,7 +168,7 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
     from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
 
     from distsplat_ns.registry import distsplat_trainer_config
-    from distsplat_ns.trainer import DistSplatTrainer
+    from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
 
     config = distsplat_trainer_config()
     config.output_dir = Path(out)

@@ -44,7 +44,7 @@ def sharded_view(ctx: Any, dtype: str, camera_index: int) -> Any:
 
 
 def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
-    """One sharded step's forward and backward (``pipeline_render.py:BandPass.run``) on a
+    """One sharded step's forward and backward (``pipeline/band_pass.py:BandPass.run``) on a
     batch of 3 cameras in groups of ``group_cameras``, bands cut across the 2 ranks; returns the
     rank's loss share and, with its Gaussians' ids, their gradients and densification statistics."""
 
@@ -53,7 +53,7 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     from distsplat_ns.data.step_batch import StepImages
     from distsplat_ns.distributed.gradient_sum import GradientSum
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline_render import BandPass
+    from distsplat_ns.pipeline.band_pass import BandPass
     from distsplat_ns.utils.cameras import BatchCameras
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT, WIDTH, make_images
@@ -89,7 +89,7 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
 
 def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> Any:
     """Rank 0's viewer thread asks its model for a frame mid-step; every rank then reaches the
-    step's cost all-gather (``pipeline_balance.py:StepBalance.measure``), which carries rank 0's
+    step's cost all-gather (``pipeline/step_balance.py:StepBalance.measure``), which carries rank 0's
     flag, and renders the request right after it, every rank over rank 0's viewer
     background. Returns, on rank 0, the frame the viewer thread got and whether the model was back
     in training mode; on other ranks, whether they rendered (served) it."""
@@ -99,7 +99,7 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
 
     from distsplat_ns.balance.planner import BandPlanner
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline_balance import StepBalance
+    from distsplat_ns.pipeline.step_balance import StepBalance
     from distsplat_ns.utils.timing import PhaseClock
     from tests.helpers.model_factory import HEIGHT
 
@@ -141,8 +141,8 @@ def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[st
     from types import SimpleNamespace
 
     from distsplat_ns.parallel.sharded import ShardedMode
-    from distsplat_ns.pipeline import DistSplatPipeline
-    from distsplat_ns.pipeline_eval import PipelineEval
+    from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
+    from distsplat_ns.pipeline.evaluation import PipelineEval
     from tests.helpers.model_factory import make_images
 
     model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off", **(overrides or {}))

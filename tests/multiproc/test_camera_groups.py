@@ -1,4 +1,4 @@
-"""A sharded step run in groups of cameras (pipeline_render.py:BandPass.run, one exchange,
+"""A sharded step run in groups of cameras (pipeline/band_pass.py:BandPass.run, one exchange,
 forward and backward per group so only a group's projections are live) gives the loss, gradients
 and densification statistics of one group of the whole batch."""
 

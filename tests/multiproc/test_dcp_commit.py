@@ -12,7 +12,7 @@ import torch
 from distsplat_ns import checkpoint
 from distsplat_ns.checkpoint import checkpoint_steps, latest_checkpoint, save_sharded_checkpoint_atomic
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.row_checkpoint import load_rows, save_rows
+from distsplat_ns.distributed.dcp_rows import load_rows, save_rows
 from tests.helpers.dcp_fns import rows_of, save_step
 from tests.helpers.multiproc import run_ranks
 

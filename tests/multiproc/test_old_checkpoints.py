@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from distsplat_ns.checkpoint import load_checkpoint_file
+from distsplat_ns.gaussians.checkpoint_keys import checkpoint_rows
 from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.gaussians.row_entries import checkpoint_rows
 from distsplat_ns.parallel.full_state import shard_loaded_checkpoint_
 from distsplat_ns.parallel.shard_checkpoint import read_shard_checkpoint
 from tests.helpers.multiproc import run_ranks

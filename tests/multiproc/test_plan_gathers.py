@@ -1,4 +1,4 @@
-"""The step's plan-sized all-gathers (``parallel/plan_gathers.py``) on 3 gloo ranks: what every
+"""The step's plan-sized all-gathers (``parallel/halo_cost_gathers.py``) on 3 gloo ranks: what every
 rank receives equals what the pickled all-gather they replace delivers."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import assert_same, saved_model_state, trainer_save

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.shard_fns import (
     NUM_POINTS,

@@ -64,7 +64,7 @@ def _standin_train(out: Path, timestamp: str, num_images: int, nproc: int, extra
 
 ALLOWED_BLOCKING_COPIES = {
     "rendering/reference.py": "the reference rasterizer stands in for gsplat's kernels, which a GPU run uses",
-    "run_record.py:": "the logged figures, on logging steps only (STYLE.md: host syncs on steps that log)",
+    "trainer/run_record.py:": "the logged figures, on logging steps only (STYLE.md: host syncs on steps that log)",
     "collectives.py:": "all_gather_counts / all_gather_object of the logging and refining steps' host values",
     "utils/keyed_random.py:": "the keyed normal draws of a refine step (docs/gpu.md: refine steps only)",
     "gaussians/": "the refine step's bookkeeping (docs/gpu.md: MCMC-event and refine paths)",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distsplat_ns.checkpoint import checkpoint_steps
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 from tests.helpers.equivalence import EQUIV_EXTRA, assert_same_model
 from tests.helpers.ns_train_patched import patched_ns_train
 from tests.helpers.nsrun import latest_checkpoint, ns_bin, read_stats, run_dir, run_ns_train, run_torchrun

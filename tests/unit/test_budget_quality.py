@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.bench_budget_quality import GIB, budget_gib, one_process_bytes_per_gaussian, verdicts
-from distsplat_ns.gaussians.budget import caps_from_budget
+from distsplat_ns.gaussians.budget_caps import caps_from_budget
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.row_checkpoint import save_rows
-from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY, MODEL_PREFIX
+from distsplat_ns.distributed.dcp_rows import save_rows
+from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY, MODEL_PREFIX
 from distsplat_ns.parallel import shard_checkpoint
 from distsplat_ns.parallel.shard_checkpoint import IDS_KEY, _read, consolidate_params
 

@@ -52,8 +52,8 @@ def test_empty_cloud() -> None:
 def test_float64_optimizers_raise_the_eps_of_the_gaussian_parameters_only() -> None:
     from nerfstudio.engine.optimizers import AdamOptimizerConfig
 
-    from distsplat_ns.optimizer_rules import FLOAT64_ADAM_EPS, GAUSSIAN_PARAM_GROUPS, float64_optimizer_configs
     from distsplat_ns.registry import distsplat
+    from distsplat_ns.trainer.optimizer_rules import FLOAT64_ADAM_EPS, GAUSSIAN_PARAM_GROUPS, float64_optimizer_configs
 
     configs = distsplat.config.optimizers
     out = float64_optimizer_configs(configs)

@@ -1,4 +1,4 @@
-"""The memory budget's arithmetic (gaussians/budget.py): the flag, the bytes per Gaussian, the caps
+"""The memory budget's arithmetic (gaussians/budget_caps.py): the flag, the bytes per Gaussian, the caps
 and the set-up refusal."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.gaussians.budget import (
+from distsplat_ns.gaussians.budget_caps import (
     GIB,
     LIVE_ITEMS_PER_CAMERA_GAUSSIAN,
     GaussianBytes,
     MemoryBudget,
     caps_from_budget,
     check_initial_fit,
-    format_bytes,
     gaussian_bytes,
     held_bytes,
     parse_memory_budget,
@@ -23,8 +22,9 @@ from distsplat_ns.gaussians.budget import (
     smallest_sharded_world_size,
 )
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, gaussian_schema, parameter_fields
-from distsplat_ns.pipeline import DistSplatPipelineConfig
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipelineConfig
 from distsplat_ns.utils.errors import UserError
+from distsplat_ns.utils.units import format_bytes
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "-0.5", "nan", "inf", "twelve", "", "12GiB"])
@@ -93,9 +93,10 @@ def test_initial_gaussians_past_the_budget_are_refused_at_set_up_with_the_number
     assert f"on {smallest} or more ranks" in message
 
 
-def test_sizes_read_in_gib_from_one_gib_and_in_mib_below() -> None:
+def test_sizes_read_in_the_largest_unit_below_them() -> None:
     assert format_bytes(3 * GIB // 2) == "1.50 GiB"
-    assert format_bytes(107_374) == "0.1 MiB"
+    assert format_bytes(107_374) == "104.86 KiB"
+    assert format_bytes(1023) == "1023 B"
 
 
 def test_initial_gaussians_within_the_budget_give_the_caps() -> None:

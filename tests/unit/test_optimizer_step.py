@@ -1,11 +1,11 @@
-"""optimizer_step.py: the multi-tensor Adam step over many groups equals torch's Adam group by group."""
+"""trainer/optimizer_step.py: the multi-tensor Adam step over many groups equals torch's Adam group by group."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from distsplat_ns.optimizer_step import multi_tensor_adam_step_
+from distsplat_ns.trainer.optimizer_step import multi_tensor_adam_step_
 
 #: (lr, eps) of each group: splatfacto's spread of learning rates, the float64 mode's two eps.
 GROUPS = [(1.6e-4, 1e-8), (2.5e-3, 1e-8), (1.25e-4, 1e-15), (5e-2, 1e-8), (1e-4, 1e-15)]

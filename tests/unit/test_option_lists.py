@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner
-from distsplat_ns.gaussians.densify import DENSIFIERS, STRATEGIES, strategy_help
+from distsplat_ns.gaussians.strategy_choices import DENSIFIERS, STRATEGIES, strategy_help
 from distsplat_ns.model.distsplat_model import DistSplatModelConfig
 from distsplat_ns.parallel import MODES, PARALLEL_MODES
-from distsplat_ns.pipeline import DistSplatPipelineConfig
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipelineConfig
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.validation import one_of
 

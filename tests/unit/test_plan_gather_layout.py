@@ -1,4 +1,4 @@
-"""The plan-sized all-gathers (``parallel/plan_gathers.py``) on one process: their layout from the
+"""The plan-sized all-gathers (``parallel/halo_cost_gathers.py``) on one process: their layout from the
 plan, and the one-line errors when a rank's render does not match its plan."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from distsplat_ns.balance.bands import Band
 from distsplat_ns.distributed.collectives import all_gather_rows
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.parallel.plan_gathers import HaloSlot, exchange_halo_rows, gather_step_costs, halo_slots
+from distsplat_ns.parallel.halo_cost_gathers import HaloSlot, exchange_halo_rows, gather_step_costs, halo_slots
 
 
 def test_halo_slots_follow_the_bands_and_the_ssim_window() -> None:

@@ -174,9 +174,9 @@ def test_expected_images_cover_each_ranks_equal_share(batch_size: int, world_siz
 
 def test_the_halo_exchange_is_empty_exactly_where_a_plan_cuts_no_image() -> None:
     """The pipeline's SSIM-halo all-gather moves nothing where no image is cut
-    (``parallel/plan_gathers.py:halo_slots``): whole images never cut, equal rows of fewer images
+    (``parallel/halo_cost_gathers.py:halo_slots``): whole images never cut, equal rows of fewer images
     than ranks always do."""
-    from distsplat_ns.parallel.plan_gathers import halo_slots
+    from distsplat_ns.parallel.halo_cost_gathers import halo_slots
 
     whole = BandPlanner("whole-images", [64, 48]).plan([0, 1], world_size=2, downscale=1)
     assert not any(halo_slots(bands, [(40, 64), (40, 48)]) for bands in whole.bands)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from distsplat_ns.distributed.context import DistContext
+from distsplat_ns.gaussians.checkpoint_keys import MODEL_EXTRA_KEY
 from distsplat_ns.gaussians.ownership import owned_block
-from distsplat_ns.gaussians.row_entries import MODEL_EXTRA_KEY
 from distsplat_ns.parallel.full_state import gather_full_state, shard_loaded_checkpoint_
-from distsplat_ns.parallel.shard_rows import plan_moves
+from distsplat_ns.parallel.shard_moves import plan_moves
 from tests.helpers.shard_fns import (
     NUM_POINTS,
     adam_step,

@@ -14,7 +14,7 @@ from distsplat_ns.parallel.exchange import render_tile_rows
 
 
 def test_replicated_payload_is_the_trainers_measured_figure():
-    # trainer.py reported 3,141,984 bytes per step at 11,384 Gaussians, B = 2, while densifying
+    # trainer/distsplat_trainer.py reported 3,141,984 bytes per step at 11,384 Gaussians, B = 2, while densifying
     # (benchmarks/results/distributed_2026-11-29.json); a 2-rank ring moves exactly the payload.
     payload = tm.replicated_payload_bytes(11_384, 2, densifying=True)
     assert payload == 3_141_984

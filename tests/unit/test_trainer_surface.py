@@ -22,7 +22,7 @@ def _reaches(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["trainer.py", "trainer_checkpoints.py"])
+@pytest.mark.parametrize("module", ["trainer/distsplat_trainer.py", "trainer/checkpoints.py"])
 def test_the_trainer_reads_no_attribute_of_the_mode_or_the_planner(module: str) -> None:
     assert _reaches(PKG / module) == []
 

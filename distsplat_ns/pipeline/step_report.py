@@ -1,6 +1,6 @@
 """What one training step reports (``DistSplatPipeline.train_step``'s ``StepReport``): the rank's
 loss shares, Gaussian count, phase times, bytes moved and the balance figures, which the trainer
-logs (``trainer.py:DistSplatTrainer.train_iteration``) and the run record sums (``run_record.py``).
+logs (``trainer/distsplat_trainer.py:DistSplatTrainer.train_iteration``) and the run record sums (``trainer/run_record.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class StepTimings:
     exposed_comm: float = 0.0
     """Seconds the step was blocked in communication: the SSIM-halo all-gather, the sharded
     exchange, the part of the gradient sum the backward did not hide, the statistics' reductions
-    (with their small computation) and the cost all-gather (issue 28)."""
+    (with their small computation) and the cost all-gather (docs/overlap.md, "Fewer small collectives")."""
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)

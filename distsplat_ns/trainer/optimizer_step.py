@@ -1,4 +1,4 @@
-"""One multi-tensor Adam step over every parameter group (issue 28, item 2).
+"""One multi-tensor Adam step over every parameter group (docs/overlap.md, "One optimizer step over every group").
 
 nerfstudio builds one ``torch.optim.Adam`` per parameter name (``means``, ``scales``, ...,
 ``camera_opt``), each with its own learning rate and scheduler, and ``Optimizers.optimizer_step_all``

@@ -1,6 +1,6 @@
 """The step's render phase: forward and backward of this rank's bands, one camera group at a time.
 
-``BandPass`` is an object the pipeline (``pipeline.py``) builds from its context, parallel mode and
+``BandPass`` is an object the pipeline (``pipeline/distsplat_pipeline.py``) builds from its context, parallel mode and
 model, and calls once per step between the plan and the gradient sum. It runs the mode's
 projections of each camera group, the model's band forward (``DistSplatModel.forward_bands``), the
 SSIM-halo exchange and the band backward (``model/band_backward.py``), and -- with splatfacto's
@@ -22,8 +22,8 @@ from distsplat_ns.model.band_backward import backward_bands
 from distsplat_ns.model.band_depth import fill_empty_depth_, image_depth_maxima
 from distsplat_ns.model.band_render import BandRenderResult, ProjectionSource, RegularizerShare
 from distsplat_ns.model.distsplat_model import DistSplatModel
+from distsplat_ns.parallel.halo_cost_gathers import exchange_halo_rows, halo_slots
 from distsplat_ns.parallel.mode import ParallelMode
-from distsplat_ns.parallel.plan_gathers import exchange_halo_rows, halo_slots
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.timing import PhaseClock
 
@@ -125,7 +125,7 @@ class BandPass:
         The halo exchange waits for the slowest rank: it counts as communication
         (``clock.communicating``), not render time, or the per-rank render times (the balancer's
         wall-clock figure) would look more equal than they are. ``halos``: every rank's halo rows
-        in this group (``parallel/plan_gathers.py:halo_slots``); none where the plan cuts no image,
+        in this group (``parallel/halo_cost_gathers.py:halo_slots``); none where the plan cuts no image,
         and then no rank exchanges anything.
 
         **Collective:** where some band has halo rows, one all-gather of their pixel gradients;

@@ -22,7 +22,7 @@ from nerfstudio.engine.optimizers import Optimizers
 
 from distsplat_ns.distributed.collectives import all_gather_object, all_reduce_sum_
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.step_report import StepReport
+from distsplat_ns.pipeline.step_report import StepReport
 
 STATS_FILENAME = "distsplat_stats.json"
 
@@ -124,7 +124,7 @@ def reduce_log_figures(
 ) -> tuple[list[float], list[dict[str, float]]]:
     """The batch's losses (the ranks' shares summed) and every rank's figures of this step, in
     one all-reduce: each rank fills its own row of a `[R, K]` block after the losses, zeros
-    elsewhere, so the sum is every rank's row (issue 21 item 4: which rank waits).
+    elsewhere, so the sum is every rank's row (the README's run summary: which rank waits).
 
     Args:
         ctx: The process context.

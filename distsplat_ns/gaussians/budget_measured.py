@@ -1,7 +1,7 @@
 """A rank's memory budget during a run: the caps it gives densification at each event, measured on
 the run's own steps where the device can say (docs/densification.md, "What the budget counts").
 
-``gaussians/budget.py`` holds the pure arithmetic; this object adds what only a run has: on CUDA the
+``gaussians/budget_caps.py`` holds the pure arithmetic; this object adds what only a run has: on CUDA the
 peak the allocator saw since the last event, from which the bytes the rank uses besides its
 Gaussians (``fixed``) are measured, the largest over ranks; the caps set on the densifier at each
 event; the figures for the run summary.
@@ -15,13 +15,12 @@ import torch
 
 from distsplat_ns.distributed.collectives import all_gather_counts, all_reduce_max_
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.gaussians.budget import (
+from distsplat_ns.gaussians.budget_caps import (
     GaussianBytes,
     GaussianCaps,
     MemoryBudget,
     caps_from_budget,
     check_initial_fit,
-    format_bytes,
     gaussian_bytes,
     projection_budget_bytes,
     resolve_memory_budget,
@@ -29,6 +28,7 @@ from distsplat_ns.gaussians.budget import (
 from distsplat_ns.gaussians.densifier import Densifier
 from distsplat_ns.gaussians.growth_cap import RefusedCounts
 from distsplat_ns.gaussians.rows import GaussianRows
+from distsplat_ns.utils.units import format_bytes
 
 
 class RankBudget:

@@ -1,7 +1,7 @@
 """Checkpoints of a ``DistSplatTrainer`` run: which one it resumes from, writing one (rank 0's single
 file or every rank's shard), and the params-only file nerfstudio's tools load after a sharded run.
 
-``TrainerCheckpoints`` is an object the trainer (``trainer.py``) builds once its pipeline exists
+``TrainerCheckpoints`` is an object the trainer (``trainer/distsplat_trainer.py``) builds once its pipeline exists
 and calls with what each call needs (the optimizers, the scaler, the steps); it keeps the last
 step it saved.
 """
@@ -31,8 +31,8 @@ from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.distributed.lifecycle import agree_outcome
 from distsplat_ns.distributed.restart import AttemptLog, choose_checkpoint, restart_count
 from distsplat_ns.parallel.shard_checkpoint import consolidate_params
-from distsplat_ns.pipeline import DistSplatPipeline
-from distsplat_ns.run_record import RunRecord
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
+from distsplat_ns.trainer.run_record import RunRecord
 from distsplat_ns.utils.errors import UserError
 
 

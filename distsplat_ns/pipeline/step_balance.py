@@ -1,6 +1,6 @@
 """The step's balance phase: cut the batch's image rows across ranks, then learn from what they cost.
 
-``StepBalance`` is an object the pipeline (``pipeline.py``) builds at set-up and calls twice a
+``StepBalance`` is an object the pipeline (``pipeline/distsplat_pipeline.py``) builds at set-up and calls twice a
 step: ``plan`` before the data is fetched (every rank's bands, from the cost history and, for a
 camera seen for the first time at a resolution, its footprint prior) and ``measure`` after the
 backward (every rank's measured row costs, render time and finite verdict gathered in one
@@ -22,8 +22,8 @@ from distsplat_ns.distributed.collectives import broadcast_object
 from distsplat_ns.distributed.context import DistContext
 from distsplat_ns.model.band_render import BandRenderResult
 from distsplat_ns.model.distsplat_model import DistSplatModel
+from distsplat_ns.parallel.halo_cost_gathers import gather_step_costs
 from distsplat_ns.parallel.mode import ParallelMode
-from distsplat_ns.parallel.plan_gathers import gather_step_costs
 from distsplat_ns.utils.stats import max_over_mean, mean_and_p95
 from distsplat_ns.utils.timing import PhaseClock
 
@@ -102,14 +102,14 @@ class StepBalance:
         posted a frame (``mode.pending_view``, flagged in the same gather), every rank renders it
         now (``mode.serve_view``): at most one frame per step.
 
-        **Collective:** one all-gather sized by the plan (``parallel/plan_gathers.py``); on steps
+        **Collective:** one all-gather sized by the plan (``parallel/halo_cost_gathers.py``); on steps
         with a viewer frame, the request's broadcast from rank 0 then, in a mode whose views are
         collectives, the view's.
         **Host sync:** one copy: the next step's cut needs the costs.
         """
         view = self.mode.pending_view()
         render_s = clock["forward"] + clock["backward"]
-        with clock.communicating(phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before issue 28)
+        with clock.communicating(phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before docs/overlap.md's overlap)
             costs = gather_step_costs(self.ctx, plan, result.band_tile_work, verdict, render_s, view is not None)
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, costs.measured)
         time_imbalance = max_over_mean(costs.render_s)

@@ -2,7 +2,7 @@
 metrics averaged (nerfstudio's ``VanillaPipeline`` methods, here rendered as the parallel mode says:
 by rank 0 alone from the whole model, or by every rank from its shard).
 
-``PipelineEval`` is an object the pipeline (``pipeline.py``) builds from its datamanager and model
+``PipelineEval`` is an object the pipeline (``pipeline/distsplat_pipeline.py``) builds from its datamanager and model
 and calls from nerfstudio's eval methods, inside :func:`eval_mode`.
 """
 

@@ -8,9 +8,9 @@ What it changes against nerfstudio's ``Trainer`` (docs/distributed.md says why):
   renders views on rank 0 alone (sharded: every rank renders each eval image); checkpoints are
   rank 0's single file (replicated) or every rank's shard (sharded, ``step-N.dcp``, consolidated
   params-only into ``step-N.ckpt`` at the end for nerfstudio's tools), written and loaded by the
-  trainer's ``TrainerCheckpoints`` (``trainer_checkpoints.py``, ``checkpoint.py``);
+  trainer's ``TrainerCheckpoints`` (``trainer/checkpoints.py``, ``checkpoint.py``);
 * a step is one call, ``DistSplatPipeline.train_step`` (forward of this rank's bands, backward,
-  the parallel mode's reduction, optimizer step, densification: ``pipeline.py``); what the
+  the parallel mode's reduction, optimizer step, densification: ``pipeline/distsplat_pipeline.py``); what the
   parallel mode changes around the loop -- which ranks render eval images and viewer frames, what a
   checkpoint holds and what a rank loads of one -- is asked of the pipeline, which answers with its
   parallel mode's (``parallel/``); what it logs of a step comes in the step's ``StepReport``;
@@ -62,12 +62,12 @@ from distsplat_ns.distributed.lifecycle import (
 from distsplat_ns.distributed.reporting import remove_unused_run_dir, report_user_errors
 from distsplat_ns.distributed.restart import AttemptLog, elastic_run_id, previous_timestamp, restart_count
 from distsplat_ns.model.camera_adjust import camera_optimizer_metrics
-from distsplat_ns.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
-from distsplat_ns.optimizer_step import FusedAdamOptimizers
-from distsplat_ns.pipeline import DistSplatPipeline
+from distsplat_ns.pipeline.distsplat_pipeline import DistSplatPipeline
 from distsplat_ns.rendering import resolve_backend
-from distsplat_ns.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
-from distsplat_ns.trainer_checkpoints import TrainerCheckpoints
+from distsplat_ns.trainer.checkpoints import TrainerCheckpoints
+from distsplat_ns.trainer.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
+from distsplat_ns.trainer.optimizer_step import FusedAdamOptimizers
+from distsplat_ns.trainer.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.host_allocator import keep_freed_host_memory
 from distsplat_ns.utils.logging import get_logger
@@ -100,7 +100,7 @@ class DistSplatTrainerConfig(TrainerConfig):
 
 class DistSplatTrainer(Trainer):
     """See the module docstring. Checkpoints are loaded and written by its ``checkpoints``, a
-    ``trainer_checkpoints.py:TrainerCheckpoints`` built in :meth:`setup`."""
+    ``trainer/checkpoints.py:TrainerCheckpoints`` built in :meth:`setup`."""
 
     config: DistSplatTrainerConfig
     pipeline: DistSplatPipeline
@@ -247,7 +247,7 @@ class DistSplatTrainer(Trainer):
         if self.pipeline.config.model.param_dtype == "float64":
             configs = float64_optimizer_configs(configs)
         configs = scaled_optimizer_configs(configs, self.pipeline.config.batch_size)
-        # One multi-tensor Adam step over every group (optimizer_step.py); state and schedulers as nerfstudio's.
+        # One multi-tensor Adam step over every group (trainer/optimizer_step.py); state and schedulers as nerfstudio's.
         return FusedAdamOptimizers(configs, self.pipeline.get_param_groups())
 
     # ------------------------------------------------------------------ training loop
@@ -362,7 +362,7 @@ class DistSplatTrainer(Trainer):
         loss_dict = {"main_loss": report.loss}
         metrics_dict: dict[str, Any] = {"gaussian_count": report.num_gaussians}
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
-            # One all-reduce carries the losses and every rank's figures (run_record.py).
+            # One all-reduce carries the losses and every rank's figures (trainer/run_record.py).
             # The named terms (e.g. MCMC's regularizers) have the same keys on every rank: summed, the whole model's.
             names = ("main_loss", "l1", "dssim", *report.loss_terms)
             losses, per_rank = reduce_log_figures(

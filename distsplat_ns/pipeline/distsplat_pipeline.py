@@ -4,11 +4,11 @@ How the Gaussians are held -- every rank all of them (replicated) or a shard eac
 one ``ParallelMode`` built at set-up from ``--pipeline.parallel`` (``parallel/``); the step calls
 it and never tests which it is. ``DistSplatPipeline.train_step`` is the whole step, in order, each
 phase in one place: the data (``datamanager.step_batch``) -> the balance's plan
-(``pipeline_balance.py``) -> the render phase's forward and backward, with the SSIM-halo exchange
-(``pipeline_render.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
+(``pipeline/step_balance.py``) -> the render phase's forward and backward, with the SSIM-halo exchange
+(``pipeline/band_pass.py``) -> the gradient sum, statistics and finite verdict (the mode) -> the
 balance's measurement (cost gather with the finite check, viewer frame) -> optimizer -> densify
 (``gaussians/``) and after-refine -> replica check; docs/architecture.md walks through it. Rank 0
-alone owns viewer, writers and checkpoints (trainer.py). Eval images and viewer frames are
+alone owns viewer, writers and checkpoints (trainer/distsplat_trainer.py). Eval images and viewer frames are
 rendered as the mode says: by rank 0 alone from the whole model (replicated), or by every rank
 from its shard (sharded: eval is then called on every rank, and a viewer frame rank 0's viewer
 thread posted is flagged in the step's cost all-gather, then broadcast and rendered by all ranks
@@ -33,25 +33,25 @@ from distsplat_ns.balance.planner import PARTITION_MODES, BandPlanner, ExpectedI
 from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.distributed.collectives import broadcast_object, broadcast_tensors_, raise_if_nonfinite
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.gaussians.budget import parse_memory_budget
-from distsplat_ns.gaussians.rank_budget import RankBudget
+from distsplat_ns.gaussians.budget_caps import parse_memory_budget
+from distsplat_ns.gaussians.budget_measured import RankBudget
 from distsplat_ns.model.camera_adjust import with_train_camera_ids
 from distsplat_ns.model.distsplat_model import DistSplatModel, DistSplatModelConfig
 from distsplat_ns.parallel import PARALLEL_MODES, ParallelModeName, parallel_mode_class
 from distsplat_ns.parallel.full_state import GatheredState
-from distsplat_ns.parallel.shard_rows import SHARD_BOUND
-from distsplat_ns.pipeline_balance import StepBalance
-from distsplat_ns.pipeline_eval import PipelineEval, eval_mode
-from distsplat_ns.pipeline_render import BandPass
+from distsplat_ns.parallel.shard_moves import SHARD_BOUND
+from distsplat_ns.pipeline.band_pass import BandPass
+from distsplat_ns.pipeline.evaluation import PipelineEval, eval_mode
+from distsplat_ns.pipeline.step_balance import StepBalance
+from distsplat_ns.pipeline.step_report import StepReport, StepTimings
+from distsplat_ns.pipeline.viewer_start import StartAtTrainingView
 from distsplat_ns.rendering.api import BAND_COST_FRACTIONS, WORK_UNITS, resolve_backend
-from distsplat_ns.step_report import StepReport, StepTimings
 from distsplat_ns.utils.cameras import BatchCameras
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.logging import get_logger
 from distsplat_ns.utils.steps import steps_to_cover
 from distsplat_ns.utils.timing import PhaseClock
 from distsplat_ns.utils.validation import one_of
-from distsplat_ns.viewer_start import StartAtTrainingView
 
 LOGGER = get_logger(__name__)
 
@@ -96,7 +96,7 @@ class DistSplatPipelineConfig(VanillaPipelineConfig):
 
 class DistSplatPipeline(VanillaPipeline):
     """Data-parallel splatting pipeline; see the module docstring (eval: its ``evaluation``,
-    ``pipeline_eval.py:PipelineEval``).
+    ``pipeline/evaluation.py:PipelineEval``).
 
     Args:
         config: The pipeline configuration.
@@ -173,7 +173,7 @@ class DistSplatPipeline(VanillaPipeline):
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model, budget)
         #: The rank's memory budget (``--pipeline.memory-budget``; None without one): the caps it
-        #: sets on the densifier at each event (``gaussians/rank_budget.py``).
+        #: sets on the densifier at each event (``gaussians/budget_measured.py``).
         self.budget = budget
         self.evaluation = PipelineEval(self.datamanager, self.model)
         self._training_configured = False

@@ -21,6 +21,7 @@ import torch
 
 from distsplat_ns.gaussians.rows import RowSchema
 from distsplat_ns.utils.errors import UserError
+from distsplat_ns.utils.units import format_bytes
 
 FLAG = "--pipeline.memory-budget"
 GIB = 1 << 30
@@ -160,7 +161,7 @@ def caps_from_budget(budget_bytes: int, fixed_bytes: int, per_gaussian: int, *, 
         world_size: Ranks.
         sharded: Whether each rank holds a shard (else every rank holds every Gaussian).
         headroom: Sharded: the largest shard over the mean that the shards may reach before rows
-            move (``parallel/shard_rows.py:SHARD_BOUND``); the total leaves that room.
+            move (``parallel/shard_moves.py:SHARD_BOUND``); the total leaves that room.
 
     Returns:
         ``held = (budget - fixed) // per_gaussian`` (0 when negative); ``total = held`` replicated
@@ -181,11 +182,6 @@ def smallest_sharded_world_size(num_gaussians: int, budget_bytes: int, fixed_byt
     if num_gaussians <= held:
         return 1
     return max(2, math.ceil(num_gaussians * headroom / held))
-
-
-def format_bytes(num_bytes: int) -> str:
-    """``num_bytes`` for a message: GiB from 1 GiB on, MiB below."""
-    return f"{num_bytes / GIB:.2f} GiB" if num_bytes >= GIB else f"{num_bytes / (1 << 20):.1f} MiB"
 
 
 def check_initial_fit(
