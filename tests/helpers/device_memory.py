@@ -22,6 +22,7 @@ _LOCK = threading.Lock()
 _STORAGES: dict[int, list[int]] = {}  # storage data_ptr -> [device index, bytes, device tensors on it]
 _LIVE: dict[int, int] = {}
 _PEAK: dict[int, int] = {}
+_RUN_PEAK: dict[int, int] = {}  # the peak since the process began: reset_peak_memory_stats leaves it
 
 
 def total_memory() -> int:
@@ -41,6 +42,7 @@ def register(wrapper: torch.Tensor, host: torch.Tensor, index: int) -> None:
             entry = _STORAGES[key] = [index, size, 0]
             _LIVE[index] = _LIVE.get(index, 0) + size
             _PEAK[index] = max(_PEAK.get(index, 0), _LIVE[index])
+            _RUN_PEAK[index] = max(_RUN_PEAK.get(index, 0), _LIVE[index])
         entry[2] += 1
     weakref.finalize(wrapper, _release, key)
 
@@ -80,3 +82,9 @@ def reset_peak_memory_stats(device: object = None) -> None:
 def mem_get_info(device: object = None) -> tuple[int, int]:
     """(free, total) bytes of ``device`` (``torch.cuda.mem_get_info``)."""
     return total_memory() - memory_allocated(device), total_memory()
+
+
+def run_peak_bytes() -> dict[int, int]:
+    """Peak live bytes per device index since the process began (no reset clears it)."""
+    with _LOCK:
+        return dict(_RUN_PEAK)

@@ -575,8 +575,8 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         yield COUNTER
 
 
-def write_report(path: str) -> None:
-    """The counter's report as JSON (one file per rank: ``path`` gets ``.rank<R>`` appended)."""
+def write_report(path: str, **extra: Any) -> None:
+    """The counter's report and ``extra`` as JSON (one file per rank: ``path`` gets ``.rank<R>`` appended)."""
     rank = os.environ.get("RANK", "0")
     with open(f"{path}.rank{rank}", "w") as f:
-        json.dump(COUNTER.report(), f, indent=1)
+        json.dump({**COUNTER.report(), **extra}, f, indent=1)
