@@ -54,7 +54,8 @@ class RankBudget:
         """What the rank uses besides its Gaussians: on CUDA measured at each event (the largest
         over ranks), on the CPU 0 (the budget there counts only what grows with the Gaussians)."""
         self.peak_device_bytes = 0
-        """The largest allocation the device's allocator reported at any event (CUDA; 0 on the CPU)."""
+        """The largest allocation the device's allocator reported at any event (CUDA; 0 on the CPU).
+        Each event resets the allocator's peak: :meth:`run_peak_device_bytes` adds the interval since."""
         self.peak_counted_bytes = 0
         """The largest ``fixed + held x bytes per Gaussian`` at any event: what the budget was held to."""
 
@@ -144,6 +145,13 @@ class RankBudget:
             densifier.set_max_held(caps.held, reason)
         return caps
 
+    def run_peak_device_bytes(self) -> int:
+        """The allocator's peak over the whole run (CUDA; 0 on the CPU): the events' peaks and the
+        one since the last event, which ``torch.cuda.max_memory_allocated`` alone reports after a reset."""
+        if self.ctx.device.type != "cuda":
+            return 0
+        return max(self.peak_device_bytes, int(torch.cuda.max_memory_allocated(self.ctx.device)))
+
     def summary(self, refused: RefusedCounts) -> dict[str, Any]:
         """The run summary's ``memory_budget``, with the densifier's ``refused_total``."""
         return {
@@ -152,7 +160,7 @@ class RankBudget:
             "bytes_per_gaussian": {"held": self.per_gaussian.held, "working": self.per_gaussian.working},
             "fixed_bytes_measured": self.fixed_bytes,
             "peak_counted_bytes": self.peak_counted_bytes,
-            "peak_device_bytes": self.peak_device_bytes,
+            "peak_device_bytes": self.run_peak_device_bytes(),
             "gaussians_refused": refused.global_cap + refused.shard_cap,
             "gaussians_refused_by_shard_cap": refused.shard_cap,
         }

@@ -478,6 +478,9 @@ class DistSplatTrainer(Trainer):
     def collect_stats(self) -> dict[str, Any]:
         """The run summary written to ``distsplat_stats.json`` (machine-readable)."""
         record = self.record
+        budget = self.pipeline.memory_budget_summary()
+        # The budget resets the allocator's peak at each event (gaussians/budget_measured.py): its figure covers the run.
+        peak = max(peak_memory_bytes(self.ctx.device), budget["peak_device_bytes"] if budget else 0)
         return {
             **record.summary(),
             "attempts": self.attempts.attempts,
@@ -490,10 +493,10 @@ class DistSplatTrainer(Trainer):
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),
             "optimizer_state_bytes": optimizer_state_bytes(getattr(self, "optimizers", None)),
             "local_gaussian_count": int(self.pipeline.model.num_points),
-            "peak_memory_bytes": peak_memory_bytes(self.ctx.device),
+            "peak_memory_bytes": peak,
             "datamanager": self.pipeline.datamanager.stats() if hasattr(self.pipeline.datamanager, "stats") else {},
             "balance": self.pipeline.balance_summary(),
-            "memory_budget": self.pipeline.memory_budget_summary(),
+            "memory_budget": budget,
         }
 
     def _write_stats(self) -> None:

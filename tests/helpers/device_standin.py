@@ -34,6 +34,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from tests.helpers import device_memory
+
 SAME_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
 """CUDA's refusal of a kernel that mixes a device tensor with a non-scalar host tensor
 (TensorIterator's device check; torch 2.1 to 2.14 word it so)."""
@@ -93,6 +95,7 @@ class DeviceTensor(torch.Tensor):
         )
         out.host = host
         out.index = index
+        device_memory.register(out, host, index)
         return out
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -496,12 +499,16 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         (torch.cuda, "Stream", _Stream),
         (torch.cuda, "current_stream", lambda *a, **k: _Stream()),
         (torch.cuda, "stream", lambda s: contextlib.nullcontext()),
-        (torch.cuda, "max_memory_allocated", lambda *a, **k: 0),
-        (torch.cuda, "memory_allocated", lambda *a, **k: 0),
-        (torch.cuda, "reset_peak_memory_stats", lambda *a, **k: None),
-        (torch.cuda, "mem_get_info", lambda *a, **k: (64 << 30, 80 << 30)),
+        (torch.cuda, "max_memory_allocated", device_memory.max_memory_allocated),
+        (torch.cuda, "memory_allocated", device_memory.memory_allocated),
+        (torch.cuda, "reset_peak_memory_stats", device_memory.reset_peak_memory_stats),
+        (torch.cuda, "mem_get_info", device_memory.mem_get_info),
         (torch.cuda, "set_sync_debug_mode", lambda *a, **k: None),
-        (torch.cuda, "get_device_properties", lambda *a, **k: _PROPERTIES),  # torch 2.1's inductor asks at import
+        (
+            torch.cuda,
+            "get_device_properties",
+            lambda *a, **k: SimpleNamespace(**{**vars(_PROPERTIES), "total_memory": device_memory.total_memory()}),
+        ),  # torch 2.1's inductor asks at import
         (torch.cuda, "get_device_capability", lambda *a, **k: (_PROPERTIES.major, _PROPERTIES.minor)),
         (torch.cuda, "get_device_name", lambda *a, **k: _PROPERTIES.name),
     ]
@@ -568,8 +575,8 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         yield COUNTER
 
 
-def write_report(path: str) -> None:
-    """The counter's report as JSON (one file per rank: ``path`` gets ``.rank<R>`` appended)."""
+def write_report(path: str, **extra: Any) -> None:
+    """The counter's report and ``extra`` as JSON (one file per rank: ``path`` gets ``.rank<R>`` appended)."""
     rank = os.environ.get("RANK", "0")
     with open(f"{path}.rank{rank}", "w") as f:
-        json.dump(COUNTER.report(), f, indent=1)
+        json.dump({**COUNTER.report(), **extra}, f, indent=1)

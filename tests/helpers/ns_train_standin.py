@@ -4,7 +4,9 @@ Usage (plain or under torchrun): ``ns_train_standin.py <ns-train arguments>`` wi
 ``--machine.device-type cuda``. The stand-in is installed in this process, nerfstudio's ``ns-train``
 entry point runs in it, and with ``DISTSPLAT_STANDIN_REPORT=PATH`` each rank writes its copy counts
 to ``PATH.rank<R>`` at the end (the steps are the calls of the pipeline's
-``train_iteration``, nerfstudio's trainer's step).
+``train_iteration``, nerfstudio's trainer's step), with the stand-in allocator's figures
+(tests/helpers/device_memory.py): its peak per device over the whole run, and at each memory-budget
+event the Gaussians held and the allocator's peak since the previous event, read before the budget does.
 """
 
 from __future__ import annotations
@@ -19,10 +21,21 @@ if "tests.helpers" not in sys.modules:  # run as a script: the repository it is 
 
 
 def main() -> None:
-    from tests.helpers import device_standin
+    from tests.helpers import device_memory, device_standin
 
+    budget_events: list[dict] = []
     with device_standin.installed() as counter:
+        from distsplat_ns.gaussians.budget_measured import RankBudget
         from distsplat_ns.trainer.distsplat_trainer import DistSplatTrainer
+
+        caps_fn = RankBudget.caps
+
+        @functools.wraps(caps_fn)
+        def recorded_caps(self, num_held: int):
+            budget_events.append({"step": counter.step, "held": num_held, "allocator_peak": device_memory.max_memory_allocated(self.ctx.device)})
+            return caps_fn(self, num_held)
+
+        RankBudget.caps = recorded_caps
 
         step_fn = DistSplatTrainer.train_iteration
 
@@ -42,7 +55,9 @@ def main() -> None:
             entrypoint()
         finally:
             if os.environ.get("DISTSPLAT_STANDIN_REPORT"):
-                device_standin.write_report(os.environ["DISTSPLAT_STANDIN_REPORT"])
+                device_standin.write_report(
+                    os.environ["DISTSPLAT_STANDIN_REPORT"], device_peak_bytes=device_memory.run_peak_bytes(), budget_events=budget_events
+                )
 
 
 if __name__ == "__main__":

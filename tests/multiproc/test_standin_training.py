@@ -44,9 +44,11 @@ SCHEDULE = [
 ]
 
 
-def _standin_train(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str], method: str = "distsplat") -> dict[int, dict]:
-    """``ns-train`` under the stand-in (torchrun with ``nproc`` ranks when > 1); returns each rank's
-    copy report (tests/helpers/device_standin.py:CopyCounter.report)."""
+def standin_run(
+    out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str], method: str = "distsplat"
+) -> subprocess.CompletedProcess:
+    """``ns-train`` under the stand-in (torchrun with ``nproc`` ranks when > 1), each rank's report
+    written to ``out/standin-<timestamp>.rank<R>`` (tests/helpers/ns_train_standin.py)."""
     args = train_args(out, timestamp, num_images, [*SCHEDULE, *extra], method=method)
     args[args.index("--machine.device-type") + 1] = "cuda"  # train_args' own cpu, which SCHEDULE repeats
     env = cpu_env()
@@ -57,7 +59,13 @@ def _standin_train(out: Path, timestamp: str, num_images: int, nproc: int, extra
         cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), LAUNCHER, *args]
         env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, check=False)
+
+
+def _standin_train(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str], method: str = "distsplat") -> dict[int, dict]:
+    """:func:`standin_run` that must succeed; returns each rank's report (copy counts:
+    tests/helpers/device_standin.py:CopyCounter.report; the allocator's figures)."""
+    proc = standin_run(out, timestamp, num_images, nproc, extra, method)
     assert proc.returncode == 0, f"ns-train under the device stand-in failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     return {r: json.loads((out / f"standin-{timestamp}.rank{r}").read_text()) for r in range(nproc)}
 

@@ -1,0 +1,62 @@
+"""The device stand-in's allocator (tests/helpers/device_memory.py) counts live device bytes per storage:
+views and in-place results once, freed storage released, autograd's saved tensors while saved, and
+torch.cuda's memory functions answer from it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tests.helpers import device_memory
+from tests.helpers.device_standin import installed
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    monkeypatch.setenv(device_memory.TOTAL_MEMORY_ENV, str(1 << 30))
+    with installed() as counter:
+        gc.collect()
+        torch.cuda.reset_peak_memory_stats()
+        yield counter
+
+
+def test_views_and_in_place_results_count_their_storage_once(standin) -> None:
+    before = torch.cuda.memory_allocated()
+    a = torch.zeros(1000, device="cuda")  # 4,000 B of float32
+    views = [a[10:20], a.view(10, 100), a.add_(1.0), a.unsqueeze(0)]
+    assert torch.cuda.memory_allocated() - before == 4000
+    del views
+    assert torch.cuda.memory_allocated() - before == 4000
+
+
+def test_freed_storage_is_released_and_the_peak_stays_until_reset(standin) -> None:
+    before = torch.cuda.memory_allocated()
+    a = torch.ones(256, dtype=torch.float64, device="cuda")  # 2,048 B
+    b = a * 2  # a new storage: 2,048 B more
+    assert torch.cuda.memory_allocated() - before == 4096
+    del a, b
+    gc.collect()
+    assert torch.cuda.memory_allocated() == before
+    assert torch.cuda.max_memory_allocated() - before == 4096
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == before
+
+
+def test_autograd_saved_tensors_count_while_saved(standin) -> None:
+    x = torch.ones(500, device="cuda", requires_grad=True)
+    before = torch.cuda.memory_allocated()
+    y = (x.exp() * x).sum()  # exp's result is saved for the product's backward
+    assert torch.cuda.memory_allocated() - before >= 2000
+    y.backward()  # the graph is freed: only x's gradient (2,000 B) and y stay
+    gc.collect()
+    assert torch.cuda.memory_allocated() - before == 2000 + 4
+
+
+def test_cuda_memory_functions_answer_from_it_per_device(standin) -> None:
+    on_one = torch.zeros(128, device="cuda:1")  # 512 B on device 1
+    assert torch.cuda.memory_allocated(1) == 512 and torch.cuda.memory_allocated(torch.device("cuda", 1)) == 512
+    free, total = torch.cuda.mem_get_info(1)
+    assert total == 1 << 30 == torch.cuda.get_device_properties(1).total_memory and free == total - 512
+    del on_one
