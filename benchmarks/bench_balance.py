@@ -46,7 +46,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command, unattended_args
+from benchmarks.common import (
+    SHARED_DATA,
+    child_env,
+    finish_machine_record,
+    machine_record,
+    run_command,
+    train_command,
+    unattended_args,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,8 +66,12 @@ DEFAULT_SCENES = [
     # name, dataparser, data folder, downscale of the copy, images to train, dataparser args
     # fox has no point cloud: splatfacto's 50k random Gaussians cost ~30 s per 67x120 image here
     f"name=fox parser=nerfstudio-data data={SHARED / 'fox'} downscale=16 images=2000 train='--pipeline.model.num-random 5000'",
-    (f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"),
-    (f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"),
+    (
+        f"name=lund_door parser=colmap data={SHARED / 'lund_door'} downscale=16 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"
+    ),
+    (
+        f"name=bird parser=colmap data={SHARED / 'bird'} downscale=8 images=2000 args='--colmap-path sparse/0 --load-3D-points True'"
+    ),
 ]
 DEFAULT_CONFIGS = "1x2,1x4,2x2,3x2,4x2,8x4"
 
@@ -144,7 +156,13 @@ def ensure_trained(scene: dict[str, Any], out: Path, save_every: int, extra: str
             shutil.rmtree(rdir)  # an interrupted run: start again
         log(f"[{scene['name']}] training: {' '.join(shlex.quote(c) for c in cmd)}")
         t0 = time.perf_counter()
-        run_command(cmd, name=f"training {scene['name']}", env=child_env(threads=None), cwd=out, log=out / f"train_{scene['name']}.log")
+        run_command(
+            cmd,
+            name=f"training {scene['name']}",
+            env=child_env(threads=None),
+            cwd=out,
+            log=out / f"train_{scene['name']}.log",
+        )
         log(f"[{scene['name']}] trained in {time.perf_counter() - t0:.0f} s")
     else:
         log(f"[{scene['name']}] cached run: {rdir}")
@@ -306,10 +324,16 @@ def evaluate_config(
         "c_balanced": summarise(res["balanced"]),
         "c_oracle_final_costs": summarise(res["balanced_oracle"]),
     }
-    summary["prediction_error_c"] = {"max_over_ranks": summarise(res["err_max"]), "mean_over_ranks": summarise(res["err_mean"])}
+    summary["prediction_error_c"] = {
+        "max_over_ranks": summarise(res["err_max"]),
+        "mean_over_ranks": summarise(res["err_mean"]),
+    }
     if history is not None:
         summary["imbalance"]["c_history_in_checkpoint"] = summarise(res["balanced_history"])
-        summary["prediction_error_c_history"] = {"max_over_ranks": summarise(res["hist_err_max"]), "mean_over_ranks": summarise(res["hist_err_mean"])}
+        summary["prediction_error_c_history"] = {
+            "max_over_ranks": summarise(res["hist_err_max"]),
+            "mean_over_ranks": summarise(res["hist_err_mean"]),
+        }
     summary["batches_c_worse_than_a"] = worse
     a, b, c = (summary["imbalance"][k]["mean"] for k in ("a_whole_images", "b_equal_rows", "c_balanced"))
     summary["targets"] = {
@@ -320,7 +344,9 @@ def evaluate_config(
     return summary
 
 
-def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tuple[int, int]], args, log) -> dict[str, Any]:
+def analyse_scene(
+    scene: dict[str, Any], run: dict[str, Any], configs: list[tuple[int, int]], args, log
+) -> dict[str, Any]:
     import numpy as np
 
     rdir = Path(run["run_dir"])
@@ -381,7 +407,9 @@ def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tupl
         res = result["resolutions"][label]
         res["busiest_row_over_mean_row"] = summarise(peak)
         res["camera_cost_max_over_mean"] = float(totals.max() / totals.mean())
-        res["camera_cost_change_earlier_to_final"] = summarise([abs(f.sum() / max(e.sum(), 1e-12) - 1) for f, e in zip(fin, ear, strict=False)])
+        res["camera_cost_change_earlier_to_final"] = summarise(
+            [abs(f.sum() / max(e.sum(), 1e-12) - 1) for f, e in zip(fin, ear, strict=False)]
+        )
         hist = history if label == "training" else None
         if hist is not None and any(len(h) != len(f) for h, f in zip(hist, fin, strict=False)):
             log(f"[{scene['name']}] history rows differ from measured rows; history not used")
@@ -389,7 +417,11 @@ def analyse_scene(scene: dict[str, Any], run: dict[str, Any], configs: list[tupl
         res["configs"] = []
         for b, w in configs:
             log(f"[{scene['name']}] {label} B={b} W={w}")
-            res["configs"].append(evaluate_config(fin, ear, hist, b, w, args.num_batches, args.seed, args.snap_tolerance, args.min_band_rows))
+            res["configs"].append(
+                evaluate_config(
+                    fin, ear, hist, b, w, args.num_batches, args.seed, args.snap_tolerance, args.min_band_rows
+                )
+            )
     return result
 
 
@@ -446,21 +478,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="key=value tokens: name= parser= data= [downscale=N] [images=N] [args='dataparser args'] [train='ns-train args']; repeatable (default: fox, lund_door, bird)",
     )
     parser.add_argument("--out", type=Path, required=True, help="cache folder for scene copies and trained runs")
-    parser.add_argument("--train-extra", default="--pipeline.model.num-downscales 0", help="extra ns-train arguments for the cached training runs")
-    parser.add_argument("--save-every", type=int, default=10, help="checkpoint every this many steps (batch size 1: images)")
+    parser.add_argument(
+        "--train-extra",
+        default="--pipeline.model.num-downscales 0",
+        help="extra ns-train arguments for the cached training runs",
+    )
+    parser.add_argument(
+        "--save-every", type=int, default=10, help="checkpoint every this many steps (batch size 1: images)"
+    )
     parser.add_argument("--train-only", action="store_true", help="prepare and train the scenes, then stop")
     parser.add_argument("--only", default="", help="comma-separated scene names to process (default: all)")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma-separated BxW pairs (images per batch x ranks)")
+    parser.add_argument(
+        "--configs", default=DEFAULT_CONFIGS, help="comma-separated BxW pairs (images per batch x ranks)"
+    )
     parser.add_argument("--num-batches", type=int, default=200, help="random batches per (B, W)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random batches")
-    parser.add_argument("--lag-epochs", type=float, default=1.0, help="age of the costs the balancer cuts with, in epochs")
-    parser.add_argument("--snap-tolerance", type=float, default=None, help="partition_rows snap tolerance (default: the package's)")
-    parser.add_argument("--min-band-rows", type=int, default=1, help="partition_rows min_band_rows (the pipeline's default 1)")
-    parser.add_argument("--wallclock", default="", help="scene name for the torchrun CPU/gloo timing runs (empty: skip)")
+    parser.add_argument(
+        "--lag-epochs", type=float, default=1.0, help="age of the costs the balancer cuts with, in epochs"
+    )
+    parser.add_argument(
+        "--snap-tolerance", type=float, default=None, help="partition_rows snap tolerance (default: the package's)"
+    )
+    parser.add_argument(
+        "--min-band-rows", type=int, default=1, help="partition_rows min_band_rows (the pipeline's default 1)"
+    )
+    parser.add_argument(
+        "--wallclock", default="", help="scene name for the torchrun CPU/gloo timing runs (empty: skip)"
+    )
     parser.add_argument("--wallclock-batch-sizes", default="1,3", help="comma-separated B for the timing runs")
     parser.add_argument("--wallclock-world-size", type=int, default=2, help="processes of the timing runs")
     parser.add_argument(
-        "--wallclock-images", type=int, default=60, help="images per timing run (the first epoch is excluded from its balance figures)"
+        "--wallclock-images",
+        type=int,
+        default=60,
+        help="images per timing run (the first epoch is excluded from its balance figures)",
     )
     parser.add_argument("--wallclock-repeats", type=int, default=1, help="runs per (mode, B)")
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON here")

@@ -103,13 +103,17 @@ def train(batch_size: int, seed: int, args: argparse.Namespace, out: Path) -> di
     }
 
 
-def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None], finished: Sequence[dict] = ()) -> list[dict]:
+def train_all(
+    args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]], None], finished: Sequence[dict] = ()
+) -> list[dict]:
     """Every (B, seed) run not in ``finished``, seed by seed (so that a study cut short still holds
     whole seeds to pair), largest B first within a seed, ``--jobs`` at a time. ``on_run`` gets the
     runs finished so far (``finished`` included) after each one, so that the result file is
     rewritten as runs end and nothing finished is lost."""
     have = {(r["batch_size"], r["seed"]) for r in finished}
-    jobs = sorted(((b, s) for b in args.batch_sizes for s in args.seeds if (b, s) not in have), key=lambda job: (job[1], -job[0]))
+    jobs = sorted(
+        ((b, s) for b in args.batch_sizes for s in args.seeds if (b, s) not in have), key=lambda job: (job[1], -job[0])
+    )
     lock = threading.Lock()
     done: list[dict] = list(finished)
 
@@ -126,7 +130,16 @@ def train_all(args: argparse.Namespace, out: Path, on_run: Callable[[list[dict]]
     return sorted(done, key=lambda r: (r["batch_size"], r["seed"]))
 
 
-SETTINGS = ("scene", "downscale_factor", "images", "batch_sizes", "seeds", "warmup_images", "refine_every_images", "reset_alpha_every_refines")
+SETTINGS = (
+    "scene",
+    "downscale_factor",
+    "images",
+    "batch_sizes",
+    "seeds",
+    "warmup_images",
+    "refine_every_images",
+    "reset_alpha_every_refines",
+)
 """The header fields a resumed study must share with the file it continues."""
 
 
@@ -154,7 +167,9 @@ def summarise(runs: list[dict], reference_batch: int = 1) -> dict:
     summary = {}
     for batch, seeds in sorted(by_batch.items()):
         mean, sd = _mean_sd([r["final_eval_psnr"] for r in seeds.values()])
-        paired = [seeds[s]["final_eval_psnr"] - reference[s]["final_eval_psnr"] for s in sorted(seeds) if s in reference]
+        paired = [
+            seeds[s]["final_eval_psnr"] - reference[s]["final_eval_psnr"] for s in sorted(seeds) if s in reference
+        ]
         paired_mean, paired_sd = _mean_sd(paired) if paired else (float("nan"), float("nan"))
         summary[str(batch)] = {
             "seeds": sorted(seeds),
@@ -188,11 +203,19 @@ def markdown_table(summary: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scene", type=Path, default=SHARED_DATA / "bird")
-    parser.add_argument("--downscale-factor", type=int, default=8, help="colmap --downscale-factor: 8 = 68x120 px for bird")
-    parser.add_argument("--images", type=int, default=3000, help="training images per run, every B (a multiple of each B)")
+    parser.add_argument(
+        "--downscale-factor", type=int, default=8, help="colmap --downscale-factor: 8 = 68x120 px for bird"
+    )
+    parser.add_argument(
+        "--images", type=int, default=3000, help="training images per run, every B (a multiple of each B)"
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--warmup", type=int, default=500, help="images before the first densification event (splatfacto's 500)")
-    parser.add_argument("--refine-every", type=int, default=100, help="images between densification events (splatfacto's 100)")
+    parser.add_argument(
+        "--warmup", type=int, default=500, help="images before the first densification event (splatfacto's 500)"
+    )
+    parser.add_argument(
+        "--refine-every", type=int, default=100, help="images between densification events (splatfacto's 100)"
+    )
     parser.add_argument(
         "--reset-alpha-every",
         type=int,
@@ -202,7 +225,12 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
-    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default benchmarks/results/batch_quality_<scene>_<date>.json)",
+    )
     parser.add_argument(
         "--resume",
         type=Path,
@@ -213,7 +241,9 @@ def main() -> None:
     if 1 not in args.batch_sizes:
         parser.error("--batch-sizes must include 1, the reference")
     if any(args.images % b for b in args.batch_sizes):
-        parser.error(f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run")
+        parser.error(
+            f"--images {args.images} must be a multiple of every batch size {args.batch_sizes}: equal images per run"
+        )
     machine = machine_record()
     start = time.perf_counter()
     target = args.out or args.resume or result_path(f"batch_quality_{args.scene.name}")
@@ -239,7 +269,10 @@ def main() -> None:
     if args.resume is not None:
         previous = json.loads(args.resume.read_text())
         finished = resumable_runs(previous, header, args.resume)
-        header["commands"] = previous.get("commands", [{"command": previous["command"], "date_utc": previous["date_utc"]}]) + header["commands"]
+        header["commands"] = (
+            previous.get("commands", [{"command": previous["command"], "date_utc": previous["date_utc"]}])
+            + header["commands"]
+        )
 
     def write(runs: list[dict]) -> dict:
         summary = summarise(runs)

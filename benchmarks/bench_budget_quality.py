@@ -71,12 +71,16 @@ def evaluate(run_dir: Path) -> dict[str, Any]:
     out = run_dir / "eval.json"
     ns_eval = str(Path(ns_train_executable()).with_name("ns-eval"))
     run_command(
-        [ns_eval, "--load-config", str(run_dir / "config.yml"), "--output-path", str(out)], name=f"ns-eval {run_dir.name}", env=child_env(threads=2)
+        [ns_eval, "--load-config", str(run_dir / "config.yml"), "--output-path", str(out)],
+        name=f"ns-eval {run_dir.name}",
+        env=child_env(threads=2),
     )
     return json.loads(out.read_text())["results"]
 
 
-def run_one(out: Path, name: str, seed: int, world_size: int, parallel: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_one(
+    out: Path, name: str, seed: int, world_size: int, parallel: str, args: argparse.Namespace
+) -> dict[str, Any]:
     cmd = train_command(train_args(out, name, seed, args, parallel), world_size=world_size)
     print(f"[budget] {name}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
@@ -149,20 +153,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
     parser.add_argument(
-        "--n1", type=int, default=6600, help="the one-process cap the budget implies (above the initial Gaussians: bird has 6,271 points)"
+        "--n1",
+        type=int,
+        default=6600,
+        help="the one-process cap the budget implies (above the initial Gaussians: bird has 6,271 points)",
     )
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--downscale", type=int, default=6)
     parser.add_argument("--densify-grad-thresh", type=float, default=0.0002)
-    parser.add_argument("--num-random", type=int, default=0, help="random initial Gaussians (0: the scene's COLMAP points)")
+    parser.add_argument(
+        "--num-random", type=int, default=0, help="random initial Gaussians (0: the scene's COLMAP points)"
+    )
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_budget_quality"))
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--plot", type=Path, help="draw the result's plot here (PNG)")
     parser.add_argument("--replot", type=Path, help="only draw --plot from this result JSON")
-    parser.add_argument("--previous", type=Path, help="an earlier result of the same settings: its runs are kept, the seeds it holds not run again")
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        help="an earlier result of the same settings: its runs are kept, the seeds it holds not run again",
+    )
     args = parser.parse_args()
     if args.replot:
         plot(json.loads(args.replot.read_text()), args.plot)

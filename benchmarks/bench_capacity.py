@@ -38,7 +38,15 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import child_env, colmap_args, finish_machine_record, machine_record, run_command, train_command, unattended_args
+from benchmarks.common import (
+    child_env,
+    colmap_args,
+    finish_machine_record,
+    machine_record,
+    run_command,
+    train_command,
+    unattended_args,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SCENE = REPO / "scenes" / "lund_door"
@@ -109,7 +117,9 @@ def capacity_table(peaks: dict[tuple[int, int], Sequence[int]], num_a: int, num_
         if len(ranks) != world:
             raise ValueError(f"run W = {world}, N = {num}: {len(ranks)} rank peaks, expected {world}")
     worlds = sorted({w for w, n in peaks if (w, num_a) in peaks and (w, num_b) in peaks})
-    slopes = {w: marginal_bytes_per_gaussian(max(peaks[(w, num_a)]), max(peaks[(w, num_b)]), num_a, num_b) for w in worlds}
+    slopes = {
+        w: marginal_bytes_per_gaussian(max(peaks[(w, num_a)]), max(peaks[(w, num_b)]), num_a, num_b) for w in worlds
+    }
     one = slopes.get(1)
     rows = []
     for world in worlds:
@@ -212,10 +222,14 @@ def run_one(work: Path, world: int, num: int, steps: int, timeout_s: float) -> d
     """
     need, have = estimated_bytes(world, num), available_bytes()
     if need > have:
-        raise RuntimeError(f"W = {world}, N = {num}: about {need / 2**30:.1f} GiB needed, {have / 2**30:.1f} GiB available; not launched")
+        raise RuntimeError(
+            f"W = {world}, N = {num}: about {need / 2**30:.1f} GiB needed, {have / 2**30:.1f} GiB available; not launched"
+        )
     name = f"sharded_w{world}_n{num}"
     # This module's --worker (the hooked ns-train) on one process, or under torchrun on ``world``.
-    cmd = train_command(["--worker", *ns_train_args(work, name, num, steps)], world_size=world, module="benchmarks.bench_capacity")
+    cmd = train_command(
+        ["--worker", *ns_train_args(work, name, num, steps)], world_size=world, module="benchmarks.bench_capacity"
+    )
     load_before = os.getloadavg()
     start = time.perf_counter()
     run_command(cmd, name=name, env=child_env(), timeout=timeout_s)
@@ -322,7 +336,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_capacity"))
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/capacity_<date>.json")
     parser.add_argument("--timeout-s", type=float, default=1800.0, help="per run")
-    parser.add_argument("--reanalyse", type=Path, default=None, help="a written JSON: recompute its table from its runs")
+    parser.add_argument(
+        "--reanalyse", type=Path, default=None, help="a written JSON: recompute its table from its runs"
+    )
     parser.add_argument(
         "--reuse",
         type=Path,
@@ -361,7 +377,9 @@ def main() -> None:
         for num in (num_a, num_b):
             run = run_one(args.work, world, num, args.steps, args.timeout_s)
             result["runs"].append(run)
-            result.update(analyse(result["runs"], num_a, num_b), finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            result.update(
+                analyse(result["runs"], num_a, num_b), finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            )
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2))
             print(

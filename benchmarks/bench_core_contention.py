@@ -54,7 +54,10 @@ def time_per_image(out: Path, name: str) -> float:
 def run_together(commands: dict[str, list[str]]) -> None:
     """Start every command at once and wait for all; a failure names its run."""
     env = child_env()
-    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name, cmd in commands.items()}
+    procs = {
+        name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, cmd in commands.items()
+    }
     for name, proc in procs.items():
         output, _ = proc.communicate()
         if proc.returncode != 0:
@@ -74,7 +77,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="solo/pair alternations")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/core_contention_<date>.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="result JSON (default benchmarks/results/core_contention_<date>.json)"
+    )
     args = parser.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("error: needs two cores")
@@ -85,11 +90,17 @@ def main() -> None:
         for k in range(args.repeats):
             out = Path(tmp) / f"r{k}"
             solo = {"solo": pinned_command("solo", 0, args.images, out, args.data, args.seed)}
-            pair = {f"pair_core{c}": pinned_command(f"pair_core{c}", c, args.images, out, args.data, args.seed) for c in (0, 1)}
+            pair = {
+                f"pair_core{c}": pinned_command(f"pair_core{c}", c, args.images, out, args.data, args.seed)
+                for c in (0, 1)
+            }
             for commands in (solo, pair):
                 run_together(commands)
             repeats.append({name: time_per_image(out, name) for name in (*solo, *pair)})
-            print(f"[contention] repeat {k}: " + ", ".join(f"{n} {t:.4f} s/image" for n, t in repeats[-1].items()), flush=True)
+            print(
+                f"[contention] repeat {k}: " + ", ".join(f"{n} {t:.4f} s/image" for n, t in repeats[-1].items()),
+                flush=True,
+            )
     result = {
         "benchmark": "core_contention",
         "command": "python -m benchmarks.bench_core_contention "

@@ -41,7 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import bench_time_to_quality as ttq  # its run command, scene and sizes
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, result_path, run_command, write_json
+from benchmarks.common import (
+    SHARED_DATA,
+    child_env,
+    finish_machine_record,
+    machine_record,
+    result_path,
+    run_command,
+    write_json,
+)
 
 COUNTS = ("intersections", "composited_pairs")
 """The counts a camera can carry, in this order; the last one a camera has is its backend's
@@ -54,7 +62,9 @@ def fit_linear(columns: Sequence[Sequence[float]], y: Sequence[float]) -> dict:
     ys = np.asarray(y, dtype=np.float64)
     xs = np.asarray(columns, dtype=np.float64).reshape(len(columns), -1)
     if xs.shape[1] != ys.shape[0] or ys.shape[0] < xs.shape[0] + 2:
-        raise ValueError(f"fit_linear: expected columns of {ys.shape[0]} values and more values than columns + 1, got {xs.shape}")
+        raise ValueError(
+            f"fit_linear: expected columns of {ys.shape[0]} values and more values than columns + 1, got {xs.shape}"
+        )
     design = np.concatenate([xs.T, np.ones((ys.shape[0], 1))], axis=1)
     solution = np.linalg.lstsq(design, ys, rcond=None)[0]
     residual = ys - design @ solution
@@ -79,9 +89,17 @@ def summarise(cameras: list[dict]) -> dict:
         fits["both"] = fit_linear([[c[name] for c in cameras] for name in counts], times_ms)
     for fit in fits.values():
         fit["residual_sd_ms"] = fit.pop("residual_sd")
-    summary = {"cameras": len(cameras), "mean_time_ms": statistics.fmean(times_ms), "noise_ms": noise, "fits": fits, "work_count": counts[-1]}
+    summary = {
+        "cameras": len(cameras),
+        "mean_time_ms": statistics.fmean(times_ms),
+        "noise_ms": noise,
+        "fits": fits,
+        "work_count": counts[-1],
+    }
     if all(c.get("two_band_times_s") for c in cameras):
-        overhead_ms = statistics.median(1000 * statistics.median(c["two_band_times_s"]) - m for c, m in zip(cameras, times_ms, strict=True))
+        overhead_ms = statistics.median(
+            1000 * statistics.median(c["two_band_times_s"]) - m for c, m in zip(cameras, times_ms, strict=True)
+        )
         slope = fits[counts[-1]]["coefficients"][0]  # ms per unit of work
         mean_work = statistics.fmean(c[counts[-1]] for c in cameras)
         summary["band_overhead_ms"] = overhead_ms
@@ -136,7 +154,12 @@ def time_cameras(run_dir: Path, repeats: int) -> tuple[list[dict], dict]:
             if backend == "reference":  # its tile_work counts composited pairs; gsplat's is the intersections
                 row["composited_pairs"] = int(out.tile_work.sum())
             row["two_band_times_s"].append(render(cameras_at(cameras, [row["camera"]]), split=True)[0])
-    return rows, {"step": step, "num_gaussians": int(model.num_points), "backend": backend, "size_px": list(out.colors.shape[1:3][::-1])}
+    return rows, {
+        "step": step,
+        "num_gaussians": int(model.num_points),
+        "backend": backend,
+        "size_px": list(out.colors.shape[1:3][::-1]),
+    }
 
 
 def main() -> None:
@@ -145,8 +168,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timings per camera")
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the reference backend; cuda: gsplat")
-    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/cost_unit_<date>.json)")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="cpu: the reference backend; cuda: gsplat"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="result JSON (default benchmarks/results/cost_unit_<date>.json)"
+    )
     parser.add_argument("--time-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--time-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -148,12 +148,14 @@ def decode_rates(seconds: float) -> dict:
 
     out: dict = {name: rate(lambda b, n=name: decode_bytes(b, n), name) for name in DECODERS}
     chosen = default_decoder()
-    manager = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=FOX, downscale_factor=1), num_workers=0).setup(
-        device="cpu"
-    )
+    manager = ParallelFullImageDatamanagerConfig(
+        dataparser=NerfstudioDataParserConfig(data=FOX, downscale_factor=1), num_workers=0
+    ).setup(device="cpu")
     spec = manager._train_specs[0].undistort
     cache = MapCache()
-    out[f"{chosen}+undistort"] = rate(lambda b: undistort(decode_bytes(b, chosen), None, spec, cache), f"{chosen}+undistort")
+    out[f"{chosen}+undistort"] = rate(
+        lambda b: undistort(decode_bytes(b, chosen), None, spec, cache), f"{chosen}+undistort"
+    )
     out["per_cpu_second"] = cpu
     out["chosen"] = chosen
     out["mean_file_bytes"] = sum(map(len, blobs)) / len(blobs)
@@ -243,7 +245,13 @@ def child_next_train(scene: Path, num_workers: int, drain_s: float, host_float: 
 
 # ---------------------------------------------------------------------------------- child runs
 def child_ours(
-    scene: Path, num_workers: int, batch_size: int, drain_s: float, consume_rate_fraction: float, out: Path, train_downscale: int = 1
+    scene: Path,
+    num_workers: int,
+    batch_size: int,
+    drain_s: float,
+    consume_rate_fraction: float,
+    out: Path,
+    train_downscale: int = 1,
 ) -> None:
     import functools
 
@@ -463,8 +471,12 @@ def main() -> None:
     parser.add_argument("--child", choices=["ours", "first", "nerfstudio", "next-train"], help=argparse.SUPPRESS)
     parser.add_argument("--train-downscale", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--host-float", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=["all", "decode-scale", "next-train"], default="all", help="run one part of the benchmark")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats of the decode-scale and next-train comparisons")
+    parser.add_argument(
+        "--only", choices=["all", "decode-scale", "next-train"], default="all", help="run one part of the benchmark"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved repeats of the decode-scale and next-train comparisons"
+    )
     parser.add_argument("--scene", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--small-frames", type=int, default=67)
@@ -478,14 +490,22 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--drain-s", type=float, default=15.0, help="seconds of each throughput / steady-state phase")
-    parser.add_argument("--consume-fraction", type=float, default=0.8, help="simulated training consumes this share of decode capacity")
+    parser.add_argument(
+        "--consume-fraction", type=float, default=0.8, help="simulated training consumes this share of decode capacity"
+    )
     parser.add_argument("--decode-s", type=float, default=4.0, help="seconds per one-core decode-rate measurement")
     parser.add_argument(
-        "--memory-limit-gib", type=float, default=8.0, help="a child whose process tree passes this RSS is killed (protects a shared machine)"
+        "--memory-limit-gib",
+        type=float,
+        default=8.0,
+        help="a child whose process tree passes this RSS is killed (protects a shared machine)",
     )
     parser.add_argument("--timeout-s", type=float, default=600.0)
     parser.add_argument(
-        "--first-batch-repeats", type=int, default=5, help="alternating small/large start-ups; the minimum is reported (shared, noisy machines)"
+        "--first-batch-repeats",
+        type=int,
+        default=5,
+        help="alternating small/large start-ups; the minimum is reported (shared, noisy machines)",
     )
     parser.add_argument("--quick", action="store_true", help="short phases, for a smoke run")
     args = parser.parse_args()
@@ -493,7 +513,15 @@ def main() -> None:
         args.first_batch_repeats = 1
 
     if args.child == "ours":
-        child_ours(args.scene, args.num_workers, args.batch_size, args.drain_s, args.consume_fraction, args.out, args.train_downscale)
+        child_ours(
+            args.scene,
+            args.num_workers,
+            args.batch_size,
+            args.drain_s,
+            args.consume_fraction,
+            args.out,
+            args.train_downscale,
+        )
         return
     if args.child == "next-train":
         child_next_train(args.scene, args.num_workers, args.drain_s, args.host_float, args.out)
@@ -527,14 +555,28 @@ def main() -> None:
         "machine": machine_record(),
         "note": "every figure below is from this one run",
         "config": {
-            k: getattr(args, k) for k in ("small_frames", "mid_frames", "large_frames", "num_workers", "batch_size", "drain_s", "consume_fraction")
+            k: getattr(args, k)
+            for k in (
+                "small_frames",
+                "mid_frames",
+                "large_frames",
+                "num_workers",
+                "batch_size",
+                "drain_s",
+                "consume_fraction",
+            )
         },
     }
     report["decode_one_core_images_per_s"] = decode_rates(args.decode_s)
     with tempfile.TemporaryDirectory() as tmp:
-        scenes = {n: fox_scene(Path(tmp) / f"fox_{n}", n) for n in (args.small_frames, args.mid_frames, args.large_frames)}
+        scenes = {
+            n: fox_scene(Path(tmp) / f"fox_{n}", n) for n in (args.small_frames, args.mid_frames, args.large_frames)
+        }
         report["mean_file_bytes"] = mean_file_bytes(scenes[args.large_frames])
-        ours = {n: run_child(["--child", "ours", "--scene", str(s), *common], args.timeout_s, limit) for n, s in scenes.items()}
+        ours = {
+            n: run_child(["--child", "ours", "--scene", str(s), *common], args.timeout_s, limit)
+            for n, s in scenes.items()
+        }
         first: dict[int, list[dict]] = {args.small_frames: [], args.large_frames: []}
         for _ in range(args.first_batch_repeats):
             for n, results in first.items():
@@ -551,10 +593,14 @@ def main() -> None:
                 results.append(run_child(first_args, args.timeout_s, limit))
         undistorted = fox_scene(Path(tmp) / "fox_undistorted", args.small_frames, undistorted=True)
         ours_no_undistort = run_child(["--child", "ours", "--scene", str(undistorted), *common], args.timeout_s, limit)
-        theirs = {n: run_child(["--child", "nerfstudio", "--scene", str(s)], args.timeout_s, limit) for n, s in scenes.items()}
+        theirs = {
+            n: run_child(["--child", "nerfstudio", "--scene", str(s)], args.timeout_s, limit) for n, s in scenes.items()
+        }
     report["ours"] = {str(n): r for n, r in ours.items()}
     report["ours_without_undistortion_67_frames"] = ours_no_undistort
-    report["ours_time_to_first_batch_repeats_s"] = {str(n): [r.get("time_to_first_batch_s") for r in runs] for n, runs in first.items()}
+    report["ours_time_to_first_batch_repeats_s"] = {
+        str(n): [r.get("time_to_first_batch_s") for r in runs] for n, runs in first.items()
+    }
     report["nerfstudio_full_image_uint8"] = {str(n): r for n, r in theirs.items()}
 
     decode = report["decode_one_core_images_per_s"]
@@ -566,12 +612,18 @@ def main() -> None:
         summary["per_worker_vs_raw_decode"] = per_worker / decode[chosen]
         cpu = decode["per_cpu_second"]
         summary["per_worker_cpu_vs_raw_decode_cpu"] = large["images_per_worker_cpu_s"] / cpu[chosen]
-        summary["per_worker_cpu_vs_raw_decode_plus_undistort_cpu"] = large["images_per_worker_cpu_s"] / cpu[f"{chosen}+undistort"]
+        summary["per_worker_cpu_vs_raw_decode_plus_undistort_cpu"] = (
+            large["images_per_worker_cpu_s"] / cpu[f"{chosen}+undistort"]
+        )
         if "failed" not in ours_no_undistort:
-            summary["per_worker_cpu_vs_raw_decode_cpu_without_undistortion"] = ours_no_undistort["images_per_worker_cpu_s"] / cpu[chosen]
+            summary["per_worker_cpu_vs_raw_decode_cpu_without_undistortion"] = (
+                ours_no_undistort["images_per_worker_cpu_s"] / cpu[chosen]
+            )
         summary["per_worker_vs_raw_decode_plus_undistort"] = per_worker / decode[f"{chosen}+undistort"]
         if "failed" not in ours_no_undistort:
-            summary["per_worker_vs_raw_decode_without_undistortion"] = ours_no_undistort["images_per_s_per_worker"] / decode[chosen]
+            summary["per_worker_vs_raw_decode_without_undistortion"] = (
+                ours_no_undistort["images_per_s_per_worker"] / decode[chosen]
+            )
         for key in ("tree_pss", "tree_rss", "main_rss"):
             summary[f"marginal_{key}_per_image_bytes"] = marginal(large, small, key)
             summary[f"marginal_{key}_per_image_vs_file_size"] = marginal(large, small, key) / report["mean_file_bytes"]
@@ -585,14 +637,19 @@ def main() -> None:
         summary["data_wait_fraction_large"] = large["data_wait_fraction"]
         summary["targets"] = {
             "per_worker_throughput >= 0.8 x one-core decode": summary["per_worker_vs_raw_decode"] >= 0.8,
-            "marginal memory per image (tree PSS) <= 1.3 x file size": summary["marginal_tree_pss_per_image_vs_file_size"] <= 1.3,
+            "marginal memory per image (tree PSS) <= 1.3 x file size": summary[
+                "marginal_tree_pss_per_image_vs_file_size"
+            ]
+            <= 1.3,
             "first batch at large <= 2 x at small": summary["first_batch_large_vs_small"] <= 2.0,
             "data wait <= 5% of step time": summary["data_wait_fraction_large"] <= 0.05,
         }
     n_mid = theirs[args.mid_frames]
     if "failed" not in theirs[args.small_frames] and "failed" not in n_mid:
         summary["nerfstudio_marginal_tree_rss_per_image_bytes"] = marginal(n_mid, theirs[args.small_frames], "tree_rss")
-        summary["nerfstudio_first_batch_mid_vs_small"] = n_mid["time_to_first_batch_s"] / theirs[args.small_frames]["time_to_first_batch_s"]
+        summary["nerfstudio_first_batch_mid_vs_small"] = (
+            n_mid["time_to_first_batch_s"] / theirs[args.small_frames]["time_to_first_batch_s"]
+        )
     report["summary"] = summary
     finish_machine_record(report["machine"])
     sys.stdout.write(json.dumps(report, indent=1) + "\n")

@@ -67,7 +67,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, child_env, finish_machine_record, load_script, machine_record, result_path, run_command, train_command, write_json
+from benchmarks.common import (
+    REPO,
+    child_env,
+    finish_machine_record,
+    load_script,
+    machine_record,
+    result_path,
+    run_command,
+    train_command,
+    write_json,
+)
 from benchmarks.host_cost_counters import SYNC_OPS, VIEW_OPS, worker
 
 REFINE_EVERY_STEPS = 6
@@ -89,7 +99,9 @@ def run_specs(worlds: list[int]) -> list[tuple[str, str, int, str | None]]:
     return specs
 
 
-def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int, data: Path, output_dir: Path) -> list[str]:
+def ns_train_args(
+    method: str, world_size: int, parallel: str | None, steps: int, data: Path, output_dir: Path
+) -> list[str]:
     """Both methods: the scene at its shipped size, no eval, no save, refinement at step 6 only."""
     gpu_bench = load_script("gpu_bench")
     batch = world_size if method == "distsplat" else 1
@@ -109,11 +121,15 @@ def ns_train_args(method: str, world_size: int, parallel: str | None, steps: int
     return args[:split] + extra + args[split:]
 
 
-def run_one(name: str, method: str, world_size: int, parallel: str | None, steps: int, data: Path, work: Path) -> list[dict[str, Any]]:
+def run_one(
+    name: str, method: str, world_size: int, parallel: str | None, steps: int, data: Path, work: Path
+) -> list[dict[str, Any]]:
     report = work / f"{name}.rank{{rank}}.json"
     args = ns_train_args(method, world_size, parallel, steps, data, work / "runs")
     cmd = train_command(
-        ["--worker", "--report", str(report), "--method", method, "--", *args], world_size=world_size, module="benchmarks.bench_host_cost"
+        ["--worker", "--report", str(report), "--method", method, "--", *args],
+        world_size=world_size,
+        module="benchmarks.bench_host_cost",
     )
     try:
         run_command(cmd, name=name, env=child_env(), timeout=3600)
@@ -149,9 +165,12 @@ def summarise_rank(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "steady_steps": [i for i in range(len(steps)) if i >= FIRST_STEADY_STEP and i != REFINE_STEP],
         "ops": med("ops"),
-        "non_view_ops": statistics.median(sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) for s in steady),
+        "non_view_ops": statistics.median(
+            sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) for s in steady
+        ),
         "device_ops": statistics.median(
-            sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) - _total(s["host_side_ops"]) for s in steady
+            sum(v for k, v in s["ops"].items() if k.split("::", 1)[1] not in VIEW_OPS) - _total(s["host_side_ops"])
+            for s in steady
         ),
         "syncs": med("syncs"),
         "host_side_reads": med("host_side"),
@@ -200,11 +219,17 @@ def targets(runs: dict[str, Any]) -> dict[str, Any]:
         w4 = runs.get(f"distsplat_{parallel}_w4", {}).get("per_rank_max")
         if w1:
             out[f"{parallel}_w1_vs_splatfacto"] = {
-                k: {"distsplat": w1[k], "splatfacto": splat[k], "reached": w1[k] <= splat[k]} for k in ("ops", "device_ops", "syncs")
+                k: {"distsplat": w1[k], "splatfacto": splat[k], "reached": w1[k] <= splat[k]}
+                for k in ("ops", "device_ops", "syncs")
             }
         if w1 and w4:
             out[f"{parallel}_w4_vs_w1"] = {
-                k: {"w4": w4[k], "w1": w1[k], "ratio": (w4[k] / w1[k]) if w1[k] else None, "reached": w4[k] <= 1.2 * w1[k]}
+                k: {
+                    "w4": w4[k],
+                    "w1": w1[k],
+                    "ratio": (w4[k] / w1[k]) if w1[k] else None,
+                    "reached": w4[k] <= 1.2 * w1[k],
+                }
                 for k in ("ops", "device_ops", "syncs")
             }
     return out
@@ -216,7 +241,9 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4], help="distsplat process counts")
     parser.add_argument("--data", type=Path, default=REPO / "scenes" / "lund_door")
     parser.add_argument("--only", nargs="*", default=None, help="run names to run (default: all)")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: benchmarks/results/host_cost_<scene>_<date>.json)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON file (default: benchmarks/results/host_cost_<scene>_<date>.json)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
@@ -225,7 +252,9 @@ def main() -> None:
         worker(args.report, args.method, rest[1:] if rest[:1] == ["--"] else rest)
         return
     if args.steps <= REFINE_STEP + 1:
-        raise SystemExit(f"--steps must be > {REFINE_STEP + 1} (the densification step is {REFINE_STEP}); got {args.steps}")
+        raise SystemExit(
+            f"--steps must be > {REFINE_STEP + 1} (the densification step is {REFINE_STEP}); got {args.steps}"
+        )
     out_path = args.out or result_path(f"host_cost_{args.data.name}")
     machine = machine_record()
     runs: dict[str, Any] = {}
@@ -235,7 +264,12 @@ def main() -> None:
                 continue
             t0 = time.perf_counter()
             runs[name] = summarise_run(run_one(name, method, world_size, parallel, args.steps, args.data, Path(tmp)))
-            runs[name].update(method=method, world_size=world_size, parallel=parallel, batch_size=world_size if method == "distsplat" else 1)
+            runs[name].update(
+                method=method,
+                world_size=world_size,
+                parallel=parallel,
+                batch_size=world_size if method == "distsplat" else 1,
+            )
             m = runs[name]["per_rank_max"]
             print(
                 f"{name}: ops {m['ops']:.0f} (device {m['device_ops']:.0f}), syncs {m['syncs']:.0f}, collectives {m['collectives']:.0f} "
@@ -251,7 +285,8 @@ def main() -> None:
         "scene": str(args.data),
         "steps": args.steps,
         "refine_step": REFINE_STEP,
-        "sync_ops": sorted(SYNC_OPS) + ["index/index_put_ with a bool mask", "repeat_interleave(tensor repeats)", "Tensor.tolist/numpy/cpu"],
+        "sync_ops": sorted(SYNC_OPS)
+        + ["index/index_put_ with a bool mask", "repeat_interleave(tensor repeats)", "Tensor.tolist/numpy/cpu"],
         "view_ops": sorted(VIEW_OPS),
         "targets": targets(runs) if "splatfacto_w1" in runs else {},
         "runs": runs,

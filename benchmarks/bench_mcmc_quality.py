@@ -138,14 +138,22 @@ def summarise(runs: list[dict]) -> dict:
             "psnr_stdev": statistics.stdev(psnrs) if len(psnrs) > 1 else 0.0,
             "psnr_min": min(psnrs),
             "psnr_max": max(psnrs),
-            "final_gaussian_count_mean": statistics.mean(r["final_gaussian_count"] for r in runs if r["method"] == method),
+            "final_gaussian_count_mean": statistics.mean(
+                r["final_gaussian_count"] for r in runs if r["method"] == method
+            ),
         }
     mcmc = [r for r in runs if r["method"] == "distsplat-mcmc"]
     seen = [max([e["num_gaussians"] for e in r["mcmc_events"]] + [r["final_gaussian_count"]]) for r in mcmc]
     summary["distsplat-mcmc"]["max_gaussians_seen_per_seed"] = seen
     summary["distsplat-mcmc"]["cap_per_seed"] = [r["cap"] for r in mcmc]
     summary["distsplat-mcmc"]["cap_held"] = all(s <= r["cap"] for s, r in zip(seen, mcmc, strict=True))
-    diffs = [m["final_eval_psnr"] - d["final_eval_psnr"] for d in runs if d["method"] == "distsplat" for m in mcmc if m["seed"] == d["seed"]]
+    diffs = [
+        m["final_eval_psnr"] - d["final_eval_psnr"]
+        for d in runs
+        if d["method"] == "distsplat"
+        for m in mcmc
+        if m["seed"] == d["seed"]
+    ]
     summary["paired_difference_mcmc_minus_default_db"] = {
         "per_seed": diffs,
         "mean": statistics.mean(diffs),
@@ -157,7 +165,9 @@ def summarise(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scene", type=Path, default=SHARED_DATA / "bird")
-    parser.add_argument("--downscale-factor", type=int, default=6, help="colmap --downscale-factor: 6 = 90x160 px for bird")
+    parser.add_argument(
+        "--downscale-factor", type=int, default=6, help="colmap --downscale-factor: 6 = 90x160 px for bird"
+    )
     parser.add_argument("--images", type=int, default=600, help="training images per run (B = 1: steps)")
     parser.add_argument("--warmup", type=int, default=100, help="images before the first densification event")
     parser.add_argument("--refine-every", type=int, default=100, help="images between events (both strategies)")
@@ -182,7 +192,9 @@ def main() -> None:
         "seeds": args.seeds,
         "num_seed_points": num_seed,
         "cap": cap,
-        "cap_rule": "--cap" if args.cap is not None else "1.2 x the seed points (the default schedule's last event is clipped)",
+        "cap_rule": "--cap"
+        if args.cap is not None
+        else "1.2 x the seed points (the default schedule's last event is clipped)",
         "runs_on": f"CPU, reference rasterizer, OMP_NUM_THREADS=1 per run, {args.jobs} runs at a time",
         "machine": finish_machine_record(machine),
         "total_wall_s": round(time.perf_counter() - start, 1),

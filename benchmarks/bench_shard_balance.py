@@ -41,7 +41,15 @@ from tempfile import TemporaryDirectory
 import numpy as np
 
 from benchmarks.bench_time_to_quality import SIZES, RunSpec, train_args
-from benchmarks.common import SHARED_DATA, child_env, finish_machine_record, machine_record, run_command, train_command, write_json
+from benchmarks.common import (
+    SHARED_DATA,
+    child_env,
+    finish_machine_record,
+    machine_record,
+    run_command,
+    train_command,
+    write_json,
+)
 from distsplat_ns.parallel.shard_moves import SHARD_BOUND
 
 
@@ -73,7 +81,9 @@ def rank_gap_fit(steps: list[dict], skip: int) -> dict:
 def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
     spec = RunSpec(name, 2, "sharded", 2)
     args = ["ns-train", *train_args(spec, SIZES["full"], out, data, "cpu", seed)]
-    command = train_command(args, world_size=spec.world_size, module="benchmarks.bench_shard_balance", cores=range(spec.world_size))
+    command = train_command(
+        args, world_size=spec.world_size, module="benchmarks.bench_shard_balance", cores=range(spec.world_size)
+    )
     costs = out / f"{name}_steps.json"
     env = child_env(DISTSPLAT_STEP_COSTS_OUT=str(costs), DISTSPLAT_SHARD_BOUND=repr(bound))
     print(f"[shard-balance] {name}: bound {bound}", flush=True)
@@ -91,7 +101,10 @@ def one_run(bound: float, name: str, out: Path, data: Path, seed: int) -> dict:
         "time_imbalance_mean": stats["balance"]["time_imbalance_mean"],  # the run summary's, over the same steps
         "local_gaussian_counts": [r["local_gaussian_count"] for r in stats["per_rank"]],
         "exposed_comm_s": [r["time_breakdown_s"]["exposed_comm"] for r in stats["per_rank_time_breakdown_s"]],
-        "forward_backward_s": [r["time_breakdown_s"]["forward"] + r["time_breakdown_s"]["backward"] for r in stats["per_rank_time_breakdown_s"]],
+        "forward_backward_s": [
+            r["time_breakdown_s"]["forward"] + r["time_breakdown_s"]["backward"]
+            for r in stats["per_rank_time_breakdown_s"]
+        ],
         "final_eval_psnr": stats["final_eval_psnr"],
         "train_wall_s": stats["wall_time_s"],
     }

@@ -68,7 +68,9 @@ DENSIFY = [
 ]
 
 
-def ns_train_run(out: Path, name: str, images: int, world: int, extra: list[str], timeout: float, module: str | None = None) -> dict[str, Any]:
+def ns_train_run(
+    out: Path, name: str, images: int, world: int, extra: list[str], timeout: float, module: str | None = None
+) -> dict[str, Any]:
     """One ``ns-train distsplat`` run on ``world`` ranks (``module``: ``python -m MODULE ns-train
     ...``, a benchmark's wrapper of ns-train, in its place); returns its ``distsplat_stats.json``
     with ``command_wall_s``."""
@@ -102,7 +104,9 @@ def densify(out: Path, min_gaussians: int, max_images: int) -> dict[str, Any]:
     """Train replicated on one process until the final checkpoint holds >= ``min_gaussians``."""
     stats = ns_train_run(out, "densify", max_images, 1, DENSIFY, timeout=3600)
     if stats["final_gaussian_count"] < min_gaussians:
-        raise RuntimeError(f"densification reached {stats['final_gaussian_count']} Gaussians < {min_gaussians}; raise --densify-images")
+        raise RuntimeError(
+            f"densification reached {stats['final_gaussian_count']} Gaussians < {min_gaussians}; raise --densify-images"
+        )
     return stats
 
 
@@ -147,13 +151,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench_sharded"))
     parser.add_argument("--out", type=Path, default=None, help="default benchmarks/results/bench_sharded[_memory].json")
-    parser.add_argument("--memory", action="store_true", help="memory, eval and save at --num-random Gaussians (see above)")
+    parser.add_argument(
+        "--memory", action="store_true", help="memory, eval and save at --num-random Gaussians (see above)"
+    )
     parser.add_argument("--num-random", type=int, default=2_000_000, help="--memory: Gaussians (random initialisation)")
     parser.add_argument("--base-random", type=int, default=1_000, help="--memory: Gaussians of the base-RSS runs")
     parser.add_argument("--batch", type=int, default=2, help="--memory: images per step, every run")
     parser.add_argument("--with-replicated-w2", action="store_true", help="--memory: replicated W = 2 too")
     parser.add_argument(
-        "--reanalyse", type=Path, default=None, help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it"
+        "--reanalyse",
+        type=Path,
+        default=None,
+        help="--memory's JSON: recompute its targets and formula check from its runs, rewrite it",
     )
     args = parser.parse_args()
     if args.reanalyse is not None:
@@ -184,7 +193,8 @@ def main() -> None:
     by = {(r["mode"], r["world_size"], r["batch_size"]): r for r in runs}
     one = by[("replicated", 1, 1)]
     ratios = {
-        "sharded_w2_model_bytes_max_rank_over_one_process": max(by[("sharded", 2, 2)]["model_bytes_per_rank"]) / one["model_bytes_per_rank"][0],
+        "sharded_w2_model_bytes_max_rank_over_one_process": max(by[("sharded", 2, 2)]["model_bytes_per_rank"])
+        / one["model_bytes_per_rank"][0],
         "target_model_bytes": 0.55,
     }
     for batch in (1, 2):

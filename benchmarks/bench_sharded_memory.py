@@ -71,7 +71,9 @@ def _available_bytes() -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group: int, mode: str, projection_bytes: float) -> dict[str, int]:
+def predicted_peak_rss_bytes(
+    base: int, num: int, world: int, batch: int, group: int, mode: str, projection_bytes: float
+) -> dict[str, int]:
     """README.md's formula, term by term: the base, the training state of the rank's Gaussians,
     the live projections (``projection_bytes`` per (camera, Gaussian); one group of cameras,
     sharded; the rank's B / W images, replicated), the gradients backward makes of them (as many
@@ -84,7 +86,11 @@ def predicted_peak_rss_bytes(base: int, num: int, world: int, batch: int, group:
     state = local * STATE_BYTES_PER_GAUSSIAN
     projections = int(local * cameras * projection_bytes)
     sharded = mode == "sharded" and world > 1
-    init = num * INIT_ALL_BYTES_PER_GAUSSIAN + local * INIT_BLOCK_BYTES_PER_GAUSSIAN if sharded else num * INIT_WHOLE_BYTES_PER_GAUSSIAN
+    init = (
+        num * INIT_ALL_BYTES_PER_GAUSSIAN + local * INIT_BLOCK_BYTES_PER_GAUSSIAN
+        if sharded
+        else num * INIT_WHOLE_BYTES_PER_GAUSSIAN
+    )
     return {
         "base": base,
         "state": state,
@@ -189,7 +195,9 @@ def _predictions(by: dict[tuple[str, int, int], dict[str, Any]], base_num: int, 
         group = run["camera_group"] if mode == "sharded" else -(-batch // world)  # replicated: the rank's own images
         terms = predicted_peak_rss_bytes(base, num, world, batch, group, mode, projection_bytes)
         # The budget's items already count the backward's factor 2, which the formula applies itself.
-        estimate = predicted_peak_rss_bytes(base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES / 2)
+        estimate = predicted_peak_rss_bytes(
+            base, num, world, batch, group, mode, LIVE_ITEMS_PER_CAMERA_GAUSSIAN * ITEM_BYTES / 2
+        )
         measured = max(run["peak_rss_bytes_per_rank"])
         local = max(run["local_gaussians_per_rank"])
         out.append(
@@ -215,7 +223,11 @@ def analyse(runs: list[dict[str, Any]], base_num: int, num: int, batch: int) -> 
     written JSON's runs)."""
     by = {(r["mode"], r["world_size"], r["num_random"]): r for r in runs}
     pixels = _image_pixels()
-    return {"image_pixels": pixels, "targets": _targets(by, num, base_num, pixels), "formula": _predictions(by, base_num, batch)}
+    return {
+        "image_pixels": pixels,
+        "targets": _targets(by, num, base_num, pixels),
+        "formula": _predictions(by, base_num, batch),
+    }
 
 
 def memory_benchmark(args: Any, ns_train: Callable[..., dict[str, Any]]) -> dict[str, Any]:
@@ -298,7 +310,12 @@ def train_timing_saves(ns_train_args: list[str]) -> None:
     """One rank: ns-train with its saves timed (``save_timing_rank<R>.json``, see the module docstring)."""
     from distsplat_ns.parallel import shard_checkpoint
 
-    timings: dict[str, list[float]] = {"save_s": [], "consolidate_s": [], "peak_rss_after_save_bytes": [], "peak_rss_after_consolidate_bytes": []}
+    timings: dict[str, list[float]] = {
+        "save_s": [],
+        "consolidate_s": [],
+        "peak_rss_after_save_bytes": [],
+        "peak_rss_after_consolidate_bytes": [],
+    }
     original_consolidate = shard_checkpoint.consolidate_params
 
     def timed_consolidate(*args, **kwargs):

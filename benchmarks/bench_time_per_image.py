@@ -36,7 +36,10 @@ def round_specs(world_size: int, rounds: int) -> list[list[RunSpec]]:
     if rounds < 1 or world_size < 2:
         raise ValueError(f"round_specs: needs rounds >= 1 and world_size >= 2, got {rounds} and {world_size}")
     specs = [RunSpec(REFERENCE, 1, "replicated", 1)]
-    specs += [RunSpec(f"w{world_size}_{parallel}_b{world_size}", world_size, parallel, world_size) for parallel in ("replicated", "sharded")]
+    specs += [
+        RunSpec(f"w{world_size}_{parallel}_b{world_size}", world_size, parallel, world_size)
+        for parallel in ("replicated", "sharded")
+    ]
     return [specs if r % 2 == 0 else specs[::-1] for r in range(rounds)]
 
 
@@ -109,7 +112,9 @@ def main() -> None:
                     }
                 )
             per_image.append(seconds)
-            print(f"[tpi] round {r}: " + ", ".join(f"{n} {s * 1e3:.1f} ms/image" for n, s in seconds.items()), flush=True)
+            print(
+                f"[tpi] round {r}: " + ", ".join(f"{n} {s * 1e3:.1f} ms/image" for n, s in seconds.items()), flush=True
+            )
     ratios = per_image_ratios(per_image)
     result = {
         "benchmark": "bench_time_per_image",
@@ -128,7 +133,9 @@ def main() -> None:
     }
     write_json(args.out, result)
     for name, r in ratios.items():
-        print(f"[tpi] {name}: per round {', '.join(f'{x:.3f}' for x in r['per_round'])}; median {r['median']:.3f}, of medians {r['of_medians']:.3f}")
+        print(
+            f"[tpi] {name}: per round {', '.join(f'{x:.3f}' for x in r['per_round'])}; median {r['median']:.3f}, of medians {r['of_medians']:.3f}"
+        )
     print(f"[tpi] result: {args.out} ({result['total_benchmark_s']:.0f} s)")
 
 

@@ -265,12 +265,22 @@ def train_args(spec: RunSpec, size: Size, out: Path, data: Path, device: str, se
 
 
 def train_run_command(
-    spec: RunSpec, size: Size, out: Path, data: Path, device: str, seed: int, *, module: str | None = None, cores: Sequence[int] | None = None
+    spec: RunSpec,
+    size: Size,
+    out: Path,
+    data: Path,
+    device: str,
+    seed: int,
+    *,
+    module: str | None = None,
+    cores: Sequence[int] | None = None,
 ) -> list[str]:
     """The command of one configuration (``common.train_command``): on CPU pinned one core per rank
     (cores ``0..W-1``, or ``cores``); ``module`` runs a benchmark's ns-train wrapper instead of ns-train."""
     pinned = (cores if cores is not None else range(spec.world_size)) if device == "cpu" else None
-    return train_command(train_args(spec, size, out, data, device, seed), world_size=spec.world_size, module=module, cores=pinned)
+    return train_command(
+        train_args(spec, size, out, data, device, seed), world_size=spec.world_size, module=module, cores=pinned
+    )
 
 
 def step_times(run_dir: Path) -> dict[int, float]:
@@ -319,7 +329,10 @@ def train_run(spec: RunSpec, size: Size, out: Path, data: Path, device: str, see
     ckpts = params_checkpoints(run_dir / "nerfstudio_models")
     walls = cumulative_step_times(times, ckpts)
     load_after = load_average_1min()
-    print(f"[ttq] {spec.name}: {command_s:.0f} s, {len(ckpts)} checkpoints, load {load_before} -> {load_after}", flush=True)
+    print(
+        f"[ttq] {spec.name}: {command_s:.0f} s, {len(ckpts)} checkpoints, load {load_before} -> {load_after}",
+        flush=True,
+    )
     return {
         "spec": asdict(spec),
         "command": cmd,
@@ -376,7 +389,14 @@ def evaluate_checkpoints(run_dir: Path, steps: Sequence[int], result_path: Path)
             state = torch.load(run_dir / "nerfstudio_models" / f"step-{step:09d}.ckpt", map_location="cpu")
             pipeline.load_pipeline(state["pipeline"], state["step"])
         metrics = pipeline.get_average_eval_image_metrics(step=step)
-        points.append({"step": step, "psnr": float(metrics["psnr"]), "ssim": float(metrics["ssim"]), "eval_s": time.perf_counter() - t0})
+        points.append(
+            {
+                "step": step,
+                "psnr": float(metrics["psnr"]),
+                "ssim": float(metrics["ssim"]),
+                "eval_s": time.perf_counter() - t0,
+            }
+        )
     num_images = len(pipeline.datamanager.fixed_indices_eval_dataloader)
     result_path.write_text(json.dumps({"setup_s": setup_s, "num_eval_images": num_images, "points": points}))
 
@@ -429,7 +449,8 @@ def plot(result: dict, path: Path) -> None:
     ax_i.set_xlabel("images trained")
     ax_i.legend(fontsize=8)
     ratios = ", ".join(
-        f"{n}: {'{:.2f}x'.format(r['ratio']) if r['ratio'] is not None else 'not reached'}" for n, r in result["ratios_to_1_rank_final_psnr"].items()
+        f"{n}: {'{:.2f}x'.format(r['ratio']) if r['ratio'] is not None else 'not reached'}"
+        for n, r in result["ratios_to_1_rank_final_psnr"].items()
     )
     fig.suptitle(
         f"{result['scene_name']} {result['resolution_px']} px, {result['size']} size, {result['device']}, "
@@ -495,9 +516,16 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=SHARED_DATA / "bird")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--out", type=Path, default=None, help="result JSON (default benchmarks/results/time_to_quality_<size>_<date>.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default benchmarks/results/time_to_quality_<size>_<date>.json)",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="plot PNG (default docs/time_to_quality[_quick].png)")
-    parser.add_argument("--keep-runs", type=Path, default=None, help="keep the run folders here (default: a temporary folder)")
+    parser.add_argument(
+        "--keep-runs", type=Path, default=None, help="keep the run folders here (default: a temporary folder)"
+    )
     parser.add_argument("--replot", type=Path, default=None, help="only redraw the plot of an existing result JSON")
     parser.add_argument("--eval-run", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--eval-steps", help=argparse.SUPPRESS)
@@ -525,7 +553,9 @@ def main() -> None:
     if args.images is not None or args.every is not None:
         size = replace(size, images=args.images or size.images, every=args.every or size.every)
     if size.images < size.every or size.every % args.world_size:
-        raise SystemExit(f"error: --images {size.images} must be >= --every {size.every}, a multiple of --world-size {args.world_size}")
+        raise SystemExit(
+            f"error: --images {size.images} must be >= --every {size.every}, a multiple of --world-size {args.world_size}"
+        )
     out_json = args.out or result_path(f"time_to_quality_{size_name}")
     work = args.keep_runs or Path(tempfile.mkdtemp(prefix="ttq_"))
     t_start = time.perf_counter()
@@ -545,7 +575,9 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     curves = {n: {"wall_s": r["points_wall_s"], "psnr": r["points_psnr"]} for n, r in runs.items()}
     ratios = ratios_to_reference(curves, "w1_b1")
-    per_image = time_per_image_ratios({n: {"wall_s": r["points_wall_s"], "images": r["points_images"]} for n, r in runs.items()}, "w1_b1")
+    per_image = time_per_image_ratios(
+        {n: {"wall_s": r["points_wall_s"], "images": r["points_images"]} for n, r in runs.items()}, "w1_b1"
+    )
     provenance = args.data / "PROVENANCE.txt"
     result = {
         "benchmark": "bench_time_to_quality",
@@ -582,17 +614,25 @@ def main() -> None:
     plot(result, plot_path)
     table = out_json.with_suffix(".md")
     table.write_text(markdown_table(result))
-    print(f"[ttq] result: {out_json}\n[ttq] table: {table}\n[ttq] plot: {plot_path}\n[ttq] total {result['total_benchmark_s']:.0f} s")
+    print(
+        f"[ttq] result: {out_json}\n[ttq] table: {table}\n[ttq] plot: {plot_path}\n[ttq] total {result['total_benchmark_s']:.0f} s"
+    )
     for name, r in ratios.items():
         verdict = f"{r['ratio']:.2f}x" if r["reached"] else f"not reached (final {r['final_psnr_gap_db']:+.2f} dB)"
-        print(f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}; time per image / 1-rank's = {per_image[name]:.3f}")
+        print(
+            f"[ttq] {name}: time to {r['target_psnr']:.2f} dB / 1-rank time = {verdict}; time per image / 1-rank's = {per_image[name]:.3f}"
+        )
 
 
 def _provenance(path: Path) -> str:
     """The scene's license and source lines from its PROVENANCE.txt (shared/data's format)."""
     if not path.exists():
         return f"no {path.name}: see the scene's own license"
-    keep = [ln.split(":", 1)[1].strip() for ln in path.read_text().splitlines() if ln.startswith(("License", "Source repository"))]
+    keep = [
+        ln.split(":", 1)[1].strip()
+        for ln in path.read_text().splitlines()
+        if ln.startswith(("License", "Source repository"))
+    ]
     return "; ".join(keep)
 
 

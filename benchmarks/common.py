@@ -125,7 +125,14 @@ def train_command(
     if world_size == 1:
         cmd = [sys.executable, *program] if module is not None else program
     else:
-        launcher = ["--nproc_per_node", str(world_size), "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        launcher = [
+            "--nproc_per_node",
+            str(world_size),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
         cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, *program]
     cmd = [*cmd, *args]
     if cores is not None:
@@ -140,7 +147,17 @@ ONCE = 1_000_000_000
 def colmap_args(data: Path, downscale: int = 1) -> list[str]:
     """ns-train's dataparser arguments for a COLMAP capture at ``data`` (``sparse/0``; its 3D points
     seed the Gaussians), its images at 1/``downscale`` of their size."""
-    return ["colmap", "--data", str(data), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", str(downscale)]
+    return [
+        "colmap",
+        "--data",
+        str(data),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        str(downscale),
+    ]
 
 
 def unattended_args(*, save_every: int = 0, eval_at_step_0: bool = False) -> list[str]:
@@ -219,7 +236,16 @@ def run_command(
     """
     run_env = dict(env) if env is not None else child_env()
     if log is None:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=run_env, cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            list(cmd),
+            capture_output=True,
+            text=True,
+            env=run_env,
+            cwd=cwd,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         tails = f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     else:
         log.parent.mkdir(parents=True, exist_ok=True)

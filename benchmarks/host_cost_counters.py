@@ -105,7 +105,9 @@ def _is_mask_index(args: tuple) -> bool:
     import torch
 
     indices = args[1] if len(args) > 1 else None
-    return isinstance(indices, (list, tuple)) and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    return isinstance(indices, (list, tuple)) and any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices
+    )
 
 
 def _install_dispatch_counter() -> Any:
@@ -160,7 +162,10 @@ def _call_sites() -> tuple[str, str]:
     frame = sys._getframe(1)
     while frame is not None and (
         frame.f_code.co_filename == __file__
-        or any(part in frame.f_code.co_filename for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_tensor.py"))
+        or any(
+            part in frame.f_code.co_filename
+            for part in ("/torch/_dynamo/", "/torch/utils/_python_dispatch", "/torch/_tensor.py")
+        )
     ):
         frame = frame.f_back
     inner = frame
@@ -458,7 +463,8 @@ def worker(report_path: str, method: str, ns_train_args: list[str]) -> None:
     def write() -> None:
         report["host_side_reasons"] = COUNTER.host_side_reasons
         report["steps"] = [
-            {key: (dict(value) if isinstance(value, collections.Counter) else value) for key, value in step.items()} for step in COUNTER.steps
+            {key: (dict(value) if isinstance(value, collections.Counter) else value) for key, value in step.items()}
+            for step in COUNTER.steps
         ]
         Path(report_path.replace("{rank}", str(rank))).write_text(json.dumps(report))
 

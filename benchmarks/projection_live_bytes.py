@@ -47,7 +47,9 @@ def live_bytes(num: int, cameras: int, sh_degree: int) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        proj = project(means, quats, scales, opacities, colors, viewmats, Ks, 242, 162, sh_degree=sh_degree, backend="reference")
+        proj = project(
+            means, quats, scales, opacities, colors, viewmats, Ks, 242, 162, sh_degree=sh_degree, backend="reference"
+        )
     held = {k: v for k, v in saved.items() if k not in params}
     for name in OUTPUT_FIELDS:
         value = getattr(proj, name, None)

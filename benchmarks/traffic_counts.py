@@ -81,7 +81,9 @@ class OwnerRowCounts:
         return self.first_below[:, end_row] - self.end_at_most[:, first_row]
 
 
-def owner_histograms(first_row: Tensor, end_row: Tensor, owners: dict[int, Tensor], num_rows: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def owner_histograms(
+    first_row: Tensor, end_row: Tensor, owners: dict[int, Tensor], num_rows: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per-camera, per-owner histograms of the first and end tile rows of the visible footprints.
 
     Args:

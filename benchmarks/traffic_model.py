@@ -141,7 +141,9 @@ def street_of_copies(scene: SceneCameras, copies: int) -> SceneCameras:
         moved[:, :3, 3] -= moved[:, :3, :3] @ (k * step)
         viewmats.append(moved)
         names.extend(f"{name}@{k}" for name in scene.names)
-    return SceneCameras(torch.cat(points), torch.cat(viewmats), scene.Ks.repeat(copies, 1, 1), scene.width, scene.height, names)
+    return SceneCameras(
+        torch.cat(points), torch.cat(viewmats), scene.Ks.repeat(copies, 1, 1), scene.width, scene.height, names
+    )
 
 
 def splatfacto_init_scales(points: Tensor) -> Tensor:
@@ -154,7 +156,14 @@ def splatfacto_init_scales(points: Tensor) -> Tensor:
 
 
 def upsampled_chunk(
-    points: Tensor, point_scales: Tensor, start: int, stop: int, num_gaussians: int, alpha: float, jitter: float, seed: int
+    points: Tensor,
+    point_scales: Tensor,
+    start: int,
+    stop: int,
+    num_gaussians: int,
+    alpha: float,
+    jitter: float,
+    seed: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gaussians ``start .. stop`` of the N-Gaussian model (draws seeded by ``seed`` and ``start``:
     deterministic for a given chunk size).
@@ -262,7 +271,10 @@ def measure_footprints(
             owned[world_size] += np.bincount(owners[world_size].numpy(), minlength=world_size)
             first_hist[world_size] += fh
             end_hist[world_size] += eh
-    counts = {r: [OwnerRowCounts.from_histograms(first_hist[r][c], end_hist[r][c]) for c in range(num_cams)] for r in world_sizes}
+    counts = {
+        r: [OwnerRowCounts.from_histograms(first_hist[r][c], end_hist[r][c]) for c in range(num_cams)]
+        for r in world_sizes
+    }
     total_visible = max(int(visible.sum()), 1)
     return Footprints(
         counts=counts,
@@ -313,12 +325,24 @@ def evaluate(
         # all N Gaussians in the cameras it has a band of.
         own_visible = sum(count.first_below[:, num_rows] for count in counts)  # [R]
         sharded_screen.append(
-            float((own_visible * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8) + rows.received * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES)).max())
+            float(
+                (
+                    own_visible * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8)
+                    + rows.received * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES)
+                ).max()
+            )
         )
         replicated_screen.append(
-            max(sum(int(fp.visible[batch[band.position]]) for band in bands) * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8) for bands in plan)
+            max(
+                sum(int(fp.visible[batch[band.position]]) for band in bands)
+                * (FORWARD_ROW_BYTES + BACKWARD_ROW_BYTES - 8)
+                for bands in plan
+            )
         )
-    replicated = {dens: ring_all_reduce_bytes(replicated_payload_bytes(num_gaussians, batch_size, dens), world_size) for dens in (True, False)}
+    replicated = {
+        dens: ring_all_reduce_bytes(replicated_payload_bytes(num_gaussians, batch_size, dens), world_size)
+        for dens in (True, False)
+    }
     sharded_max = float(np.mean(per_step_max))
     return {
         "N": num_gaussians,
@@ -430,7 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch-per-rank", type=int, default=8, help="B grid: powers of two up to this x W")
     parser.add_argument("--partition", choices=("balanced", "equal"), default="balanced", help="band plan")
     parser.add_argument("--chunk", type=int, default=200_000, help="Gaussians projected at once")
-    parser.add_argument("--cost-sample", type=int, default=1_000_000, help="Gaussians the planner's row costs are counted on")
+    parser.add_argument(
+        "--cost-sample", type=int, default=1_000_000, help="Gaussians the planner's row costs are counted on"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write the result here")
@@ -439,8 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     scene_dir = Path(args.scene) if "/" in args.scene else SHARED / args.scene
     scene = street_of_copies(load_colmap(scene_dir, args.downscale), args.copies)
-    pick = np.unique(np.linspace(0, scene.viewmats.shape[0] - 1, min(args.cameras, scene.viewmats.shape[0])).round().astype(int))
-    scene = SceneCameras(scene.points, scene.viewmats[pick], scene.Ks[pick], scene.width, scene.height, [scene.names[i] for i in pick])
+    pick = np.unique(
+        np.linspace(0, scene.viewmats.shape[0] - 1, min(args.cameras, scene.viewmats.shape[0])).round().astype(int)
+    )
+    scene = SceneCameras(
+        scene.points, scene.viewmats[pick], scene.Ks[pick], scene.width, scene.height, [scene.names[i] for i in pick]
+    )
     point_scales = splatfacto_init_scales(scene.points)
     world_sizes, sizes = _ints(args.world_sizes), _ints(args.sizes)
     alphas = [float(a) for a in args.alphas.split(",")]
@@ -476,7 +506,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for alpha in alphas:
         for num_gaussians in sizes if alpha == alphas[0] else _ints(args.sensitivity_sizes):
             t0 = time.perf_counter()
-            fp = measure_footprints(scene, point_scales, num_gaussians, alpha, args.jitter, args.seed, world_sizes, args.chunk, args.cost_sample)
+            fp = measure_footprints(
+                scene,
+                point_scales,
+                num_gaussians,
+                alpha,
+                args.jitter,
+                args.seed,
+                world_sizes,
+                args.chunk,
+                args.cost_sample,
+            )
             seconds = time.perf_counter() - t0
             result["footprints"].append(
                 {
@@ -489,7 +529,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seconds": seconds,
                 }
             )
-            print(f"alpha={alpha} N={num_gaussians:,}: projected {len(pick)} cameras in {seconds:.0f} s", file=sys.stderr)
+            print(
+                f"alpha={alpha} N={num_gaussians:,}: projected {len(pick)} cameras in {seconds:.0f} s", file=sys.stderr
+            )
             for world_size in world_sizes:
                 grid = [2**k for k in range(int(math.log2(args.max_batch_per_rank * world_size)) + 1)]
                 rows = []
@@ -508,8 +550,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "max_B": grid[-1],
                         "B_star_densifying": crossover(rows, "ratio_to_densifying"),
                         "B_star_replicated": crossover(rows, "ratio_to_replicated"),
-                        "sharded_bytes_per_image": (top["sharded_bytes_max_rank"] - half["sharded_bytes_max_rank"]) / (top["B"] - half["B"]),
-                        "replicated_stats_bytes_per_image": ring_all_reduce_bytes(num_gaussians * STATS_BYTES_PER_IMAGE, world_size),
+                        "sharded_bytes_per_image": (top["sharded_bytes_max_rank"] - half["sharded_bytes_max_rank"])
+                        / (top["B"] - half["B"]),
+                        "replicated_stats_bytes_per_image": ring_all_reduce_bytes(
+                            num_gaussians * STATS_BYTES_PER_IMAGE, world_size
+                        ),
                     }
                 )
                 if alpha == alphas[0]:

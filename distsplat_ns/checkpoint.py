@@ -122,7 +122,9 @@ def checkpoint_payload(
             else {k: v.state_dict() for k, v in optimizers.optimizers.items()}
             if optimizers is not None
             else {},
-            "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()} if optimizers is not None else {},
+            "schedulers": {k: v.state_dict() for k, v in optimizers.schedulers.items()}
+            if optimizers is not None
+            else {},
             "scalers": scalers,
             "distsplat": extra,
         }
@@ -130,7 +132,11 @@ def checkpoint_payload(
 
 
 def write_payload_atomic(
-    checkpoint_dir: Path, step: int, payload: dict[str, Any], keep_only_latest: bool, write: Callable[[Path, dict[str, Any]], None] | None = None
+    checkpoint_dir: Path,
+    step: int,
+    payload: dict[str, Any],
+    keep_only_latest: bool,
+    write: Callable[[Path, dict[str, Any]], None] | None = None,
 ) -> Path:
     """Write ``payload`` as ``step-{step:09d}.ckpt`` atomically and durably (see
     :func:`save_checkpoint_atomic`); returns its path. ``write(path, payload)``, when given,
@@ -170,7 +176,9 @@ def prune_older(checkpoint_dir: Path, step: int) -> None:
                 old.unlink()
 
 
-def save_sharded_checkpoint_atomic(ctx: DistContext, checkpoint_dir: Path, step: int, write: Callable[[Path], int], keep_only_latest: bool) -> Path:
+def save_sharded_checkpoint_atomic(
+    ctx: DistContext, checkpoint_dir: Path, step: int, write: Callable[[Path], int], keep_only_latest: bool
+) -> Path:
     """Write ``step-{step:09d}.dcp`` with every rank's ``write(folder)`` (a DCP save), atomically:
     into ``<run>/.distsplat_partial/``, then renamed into ``checkpoint_dir`` by rank 0 once DCP's
     save returned on every rank (each rank's file fsynced, ``.metadata`` written after all of them)

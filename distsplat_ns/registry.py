@@ -75,11 +75,15 @@ def distsplat_trainer_config(
             "quats": {"optimizer": _adam(0.001), "scheduler": None},
             "bilateral_grid": {
                 "optimizer": _adam(bilateral_grid_lr),
-                "scheduler": ExponentialDecaySchedulerConfig(lr_final=1e-4, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0),
+                "scheduler": ExponentialDecaySchedulerConfig(
+                    lr_final=1e-4, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0
+                ),
             },
             "camera_opt": {
                 "optimizer": _adam(1e-4),
-                "scheduler": ExponentialDecaySchedulerConfig(lr_final=5e-7, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0),
+                "scheduler": ExponentialDecaySchedulerConfig(
+                    lr_final=5e-7, max_steps=30000, warmup_steps=1000, lr_pre_warmup=0
+                ),
             },
         },
         viewer=ViewerConfig(num_rays_per_chunk=1 << 15),
@@ -103,7 +107,9 @@ def distsplat_big_trainer_config() -> DistSplatTrainerConfig:
     splatfacto-big's other difference is the bilateral grid's learning rate (5e-3, not 2e-3).
     """
     return distsplat_trainer_config(
-        DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005), "distsplat-big", bilateral_grid_lr=5e-3
+        DistSplatModelConfig(cull_alpha_thresh=0.005, densify_grad_thresh=0.0005),
+        "distsplat-big",
+        bilateral_grid_lr=5e-3,
     )
 
 
@@ -118,7 +124,9 @@ def distsplat_mcmc_trainer_config() -> DistSplatTrainerConfig:
     docs/mcmc.md) with Gaussians dead below opacity 0.005 and relocation and addition stopping after
     25000 images; everything else is ``distsplat``'s (main changes nothing else either). Method name
     ``distsplat-mcmc`` (its own, as ``distsplat-big``'s)."""
-    return distsplat_trainer_config(DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000), "distsplat-mcmc")
+    return distsplat_trainer_config(
+        DistSplatModelConfig(strategy="mcmc", cull_alpha_thresh=0.005, stop_split_at=25000), "distsplat-mcmc"
+    )
 
 
 distsplat_mcmc = MethodSpecification(

@@ -20,7 +20,13 @@ def _strip(source: str) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list):
-            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))]
+            kept = [
+                s
+                for s in body
+                if not (
+                    isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
+                )
+            ]
             node.body = kept or [ast.Pass()]
     return ast.dump(tree, include_attributes=False)
 
@@ -31,7 +37,12 @@ def main(argv: list[str]) -> int:
         return 2
     rev, files = argv[0], argv[1:]
     if not files:
-        out = subprocess.run(["git", "diff", "--name-only", "--diff-filter=M", rev, "--", "*.py"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "diff", "--name-only", "--diff-filter=M", rev, "--", "*.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         files = [f for f in out.split() if f]
     bad = 0
     for path in files:

@@ -47,11 +47,19 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    found = [f"only before: {k}" for k in before.keys() - after.keys()] + [f"only after: {k}" for k in after.keys() - before.keys()]
+    found = [f"only before: {k}" for k in before.keys() - after.keys()] + [
+        f"only after: {k}" for k in after.keys() - before.keys()
+    ]
     for key in sorted(before.keys() & after.keys()):
         a, b = before[key], after[key]
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+            same = (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype
+                and a.shape == b.shape
+                and torch.equal(a, b)
+            )
         else:
             same = a == b
         if not same:
@@ -70,7 +78,17 @@ def main(before_root: Path, after_root: Path) -> int:
         before, after = _load(path), _load(after_root / rel)
         found = _differences(before, after)
         tensors = sum(isinstance(v, torch.Tensor) for v in before.values())
-        print(json.dumps({"file": str(rel), "tensors": tensors, "leaves": len(before), "equal": not found, "differences": found[:20]}))
+        print(
+            json.dumps(
+                {
+                    "file": str(rel),
+                    "tensors": tensors,
+                    "leaves": len(before),
+                    "equal": not found,
+                    "differences": found[:20],
+                }
+            )
+        )
         failed |= bool(found)
     return 1 if failed else 0
 

@@ -162,7 +162,9 @@ def check_wheels(pins: Sequence[tuple[str, str]], wheel_dir: Path) -> dict[str, 
     wanted = dict(pins)
     missing = [f"{n}=={v}" for n, v in pins if n not in found]
     wrong_version = [
-        f"{n}: want {v}, have {', '.join(ver for ver, _ in found[n])}" for n, v in pins if n in found and all(ver != v for ver, _ in found[n])
+        f"{n}: want {v}, have {', '.join(ver for ver, _ in found[n])}"
+        for n, v in pins
+        if n in found and all(ver != v for ver, _ in found[n])
     ]
     duplicated = sorted(n for n, entries in found.items() if len(entries) > 1)
     unlisted = sorted(entries[0][1] for n, entries in found.items() if n not in wanted)
@@ -216,7 +218,9 @@ def collect_env(dry_run: bool) -> dict[str, Any]:
         "cuda_home": os.environ.get("CUDA_HOME"),
         "torch_cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
         "nvcc": _run_text(["nvcc", "--version"]),
-        "nvidia_smi": _run_text(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]),
+        "nvidia_smi": _run_text(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+        ),
     }
     packages = {}
     for name in (
@@ -281,11 +285,16 @@ def parse_junit(xml_text: str) -> dict[str, Any]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 message = tail((child.get("message") or "") + "\n" + (child.text or ""), 2000).strip()
                 break
-        tests.append({"id": test_id, "outcome": outcome, "seconds": float(case.get("time", 0) or 0), "message": message})
+        tests.append(
+            {"id": test_id, "outcome": outcome, "seconds": float(case.get("time", 0) or 0), "message": message}
+        )
     counts: dict[str, int] = {}
     for t in tests:
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-    coverage = {area: [t["id"] for t in tests if any(k in t["id"].lower() for k in words)] for area, words in COVERAGE_KEYWORDS.items()}
+    coverage = {
+        area: [t["id"] for t in tests if any(k in t["id"].lower() for k in words)]
+        for area, words in COVERAGE_KEYWORDS.items()
+    }
     return {"counts": counts, "tests": tests, "coverage": coverage}
 
 
@@ -390,7 +399,9 @@ def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> li
     return args
 
 
-def launch_command(run: RunSpec, report: Path, output_dir: Path, data: Path, device: str, python: str = sys.executable) -> list[str]:
+def launch_command(
+    run: RunSpec, report: Path, output_dir: Path, data: Path, device: str, python: str = sys.executable
+) -> list[str]:
     """The full command of ``run``: scripts/gpu_launch.py, under torchrun for several processes."""
     launcher = [str(LAUNCHER), "--report", str(report), "--final-eval"]
     if run.method == "splatfacto" and device == "cpu":
@@ -468,7 +479,9 @@ def execute_run(run: RunSpec, cfg: BenchConfig) -> dict[str, Any]:
         record["note"] = CPU_SPLATFACTO_NOTE
     remaining = cfg.deadline - time.time()
     if remaining < cfg.min_run_s:
-        record.update(status="not run", reason=f"time budget: {remaining:.0f} s left, a run needs at least {cfg.min_run_s:.0f} s")
+        record.update(
+            status="not run", reason=f"time budget: {remaining:.0f} s left, a run needs at least {cfg.min_run_s:.0f} s"
+        )
         return record
     output_dir = cfg.workdir / "runs"
     run_dir = output_dir / run.name
@@ -537,7 +550,11 @@ def compare(runs: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, Any]:
         "splatfacto_s": s1,
         "ratio": ratio,
         "target": f"<= {TARGET_B1_STEP_TIME_RATIO_MAX}",
-        "verdict": verdict(ratio, ratio is not None and ratio <= TARGET_B1_STEP_TIME_RATIO_MAX, "distsplat_b1 or splatfacto did not finish"),
+        "verdict": verdict(
+            ratio,
+            ratio is not None and ratio <= TARGET_B1_STEP_TIME_RATIO_MAX,
+            "distsplat_b1 or splatfacto did not finish",
+        ),
     }
     d4, s_ips = measured("distsplat_b4", "images_per_s"), measured("splatfacto", "images_per_s")
     ratio4 = d4 / s_ips if d4 is not None and s_ips else None
@@ -546,7 +563,11 @@ def compare(runs: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, Any]:
         "splatfacto": s_ips,
         "ratio": ratio4,
         "target": f">= {TARGET_B4_IMAGES_PER_S_RATIO_MIN}",
-        "verdict": verdict(ratio4, ratio4 is not None and ratio4 >= TARGET_B4_IMAGES_PER_S_RATIO_MIN, "distsplat_b4 or splatfacto did not finish"),
+        "verdict": verdict(
+            ratio4,
+            ratio4 is not None and ratio4 >= TARGET_B4_IMAGES_PER_S_RATIO_MIN,
+            "distsplat_b4 or splatfacto did not finish",
+        ),
     }
     out["final_psnr"] = {name: (r.get("measurements") or {}).get("final_psnr") for name, r in runs.items()}
     out["peak_cuda_memory_allocated_bytes"] = {
@@ -558,7 +579,11 @@ def compare(runs: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, Any]:
 def reusable_record(run: RunSpec, cfg: BenchConfig) -> dict[str, Any] | None:
     """The finished record of the same run (same spec, data, device, dry-run flag) in ``cfg.previous``."""
     previous = cfg.previous or {}
-    if previous.get("dry_run") != cfg.dry_run or previous.get("device") != cfg.device or previous.get("data") != str(cfg.data):
+    if (
+        previous.get("dry_run") != cfg.dry_run
+        or previous.get("device") != cfg.device
+        or previous.get("data") != str(cfg.data)
+    ):
         return None
     record = (previous.get("runs") or {}).get(run.name)
     if not record or record.get("status") != "ok":
@@ -579,7 +604,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "runs": {},
     }
     for run in plan_runs(cfg):
-        print(f"[gpu_bench] {run.name}: {run.method} B={run.batch_size} images={run.num_images} procs={run.num_procs}", flush=True)
+        print(
+            f"[gpu_bench] {run.name}: {run.method} B={run.batch_size} images={run.num_images} procs={run.num_procs}",
+            flush=True,
+        )
         record = reusable_record(run, cfg)
         if record is None:
             record = execute_run(run, cfg)
@@ -604,7 +632,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ summary
-def summarize(summary_path: Path, tests: dict[str, Any] | None, bench: dict[str, Any] | None, dry_run: bool) -> dict[str, Any]:
+def summarize(
+    summary_path: Path, tests: dict[str, Any] | None, bench: dict[str, Any] | None, dry_run: bool
+) -> dict[str, Any]:
     """Write the targets section of the summary JSON from the tests and bench results."""
     summary = read_json(summary_path, default=None) or {"dry_run": dry_run, "steps": {}}
     summary["dry_run"] = bool(summary.get("dry_run", False) or dry_run)
@@ -675,9 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=int, required=True, help="images per single-process run")
     p.add_argument("--images-b4", type=int, help="images of the B=4 run (default: --images)")
     p.add_argument("--images-two-procs", type=int, required=True, help="images of the 2-process run")
-    p.add_argument("--two-procs-batch-size", type=int, default=1, help="1: each image is split into bands across the 2 ranks")
+    p.add_argument(
+        "--two-procs-batch-size", type=int, default=1, help="1: each image is split into bands across the 2 ranks"
+    )
     p.add_argument("--deadline", type=float, required=True, help="Unix time by which every run must end")
-    p.add_argument("--run-timeout-s", type=float, default=240.0, help="longest one run may take (its steps so far are kept)")
+    p.add_argument(
+        "--run-timeout-s", type=float, default=240.0, help="longest one run may take (its steps so far are kept)"
+    )
     p.add_argument("--only", nargs="*", default=[], help="run only these (names as in bench.json)")
     p.add_argument("--python", default=sys.executable, help="interpreter for the runs (default: this one)")
     p.add_argument("--previous", type=Path, help="bench.json of an earlier call: keep its finished runs")

@@ -85,9 +85,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", required=True, help="JSON report path; '{rank}' is replaced by the rank")
-    parser.add_argument("--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train")
+    parser.add_argument(
+        "--final-eval", action="store_true", help="average eval metrics after nerfstudio's Trainer.train"
+    )
     parser.add_argument("--count-ops", action="store_true", help="count ATen operators per step (slows the steps)")
-    parser.add_argument("--cpu-reference-renderer", action="store_true", help="CPU proxy: splatfacto renders with the reference rasterizer")
+    parser.add_argument(
+        "--cpu-reference-renderer",
+        action="store_true",
+        help="CPU proxy: splatfacto renders with the reference rasterizer",
+    )
     if "--" not in argv:
         parser.error("separate the ns-train arguments with '--'")
     split = argv.index("--")
@@ -138,7 +144,9 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def hook_step_timer(before_enter: Callable[[], None], before_exit: Callable[[], None], after_exit: Callable[[Any], None]) -> None:
+def hook_step_timer(
+    before_enter: Callable[[], None], before_exit: Callable[[], None], after_exit: Callable[[Any], None]
+) -> None:
     """Run hooks around every training step: nerfstudio's ``TimeWriter(ITER_TRAIN_TIME)``, which
     both trainers open around each iteration. ``after_exit`` gets the timer (its ``duration`` set).
     Hooks installed later wrap those installed earlier."""
@@ -235,7 +243,9 @@ def patch_count_ops() -> None:
         REPORT["ops_by_name"] = dict(totals.most_common())
 
     hook_step_timer(start, stop, lambda timer: None)
-    REPORT["patches"].append("count_ops: ATen operators counted per ITER_TRAIN_TIME step (the run's times are not comparable)")
+    REPORT["patches"].append(
+        "count_ops: ATen operators counted per ITER_TRAIN_TIME step (the run's times are not comparable)"
+    )
 
 
 def alexnet_weights_cached() -> bool:
@@ -268,7 +278,9 @@ def patch_lpips_if_offline() -> None:
         image_module.LearnedPerceptualImagePatchSimilarity = LpipsUnavailable  # type: ignore[misc,assignment]
     except ImportError:
         pass
-    REPORT["patches"].append("lpips_offline_stub: torchmetrics LPIPS replaced by a NaN stub (AlexNet weights not cached, no network)")
+    REPORT["patches"].append(
+        "lpips_offline_stub: torchmetrics LPIPS replaced by a NaN stub (AlexNet weights not cached, no network)"
+    )
 
 
 def patch_final_eval() -> None:

@@ -38,7 +38,11 @@ from gpu_bench import canonical_name, parse_wheel_list, tail
 
 
 def machine_package_names(path: Path) -> set[str]:
-    return {canonical_name(line.strip()) for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    return {
+        canonical_name(line.strip())
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
 
 
 def top_level_entries(dist: md.Distribution) -> set[str]:
@@ -93,8 +97,27 @@ def main() -> int:
     report["machine_packages_absent_here"] = sorted(names - set(linked) - {"numpy"})
     pip("install", "-q", "--no-deps", "--only-binary=:all:", "--target", str(work / "machine"), f"numpy=={args.numpy}")
     # The 3.12 wheels' releases, for this Python.
-    pip("install", "-q", "--no-deps", "--only-binary=:all:", "--no-compile", "--target", str(work / "carried"), *[f"{n}=={v}" for n, v in pins])
-    pip("install", "-q", "--no-index", "--no-deps", "--no-build-isolation", "--no-compile", "--target", str(work / "project"), str(ROOT))
+    pip(
+        "install",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-compile",
+        "--target",
+        str(work / "carried"),
+        *[f"{n}=={v}" for n, v in pins],
+    )
+    pip(
+        "install",
+        "-q",
+        "--no-index",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-compile",
+        "--target",
+        str(work / "project"),
+        str(ROOT),
+    )
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PYTHONPATH"] = os.pathsep.join(str(work / p) for p in ("project", "carried", "machine"))
@@ -126,12 +149,20 @@ def main() -> int:
     ok = check("imports", python + ["-c", imports], 600)
     ok = ok and check(
         "entry point found",
-        python + ["-c", "from nerfstudio.plugins.registry import discover_methods; m, _ = discover_methods(); assert 'distsplat' in m, sorted(m)"],
+        python
+        + [
+            "-c",
+            "from nerfstudio.plugins.registry import discover_methods; m, _ = discover_methods(); assert 'distsplat' in m, sorted(m)",
+        ],
         600,
     )
     # gpu_check.sh runs `pytest -m cuda tests`: every test module must at least import there.
     ok = (
-        check("pytest -m cuda collection", python + ["-m", "pytest", "-m", "cuda", "tests", "--collect-only", "-q", "-p", "no:cacheprovider"], 600)
+        check(
+            "pytest -m cuda collection",
+            python + ["-m", "pytest", "-m", "cuda", "tests", "--collect-only", "-q", "-p", "no:cacheprovider"],
+            600,
+        )
         and ok
     )
     if ok and not args.no_train:

@@ -32,7 +32,9 @@ def scale_cameras(text: str, factor: int) -> str:
             raise ValueError(f"camera model {model} not handled by this script")
         num_scaled = {"SIMPLE_RADIAL": 3, "SIMPLE_PINHOLE": 3, "PINHOLE": 4, "RADIAL": 3, "OPENCV": 4}[model]
         params = [p / factor for p in params[:num_scaled]] + params[num_scaled:]
-        out.append(" ".join([cam_id, model, str(int(width) // factor), str(int(height) // factor)] + [repr(p) for p in params]))
+        out.append(
+            " ".join([cam_id, model, str(int(width) // factor), str(int(height) // factor)] + [repr(p) for p in params])
+        )
     return "\n".join(out) + "\n"
 
 
@@ -71,8 +73,12 @@ def main() -> None:
             small = im.convert("RGB").reduce(args.factor)
             small.save(args.out / "images" / src.name, quality=95)
     sparse = args.source / "sparse" / "0"
-    (args.out / "sparse" / "0" / "cameras.txt").write_text(scale_cameras((sparse / "cameras.txt").read_text(), args.factor))
-    (args.out / "sparse" / "0" / "images.txt").write_text(scale_images((sparse / "images.txt").read_text(), args.factor))
+    (args.out / "sparse" / "0" / "cameras.txt").write_text(
+        scale_cameras((sparse / "cameras.txt").read_text(), args.factor)
+    )
+    (args.out / "sparse" / "0" / "images.txt").write_text(
+        scale_images((sparse / "images.txt").read_text(), args.factor)
+    )
     shutil.copyfile(sparse / "points3D.txt", args.out / "sparse" / "0" / "points3D.txt")
     shutil.copyfile(args.source / "LICENSE.source_repo", args.out / "LICENSE")
 

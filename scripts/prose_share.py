@@ -80,7 +80,15 @@ def count_lines(source: str) -> LineCounts:
     docstring, field_docstring = _docstring_lines(ast.parse(source))
     comment_only: set[int] = set()
     code: set[int] = set()
-    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.ENCODING}
+    skip = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENDMARKER,
+        tokenize.ENCODING,
+    }
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
             comment_only.add(token.start[0])
@@ -125,7 +133,12 @@ def _row(name: str, counts: LineCounts) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="*", type=Path, help="files or trees to count instead of distsplat_ns/ (each counted as one group)")
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        type=Path,
+        help="files or trees to count instead of distsplat_ns/ (each counted as one group)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
 
@@ -141,14 +154,17 @@ def main(argv: list[str] | None = None) -> int:
             groups.setdefault(_group(file, root), LineCounts()).add(count_lines(file.read_text(encoding="utf-8")))
 
     total = LineCounts()
-    print(f"{'group':<28} {'lines':>7} {'docstr':>7} {'field':>7} {'comment':>7} {'blank':>7} {'code':>7} {'share':>7} {'nonblank':>7}")
+    print(
+        f"{'group':<28} {'lines':>7} {'docstr':>7} {'field':>7} {'comment':>7} {'blank':>7} {'code':>7} {'share':>7} {'nonblank':>7}"
+    )
     for name in sorted(groups):
         total.add(groups[name])
         print(_row(name, groups[name]))
     print(_row("total", total))
     if args.json:
         figures = {
-            name: {**asdict(c), "total": c.total, "share": c.prose / c.total if c.total else 0.0} for name, c in {**groups, "total": total}.items()
+            name: {**asdict(c), "total": c.total, "share": c.prose / c.total if c.total else 0.0}
+            for name, c in {**groups, "total": total}.items()
         }
         args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -67,7 +67,9 @@ class Band:
         if self.position < 0:
             raise ValueError(f"Band.position: expected >= 0, got {self.position}")
         if not 0 <= self.first_row < self.end_row:
-            raise ValueError(f"Band rows: expected 0 <= first_row < end_row, got first_row={self.first_row}, end_row={self.end_row}")
+            raise ValueError(
+                f"Band rows: expected 0 <= first_row < end_row, got first_row={self.first_row}, end_row={self.end_row}"
+            )
         if self.tile_size < 1:
             raise ValueError(f"Band.tile_size: expected >= 1, got {self.tile_size}")
 
@@ -120,7 +122,9 @@ def num_tile_rows(height_px: int, tile_size: int = TILE_SIZE) -> int:
     return -(-height_px // tile_size)
 
 
-def tile_rows_to_pixel_rows(first_row: int, end_row: int, height_px: int, tile_size: int = TILE_SIZE) -> tuple[int, int]:
+def tile_rows_to_pixel_rows(
+    first_row: int, end_row: int, height_px: int, tile_size: int = TILE_SIZE
+) -> tuple[int, int]:
     """Pixel rows ``[first_px, end_px)`` covered by tile rows ``[first_row, end_row)``.
 
     Args:
@@ -176,7 +180,9 @@ def _as_cost_array(costs: ArrayLike, name: str) -> np.ndarray:
 def as_cost_arrays(row_costs: Sequence[ArrayLike]) -> list[np.ndarray]:
     """Validated float64 host copies of a batch's per-camera row costs (see ``partition_rows``)."""
     if isinstance(row_costs, (torch.Tensor, np.ndarray)):
-        raise TypeError(f"row_costs: expected a sequence with one 1-D array per camera, got a single {type(row_costs).__name__}")
+        raise TypeError(
+            f"row_costs: expected a sequence with one 1-D array per camera, got a single {type(row_costs).__name__}"
+        )
     arrays = [_as_cost_array(costs, f"row_costs[{i}]") for i, costs in enumerate(row_costs)]
     if not arrays:
         raise ValueError("row_costs: expected at least one camera, got an empty batch")

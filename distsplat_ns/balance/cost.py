@@ -263,7 +263,9 @@ class CostHistory:
         costs = _host_costs("row_costs", row_costs)
         _check_costs([costs], costs, numbered=False)
         if costs.shape[0] != self._row_counts[camera]:
-            raise ValueError(f"row_costs: expected {self._row_counts[camera]} rows for camera {camera}, got {costs.shape[0]}")
+            raise ValueError(
+                f"row_costs: expected {self._row_counts[camera]} rows for camera {camera}, got {costs.shape[0]}"
+            )
         self._prior[self._offsets[camera] : self._offsets[camera + 1]] = costs
         self._has_prior[camera] = True
         self._fallback = None
@@ -320,7 +322,9 @@ class CostHistory:
             try:
                 camera, first_row, row_costs = band
             except (TypeError, ValueError):
-                raise TypeError(f"measurements[{i}]: expected a (camera_index, first_row, row_costs) triple, got {type(band).__name__}") from None
+                raise TypeError(
+                    f"measurements[{i}]: expected a (camera_index, first_row, row_costs) triple, got {type(band).__name__}"
+                ) from None
             # Plain in-range ints skip the validators (every band of every step goes through here).
             if not (type(camera) is int and 0 <= camera < num_cameras):
                 camera = self._camera(camera, f"{prefix}camera_index")
@@ -329,7 +333,9 @@ class CostHistory:
             costs = _host_costs(f"{prefix}row_costs", row_costs)
             end_row = first_row + costs.shape[0]
             if end_row > row_counts[camera]:
-                raise ValueError(f"{prefix}first_row + len(row_costs): expected <= {row_counts[camera]} (rows of camera {camera}), got {end_row}")
+                raise ValueError(
+                    f"{prefix}first_row + len(row_costs): expected <= {row_counts[camera]} (rows of camera {camera}), got {end_row}"
+                )
             cameras.append(camera)
             spans.append((offsets[camera] + first_row, offsets[camera] + end_row))
             arrays.append(costs)
@@ -389,7 +395,16 @@ class CostHistory:
             ValueError: A different camera count or per-camera row counts, an unknown version,
                 or missing entries. The history is unchanged when it raises.
         """
-        required = ("version", "row_counts", "values", "measured", "prior", "has_prior", "first_measured_sum", "first_prior_sum")
+        required = (
+            "version",
+            "row_counts",
+            "values",
+            "measured",
+            "prior",
+            "has_prior",
+            "first_measured_sum",
+            "first_prior_sum",
+        )
         missing = [key for key in required if key not in state]
         if missing:
             raise ValueError(f"state: expected keys {list(required)}, missing {missing}")
@@ -397,10 +412,14 @@ class CostHistory:
             raise ValueError(f"state['version']: expected {_STATE_VERSION}, got {state['version']}")
         counts = [int(c) for c in _host_array(state["row_counts"], np.int64).reshape(-1).tolist()]
         if len(counts) != self.num_cameras:
-            raise ValueError(f"camera count: expected {self.num_cameras} cameras (this dataset), got {len(counts)} in the saved cost history")
+            raise ValueError(
+                f"camera count: expected {self.num_cameras} cameras (this dataset), got {len(counts)} in the saved cost history"
+            )
         if tuple(counts) != self._row_counts:
             camera = next(i for i, (a, b) in enumerate(zip(counts, self._row_counts, strict=False)) if a != b)
-            raise ValueError(f"row_counts[{camera}]: expected {self._row_counts[camera]} tile rows, got {counts[camera]} in the saved cost history")
+            raise ValueError(
+                f"row_counts[{camera}]: expected {self._row_counts[camera]} tile rows, got {counts[camera]} in the saved cost history"
+            )
         total = int(self._offsets[-1])
         arrays = {}
         for key, dtype, size in (

@@ -254,7 +254,9 @@ def _repair(cuts: list[int], layout: _Layout, num_parts: int) -> list[int]:
     repaired[num_parts] = layout.num_rows
     for k in range(1, num_parts):
         repaired[k] = min(max(cuts[k], layout.next_cut(repaired[k - 1])), latest[k])
-    assert all(layout.next_cut(repaired[k]) <= repaired[k + 1] for k in range(num_parts)), "partition repair left an illegal part"
+    assert all(layout.next_cut(repaired[k]) <= repaired[k + 1] for k in range(num_parts)), (
+        "partition repair left an illegal part"
+    )
     return repaired
 
 

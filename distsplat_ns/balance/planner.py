@@ -93,7 +93,9 @@ class BalanceLog:
             "predicted_imbalance_p95": p_p95,
             "prediction_error_mean": e_mean,
             "prediction_error_p95": e_p95,
-            "num_steps": len(self.measured_imbalance[warmup_steps:]) if len(self.measured_imbalance) > warmup_steps else len(self.measured_imbalance),
+            "num_steps": len(self.measured_imbalance[warmup_steps:])
+            if len(self.measured_imbalance) > warmup_steps
+            else len(self.measured_imbalance),
             "num_warmup_steps_excluded": min(warmup_steps, max(0, len(self.measured_imbalance) - 1)),
         }
 
@@ -189,10 +191,19 @@ class BandPlanner:
         heights = self.heights_at(downscale, batch)
         row_counts = [num_tile_rows(h, TILE_SIZE) for h in heights]
         hist = self.history(downscale)
-        costs = [row_costs * self.level_factor(downscale, c) for row_costs, c in zip(hist.get_arrays(batch), batch, strict=True)]
+        costs = [
+            row_costs * self.level_factor(downscale, c)
+            for row_costs, c in zip(hist.get_arrays(batch), batch, strict=True)
+        ]
         if self.mode == "balanced":
             band_cost = self.band_cost_fraction * sum(float(c.sum()) for c in costs) / len(costs)
-            bands = partition_rows(costs, world_size, min_band_rows=self.min_band_rows, snap_tolerance=self.snap_tolerance, band_cost=band_cost)
+            bands = partition_rows(
+                costs,
+                world_size,
+                min_band_rows=self.min_band_rows,
+                snap_tolerance=self.snap_tolerance,
+                band_cost=band_cost,
+            )
         elif self.mode == "whole-images":
             bands = whole_image_partition(row_counts, world_size)
         else:
@@ -259,7 +270,10 @@ class BandPlanner:
         # priors in other units, so shares, not absolute values, are what the cut relies on).
         pred_total = max(sum(plan.predicted_costs), 1e-12)
         err = (
-            max(abs(p / pred_total - m / denom) / max(m / denom, 1e-12) for p, m in zip(plan.predicted_costs, measured, strict=False))
+            max(
+                abs(p / pred_total - m / denom) / max(m / denom, 1e-12)
+                for p, m in zip(plan.predicted_costs, measured, strict=False)
+            )
             if sum(measured) > 0
             else 0.0
         )
@@ -298,7 +312,9 @@ class BandPlanner:
         for key, cams in state.get("with_prior", {}).items():
             self._with_prior[int(key)] = {int(c) for c in cams}
         self._level = {int(d): float(v) for d, v in state.get("level", {}).items()}
-        self._camera_level = {int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()}
+        self._camera_level = {
+            int(d): {int(c): float(v) for c, v in lv.items()} for d, lv in state.get("camera_level", {}).items()
+        }
 
 
 class ExpectedImagesAssigner:

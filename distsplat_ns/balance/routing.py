@@ -92,7 +92,9 @@ def footprint_tile_rows(
     return first, end
 
 
-def touches_rows(first_row: Tensor, end_row: Tensor, band_first_row: int | Tensor, band_end_row: int | Tensor) -> Tensor:
+def touches_rows(
+    first_row: Tensor, end_row: Tensor, band_first_row: int | Tensor, band_end_row: int | Tensor
+) -> Tensor:
     """Which Gaussians' tile rows ``[first_row, end_row)`` meet the tile rows
     ``[band_first_row, band_end_row)``. `[N]` bool; with several bands' rows as `[bands, 1]`
     tensors and their cameras' ``first_row``/``end_row`` `[bands, N]`, `[bands, N]`."""

@@ -185,7 +185,9 @@ class ParallelFullImageDatamanager(DataManager):
 
         self.train_dataparser_outputs: DataparserOutputs = self._parse.get_dataparser_outputs(split="train")
         self.train_dataset = InputDataset(self.train_dataparser_outputs, scale_factor=config.camera_res_scale_factor)
-        self.eval_dataset = InputDataset(self._parse.get_dataparser_outputs(split=self.test_split), scale_factor=config.camera_res_scale_factor)
+        self.eval_dataset = InputDataset(
+            self._parse.get_dataparser_outputs(split=self.test_split), scale_factor=config.camera_res_scale_factor
+        )
         self._train_specs = self._prepare_cameras(self.train_dataset)
         self._eval_specs = self._prepare_cameras(self.eval_dataset)
         self.exclude_batch_keys_from_device = list(self.train_dataset.exclude_batch_keys_from_device)
@@ -233,7 +235,9 @@ class ParallelFullImageDatamanager(DataManager):
 
         return HostGroup(self.dist_ctx)
 
-    def _build_loader(self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str, host: HostShare | None = None) -> ImageLoader:
+    def _build_loader(
+        self, dataset: InputDataset, specs: list[ImageSpec], budget: int, name: str, host: HostShare | None = None
+    ) -> ImageLoader:
         """Check the files (all present, headers readable, sizes matching the cameras, JPEGs complete), then load them
         (into the host's shared store when ``budget`` > 0: **collective** with ``host``, the same calls on every rank)."""
         outputs: DataparserOutputs = dataset._dataparser_outputs
@@ -274,7 +278,9 @@ class ParallelFullImageDatamanager(DataManager):
             "%d train images: %s encoded, %s (decoder %s, %d workers)",
             len(store),
             format_bytes(store.num_bytes),
-            "read from disk" if store.disk_mode else f"in memory shared by the {store.num_local_ranks} local rank(s) of each host",
+            "read from disk"
+            if store.disk_mode
+            else f"in memory shared by the {store.num_local_ranks} local rank(s) of each host",
             self.decoder,
             self.config.num_workers,
         )
@@ -313,7 +319,11 @@ class ParallelFullImageDatamanager(DataManager):
             ValueError: Bad batch size, rank, world size or start step.
             TypeError: ``downscale_at`` is not callable.
         """
-        for name, value, minimum in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("start_step", start_step, 0)):
+        for name, value, minimum in (
+            ("batch_size", batch_size, 1),
+            ("world_size", world_size, 1),
+            ("start_step", start_step, 0),
+        ):
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -343,7 +353,9 @@ class ParallelFullImageDatamanager(DataManager):
             skip_corrupt_images=self.config.skip_corrupt_images,
             downscale_at=downscale_at,
         )
-        self._reader = TrainBatchReader(stream, self.config.num_workers, self.config.prefetch_batches, pin_memory=self._uploader.pin_memory)
+        self._reader = TrainBatchReader(
+            stream, self.config.num_workers, self.config.prefetch_batches, pin_memory=self._uploader.pin_memory
+        )
         self._training = (batch_size, rank, world_size, assigner, downscale_at)
         self._compat_mode = False
 
@@ -387,11 +399,20 @@ class ParallelFullImageDatamanager(DataManager):
                 re-raised from the worker, unless ``skip_corrupt_images``.
         """
         if self._training is None or self._reader is None:
-            raise RuntimeError("call configure_training(batch_size, rank, world_size, start_step) before next_train_batch")
+            raise RuntimeError(
+                "call configure_training(batch_size, rank, world_size, start_step) before next_train_batch"
+            )
         if step != self._reader.next_step:
-            _LOGGER.warning("next_train_batch(%d) but the stream is at step %d: restarting the stream at %d", step, self._reader.next_step, step)
+            _LOGGER.warning(
+                "next_train_batch(%d) but the stream is at step %d: restarting the stream at %d",
+                step,
+                self._reader.next_step,
+                step,
+            )
             batch_size, rank, world_size, assigner, downscale_at = self._training
-            self.configure_training(batch_size, rank, world_size, start_step=step, assigner=assigner, downscale_at=downscale_at)
+            self.configure_training(
+                batch_size, rank, world_size, start_step=step, assigner=assigner, downscale_at=downscale_at
+            )
             assert self._reader is not None
         return self._reader.next_batch(step)
 
@@ -403,7 +424,9 @@ class ParallelFullImageDatamanager(DataManager):
         """
         return [image for image, _ in self.get_images_and_masks(camera_indices, step)]
 
-    def get_images_and_masks(self, camera_indices: list[int], step: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def get_images_and_masks(
+        self, camera_indices: list[int], step: int | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Decode training images and their masks in this process (fallback for images the stream
         did not deliver): exactly what the stream delivers for them, masks included.
 
@@ -422,7 +445,9 @@ class ParallelFullImageDatamanager(DataManager):
             downscale = self._reader.stream.downscale(step)
         return [loader.load(int(i), downscale=downscale) for i in camera_indices]
 
-    def to_device(self, images: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    def to_device(
+        self, images: list[torch.Tensor], masks: list[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         """Images and masks on the manager's device, byte for byte (``upload.DeviceUploader``): on
         CUDA through pinned host memory with non-blocking copies on a copy stream, ordered before
         their first use on the current stream; on CPU the tensors as they are.

@@ -49,7 +49,9 @@ def default_decoder() -> str:
 
 
 def _has_alpha(pil_image: Image.Image) -> bool:
-    return pil_image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (pil_image.mode == "P" and "transparency" in pil_image.info)
+    return pil_image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or (
+        pil_image.mode == "P" and "transparency" in pil_image.info
+    )
 
 
 def pil_to_array(pil_image: Image.Image) -> np.ndarray:
@@ -81,7 +83,9 @@ def read_size_hw(data: memoryview | bytes) -> tuple[int, int]:
         return pil_image.size[1], pil_image.size[0]
 
 
-def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer: np.ndarray | None = None) -> np.ndarray:
+def decode_bytes(
+    data: memoryview | bytes, decoder: str, scale: int = 1, buffer: np.ndarray | None = None
+) -> np.ndarray:
     """Decode one encoded image to RGB (or RGBA) uint8 pixels, for JPEGs at ``1 / scale`` in the DCT domain.
 
     JPEG goes through ``decoder``; any other format (PNG for Blender-style data, also when named
@@ -139,7 +143,9 @@ def decode_bytes(data: memoryview | bytes, decoder: str, scale: int = 1, buffer:
     return decode_jpeg(encoded, mode=ImageReadMode.RGB).permute(1, 2, 0).contiguous().numpy()
 
 
-def decode_at_scale(data: memoryview | bytes, decoder: str, scale: int, buffer: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+def decode_at_scale(
+    data: memoryview | bytes, decoder: str, scale: int, buffer: np.ndarray | None = None
+) -> tuple[np.ndarray, int]:
     """``decode_bytes`` at DCT scale ``1 / scale`` where the decoder can, and the scale it really used.
 
     Returns:

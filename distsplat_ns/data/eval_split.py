@@ -109,7 +109,9 @@ class EvalImages:
         split = self.split
         dataset = IndexedImageDataset(split.loader(), list(range(len(self))))
         num_workers = min(split.num_workers, len(dataset))
-        loader = DataLoader(dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers))
+        loader = DataLoader(
+            dataset, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers)
+        )
         cameras = split.dataset.cameras
         for item in loader:
             if isinstance(item, WorkerFailure):

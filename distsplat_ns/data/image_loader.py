@@ -76,7 +76,9 @@ class ImageSpec:
     def decodes_at_scale(self) -> bool:
         """Whether the training-scale downscale can be folded into the decode (no per-pixel step
         before it that does not commute with a box average: resize, alpha, mask colour, undistortion)."""
-        return self.scale_factor == 1.0 and self.undistort is None and self.mask_color is None and self.alpha_color is None
+        return (
+            self.scale_factor == 1.0 and self.undistort is None and self.mask_color is None and self.alpha_color is None
+        )
 
 
 def file_size_matches(spec: ImageSpec, file_hw: tuple[int, int]) -> bool:
@@ -84,7 +86,10 @@ def file_size_matches(spec: ImageSpec, file_hw: tuple[int, int]) -> bool:
     before ``scale_factor``: its size, or any rounding (floor, round, ceil: the dataparsers' options)
     of its size / ``spec.source_downscale`` when decoded at that scale."""
     if spec.parsed_size_hw is None:  # the file is the camera's size, then resized by scale_factor
-        return all(int(side * spec.scale_factor) == want for side, want in zip(file_hw, (spec.height, spec.width), strict=False))
+        return all(
+            int(side * spec.scale_factor) == want
+            for side, want in zip(file_hw, (spec.height, spec.width), strict=False)
+        )
     n = spec.source_downscale
     return all(side // n <= base <= -(-side // n) for side, base in zip(file_hw, spec.parsed_size_hw, strict=False))
 
@@ -97,7 +102,9 @@ def _composite_alpha(image: torch.Tensor, alpha_color: tuple[float, float, float
     return torch.clamp(out, min=0, max=255).to(torch.uint8)
 
 
-def _load_mask(data: memoryview | bytes, scale_factor: float, base_size_hw: tuple[int, int] | None = None) -> np.ndarray:
+def _load_mask(
+    data: memoryview | bytes, scale_factor: float, base_size_hw: tuple[int, int] | None = None
+) -> np.ndarray:
     # Same as nerfstudio's get_image_mask_tensor_from_path; a mask file larger than its camera
     # (dataparser downscale without masks_N) is first resized with nearest neighbour, as nerfstudio
     # makes masks_N.
@@ -185,7 +192,9 @@ class ImageLoader:
         try:
             file_hw = read_size_hw(data)
         except Exception as exc:
-            raise UserError(f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
+            raise UserError(
+                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
+            ) from exc
         base_h, base_w = spec.base_size_hw
         n = spec.source_downscale
         if not file_size_matches(spec, file_hw):
@@ -195,21 +204,32 @@ class ImageLoader:
             )
         return file_hw
 
-    def _decode_to(self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int], out: np.ndarray | None) -> np.ndarray:
+    def _decode_to(
+        self, index: int, data: memoryview | bytes, factor: int, size_hw: tuple[int, int], out: np.ndarray | None
+    ) -> np.ndarray:
         """The file decoded and brought to ``size_hw`` = its size / ``factor`` (DCT scale, then box)."""
         scale = dct_scale(factor)
         file_hw = self._check_file_size(index, data) if factor > 1 or out is not None else None
         # Straight into ``out`` only when nothing follows the decode.
-        direct = out is not None and file_hw is not None and (-(-file_hw[0] // scale), -(-file_hw[1] // scale)) == size_hw and scale == factor
+        direct = (
+            out is not None
+            and file_hw is not None
+            and (-(-file_hw[0] // scale), -(-file_hw[1] // scale)) == size_hw
+            and scale == factor
+        )
         try:
             image, used = decode_at_scale(data, self.decoder, scale, out if direct else None)
         except Exception as exc:
-            raise UserError(f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
+            raise UserError(
+                f"cannot decode image {self.images.path(index)} (dataset index {index}): {type(exc).__name__}: {exc}"
+            ) from exc
         if factor == 1 or (used == factor and image.shape[:2] == size_hw):
             return image
         return fit_to_size(image, factor // used, size_hw)
 
-    def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+    def load_array(
+        self, index: int, out: np.ndarray | None = None, downscale: int = 1
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Decode and prepare image ``index`` at ``1 / downscale`` of its training resolution.
 
         The image comes out at ``downscaled_px`` of ``spec.output_size_hw``, folded into the decode
@@ -241,11 +261,17 @@ class ImageLoader:
                 fill = np.array([round(255 * c) for c in spec.mask_color], dtype=np.uint8)
                 image = np.where(mask, image, fill[: image.shape[2]]).astype(np.uint8)
         if spec.undistort is not None:
-            target = _view_of(out, (spec.undistort.roi_xywh[3], spec.undistort.roi_xywh[2], image.shape[2])) if late_downscale == 1 else None
+            target = (
+                _view_of(out, (spec.undistort.roi_xywh[3], spec.undistort.roi_xywh[2], image.shape[2]))
+                if late_downscale == 1
+                else None
+            )
             image, mask = undistort(image, mask, spec.undistort, self._map_cache, out=target)
         if late_downscale > 1:
             out_h, out_w = spec.output_size_hw
-            image = box_downscale(image, late_downscale, (out_h // downscale, out_w // downscale))  # utils.cameras.downscaled_px
+            image = box_downscale(
+                image, late_downscale, (out_h // downscale, out_w // downscale)
+            )  # utils.cameras.downscaled_px
         if out is not None and not np.shares_memory(image, out):
             target = _view_of(out, image.shape)
             if target is not None:
@@ -265,7 +291,9 @@ class ImageLoader:
             raise UserError(f"cannot decode image {path} (dataset index {index}): {type(exc).__name__}: {exc}") from exc
         if spec.decodes_at_scale:
             base_h, base_w = spec.base_size_hw
-            image = self._decode_to(index, data, spec.source_downscale * downscale, (base_h // downscale, base_w // downscale), out)
+            image = self._decode_to(
+                index, data, spec.source_downscale * downscale, (base_h // downscale, base_w // downscale), out
+            )
             late_downscale = 1
         else:
             image = self._decode_to(index, data, spec.source_downscale, spec.base_size_hw, None)
@@ -276,7 +304,9 @@ class ImageLoader:
             image = pil_to_array(pil_image.resize(newsize, resample=Image.Resampling.BILINEAR))
         if image.shape[2] not in (3, 4):
             raise UserError(f"image {path} (dataset index {index}) has {image.shape[2]} channels, expected 3 or 4")
-        expected_hw = (spec.height // downscale, spec.width // downscale) if spec.decodes_at_scale else (spec.height, spec.width)
+        expected_hw = (
+            (spec.height // downscale, spec.width // downscale) if spec.decodes_at_scale else (spec.height, spec.width)
+        )
         if image.shape[:2] != expected_hw:
             raise UserError(
                 f"image {path} (dataset index {index}) is {image.shape[1]}x{image.shape[0]} (WxH) after scaling, "
@@ -291,7 +321,9 @@ class ImageLoader:
         spec = self.specs[index]
         mask_path = self.masks.path(index)
         try:
-            mask = _load_mask(self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None)
+            mask = _load_mask(
+                self.masks.view(index), spec.scale_factor, spec.base_size_hw if spec.source_downscale > 1 else None
+            )
         except Exception as exc:
             raise UserError(f"cannot decode mask {mask_path} (dataset index {index}): {exc}") from exc
         if mask.shape[:2] != (spec.height, spec.width):

@@ -151,7 +151,9 @@ def check_image_headers(
                 expected = f"{spec.parsed_size_hw[1]}x{spec.parsed_size_hw[0]} at 1/{spec.source_downscale} of the file"
             elif spec.scale_factor != 1.0:
                 expected += f" after scaling the file by {spec.scale_factor}"
-            raise UserError(f"{what} {path} (dataset index {index}) is {size_wh[0]}x{size_wh[1]} (WxH), but its camera says {expected}")
+            raise UserError(
+                f"{what} {path} (dataset index {index}) is {size_wh[0]}x{size_wh[1]} (WxH), but its camera says {expected}"
+            )
         _check_jpeg_end(path, f"{what} {path} (dataset index {index})", truncated_ok)
         if mask_paths is not None:
             mask_wh = header_size_wh(mask_paths[index])

@@ -47,7 +47,9 @@ class TrainBatch:
     skipped_indices: list[int] = field(default_factory=list)
 
 
-def make_stream_loader(stream: ImageBatchStream, num_workers: int, prefetch_batches: int, start_method: str = WORKER_START_METHOD) -> DataLoader:
+def make_stream_loader(
+    stream: ImageBatchStream, num_workers: int, prefetch_batches: int, start_method: str = WORKER_START_METHOD
+) -> DataLoader:
     """The DataLoader that runs ``stream`` in ``num_workers`` processes.
 
     Args:
@@ -64,7 +66,11 @@ def make_stream_loader(stream: ImageBatchStream, num_workers: int, prefetch_batc
     if prefetch_batches < 1:
         raise ValueError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
     return DataLoader(
-        stream, batch_size=None, collate_fn=identity_collate, num_workers=num_workers, **worker_kwargs(num_workers, start_method, prefetch_batches)
+        stream,
+        batch_size=None,
+        collate_fn=identity_collate,
+        num_workers=num_workers,
+        **worker_kwargs(num_workers, start_method, prefetch_batches),
     )
 
 
@@ -89,7 +95,9 @@ def _copy_out_slots(part: StepPart, slots: DecodeSlots | None, pin_memory: bool 
     check()  # the pixels did not change while being copied
 
 
-def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = None, pin_memory: bool = False) -> TrainBatch:
+def merge_parts(
+    step: int, parts: list[StepPart], slots: DecodeSlots | None = None, pin_memory: bool = False
+) -> TrainBatch:
     """Join the workers' parts of one step into a ``TrainBatch`` ordered by batch position.
 
     Pixels left in decode slots are copied out into tensors the caller owns (pinned host memory
@@ -105,7 +113,11 @@ def merge_parts(step: int, parts: list[StepPart], slots: DecodeSlots | None = No
             raise RuntimeError(f"data stream out of order: expected step {step}, a worker delivered step {part.step}")
         _copy_out_slots(part, slots, pin_memory)
     items = sorted(
-        ((p, i, img, m) for part in parts for p, i, img, m in zip(part.positions, part.camera_indices, part.images, part.masks, strict=False)),
+        (
+            (p, i, img, m)
+            for part in parts
+            for p, i, img, m in zip(part.positions, part.camera_indices, part.images, part.masks, strict=False)
+        ),
         key=lambda item: item[0],
     )
     skipped = [i for part in parts for i in part.skipped_indices]
@@ -151,7 +163,12 @@ class TrainBatchReader:
         if num_workers > 0:
             # More parts than the DataLoader can have in flight per worker (prefetch_batches),
             # plus the one being consumed and one of margin.
-            self.slots = DecodeSlots(num_workers, prefetch_batches + 2, stream.max_images_per_part(num_workers), stream.loader.max_output_bytes())
+            self.slots = DecodeSlots(
+                num_workers,
+                prefetch_batches + 2,
+                stream.max_images_per_part(num_workers),
+                stream.loader.max_output_bytes(),
+            )
         stream.slots = self.slots
         self._dataloader = make_stream_loader(stream, num_workers, prefetch_batches, start_method)
         self._iterator: Iterator[StepPart] | None = iter(self._dataloader)

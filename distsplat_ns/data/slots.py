@@ -55,7 +55,9 @@ class DecodeSlots:
 
     def _make_views(self) -> None:
         raw = self._buffer.array
-        self.stamps = raw[: 8 * self.num_workers * self.num_parts].view(np.int64).reshape(self.num_workers, self.num_parts)
+        self.stamps = (
+            raw[: 8 * self.num_workers * self.num_parts].view(np.int64).reshape(self.num_workers, self.num_parts)
+        )
         self.data = raw[self._header :]
 
     def offset(self, worker_id: int, slot_index: int, image_index: int) -> int:

@@ -63,7 +63,9 @@ class StepBatch:
         ``on_device`` is called at most once (it reads the stream's next batch).
     """
 
-    def __init__(self, step: int, camera_ids: list[int], receive: Callable[[], TrainBatch], decode: Decode, upload: Upload) -> None:
+    def __init__(
+        self, step: int, camera_ids: list[int], receive: Callable[[], TrainBatch], decode: Decode, upload: Upload
+    ) -> None:
         self.step = step
         self.camera_ids = camera_ids
         self._receive = receive

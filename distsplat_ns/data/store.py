@@ -351,7 +351,9 @@ class EncodedImageStore:
                     while num_read < end - start:
                         n = f.readinto(target[num_read:])
                         if not n:
-                            raise OSError(f"{path} shrank while being read: expected {end - start} bytes, got {num_read}")
+                            raise OSError(
+                                f"{path} shrank while being read: expected {end - start} bytes, got {num_read}"
+                            )
                         num_read += n
             except OSError as exc:
                 # Entries from here on are read from their files, which then report the problem.

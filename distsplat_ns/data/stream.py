@@ -153,7 +153,11 @@ class ImageBatchStream(IterableDataset):
                 slots.stamps[worker_id, part.slot_index] = -1
             for j, p in enumerate(mine):
                 index = batch[p]
-                out = slots.buffer(worker_id, part.slot_index, j) if slots is not None and j < slots.images_per_part else None
+                out = (
+                    slots.buffer(worker_id, part.slot_index, j)
+                    if slots is not None and j < slots.images_per_part
+                    else None
+                )
                 try:
                     array, mask_array = self.loader.load_array(index, out=out, downscale=downscale)
                 except ValueError as exc:

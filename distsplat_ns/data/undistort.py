@@ -134,7 +134,16 @@ def undistort_intrinsics(
         params = distortion[i]
         if not np.any(params != 0):
             continue
-        key = (camera_models[i], float(fx[i]), float(fy[i]), float(cx[i]), float(cy[i]), int(widths[i]), int(heights[i]), tuple(params.tolist()))
+        key = (
+            camera_models[i],
+            float(fx[i]),
+            float(fy[i]),
+            float(cx[i]),
+            float(cy[i]),
+            int(widths[i]),
+            int(heights[i]),
+            tuple(params.tolist()),
+        )
         if camera_models[i] == "FISHEYE624":
             key = (*key, _crop_radius(radii[i]))
         if key not in cache:
@@ -163,7 +172,9 @@ def _undistortion_for(cv2, key: tuple, params: np.ndarray) -> Undistortion:
         return _fisheye624_undistortion(key, params, K)
     if camera_model == "PERSPECTIVE":
         if params[3] != 0:
-            raise UserError("perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)")
+            raise UserError(
+                "perspective cameras with a non-zero 4th Brown parameter (k4) cannot be undistorted (as in nerfstudio)"
+            )
         dist = np.array([params[0], params[1], params[4], params[5], params[2], params[3], 0, 0])
         K[0, 2] = K[0, 2] - 0.5
         K[1, 2] = K[1, 2] - 0.5
@@ -205,7 +216,12 @@ def _fisheye624_undistortion(key: tuple, params: np.ndarray, K: np.ndarray) -> U
     centre_x = torch.tensor([cx], dtype=torch.float32)
     centre_y = torch.tensor([cy], dtype=torch.float32)
     # float32 subtraction of the Python radius, as nerfstudio's on its camera's [1] tensors.
-    edges = [(centre_x, centre_y - radius), (centre_x, centre_y + radius), (centre_x - radius, centre_y), (centre_x + radius, centre_y)]
+    edges = [
+        (centre_x, centre_y - radius),
+        (centre_x, centre_y + radius),
+        (centre_x - radius, centre_y),
+        (centre_x + radius, centre_y),
+    ]
     points = torch.tensor([[float(u), float(v)] for u, v in edges], dtype=torch.float32)
     top, bottom, left, right = fisheye624_unproject_helper(points[None], params=model[None]).squeeze(dim=0)
 
@@ -249,7 +265,9 @@ def _spec(
 
 
 def _result(spec: UndistortSpec, new_K: np.ndarray, width: int, height: int) -> Undistortion:
-    return Undistortion(spec, float(new_K[0, 0]), float(new_K[1, 1]), float(new_K[0, 2]), float(new_K[1, 2]), width, height)
+    return Undistortion(
+        spec, float(new_K[0, 0]), float(new_K[1, 1]), float(new_K[0, 2]), float(new_K[1, 2]), width, height
+    )
 
 
 class MapCache:
@@ -301,7 +319,10 @@ class MapCache:
                 map1, map2 = cv2.initUndistortRectifyMap(K, dist, None, new_K, spec.size_wh, map_type)
                 x, y, w, h = spec.roi_xywh
                 # Only the pixels kept by the crop are ever computed.
-                entry = (np.ascontiguousarray(map1[y : y + h, x : x + w]), np.ascontiguousarray(map2[y : y + h, x : x + w]))
+                entry = (
+                    np.ascontiguousarray(map1[y : y + h, x : x + w]),
+                    np.ascontiguousarray(map2[y : y + h, x : x + w]),
+                )
             else:
                 entry = tuple(cv2.fisheye.initUndistortRectifyMap(K, dist, np.eye(3), new_K, spec.size_wh, map_type))
         self.num_built += 1
@@ -329,8 +350,12 @@ def _fisheye624_maps_and_mask(spec: UndistortSpec) -> tuple[np.ndarray, np.ndarr
     model = _fisheye624_params(fx, fy, cx, cy, spec.dist)
     side_x, side_y = spec.roi_xywh[2], spec.roi_xywh[3]
     new_K = torch.tensor(spec.new_K, dtype=torch.float32).reshape(3, 3)
-    xs, ys = torch.meshgrid(torch.arange(side_x, dtype=torch.float32), torch.arange(side_y, dtype=torch.float32), indexing="ij")
-    pixels = torch.stack([xs, ys, torch.ones((side_x, side_y), dtype=torch.float32)], dim=-1).reshape((side_x * side_y, 3))
+    xs, ys = torch.meshgrid(
+        torch.arange(side_x, dtype=torch.float32), torch.arange(side_y, dtype=torch.float32), indexing="ij"
+    )
+    pixels = torch.stack([xs, ys, torch.ones((side_x, side_y), dtype=torch.float32)], dim=-1).reshape(
+        (side_x * side_y, 3)
+    )
     rays = torch.einsum("ij,bj->bi", torch.linalg.inv(new_K), pixels)
     uv = fisheye624_project(xyz=rays[None], params=model[None, :]).reshape((side_x, side_y, 2)).numpy()
     map_x, map_y = np.ascontiguousarray(uv[..., 1]), np.ascontiguousarray(uv[..., 0])
@@ -338,7 +363,14 @@ def _fisheye624_maps_and_mask(spec: UndistortSpec) -> tuple[np.ndarray, np.ndarr
     rows, cols = np.mgrid[:height, :width]
     # sqrt of the exact integer sum: the float64 value np.linalg.norm gives nerfstudio.
     inside = np.sqrt((rows - height // 2) ** 2 + (cols - width // 2) ** 2) < spec.crop_radius_px
-    warped = cv2.remap(inside.astype(np.uint8) * 255, map_x, map_y, interpolation=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=0)
+    warped = cv2.remap(
+        inside.astype(np.uint8) * 255,
+        map_x,
+        map_y,
+        interpolation=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=0,
+    )
     return map_x, map_y, warped != 0
 
 
@@ -368,7 +400,9 @@ def undistort(
     import cv2
 
     if spec.camera_model == "fisheye624" and mask is not None:
-        raise ValueError("fisheye624 undistortion generates its own mask; mask files are refused at start-up (image_specs.py)")
+        raise ValueError(
+            "fisheye624 undistortion generates its own mask; mask files are refused at start-up (image_specs.py)"
+        )
     if spec.camera_model == "perspective":
         # cv2.undistort == remap(INTER_LINEAR, BORDER_CONSTANT) with CV_16SC2 maps.
         map1, map2 = cache.get(spec, cv2.CV_16SC2)

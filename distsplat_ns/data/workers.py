@@ -130,7 +130,9 @@ def exit_with_owner(owner_pid: int, worker_id: int = 0) -> None:
     threading.Thread(target=wait_then_exit, name="exit with owner", daemon=True).start()
 
 
-def worker_kwargs(num_workers: int, start_method: str = WORKER_START_METHOD, prefetch_batches: int | None = None) -> dict:
+def worker_kwargs(
+    num_workers: int, start_method: str = WORKER_START_METHOD, prefetch_batches: int | None = None
+) -> dict:
     """DataLoader keyword arguments for ``num_workers`` workers: start method, owner watch, prefetch."""
     if num_workers == 0:
         return {}

@@ -155,7 +155,9 @@ def _buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int
     return buckets
 
 
-def sum_gradients_(ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> GradSyncResult:
+def sum_gradients_(
+    ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> GradSyncResult:
     """Replace each parameter's ``.grad`` by its sum over ranks, in flat buckets.
 
     The buckets are rebuilt from ``params`` on every call, so parameters that densification added,
@@ -180,7 +182,9 @@ def sum_gradients_(ctx: DistContext, params: Sequence[torch.Tensor], bucket_byte
         return GradSyncResult(bytes_reduced=0)
     buckets = _buckets(params, bucket_bytes)
     for bucket in buckets:
-        grads = [params[i].grad.contiguous() if params[i].grad is not None else torch.zeros_like(params[i]) for i in bucket]
+        grads = [
+            params[i].grad.contiguous() if params[i].grad is not None else torch.zeros_like(params[i]) for i in bucket
+        ]
         if len(grads) == 1:  # one gradient is summed where it lies, no flat view of it
             dist.all_reduce(grads[0], op=dist.ReduceOp.SUM)
             params[bucket[0]].grad = grads[0]
@@ -205,7 +209,9 @@ def gradients_finite(params: Iterable[torch.Tensor]) -> torch.Tensor:
     ``get_total_norm`` with the inf-norm, one fused multi-tensor kernel on CUDA) is NaN or Inf exactly when some element is, and, unlike a
     sum, cannot overflow on finite values.
     """
-    grads = [p.grad for p in params if p.grad is not None and p.grad.numel() > 0]  # the inf-norm of nothing is undefined
+    grads = [
+        p.grad for p in params if p.grad is not None and p.grad.numel() > 0
+    ]  # the inf-norm of nothing is undefined
     if not grads:
         return torch.tensor(True)
     return torch.isfinite(grads_inf_norm(grads))
@@ -264,7 +270,9 @@ def check_replicas(ctx: DistContext, tensors: Sequence[torch.Tensor], step: int)
     digests = all_gather_object(ctx, digest)
     drifted = [r for r, d in enumerate(digests) if d != digests[0]]
     if drifted:
-        raise ReplicaDriftError(f"replica drift at step {step}: ranks {drifted} hold parameters that differ from rank 0's")
+        raise ReplicaDriftError(
+            f"replica drift at step {step}: ranks {drifted} hold parameters that differ from rank 0's"
+        )
     return digest
 
 
@@ -286,7 +294,9 @@ def all_gather_counts(ctx: DistContext, count: int) -> list[int]:
     mine = torch.tensor([int(count)], dtype=torch.int64, device=_collective_device(ctx))
     out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
     dist.all_gather(out, mine)
-    return [int(n) for n in torch.cat(out).tolist()]  # host sync, one for all ranks: the counts size what follows on the host
+    return [
+        int(n) for n in torch.cat(out).tolist()
+    ]  # host sync, one for all ranks: the counts size what follows on the host
 
 
 def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int] | None = None) -> list[torch.Tensor]:
@@ -299,7 +309,9 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     longest. **Host sync:** the row counts, unless given.
     """
     if counts is not None and (len(counts) != ctx.world_size or tensor.shape[0] != counts[ctx.rank]):
-        raise ValueError(f"all_gather_rows: rank {ctx.rank} holds {tensor.shape[0]} rows, the counts given say {list(counts)}")
+        raise ValueError(
+            f"all_gather_rows: rank {ctx.rank} holds {tensor.shape[0]} rows, the counts given say {list(counts)}"
+        )
     if not ctx.is_distributed:
         return [tensor]
     if counts is None:
@@ -312,7 +324,9 @@ def all_gather_rows(ctx: DistContext, tensor: torch.Tensor, counts: Sequence[int
     else:
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
-    parts = all_gather_stacked(ctx, padded).to(tensor.device).unbind(0)  # it stages (``_staged``); back to the caller's device
+    parts = (
+        all_gather_stacked(ctx, padded).to(tensor.device).unbind(0)
+    )  # it stages (``_staged``); back to the caller's device
     return [part if c == longest else part[:c] for part, c in zip(parts, counts, strict=True)]
 
 
@@ -368,12 +382,16 @@ def all_to_all_rows(
     gradients back with a second call in the reverse direction).
     """
     if len(send_counts) != ctx.world_size or sum(send_counts) != send.shape[0]:
-        raise ValueError(f"all_to_all_rows: counts {list(send_counts)} do not split {send.shape[0]} rows over {ctx.world_size} ranks")
+        raise ValueError(
+            f"all_to_all_rows: counts {list(send_counts)} do not split {send.shape[0]} rows over {ctx.world_size} ranks"
+        )
     if not ctx.is_distributed:
         return send, [int(send.shape[0])]
     if recv_counts is None:
         recv_counts = all_to_all_counts(ctx, send_counts)
-    staged = _staged(ctx, (send.detach() if send.requires_grad else send).contiguous())  # callers pass no graph: no detach to dispatch
+    staged = _staged(
+        ctx, (send.detach() if send.requires_grad else send).contiguous()
+    )  # callers pass no graph: no detach to dispatch
     recv = staged.new_empty((sum(recv_counts), *staged.shape[1:]))
     dist.all_to_all_single(recv, staged, [int(c) for c in recv_counts], [int(c) for c in send_counts])
     return recv.to(send.device), [int(c) for c in recv_counts]

@@ -135,7 +135,14 @@ def init_distributed(
         rank0_work_timeout_s=rank0_work_timeout_s,
     )
     if ctx.is_distributed:
-        LOGGER.info("joined process group: rank %d/%d, local rank %d, backend %s, device %s", rank, world_size, local_rank, backend, device)
+        LOGGER.info(
+            "joined process group: rank %d/%d, local rank %d, backend %s, device %s",
+            rank,
+            world_size,
+            local_rank,
+            backend,
+            device,
+        )
     return ctx
 
 
@@ -144,7 +151,9 @@ def _check_launch_settings(device_type: str, timeout_s: float, backend: str) -> 
     if device_type not in ("cuda", "cpu"):
         raise UserError(f"--machine.device-type must be 'cuda' or 'cpu' for distsplat, got {device_type!r}")
     if device_type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu")
+        raise UserError(
+            "--machine.device-type cuda was given but no CUDA device is available; use --machine.device-type cpu"
+        )
     if timeout_s <= 0:
         raise UserError(f"collective timeout must be > 0 seconds, got {timeout_s}")
     if backend not in DIST_BACKENDS:
@@ -153,7 +162,9 @@ def _check_launch_settings(device_type: str, timeout_s: float, backend: str) -> 
         raise UserError("--dist-backend nccl needs --machine.device-type cuda")
 
 
-def _join_group(device_type: str, timeout_s: float, local_rank_hint: int, backend: str) -> tuple[int, int, int, str | None]:
+def _join_group(
+    device_type: str, timeout_s: float, local_rank_hint: int, backend: str
+) -> tuple[int, int, int, str | None]:
     """Adopt the existing process group, create it from torchrun's environment, or run alone;
     returns ``(rank, world_size, local_rank, backend)`` (backend None alone).
 
@@ -244,7 +255,9 @@ def auto_backend(device_type: str, local_world_size: int | None) -> str:
         return "gloo"
     count = torch.cuda.device_count()
     if local_world_size is not None and local_world_size > count:
-        LOGGER.warning("%d ranks on this host share %d GPU(s): using gloo (NCCL needs one GPU per rank)", local_world_size, count)
+        LOGGER.warning(
+            "%d ranks on this host share %d GPU(s): using gloo (NCCL needs one GPU per rank)", local_world_size, count
+        )
         return "gloo"
     return "nccl"
 
@@ -254,7 +267,12 @@ def _device_index(local_rank: int) -> int:
     ranks on the host than GPUs (then only gloo works: NCCL refuses two ranks on one device)."""
     count = torch.cuda.device_count()
     if local_rank >= count:
-        LOGGER.warning("local rank %d shares GPU %d with another rank (%d GPUs on this host)", local_rank, local_rank % count, count)
+        LOGGER.warning(
+            "local rank %d shares GPU %d with another rank (%d GPUs on this host)",
+            local_rank,
+            local_rank % count,
+            count,
+        )
     return local_rank % count
 
 
@@ -280,7 +298,10 @@ def exit_with_launcher(sig: int = signal.SIGTERM) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            LOGGER.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d): this rank will not follow its launcher's death", ctypes.get_errno())
+            LOGGER.warning(
+                "prctl(PR_SET_PDEATHSIG) failed (errno %d): this rank will not follow its launcher's death",
+                ctypes.get_errno(),
+            )
             return False
     except (OSError, AttributeError):
         return False

@@ -55,7 +55,12 @@ class _RowSavePlanner(DefaultSavePlanner):
 
     def __init__(self, row_offset: int, num_rows_total: int) -> None:
         super().__init__(
-            **planner_kwargs(DefaultSavePlanner, flatten_state_dict=False, flatten_sharded_tensors=False, dedup_save_to_lowest_rank=False)
+            **planner_kwargs(
+                DefaultSavePlanner,
+                flatten_state_dict=False,
+                flatten_sharded_tensors=False,
+                dedup_save_to_lowest_rank=False,
+            )
         )
         self.row_offset = row_offset
         self.num_rows_total = num_rows_total
@@ -97,7 +102,11 @@ class _RowLoadPlanner(DefaultLoadPlanner):
     of the global tensor (DCP's resharding), and the blob kept as raw bytes."""
 
     def __init__(self, row_offset: int) -> None:
-        super().__init__(**planner_kwargs(DefaultLoadPlanner, flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=True))
+        super().__init__(
+            **planner_kwargs(
+                DefaultLoadPlanner, flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=True
+            )
+        )
         self.row_offset = row_offset
 
     def create_local_plan(self) -> LoadPlan:
@@ -109,7 +118,9 @@ class _RowLoadPlanner(DefaultLoadPlanner):
                 if obj.shape[0] == 0 or md is None:
                     continue
                 offsets = torch.Size([self.row_offset] + [0] * (obj.dim() - 1))
-                items += create_read_items_for_chunk_list(fqn, md, [ChunkStorageMetadata(offsets=offsets, sizes=obj.size())])
+                items += create_read_items_for_chunk_list(
+                    fqn, md, [ChunkStorageMetadata(offsets=offsets, sizes=obj.size())]
+                )
             elif fqn == BLOB_KEY and isinstance(md, BytesStorageMetadata):
                 items += _create_read_items(fqn, md, None)  # DCP's own byte read item
         return LoadPlan(items)
@@ -153,7 +164,9 @@ def save_rows(ctx: DistContext, folder: Path, rows: Mapping[str, torch.Tensor], 
     state[BLOB_KEY] = blob if ctx.is_main and blob is not None else b""
     writer = dcp.FileSystemWriter(str(folder), sync_files=True, single_file_per_rank=True)
     try:
-        dcp_save(state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed)
+        dcp_save(
+            state, storage_writer=writer, planner=_RowSavePlanner(offset, sum(counts)), no_dist=not ctx.is_distributed
+        )
     except CheckpointException as err:
         failed = sorted(err.failures) if hasattr(err, "failures") else "?"
         raise RunFailure(f"writing checkpoint {folder} failed on rank(s) {failed}: {err}") from err

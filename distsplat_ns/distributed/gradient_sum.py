@@ -55,7 +55,9 @@ class GradientSum:
         return moved
 
 
-def bucket_layout(params: Sequence[torch.Tensor], bucket_bytes: int, close_bytes: int = CLOSE_BUCKET_BYTES) -> list[list[int]]:
+def bucket_layout(
+    params: Sequence[torch.Tensor], bucket_bytes: int, close_bytes: int = CLOSE_BUCKET_BYTES
+) -> list[list[int]]:
     """Parameter indices per bucket, in reversed parameter order: a bucket holds one dtype and
     device, at most ``bucket_bytes`` (unless one parameter is larger) and closes at ``close_bytes``.
     A function of the parameters' order, shapes and dtypes only: the same on every rank."""
@@ -64,7 +66,11 @@ def bucket_layout(params: Sequence[torch.Tensor], bucket_bytes: int, close_bytes
     for i in reversed(range(len(params))):
         p = params[i]
         nbytes = p.numel() * p.element_size()
-        if buckets and buckets[-1] and (size >= close_bytes or size + nbytes > bucket_bytes or (p.dtype, p.device) != key):
+        if (
+            buckets
+            and buckets[-1]
+            and (size >= close_bytes or size + nbytes > bucket_bytes or (p.dtype, p.device) != key)
+        ):
             buckets.append([])
             size = 0
         if not buckets:
@@ -90,7 +96,13 @@ class BucketedGradientSum(GradientSum):
     with ``g1`` both end with ``g0 + g1``; a parameter without a gradient counts as zeros.
     """
 
-    def __init__(self, ctx: DistContext, params: Sequence[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES, overlap: bool = True) -> None:
+    def __init__(
+        self,
+        ctx: DistContext,
+        params: Sequence[torch.Tensor],
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        overlap: bool = True,
+    ) -> None:
         super().__init__(lambda: 0)
         self._ctx = ctx
         self._params = list(params)
@@ -123,7 +135,9 @@ class BucketedGradientSum(GradientSum):
     def _final(self, index: int) -> None:
         """Parameter ``index``'s gradient is final: start every complete bucket, in order."""
         if index in self._final_ones:
-            raise RuntimeError(f"parameter {index}'s gradient was accumulated twice in the last backward: its bucket's sum may miss a part")
+            raise RuntimeError(
+                f"parameter {index}'s gradient was accumulated twice in the last backward: its bucket's sum may miss a part"
+            )
         self._final_ones.add(index)
         k = self._bucket_of[index]
         self._missing[k] -= 1
@@ -132,7 +146,10 @@ class BucketedGradientSum(GradientSum):
 
     def _start(self, k: int) -> None:
         """Flatten bucket ``k``'s gradients (zeros for none) and start its all-reduce."""
-        grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in (self._params[i] for i in self._buckets[k])]
+        grads = [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+            for p in (self._params[i] for i in self._buckets[k])
+        ]
         flat = torch.cat(grads) if len(grads) > 1 else grads[0].clone()
         self._started.append((flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
 

@@ -90,12 +90,16 @@ class HostGroup:
             except BaseException as err:
                 all_gather_object(ctx, ("error", f"{type(err).__name__}: {err}", None, 0))
                 raise
-            server = FdServer(fds, self.num_local_ranks - 1, ctx.timeout_s) if fds and self.num_local_ranks > 1 else None
+            server = (
+                FdServer(fds, self.num_local_ranks - 1, ctx.timeout_s) if fds and self.num_local_ranks > 1 else None
+            )
             all_gather_object(ctx, ("ok", info, server.address if server is not None else None, len(fds)))
             return info, fds
         status, info, address, num_fds = all_gather_object(ctx, None)[self.leader_rank]
         if status != "ok":
-            raise RunFailure(f"rank {ctx.rank}: rank {self.leader_rank}, which leads this host's local ranks, failed: {info}")
+            raise RunFailure(
+                f"rank {ctx.rank}: rank {self.leader_rank}, which leads this host's local ranks, failed: {info}"
+            )
         if address is None:
             return info, []
         try:

@@ -95,6 +95,11 @@ def choose_socket_interface(backend: str, env: dict[str, str] | None = None) -> 
     for variable in missing:
         env[variable] = name
     LOGGER.info(
-        "%s=%s: the interface routing to MASTER_ADDR %s (this host's name %r resolves to %s)", "/".join(missing), name, master, hostname, host_ip
+        "%s=%s: the interface routing to MASTER_ADDR %s (this host's name %r resolves to %s)",
+        "/".join(missing),
+        name,
+        master,
+        hostname,
+        host_ip,
     )
     return name

@@ -216,7 +216,9 @@ class _PhaseWatch:
         with self._lock:
             self._phase = (ctx, store, name, threshold_s, time.monotonic())
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, args=(threading.main_thread().ident,), name="distsplat-phase-watch", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, args=(threading.main_thread().ident,), name="distsplat-phase-watch", daemon=True
+                )
                 self._thread.start()
 
     def stop(self) -> None:
@@ -244,7 +246,8 @@ class _PhaseWatch:
             )
             sys.stderr.write(
                 f"distsplat: rank {ctx.rank} is {note}: the other ranks are waiting for it "
-                f"(they give up after --collective-timeout-s {ctx.timeout_s:g}). Its main thread:\n" + "".join(traceback.format_list(stack[-12:]))
+                f"(they give up after --collective-timeout-s {ctx.timeout_s:g}). Its main thread:\n"
+                + "".join(traceback.format_list(stack[-12:]))
             )
             sys.stderr.flush()
             try:
@@ -277,7 +280,9 @@ class _AbortWatch:
     def start(self, ctx: DistContext, store: dist.Store) -> None:
         if self._thread is None:
             self._stopped.clear()
-            self._thread = threading.Thread(target=self._run, args=(ctx, store), name="distsplat-abort-watch", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(ctx, store), name="distsplat-abort-watch", daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:
@@ -304,7 +309,10 @@ class _AbortWatch:
             if seen_at is not None and now - seen_at > ABORT_GRACE_S:
                 self._end(ctx, f"another rank failed ({message}) and this rank did not stop within {ABORT_GRACE_S:g} s")
             if lost_at is not None and now - lost_at > ctx.timeout_s + ABORT_GRACE_S:
-                self._end(ctx, f"{message}, for {now - lost_at:.0f} s (--collective-timeout-s {ctx.timeout_s:g} + {ABORT_GRACE_S:g} s)")
+                self._end(
+                    ctx,
+                    f"{message}, for {now - lost_at:.0f} s (--collective-timeout-s {ctx.timeout_s:g} + {ABORT_GRACE_S:g} s)",
+                )
 
     @staticmethod
     def _end(ctx: DistContext, why: str) -> None:

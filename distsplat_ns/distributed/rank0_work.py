@@ -15,7 +15,14 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from distsplat_ns.distributed.context import DistContext
-from distsplat_ns.distributed.store_access import KEY_PREFIX, STORE_REPLY_S, StoreUnreachable, bounded, default_store, store_address
+from distsplat_ns.distributed.store_access import (
+    KEY_PREFIX,
+    STORE_REPLY_S,
+    StoreUnreachable,
+    bounded,
+    default_store,
+    store_address,
+)
 from distsplat_ns.distributed.torch_compat import DIST_ERRORS, store_has_key, store_set
 from distsplat_ns.utils.errors import RunFailure
 
@@ -98,7 +105,9 @@ def _wait_for_rank0(ctx: DistContext, store: dist.Store, what: str, done_key: st
             raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: {lost}") from lost
         except DIST_ERRORS as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise RunFailure(f"rank {ctx.rank}: lost rank 0 while it was {what}: the store at {store_address()} failed ({first})") from err
+            raise RunFailure(
+                f"rank {ctx.rank}: lost rank 0 while it was {what}: the store at {store_address()} failed ({first})"
+            ) from err
         now = time.monotonic()
         if beat != last_beat:
             last_beat, last_change = beat, now

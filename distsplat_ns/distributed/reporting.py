@@ -22,7 +22,15 @@ from distsplat_ns.utils.shm import remove_orphan_semaphores
 
 #: Errors reported as their message alone: bad input, and run failures whose message says why.
 #: Everything else is an internal error and keeps its traceback.
-REPORTED_ERRORS = (UserError, RunFailure, FileNotFoundError, NotADirectoryError, PermissionError, NonFiniteGradientError, ReplicaDriftError)
+REPORTED_ERRORS = (
+    UserError,
+    RunFailure,
+    FileNotFoundError,
+    NotADirectoryError,
+    PermissionError,
+    NonFiniteGradientError,
+    ReplicaDriftError,
+)
 
 
 def report_user_errors(method):
@@ -50,7 +58,11 @@ def report_user_errors(method):
             elif ctx.is_main:
                 remove_unused_run_dir(getattr(self, "base_dir", None))
             many = ctx.is_distributed or os.environ.get("WORLD_SIZE", "1") not in ("", "1")
-            explained = explain_comm_failure(ctx, err) if isinstance(err, Exception) and not isinstance(err, REPORTED_ERRORS) else None
+            explained = (
+                explain_comm_failure(ctx, err)
+                if isinstance(err, Exception) and not isinstance(err, REPORTED_ERRORS)
+                else None
+            )
             if isinstance(err, REPORTED_ERRORS):
                 message = str(err).strip() or type(err).__name__
             elif explained is not None:
@@ -86,7 +98,9 @@ def force_exit_after(seconds: float) -> None:
     """End this process with status 1 if it is still alive ``seconds`` from now (a daemon timer)."""
 
     def deadline() -> None:
-        sys.stderr.write(f"distsplat: rank still exiting {seconds:g} s after its failure was reported: ending it (exit 1)\n")
+        sys.stderr.write(
+            f"distsplat: rank still exiting {seconds:g} s after its failure was reported: ending it (exit 1)\n"
+        )
         sys.stderr.flush()
         os._exit(1)
 

@@ -134,7 +134,9 @@ def choose_checkpoint(
     return ResumeChoice(explicit, f"resuming from {explicit}")
 
 
-def _explicit_checkpoint(run_checkpoint_dir: Path, load_dir: Path | None, load_step: int | None, load_checkpoint: Path | None) -> Path | None:
+def _explicit_checkpoint(
+    run_checkpoint_dir: Path, load_dir: Path | None, load_step: int | None, load_checkpoint: Path | None
+) -> Path | None:
     if load_dir is not None:
         load_dir = Path(load_dir)
         own_folder = _same_folder(load_dir, run_checkpoint_dir)

@@ -86,8 +86,12 @@ def resolve_memory_budget(value: str, device: torch.device) -> MemoryBudget:
         return MemoryBudget(int(gib * GIB), f"{FLAG} {value}")
     if text == "auto" and device.type == "cuda":
         total = int(torch.cuda.get_device_properties(device).total_memory)
-        return MemoryBudget(int(AUTO_DEVICE_FRACTION * total), f"auto: {AUTO_DEVICE_FRACTION:.0%} of {device}'s {total / GIB:.1f} GiB")
-    return MemoryBudget(None, f"{FLAG} {text}" + (" (no budget on the CPU: give a number of GiB)" if text == "auto" else ""))
+        return MemoryBudget(
+            int(AUTO_DEVICE_FRACTION * total), f"auto: {AUTO_DEVICE_FRACTION:.0%} of {device}'s {total / GIB:.1f} GiB"
+        )
+    return MemoryBudget(
+        None, f"{FLAG} {text}" + (" (no budget on the CPU: give a number of GiB)" if text == "auto" else "")
+    )
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,9 @@ def cameras_projected_at_once(*, sharded: bool, batch_size: int, world_size: int
     return 1 if sharded else -(-batch_size // world_size)
 
 
-def gaussian_bytes(schema: RowSchema, item_bytes: int, *, sharded: bool, batch_size: int, world_size: int, reads_statistics: bool) -> GaussianBytes:
+def gaussian_bytes(
+    schema: RowSchema, item_bytes: int, *, sharded: bool, batch_size: int, world_size: int, reads_statistics: bool
+) -> GaussianBytes:
     """``GaussianBytes`` of a run: ``held_bytes`` and the working memory per Gaussian held.
 
     The working memory: ``LIVE_ITEMS_PER_CAMERA_GAUSSIAN`` items per camera projected at once (the
@@ -150,7 +156,9 @@ class GaussianCaps:
     """Over all ranks."""
 
 
-def caps_from_budget(budget_bytes: int, fixed_bytes: int, per_gaussian: int, *, world_size: int, sharded: bool, headroom: float) -> GaussianCaps:
+def caps_from_budget(
+    budget_bytes: int, fixed_bytes: int, per_gaussian: int, *, world_size: int, sharded: bool, headroom: float
+) -> GaussianCaps:
     """The caps a budget implies. Pure.
 
     Args:
@@ -174,7 +182,9 @@ def caps_from_budget(budget_bytes: int, fixed_bytes: int, per_gaussian: int, *, 
     return GaussianCaps(held, total)
 
 
-def smallest_sharded_world_size(num_gaussians: int, budget_bytes: int, fixed_bytes: int, per_gaussian: int, headroom: float) -> int | None:
+def smallest_sharded_world_size(
+    num_gaussians: int, budget_bytes: int, fixed_bytes: int, per_gaussian: int, headroom: float
+) -> int | None:
     """The fewest sharded ranks whose caps hold ``num_gaussians`` (None where a rank holds none)."""
     held = max(0, (budget_bytes - fixed_bytes) // per_gaussian)
     if held <= 0:
@@ -212,7 +222,9 @@ def check_initial_fit(
     """
     if budget.bytes is None:
         return None
-    caps = caps_from_budget(budget.bytes, fixed_bytes, per_gaussian.total, world_size=world_size, sharded=sharded, headroom=headroom)
+    caps = caps_from_budget(
+        budget.bytes, fixed_bytes, per_gaussian.total, world_size=world_size, sharded=sharded, headroom=headroom
+    )
     if num_initial <= caps.total:
         return caps
     per_rank = num_initial if not sharded else -(-num_initial // world_size)

@@ -42,7 +42,9 @@ class RankBudget:
         headroom: The shard imbalance the total cap leaves room for (``SHARD_BOUND``).
     """
 
-    def __init__(self, ctx: DistContext, budget: MemoryBudget, per_gaussian: GaussianBytes, *, sharded: bool, headroom: float) -> None:
+    def __init__(
+        self, ctx: DistContext, budget: MemoryBudget, per_gaussian: GaussianBytes, *, sharded: bool, headroom: float
+    ) -> None:
         if budget.bytes is None:
             raise ValueError("RankBudget needs a budget in bytes")
         self.ctx = ctx
@@ -96,12 +98,24 @@ class RankBudget:
 
         def bytes_when(is_sharded: bool) -> GaussianBytes:
             return gaussian_bytes(
-                rows.schema, item_bytes, sharded=is_sharded, batch_size=batch_size, world_size=ctx.world_size, reads_statistics=reads_statistics
+                rows.schema,
+                item_bytes,
+                sharded=is_sharded,
+                batch_size=batch_size,
+                world_size=ctx.world_size,
+                reads_statistics=reads_statistics,
             )
 
         num_initial = sum(all_gather_counts(ctx, len(rows))) if sharded else len(rows)
         check_initial_fit(
-            num_initial, budget, 0, bytes_when(sharded), bytes_when(True), world_size=ctx.world_size, sharded=sharded, headroom=headroom
+            num_initial,
+            budget,
+            0,
+            bytes_when(sharded),
+            bytes_when(True),
+            world_size=ctx.world_size,
+            sharded=sharded,
+            headroom=headroom,
         )
         return cls(ctx, budget, bytes_when(sharded), sharded=sharded, headroom=headroom)
 
@@ -120,11 +134,20 @@ class RankBudget:
             peak = int(torch.cuda.max_memory_allocated(self.ctx.device))
             torch.cuda.reset_peak_memory_stats(self.ctx.device)
             self.peak_device_bytes = max(self.peak_device_bytes, peak)
-            fixed = torch.tensor([max(0, peak - num_held * self.per_gaussian.total)], dtype=torch.int64, device=self.ctx.device)
-            self.fixed_bytes = max(self.fixed_bytes, int(all_reduce_max_(self.ctx, fixed).item()))  # host sync: event step
+            fixed = torch.tensor(
+                [max(0, peak - num_held * self.per_gaussian.total)], dtype=torch.int64, device=self.ctx.device
+            )
+            self.fixed_bytes = max(
+                self.fixed_bytes, int(all_reduce_max_(self.ctx, fixed).item())
+            )  # host sync: event step
         self.peak_counted_bytes = max(self.peak_counted_bytes, self.fixed_bytes + num_held * self.per_gaussian.total)
         return caps_from_budget(
-            self.budget.bytes, self.fixed_bytes, self.per_gaussian.total, world_size=self.ctx.world_size, sharded=self.sharded, headroom=self.headroom
+            self.budget.bytes,
+            self.fixed_bytes,
+            self.per_gaussian.total,
+            world_size=self.ctx.world_size,
+            sharded=self.sharded,
+            headroom=self.headroom,
         )
 
     def projection_budget_bytes(self, num_held: int) -> int:

@@ -62,7 +62,9 @@ def put_rows_(loaded: dict[str, Any], rows: Mapping[str, torch.Tensor]) -> None:
     the optimizer states that ``loaded["optimizers"]`` has for their parameter (state ``0``)."""
     pipeline = loaded["pipeline"]
     prefix = _model_prefix(pipeline)
-    model_extra_state(loaded)[_STRATEGY] = {k[len(STATE_PREFIX) :]: v for k, v in rows.items() if k.startswith(STATE_PREFIX)}
+    model_extra_state(loaded)[_STRATEGY] = {
+        k[len(STATE_PREFIX) :]: v for k, v in rows.items() if k.startswith(STATE_PREFIX)
+    }
     for key, value in rows.items():
         if key.startswith(PARAM_PREFIX):
             pipeline[prefix + _PARAMS + key[len(PARAM_PREFIX) :]] = value
@@ -83,7 +85,9 @@ def model_extra_state(loaded: dict[str, Any]) -> dict[str, Any]:
     return pipeline[key]
 
 
-def step_only_states(optimizer_states: Mapping[str, Any], names: Sequence[str], adam_steps: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+def step_only_states(
+    optimizer_states: Mapping[str, Any], names: Sequence[str], adam_steps: Mapping[str, torch.Tensor]
+) -> dict[str, Any]:
     """``optimizer_states`` (optimizer ``state_dict()``s by name) with those of parameters ``names``
     reduced to Adam's ``step`` (``adam_steps[name]``; no state where it has none) and param groups."""
     out = dict(optimizer_states)

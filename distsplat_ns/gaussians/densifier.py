@@ -110,11 +110,20 @@ class Densifier(ABC):
                 self._logged_caps.add(name)
                 if self.log_events:
                     why = f" ({self._cap_reasons[name]})" if self._cap_reasons.get(name) else ""
-                    LOGGER.warning("step %d: densification reached its cap %s = %s%s: %d Gaussians not grown", step, name, cap, why, count)
+                    LOGGER.warning(
+                        "step %d: densification reached its cap %s = %s%s: %d Gaussians not grown",
+                        step,
+                        name,
+                        cap,
+                        why,
+                        count,
+                    )
 
     @classmethod
     @abstractmethod
-    def from_config(cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool) -> Densifier:
+    def from_config(
+        cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool
+    ) -> Densifier:
         """The strategy with its schedule (counted in images by ``config``, converted to steps of
         ``batch_size`` images) and thresholds read from ``config``, a ``DistSplatModelConfig``
         (``model/distsplat_model.py``; not imported: it imports this package).

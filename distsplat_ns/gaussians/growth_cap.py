@@ -110,7 +110,9 @@ def select_candidates(tables: list[torch.Tensor], caps: GrowthCaps) -> Selection
     """
     held = [int(t[0, 2]) for t in tables]  # host sync: refine step
     rows = torch.cat([t[1:] for t in tables])  # [M, 3]
-    owner = torch.cat([torch.full((len(t) - 1,), r, dtype=torch.int64, device=rows.device) for r, t in enumerate(tables)])
+    owner = torch.cat(
+        [torch.full((len(t) - 1,), r, dtype=torch.int64, device=rows.device) for r, t in enumerate(tables)]
+    )
     scores = rows[:, 2].contiguous().view(torch.float64)
     # Rank: score descending, then id ascending, then duplication before split; stable sorts from
     # the last key to the first.

@@ -136,7 +136,9 @@ class MCMCSchedule:
         return self.refine_start_iter < step < self.refine_stop_iter and step % self.refine_every == 0
 
 
-def mcmc_schedule_in_steps(*, warmup_images: int, stop_split_images: int, refine_every_images: int, batch_size: int) -> MCMCSchedule:
+def mcmc_schedule_in_steps(
+    *, warmup_images: int, stop_split_images: int, refine_every_images: int, batch_size: int
+) -> MCMCSchedule:
     """Main's MCMC schedule (warm-up, ``stop_split_at``, ``refine_every``; images) in steps of ``batch_size``.
 
     As ``gaussians/strategy.py:schedule_in_steps``: each point is the step nearest its image count,
@@ -157,10 +159,15 @@ def _eq9_coefficients() -> torch.Tensor:
     Eq. 9's denominator ``sum_{i=1..n} sum_{k<i} C(i-1, k) (-1)^k o^(k+1) / sqrt(k+1)`` regrouped by
     k with the hockey-stick identity ``sum_{i=k+1..n} C(i-1, k) = C(n, k+1)``.
     """
-    return torch.tensor([[(-1) ** k * math.comb(n, k + 1) / math.sqrt(k + 1) for k in range(_N_MAX)] for n in range(_N_MAX + 1)], dtype=torch.float64)
+    return torch.tensor(
+        [[(-1) ** k * math.comb(n, k + 1) / math.sqrt(k + 1) for k in range(_N_MAX)] for n in range(_N_MAX + 1)],
+        dtype=torch.float64,
+    )
 
 
-def relocation_opacity_scale(opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def relocation_opacity_scale(
+    opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 9 of the paper: the opacity and scales each of ``n`` Gaussians sharing one place gets.
 
     On CUDA float32 this is gsplat's ``gsplat.relocation.compute_relocation`` (its kernel, what
@@ -179,7 +186,11 @@ def relocation_opacity_scale(opacities: torch.Tensor, scales: torch.Tensor, rati
     if opacities.is_cuda and opacities.dtype == torch.float32:
         from gsplat.relocation import compute_relocation  # gsplat 1.4.0's kernel
 
-        binoms = torch.tensor([[math.comb(n, k) for k in range(_N_MAX)] for n in range(_N_MAX)], dtype=torch.float32, device=opacities.device)
+        binoms = torch.tensor(
+            [[math.comb(n, k) for k in range(_N_MAX)] for n in range(_N_MAX)],
+            dtype=torch.float32,
+            device=opacities.device,
+        )
         return compute_relocation(opacities.contiguous(), scales.contiguous(), ratios.clone(), binoms)
     n = ratios.to(torch.int64).clamp(1, _N_MAX)
     o = opacities.to(torch.float64)
@@ -227,7 +238,9 @@ def _rewrite_rows(
     rows.grow_(source_rows, copy_ids, keep=keep, statistics="zero")
 
 
-def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min_opacity: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _relocated_values(
+    params: Any, rows: torch.Tensor, ratios: torch.Tensor, min_opacity: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """New opacity logits `[J]` and log-scales `[J, 3]` of sources at ``rows`` drawn ``ratios - 1`` times."""
     opacities = opacities_of(params["opacities"].detach().flatten()[rows])
     new_opacities, new_scales = relocation_opacity_scale(opacities, torch.exp(params["scales"].detach()[rows]), ratios)
@@ -236,7 +249,9 @@ def _relocated_values(params: Any, rows: torch.Tensor, ratios: torch.Tensor, min
     return torch.logit(new_opacities), torch.log(new_scales)
 
 
-def _apply_draws(gaussians: GaussianRows, draws: Draws, first_id: int, min_opacity: float, dead_here: torch.Tensor | None) -> torch.Tensor:
+def _apply_draws(
+    gaussians: GaussianRows, draws: Draws, first_id: int, min_opacity: float, dead_here: torch.Tensor | None
+) -> torch.Tensor:
     """Act on the draws whose source this rank holds; returns the distinct sources' ids held here."""
     held, rows = rows_of(gaussians.ids, draws.source_ids)
     logits, log_scales = _relocated_values(gaussians.params, rows, draws.ratios[held], min_opacity)
@@ -317,7 +332,12 @@ def mcmc_event(
         if num_added:
             _, rows = rows_of(state["gauss_ids"], sources_here)
             table = reweighted_after_relocation(
-                table, draws, next_id, sources_here, opacity_weights(params["opacities"].detach().flatten()[rows]), gather
+                table,
+                draws,
+                next_id,
+                sources_here,
+                opacity_weights(params["opacities"].detach().flatten()[rows]),
+                gather,
             )
         next_id += num_relocated
     if num_added:
@@ -357,8 +377,12 @@ def inject_keyed_position_noise(params: Any, gauss_ids: torch.Tensor, *, seed: i
     variances = scales * scales  # [N, 3]
     opacities = opacities_of(params["opacities"].detach().flatten())
     gate = 1.0 / (1.0 + torch.exp(-100.0 * ((1.0 - opacities) - 0.995)))
-    z = keyed_normal_device(seed, step, gauss_ids, 3, stream=STREAM_NOISE).to(means.dtype) * gate[:, None] * scaler  # [N, 3]
-    local = (rot[:, 0, :] * z[:, 0:1] + rot[:, 1, :] * z[:, 1:2] + rot[:, 2, :] * z[:, 2:3]) * variances  # diag(s^2) R^T z
+    z = (
+        keyed_normal_device(seed, step, gauss_ids, 3, stream=STREAM_NOISE).to(means.dtype) * gate[:, None] * scaler
+    )  # [N, 3]
+    local = (
+        rot[:, 0, :] * z[:, 0:1] + rot[:, 1, :] * z[:, 1:2] + rot[:, 2, :] * z[:, 2:3]
+    ) * variances  # diag(s^2) R^T z
     means.add_(rot[:, :, 0] * local[:, 0:1] + rot[:, :, 1] * local[:, 1:2] + rot[:, :, 2] * local[:, 2:3])
 
 
@@ -371,7 +395,12 @@ class MCMCRegularizers(NamedTuple):
 
 
 def mcmc_regularizers(
-    opacity_logits: torch.Tensor, log_scales: torch.Tensor, num_gaussians_total: int, *, opacity_reg: float, scale_reg: float
+    opacity_logits: torch.Tensor,
+    log_scales: torch.Tensor,
+    num_gaussians_total: int,
+    *,
+    opacity_reg: float,
+    scale_reg: float,
 ) -> MCMCRegularizers:
     """nerfstudio main's ``mcmc_opacity_reg * mean(opacity)`` and ``mcmc_scale_reg * mean(scale)``,
     as this rank's exact share: its sum divided by the global count.
@@ -452,7 +481,9 @@ def mcmc_step_post_backward(
             gather=gather,
         )
         next_id = event.next_id
-    inject_keyed_position_noise(gaussians.params, gaussians.ids, seed=seed, step=step, scaler=means_lr * config.noise_lr)
+    inject_keyed_position_noise(
+        gaussians.params, gaussians.ids, seed=seed, step=step, scaler=means_lr * config.noise_lr
+    )
     return MCMCStep(next_id, event)
 
 
@@ -475,13 +506,17 @@ class MCMCDensifier(Densifier):
         "reset_alpha_every, stop_screen_size_at, use_absgrad) are not read, as in main's splatfacto"
     )
 
-    def __init__(self, config: MCMCConfig, schedule: MCMCSchedule, *, seed: int, next_id: int, log_events: bool) -> None:
+    def __init__(
+        self, config: MCMCConfig, schedule: MCMCSchedule, *, seed: int, next_id: int, log_events: bool
+    ) -> None:
         super().__init__(seed=seed, next_id=next_id, log_events=log_events)
         self.config = config
         self.schedule = schedule
 
     @classmethod
-    def from_config(cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool) -> MCMCDensifier:
+    def from_config(
+        cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool
+    ) -> MCMCDensifier:
         mcmc = MCMCConfig.from_config(config)
         schedule = mcmc_schedule_in_steps(
             warmup_images=config.warmup_length,
@@ -501,7 +536,9 @@ class MCMCDensifier(Densifier):
             ValueError: ``max_held`` is not None.
         """
         if max_held is not None:
-            raise ValueError(f"max_held: MCMC densification has no per-rank cap (got {max_held}); cap the whole with set_cap")
+            raise ValueError(
+                f"max_held: MCMC densification has no per-rank cap (got {max_held}); cap the whole with set_cap"
+            )
 
     def needs_statistics(self, step: int) -> bool:
         """Never: relocation and addition draw by opacity, not by screen-space gradients."""
@@ -518,7 +555,9 @@ class MCMCDensifier(Densifier):
         """
         means_optimizer = rows.optimizer("means")
         if means_optimizer is None:
-            raise ValueError("MCMCDensifier.after_optimizer: the rows must be bound to the optimizers (rows.bound(optimizers))")
+            raise ValueError(
+                "MCMCDensifier.after_optimizer: the rows must be bound to the optimizers (rows.bound(optimizers))"
+            )
         means_lr = float(means_optimizer.param_groups[0]["lr"])
         config = self.config
         if self.caps.max_gaussians is not None:  # the effective cap (gaussians/growth_cap.py); 0 adds as 1 does

@@ -98,7 +98,9 @@ def _split_sorted(everything: torch.Tensor, what: str) -> tuple[torch.Tensor, to
     return ids, everything & ((1 << _ID_SHIFT) - 1)
 
 
-def gather_weight_table(gauss_ids: torch.Tensor, weights: torch.Tensor, dead: torch.Tensor, gather: IdGather) -> WeightTable:
+def gather_weight_table(
+    gauss_ids: torch.Tensor, weights: torch.Tensor, dead: torch.Tensor, gather: IdGather
+) -> WeightTable:
     """The ``WeightTable`` of all shards, identical on every rank.
 
     Args:
@@ -125,7 +127,9 @@ def gather_weight_table(gauss_ids: torch.Tensor, weights: torch.Tensor, dead: to
     packed = torch.where((gauss_ids < 0) | (gauss_ids >= ID_LIMIT), torch.full_like(packed, -1), packed)
     everything = _gather_sorted(packed, gather)
     if everything.numel() and bool(everything[0] < 0):  # host sync: refine step
-        raise ValueError(f"global ids must lie in [0, 2^{63 - _ID_SHIFT}) to pack with a weight; a shard holds one outside")
+        raise ValueError(
+            f"global ids must lie in [0, 2^{63 - _ID_SHIFT}) to pack with a weight; a shard holds one outside"
+        )
     ids, low = _split_sorted(everything, "weights")
     return WeightTable(ids, low & _WEIGHT_MASK, (low & _DEAD_BIT) != 0)
 
@@ -139,7 +143,9 @@ class Draws(NamedTuple):
     """How many of the ``J`` draws chose that source, plus one (gsplat's ``bincount(...) + 1``). `[J]`, int64."""
 
 
-def draw_by_weight(ids: torch.Tensor, weights: torch.Tensor, num_draws: int, *, seed: int, step: int, stream: int) -> Draws:
+def draw_by_weight(
+    ids: torch.Tensor, weights: torch.Tensor, num_draws: int, *, seed: int, step: int, stream: int
+) -> Draws:
     """``num_draws`` Gaussians drawn with replacement, each with probability weight / total.
 
     Args:
@@ -160,7 +166,9 @@ def draw_by_weight(ids: torch.Tensor, weights: torch.Tensor, num_draws: int, *, 
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return Draws(empty, empty)
     cumulative = torch.cumsum(weights, 0)  # int64: exact, whatever the summation order
-    bits = keyed_bits_device(seed, step, torch.arange(num_draws, dtype=torch.int64, device=device), 1, stream=stream)[:, 0]
+    bits = keyed_bits_device(seed, step, torch.arange(num_draws, dtype=torch.int64, device=device), 1, stream=stream)[
+        :, 0
+    ]
     non_negative = (bits >> 1) & ((1 << 63) - 1)  # the top 63 bits; the modulo bias is < total / 2^63
     u = torch.remainder(non_negative, cumulative[-1])  # [J], in [0, total)
     pos = torch.searchsorted(cumulative, u, right=True)  # first cumulative > u: its range holds u
@@ -169,7 +177,12 @@ def draw_by_weight(ids: torch.Tensor, weights: torch.Tensor, num_draws: int, *, 
 
 
 def reweighted_after_relocation(
-    table: WeightTable, draws: Draws, first_copy_id: int, source_ids_here: torch.Tensor, source_weights_here: torch.Tensor, gather: IdGather
+    table: WeightTable,
+    draws: Draws,
+    first_copy_id: int,
+    source_ids_here: torch.Tensor,
+    source_weights_here: torch.Tensor,
+    gather: IdGather,
 ) -> WeightTable:
     """The table after a relocation event, without gathering every Gaussian again.
 

@@ -135,7 +135,9 @@ class RowSchema:
         raise KeyError(f"no per-Gaussian field {name!r} in the schema ({[f.name for f in self.fields]})")
 
 
-def gaussian_schema(parameters: Sequence[str] | Sequence[RowField] = GAUSSIAN_PARAMETER_NAMES, statistics: Sequence[RowField] = ()) -> RowSchema:
+def gaussian_schema(
+    parameters: Sequence[str] | Sequence[RowField] = GAUSSIAN_PARAMETER_NAMES, statistics: Sequence[RowField] = ()
+) -> RowSchema:
     """The schema of a model's rows: its parameters (fields, or names with shapes taken from the
     tensors), the strategy's ``statistics`` (``Densifier.statistics``), then the ids."""
     fields = tuple(p if isinstance(p, RowField) else RowField(p, "parameter") for p in parameters)
@@ -221,7 +223,9 @@ class GaussianRows:
         opt = self.optimizers[name]
         groups = opt.param_groups
         if len(groups) != 1 or len(groups[0]["params"]) != 1 or groups[0]["params"][0] is not self.params[name]:
-            raise ValueError(f"optimizer {name!r} must hold exactly the model's gauss_params[{name!r}] (one group, one parameter)")
+            raise ValueError(
+                f"optimizer {name!r} must hold exactly the model's gauss_params[{name!r}] (one group, one parameter)"
+            )
         return opt
 
     def adam_state(self, name: str) -> dict[str, Any]:
@@ -275,7 +279,9 @@ class GaussianRows:
                 continue
             f = self.schema.field(key.split(".", 1)[1])
             if value.shape[0] != num or value.dtype != f.torch_dtype(compute_dtype):
-                raise ValueError(f"{key}: expected {num} rows of {f.torch_dtype(compute_dtype)}, got {tuple(value.shape)} {value.dtype}")
+                raise ValueError(
+                    f"{key}: expected {num} rows of {f.torch_dtype(compute_dtype)}, got {tuple(value.shape)} {value.dtype}"
+                )
             if (f.row_shape or f.role != "parameter") and tuple(value.shape[1:]) != f.row_shape:
                 raise ValueError(f"{key}: expected rows of shape {f.row_shape}, got {tuple(value.shape[1:])}")
 
@@ -380,7 +386,12 @@ class GaussianRows:
 
     @torch.no_grad()
     def update_(
-        self, rows: torch.Tensor | None, values: Mapping[str, torch.Tensor], *, zero_moments: Sequence[str] = (), zero_statistics: bool = False
+        self,
+        rows: torch.Tensor | None,
+        values: Mapping[str, torch.Tensor],
+        *,
+        zero_moments: Sequence[str] = (),
+        zero_statistics: bool = False,
     ) -> None:
         """Write parameter values in place of rows ``rows`` (all rows when None), row count unchanged.
 
@@ -409,7 +420,9 @@ class GaussianRows:
         self._rebuild_(param_fn, moment_fn, state_fn)
 
     @torch.no_grad()
-    def append_(self, rows: Mapping[str, torch.Tensor | None], adam_steps: Mapping[str, torch.Tensor] | None = None) -> None:
+    def append_(
+        self, rows: Mapping[str, torch.Tensor | None], adam_steps: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         """Append Gaussians (rows as :meth:`export` returns them) after these, in place.
 
         Args:
@@ -436,7 +449,12 @@ class GaussianRows:
                 self.state[f.name] = _cat(self.state[f.name], rows.get(f.key), num_own, num_new)
 
     def _append_moments(
-        self, name: str, rows: Mapping[str, torch.Tensor | None], num_own: int, num_new: int, adam_steps: Mapping[str, torch.Tensor] | None
+        self,
+        name: str,
+        rows: Mapping[str, torch.Tensor | None],
+        num_own: int,
+        num_new: int,
+        adam_steps: Mapping[str, torch.Tensor] | None,
     ) -> None:
         """:meth:`append_`'s moments of parameter ``name`` (before its data grows)."""
         p = self.params[name]

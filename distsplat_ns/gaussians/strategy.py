@@ -27,7 +27,14 @@ from typing import Any, Literal, NamedTuple, get_args
 import torch
 
 from distsplat_ns.gaussians.densifier import Densifier, IdGather
-from distsplat_ns.gaussians.growth_cap import KIND_DUP, KIND_SPLIT, GrowthCaps, RefusedCounts, candidate_table, select_candidates
+from distsplat_ns.gaussians.growth_cap import (
+    KIND_DUP,
+    KIND_SPLIT,
+    GrowthCaps,
+    RefusedCounts,
+    candidate_table,
+    select_candidates,
+)
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows
 from distsplat_ns.utils.dtype import default_dtype
 from distsplat_ns.utils.keyed_random import keyed_normal
@@ -70,7 +77,9 @@ PauseRule = Literal["bounded", "splatfacto"]
 PAUSE_RULES: tuple[PauseRule, ...] = get_args(PauseRule)
 
 
-def pause_after_reset_images(rule: PauseRule, *, num_train_images: int, warmup_images: int, refine_every_images: int) -> int:
+def pause_after_reset_images(
+    rule: PauseRule, *, num_train_images: int, warmup_images: int, refine_every_images: int
+) -> int:
     """Images after each opacity reset during which no Gaussian grows.
 
     ``"splatfacto"``: splatfacto's ``num_train_images + refine_every``. gsplat applies the pause
@@ -107,7 +116,10 @@ def schedule_in_steps(
     follows ``pause_rule`` (``pause_after_reset_images``)."""
     refine_every = images_to_steps(refine_every_images, batch_size)
     pause_images = pause_after_reset_images(
-        pause_rule, num_train_images=num_train_images, warmup_images=warmup_images, refine_every_images=refine_every_images
+        pause_rule,
+        num_train_images=num_train_images,
+        warmup_images=warmup_images,
+        refine_every_images=refine_every_images,
     )
     return StrategySchedule(
         refine_start_iter=images_to_steps(warmup_images, batch_size),
@@ -188,7 +200,9 @@ def update_batch_statistics(state: dict, info: dict, num_gaussians: int, *, absg
     if visible.shape[0] == 1:
         state["grad2d"] += norms[0]
     else:  # camera after camera, in one operator: as gsplat's index_add_ over (c, n) pairs (the same sums on the CPU)
-        state["grad2d"][None].index_add_(0, torch.zeros(visible.shape[0], dtype=torch.int64, device=norms.device), norms)
+        state["grad2d"][None].index_add_(
+            0, torch.zeros(visible.shape[0], dtype=torch.int64, device=norms.device), norms
+        )
     # Counts are small integers, exact in float32 in any order: one sum, not one add per camera.
     state["count"] += visible.sum(dim=0, dtype=state["count"].dtype)
     if keep_radii:
@@ -293,10 +307,22 @@ def allocate_child_ids(
     num_dup, num_split = int(all_dup.numel()), int(all_split.numel())
     dup = next_id + torch.searchsorted(all_dup, dup_parent_ids)
     first = next_id + num_dup + 2 * torch.searchsorted(all_split, split_parent_ids)
-    return ChildIds(dup, torch.stack([first, first + 1]), num_dup, num_split, len(gathered), dup_kept, split_kept, refused, num_before)
+    return ChildIds(
+        dup,
+        torch.stack([first, first + 1]),
+        num_dup,
+        num_split,
+        len(gathered),
+        dup_kept,
+        split_kept,
+        refused,
+        num_before,
+    )
 
 
-def grow_masks(thresholds: DefaultThresholds, schedule: StrategySchedule, params: Any, state: dict, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def grow_masks(
+    thresholds: DefaultThresholds, schedule: StrategySchedule, params: Any, state: dict, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which Gaussians to duplicate and to split: gsplat 1.4.0's ``DefaultStrategy._grow_gs`` rule.
 
     Returns:
@@ -312,7 +338,9 @@ def grow_masks(thresholds: DefaultThresholds, schedule: StrategySchedule, params
     return is_grad_high & is_small, is_split
 
 
-def prune_mask(thresholds: DefaultThresholds, schedule: StrategySchedule, params: Any, state: dict, step: int) -> torch.Tensor:
+def prune_mask(
+    thresholds: DefaultThresholds, schedule: StrategySchedule, params: Any, state: dict, step: int
+) -> torch.Tensor:
     """Which Gaussians to remove: gsplat 1.4.0's ``DefaultStrategy._prune_gs`` rule. `[N]` bool.
 
     The opacity is ``1 / (1 + exp(-x))`` in three element-wise ops rather than ``torch.sigmoid``:
@@ -330,7 +358,9 @@ def prune_mask(thresholds: DefaultThresholds, schedule: StrategySchedule, params
 
 
 @torch.no_grad()
-def split_keyed(rows: GaussianRows, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool) -> None:
+def split_keyed(
+    rows: GaussianRows, mask: torch.Tensor, unit_offsets: torch.Tensor, child_ids: torch.Tensor, revised_opacity: bool
+) -> None:
     """gsplat 1.4.0's ``split`` with given unit-normal offsets and child ids, in place.
 
     Each selected Gaussian becomes two, at ``mean + R(q) diag(s) z`` with scales ``s / 1.6``;
@@ -357,7 +387,11 @@ def split_keyed(rows: GaussianRows, mask: torch.Tensor, unit_offsets: torch.Tens
     norm = torch.sqrt(q[:, 0] * q[:, 0] + q[:, 1] * q[:, 1] + q[:, 2] * q[:, 2] + q[:, 3] * q[:, 3])
     rotmats = normalized_quat_to_rotmat(q / norm.clamp_min(1e-12)[:, None])  # [n, 3, 3]
     local = unit_offsets.to(scales.dtype) * scales  # [2, n, 3]
-    offsets = rotmats[None, :, :, 0] * local[..., 0:1] + rotmats[None, :, :, 1] * local[..., 1:2] + rotmats[None, :, :, 2] * local[..., 2:3]
+    offsets = (
+        rotmats[None, :, :, 0] * local[..., 0:1]
+        + rotmats[None, :, :, 1] * local[..., 1:2]
+        + rotmats[None, :, :, 2] * local[..., 2:3]
+    )
     values = {
         "means": (params["means"][sel] + offsets).reshape(-1, 3),  # [2n, 3]
         "scales": torch.log(scales / 1.6).repeat(2, 1),
@@ -372,7 +406,9 @@ def reset_opacities(rows: GaussianRows, value: float) -> None:
     """gsplat 1.4.0's ``reset_opa``: opacity logits clamped to ``logit(value)``, their Adam
     moments zeroed (in the default dtype, as gsplat computes the bound)."""
     bound = torch.logit(torch.tensor(value)).item()
-    rows.update_(None, {"opacities": torch.clamp(rows.params["opacities"].detach(), max=bound)}, zero_moments=("opacities",))
+    rows.update_(
+        None, {"opacities": torch.clamp(rows.params["opacities"].detach(), max=bound)}, zero_moments=("opacities",)
+    )
 
 
 class GrowEvent(NamedTuple):
@@ -431,7 +467,14 @@ def grow_and_prune(
     if caps is not None and caps.active:
         scores = state["grad2d"] / state["count"].clamp_min(1)  # grow_masks' criterion
         new = allocate_child_ids(
-            next_id, ids[is_dupli], ids[is_split], gather, caps=caps, dup_scores=scores[is_dupli], split_scores=scores[is_split], num_held=num_held
+            next_id,
+            ids[is_dupli],
+            ids[is_split],
+            gather,
+            caps=caps,
+            dup_scores=scores[is_dupli],
+            split_scores=scores[is_split],
+            num_held=num_held,
         )
         assert new.dup_kept is not None and new.split_kept is not None
         kept_dup_rows = torch.where(is_dupli)[0][new.dup_kept]
@@ -451,7 +494,9 @@ def grow_and_prune(
     if num_pruned > 0:
         rows.select_(torch.where(~is_prune)[0])  # gsplat's remove
     if log:
-        where = "" if new.num_ranks == 1 else f" (duplicated, split: all {new.num_ranks} ranks; pruned, count: this rank)"
+        where = (
+            "" if new.num_ranks == 1 else f" (duplicated, split: all {new.num_ranks} ranks; pruned, count: this rank)"
+        )
         logger.info(
             "Step %d: %d GSs duplicated, %d GSs split, %d GSs pruned. Now having %d GSs%s.",
             step,
@@ -483,13 +528,17 @@ class DefaultDensifier(Densifier):
     help = "gsplat's DefaultStrategy: split, duplicate, prune by screen-space gradients"
     statistics = DEFAULT_STATISTICS
 
-    def __init__(self, schedule: StrategySchedule, thresholds: DefaultThresholds, *, seed: int, next_id: int, log_events: bool) -> None:
+    def __init__(
+        self, schedule: StrategySchedule, thresholds: DefaultThresholds, *, seed: int, next_id: int, log_events: bool
+    ) -> None:
         super().__init__(seed=seed, next_id=next_id, log_events=log_events)
         self.schedule = schedule
         self.thresholds = thresholds
 
     @classmethod
-    def from_config(cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool) -> DefaultDensifier:
+    def from_config(
+        cls, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool
+    ) -> DefaultDensifier:
         schedule = schedule_in_steps(
             warmup_images=config.warmup_length,
             stop_split_images=config.stop_split_at,
@@ -518,14 +567,28 @@ class DefaultDensifier(Densifier):
 
     def update_statistics(self, state: dict, info: dict, num_gaussians: int) -> None:
         """``update_batch_statistics`` with this strategy's settings."""
-        update_batch_statistics(state, info, num_gaussians, absgrad=self.thresholds.absgrad, keep_radii=self.schedule.refine_scale2d_stop_iter > 0)
+        update_batch_statistics(
+            state,
+            info,
+            num_gaussians,
+            absgrad=self.thresholds.absgrad,
+            keep_radii=self.schedule.refine_scale2d_stop_iter > 0,
+        )
 
     def grow_and_prune(self, rows: GaussianRows, step: int, gather: IdGather) -> GrowEvent:
         """``grow_and_prune`` on the accumulated statistics under :attr:`caps`; ``next_id``
         advances past the new ids and the refusals are counted (``refused_total``).
         **Collective:** one ``gather``."""
         event = grow_and_prune(
-            rows, self.thresholds, self.schedule, step, seed=self.seed, next_id=self.next_id, gather=gather, log=self.log_events, caps=self.caps
+            rows,
+            self.thresholds,
+            self.schedule,
+            step,
+            seed=self.seed,
+            next_id=self.next_id,
+            gather=gather,
+            log=self.log_events,
+            caps=self.caps,
         )
         self.next_id = event.next_id
         self._record_refused(step, event.refused)
@@ -548,7 +611,9 @@ class DefaultDensifier(Densifier):
                 reset_opacities(rows, self.thresholds.prune_opa * 2.0)
 
 
-def batch_info(grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any) -> dict[str, Any]:
+def batch_info(
+    grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Tensor, width: Any, height: Any
+) -> dict[str, Any]:
     """The ``info`` dict DefaultStrategy reads, built from statistics of the WHOLE global batch.
 
     Args:
@@ -577,7 +642,9 @@ def batch_info(grads2d: torch.Tensor, absgrads2d: torch.Tensor, radii: torch.Ten
     }
 
 
-def sqrt_batch_scaling(lr: float, eps: float, betas: tuple[float, float], batch_size: int) -> tuple[float, float, tuple[float, float]]:
+def sqrt_batch_scaling(
+    lr: float, eps: float, betas: tuple[float, float], batch_size: int
+) -> tuple[float, float, tuple[float, float]]:
     """Grendel-GS's "sqrt" rule: lr x sqrt(B), eps / sqrt(B), betas -> beta^B (docs/distributed.md)."""
     s = math.sqrt(batch_size)
     return lr * s, eps / s, (betas[0] ** batch_size, betas[1] ** batch_size)

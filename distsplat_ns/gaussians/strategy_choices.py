@@ -41,7 +41,14 @@ def strategy_help() -> str:
 
 
 def build_densifier(
-    name: StrategyName, config: Any, *, batch_size: int, num_train_images: int, seed: int, next_id: int, log_events: bool
+    name: StrategyName,
+    config: Any,
+    *,
+    batch_size: int,
+    num_train_images: int,
+    seed: int,
+    next_id: int,
+    log_events: bool,
 ) -> Densifier:
     """The densifier ``name`` names, from ``config`` (``Densifier.from_config``).
 
@@ -52,5 +59,10 @@ def build_densifier(
     if name not in DENSIFIERS:
         raise ValueError(f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got {name!r}")
     return DENSIFIERS[name].from_config(
-        config, batch_size=batch_size, num_train_images=num_train_images, seed=seed, next_id=next_id, log_events=log_events
+        config,
+        batch_size=batch_size,
+        num_train_images=num_train_images,
+        seed=seed,
+        next_id=next_id,
+        log_events=log_events,
     )

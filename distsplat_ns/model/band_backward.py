@@ -107,12 +107,16 @@ def backward_bands(
                     continue
                 lo, hi = max(start, link.first_row_px), min(start + rows.shape[0], link.end_row_px)
                 if lo < hi:
-                    grad[lo - link.first_row_px : hi - link.first_row_px] += rows[lo - start : hi - start].to(grad.device)
+                    grad[lo - link.first_row_px : hi - link.first_row_px] += rows[lo - start : hi - start].to(
+                        grad.device
+                    )
         roots.append(link.pred[:own])
         grads.append(grad)
     for anchor in (a for a in anchors if a.requires_grad):
         roots.append(anchor)
-        grads.append(anchor if anchor.numel() == 0 else torch.zeros_like(anchor))  # an empty anchor is its own zero: nothing to make
+        grads.append(
+            anchor if anchor.numel() == 0 else torch.zeros_like(anchor)
+        )  # an empty anchor is its own zero: nothing to make
     if roots:
         with last_backward if last_backward is not None else nullcontext():
             torch.autograd.backward(roots, grads)

@@ -42,7 +42,9 @@ class Projector(Protocol):
 
     def render_inputs(self, cameras: Cameras, downscale: int) -> RenderInputs: ...
 
-    def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection: ...
+    def project_gaussians(
+        self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int
+    ) -> Projection: ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,9 @@ class RenderInputs:
 
     def _shared_size(self) -> tuple[int, int]:
         if len(set(self.sizes_px)) != 1:
-            raise ValueError(f"cameras rendered in one call must share width and height, got (width, height) {sorted(set(self.sizes_px))}")
+            raise ValueError(
+                f"cameras rendered in one call must share width and height, got (width, height) {sorted(set(self.sizes_px))}"
+            )
         return self.sizes_px[0]
 
 
@@ -91,7 +95,13 @@ class ProjectionSource(Protocol):
     def statistics_projections(self) -> list[StatisticsProjection]: ...
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
+        self,
+        model: Projector,
+        positions: Sequence[int],
+        bands: Sequence[Band],
+        cameras: BatchCameras[Cameras],
+        downscale: int,
+        step: int,
     ) -> Iterator[RenderGroup]:
         """The projections and raster calls that render ``bands`` (each band exactly once) of the
         ``cameras`` at ``positions``, rendered at ``downscale``."""
@@ -113,9 +123,17 @@ class OwnProjections:
         return self.calls
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
+        self,
+        model: Projector,
+        positions: Sequence[int],
+        bands: Sequence[Band],
+        cameras: BatchCameras[Cameras],
+        downscale: int,
+        step: int,
     ) -> Iterator[RenderGroup]:
-        inputs = model.render_inputs(cameras.at(positions), downscale)  # only a source that projects indexes its cameras
+        inputs = model.render_inputs(
+            cameras.at(positions), downscale
+        )  # only a source that projects indexes its cameras
         for first, stop, raster_calls in render_calls(bands, list(positions), inputs.sizes_px):
             width, height = inputs.sizes_px[first]
             proj = model.project_gaussians(inputs.viewmats[first:stop], inputs.Ks[first:stop], width, height, step)
@@ -183,7 +201,9 @@ def rendered_sizes_px(cameras: Cameras, downscale: int) -> list[tuple[int, int]]
     ]
 
 
-def render_calls(bands: Sequence[Band], positions: list[int], sizes_px: Sequence[tuple[int, int]]) -> list[tuple[int, int, list[list[Band]]]]:
+def render_calls(
+    bands: Sequence[Band], positions: list[int], sizes_px: Sequence[tuple[int, int]]
+) -> list[tuple[int, int, list[list[Band]]]]:
     """How a rank's bands are rendered: ``(first, stop, raster_calls)`` per projection call.
 
     A projection call projects the cameras ``positions[first:stop]``; each of its raster calls
@@ -205,8 +225,15 @@ def render_calls(bands: Sequence[Band], positions: list[int], sizes_px: Sequence
         if band.end_row > num_tile_rows(height, band.tile_size):
             raise ValueError(f"band {band} ends past the image height {height}")
         by_camera.setdefault(local[band.position], []).append(band)
-    heights = {halo_end_row(b[0].end_row_px(sizes_px[i][1]), sizes_px[i][1]) - b[0].first_row_px for i, b in by_camera.items()}
+    heights = {
+        halo_end_row(b[0].end_row_px(sizes_px[i][1]), sizes_px[i][1]) - b[0].first_row_px for i, b in by_camera.items()
+    }
     one_size = len(set(sizes_px)) == 1
-    if one_size and len(by_camera) == len(positions) and all(len(b) == 1 for b in by_camera.values()) and len(heights) == 1:
+    if (
+        one_size
+        and len(by_camera) == len(positions)
+        and all(len(b) == 1 for b in by_camera.values())
+        and len(heights) == 1
+    ):
         return [(0, len(positions), [[by_camera[i][0] for i in range(len(positions))]])]
     return [(i, i + 1, [[band] for band in camera_bands]) for i, camera_bands in sorted(by_camera.items())]

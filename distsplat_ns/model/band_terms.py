@@ -44,7 +44,9 @@ class BandTerms:
         self.mcmc = mcmc
         self.composite = composite
 
-    def gt_image(self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: tuple[int, int]) -> torch.Tensor:
+    def gt_image(
+        self, image: torch.Tensor, background: torch.Tensor, downscale: int, size_px: tuple[int, int]
+    ) -> torch.Tensor:
         """Ground truth at the rendered resolution, composited over ``background`` if it has alpha,
         on ``background``'s device and in its dtype (the model's: ``training_background``).
 
@@ -79,9 +81,13 @@ class BandTerms:
         for img, mask, bg, (width, height) in zip(images, masks, backgrounds, sizes_px, strict=False):
             gt = self.gt_image(img, bg, downscale, (height, width))
             if gt.shape[0] != height or gt.shape[1] != width:
-                raise ValueError(f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px (after downscale {downscale})")
+                raise ValueError(
+                    f"image of {tuple(gt.shape[:2])} px does not match its camera's {height}x{width} px (after downscale {downscale})"
+                )
             gts.append(gt)
-            gt_masks.append(None if mask is None else _downscale_mask(mask.to(bg.device, bg.dtype), downscale, (height, width)))
+            gt_masks.append(
+                None if mask is None else _downscale_mask(mask.to(bg.device, bg.dtype), downscale, (height, width))
+            )
         return gts, gt_masks
 
     def band_terms(
@@ -151,7 +157,9 @@ class BandTerms:
         if self.mcmc is not None:
             weights = (self.mcmc.mcmc_opacity_reg, self.mcmc.mcmc_scale_reg)
             terms = (
-                mcmc_regularizers(opacities, scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1])
+                mcmc_regularizers(
+                    opacities, scales, share.num_gaussians_total, opacity_reg=weights[0], scale_reg=weights[1]
+                )
                 if share.scale_term
                 else MCMCRegularizers(total, total)
             )
@@ -181,7 +189,9 @@ def _downscale_mask(mask: torch.Tensor, downscale: int, size_px: tuple[int, int]
     return mask
 
 
-def bilateral_grid_rows(bil_grids: BilateralGrid, rgb: torch.Tensor, grid_index: int, first_row_px: int, height: int) -> torch.Tensor:
+def bilateral_grid_rows(
+    bil_grids: BilateralGrid, rgb: torch.Tensor, grid_index: int, first_row_px: int, height: int
+) -> torch.Tensor:
     """Splatfacto's bilateral-grid correction (``_apply_bilateral_grid``) of rows
     ``first_row_px ..`` of an image ``height`` rows tall: a band is a slice of the same
     per-pixel operation, so its pixel coordinates are the whole image's (``linspace(0, 1, H)``

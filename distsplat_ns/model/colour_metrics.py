@@ -18,7 +18,9 @@ from nerfstudio.model_components.lib_bilagrid import color_correct
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def colour_corrected_metrics(predicted_rgb: torch.Tensor, gt_rgb: torch.Tensor, psnr: Metric, ssim: Metric, lpips: Metric | None) -> dict[str, float]:
+def colour_corrected_metrics(
+    predicted_rgb: torch.Tensor, gt_rgb: torch.Tensor, psnr: Metric, ssim: Metric, lpips: Metric | None
+) -> dict[str, float]:
     """Splatfacto's ``cc_psnr``, ``cc_ssim`` and (when LPIPS is available) ``cc_lpips``.
 
     Args:
@@ -30,7 +32,10 @@ def colour_corrected_metrics(predicted_rgb: torch.Tensor, gt_rgb: torch.Tensor, 
     """
     corrected = torch.moveaxis(color_correct(predicted_rgb, gt_rgb), -1, 0)[None, ...]
     gt = torch.moveaxis(gt_rgb, -1, 0)[None, ...]
-    metrics = {"cc_psnr": float(psnr(gt, corrected).item()), "cc_ssim": float(ssim(gt, corrected))}  # host sync: reported
+    metrics = {
+        "cc_psnr": float(psnr(gt, corrected).item()),
+        "cc_ssim": float(ssim(gt, corrected)),
+    }  # host sync: reported
     if lpips is not None:
         metrics["cc_lpips"] = float(lpips(gt, corrected))
     return metrics

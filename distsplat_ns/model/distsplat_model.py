@@ -102,7 +102,9 @@ class DistSplatModelConfig(SplatfactoModelConfig):
         if self.strategy == "mcmc":
             self.mcmc_config()
         if self.pause_after_reset not in PAUSE_RULES:
-            raise ValueError(f"--pipeline.model.pause-after-reset must be {one_of(PAUSE_RULES)}, got {self.pause_after_reset!r}")
+            raise ValueError(
+                f"--pipeline.model.pause-after-reset must be {one_of(PAUSE_RULES)}, got {self.pause_after_reset!r}"
+            )
         # splatfacto fields distsplat does not honour are refused, never ignored (docs/parity.md).
         if self.n_split_samples != 2:
             # splatfacto 1.1.5 ignores the field too: gsplat's DefaultStrategy always splits in two.
@@ -110,11 +112,17 @@ class DistSplatModelConfig(SplatfactoModelConfig):
                 f"distsplat: --pipeline.model.n-split-samples must be 2 (got {self.n_split_samples}): a split always makes two Gaussians (gsplat)"
             )
         if self.rasterize_mode not in RASTERIZE_MODES:
-            raise ValueError(f"--pipeline.model.rasterize-mode must be {one_of(RASTERIZE_MODES)}, got {self.rasterize_mode!r}")
+            raise ValueError(
+                f"--pipeline.model.rasterize-mode must be {one_of(RASTERIZE_MODES)}, got {self.rasterize_mode!r}"
+            )
         if self.param_dtype == "float64" and self.rendering_backend == "gsplat":
-            raise ValueError("--pipeline.model.param-dtype float64 needs the reference backend (gsplat renders float32)")
+            raise ValueError(
+                "--pipeline.model.param-dtype float64 needs the reference backend (gsplat renders float32)"
+            )
         if self.background_color not in ("random", "black", "white"):
-            raise ValueError(f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}")
+            raise ValueError(
+                f"--pipeline.model.background-color must be random/black/white, got {self.background_color!r}"
+            )
 
 
 class DistSplatModel(SplatfactoModel):
@@ -130,7 +138,9 @@ class DistSplatModel(SplatfactoModel):
         if self.batch_size < 1:
             raise ValueError(f"--pipeline.batch-size must be >= 1, got {self.batch_size}")
         self.is_main_rank: bool = bool(self.kwargs.get("is_main_rank", True))
-        self.resolution_schedule = ResolutionSchedule(self.config.num_downscales, self.config.resolution_schedule, self.batch_size)
+        self.resolution_schedule = ResolutionSchedule(
+            self.config.num_downscales, self.config.resolution_schedule, self.batch_size
+        )
         # Seed of the training backgrounds and densification samples: the trainer passes
         # --machine.seed (agreed by every rank); 42 (nerfstudio's default) where no trainer runs.
         self.seed: int = int(self.kwargs.get("seed", 42))
@@ -138,13 +148,18 @@ class DistSplatModel(SplatfactoModel):
         if self.config.param_dtype == "float64" and seed_points is not None:
             # Twins at one position swap depth order with rounding (gaussians/initial.py).
             seed_points = unique_seed_points(seed_points)
-        initial = initial_gaussians(self.config, seed_points, shard=self.kwargs.get("gaussian_shard"))  # (rank, world): sharded
+        initial = initial_gaussians(
+            self.config, seed_points, shard=self.kwargs.get("gaussian_shard")
+        )  # (rank, world): sharded
         self.gauss_params = initial.params
         if self.config.use_bilateral_grid:
             # One grid per training image (splatfacto's), held by every rank: a replicated
             # parameter, summed like the camera adjustments; "bilateral_grid" optimizer group.
             self.bil_grids = BilateralGrid(
-                num=self.num_train_data, grid_X=self.config.grid_shape[0], grid_Y=self.config.grid_shape[1], grid_W=self.config.grid_shape[2]
+                num=self.num_train_data,
+                grid_X=self.config.grid_shape[0],
+                grid_Y=self.config.grid_shape[1],
+                grid_W=self.config.grid_shape[2],
             )
         self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
 
@@ -182,7 +197,9 @@ class DistSplatModel(SplatfactoModel):
         strategy_state[IDS] = torch.arange(initial.first_id, initial.first_id + self.num_points, dtype=torch.int64)
         # Every per-Gaussian tensor, and every operation on them (gaussians/rows.py).
         self.rows = GaussianRows(
-            gaussian_schema(parameter_fields(self.config.sh_degree), self.densifier.statistics), self.gauss_params, strategy_state
+            gaussian_schema(parameter_fields(self.config.sh_degree), self.densifier.statistics),
+            self.gauss_params,
+            strategy_state,
         )
         # Set by a parallel mode whose views are collectives (parallel/sharded.py): get_outputs
         # renders through it; None renders this model's own Gaussians.
@@ -225,7 +242,11 @@ class DistSplatModel(SplatfactoModel):
     def get_extra_state(self) -> dict[str, Any]:
         """Densification statistics and ids (``GaussianRows.saved_state``) and the densifier's id
         counter (``next_gauss_id``), so a resumed run refines exactly as an uninterrupted one."""
-        return {"strategy_state": self.rows.saved_state(), "step": int(self.step), "next_gauss_id": int(self.densifier.next_id)}
+        return {
+            "strategy_state": self.rows.saved_state(),
+            "step": int(self.step),
+            "next_gauss_id": int(self.densifier.next_id),
+        }
 
     def set_extra_state(self, state: Any) -> None:
         if not isinstance(state, dict):
@@ -272,7 +293,9 @@ class DistSplatModel(SplatfactoModel):
             return None
         return min(self.images_seen(step) // self.config.sh_degree_interval, self.config.sh_degree)
 
-    def get_training_callbacks(self, training_callback_attributes: TrainingCallbackAttributes) -> list[TrainingCallback]:
+    def get_training_callbacks(
+        self, training_callback_attributes: TrainingCallbackAttributes
+    ) -> list[TrainingCallback]:
         # Densification is driven by the pipeline after the gradient reduction (``densifier``), not
         # by a callback reading state a forward pass left on ``self``.
         return [
@@ -342,7 +365,9 @@ class DistSplatModel(SplatfactoModel):
             calls.append((group, self.project_gaussians(inputs.viewmats, inputs.Ks, inputs.width, inputs.height, step)))
         return calls
 
-    def project_gaussians(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int) -> Projection:
+    def project_gaussians(
+        self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int, step: int
+    ) -> Projection:
         """This model's Gaussians projected into the cameras ``viewmats``/``Ks`` (``render_inputs``)
         at ``step``'s SH degree: the one projection call of training (bands, the sharded exchange,
         the balancer's footprint priors).
@@ -420,12 +445,23 @@ class DistSplatModel(SplatfactoModel):
                 proj = with_depth_channel(proj)  # splatfacto renders RGB+ED while training with the flag
             for call in raster_calls:  # one band per projected camera, all of the same rendered height
                 rows = halo_end_row(call[0].end_row_px(height), height) - call[0].first_row_px
-                out = rasterize_rows(proj, [b.first_row_px for b in call], rows, tile_size=TILE_SIZE, absgrad=self.config.use_absgrad)
+                out = rasterize_rows(
+                    proj, [b.first_row_px for b in call], rows, tile_size=TILE_SIZE, absgrad=self.config.use_absgrad
+                )
                 for k, band in enumerate(call):
                     i = first + k
                     grid = None if camera_ids is None or not self.config.use_bilateral_grid else camera_ids[i]
                     l1, dssim = self.band_terms.band_terms(
-                        out.colors[k], out.alphas[k], gts[i], gt_masks[i], backgrounds[i], band, height, result.pixel_links, bil_grids, grid
+                        out.colors[k],
+                        out.alphas[k],
+                        gts[i],
+                        gt_masks[i],
+                        backgrounds[i],
+                        band,
+                        height,
+                        result.pixel_links,
+                        bil_grids,
+                        grid,
                     )
                     l1_total, dssim_total = l1_total + l1, dssim_total + dssim
                     if self.config.output_depth_during_training:
@@ -461,12 +497,16 @@ class DistSplatModel(SplatfactoModel):
         if self.crop_box is not None and not self.training:
             crop_ids = self.crop_box.within(raw["means"]).squeeze()
             if crop_ids.sum() == 0:
-                return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self._get_background_color())
+                return self.get_empty_outputs(
+                    int(camera.width.item()), int(camera.height.item()), self._get_background_color()
+                )
         params = self._activated(raw)
         if crop_ids is not None:
             params = {k: v[crop_ids] for k, v in params.items()}
         inputs = self.render_inputs(camera, self._get_downscale_factor())
-        return render_view(params, inputs, self._get_background_color(), self.sh_degree_at(self.step), self.training, self.config)
+        return render_view(
+            params, inputs, self._get_background_color(), self.sh_degree_at(self.step), self.training, self.config
+        )
 
     def _get_background_color(self) -> torch.Tensor:
         if self.config.background_color == "random":

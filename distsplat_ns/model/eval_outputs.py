@@ -95,7 +95,9 @@ class EvalMetrics:
             ``cc_*`` keys (``model/colour_metrics.py``).
     """
 
-    def __init__(self, psnr: torch.nn.Module, ssim: torch.nn.Module, lpips: LpipsSetting, colour_corrected: bool = False) -> None:
+    def __init__(
+        self, psnr: torch.nn.Module, ssim: torch.nn.Module, lpips: LpipsSetting, colour_corrected: bool = False
+    ) -> None:
         self.psnr = psnr
         self.ssim = ssim
         self.colour_corrected = colour_corrected
@@ -114,10 +116,15 @@ class EvalMetrics:
                 self._lpips_state = "ready"
             except Exception as err:  # noqa: BLE001 -- the weights download fails offline (any error): report once, keep going
                 self._lpips_state = "unavailable"
-                LOGGER.warning("LPIPS is not reported: its network weights could not be loaded (%s)", str(err).splitlines()[0][:200])
+                LOGGER.warning(
+                    "LPIPS is not reported: its network weights could not be loaded (%s)",
+                    str(err).splitlines()[0][:200],
+                )
         return self._lpips if self._lpips_state == "ready" else None
 
-    def measure(self, gt_rgb: torch.Tensor, predicted_rgb: torch.Tensor) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    def measure(
+        self, gt_rgb: torch.Tensor, predicted_rgb: torch.Tensor
+    ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         """The metrics of ``predicted_rgb`` against ``gt_rgb``, and the side-by-side image.
 
         Args:

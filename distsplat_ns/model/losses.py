@@ -49,7 +49,9 @@ def _filter(x: torch.Tensor, win: torch.Tensor, filter_rows: bool) -> torch.Tens
     return out
 
 
-def ssim_map(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, image_height: int | None = None) -> torch.Tensor:
+def ssim_map(
+    x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, image_height: int | None = None
+) -> torch.Tensor:
     """SSIM per position and channel, "valid" filtering.
 
     Args:
@@ -67,7 +69,9 @@ def ssim_map(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0, image_he
         raise ValueError(f"ssim_map: x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
     filter_rows = ssim_halo(x.shape[0] if image_height is None else image_height) > 0
     if filter_rows and x.shape[0] < SSIM_WINDOW:
-        raise ValueError(f"ssim_map: a band of an image {image_height} px high needs at least {SSIM_WINDOW} rows, got {x.shape[0]}")
+        raise ValueError(
+            f"ssim_map: a band of an image {image_height} px high needs at least {SSIM_WINDOW} rows, got {x.shape[0]}"
+        )
     xb = x.permute(2, 0, 1)[None]
     yb = y.permute(2, 0, 1)[None]
     win = _gauss_window(x.device, x.dtype)

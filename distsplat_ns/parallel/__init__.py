@@ -23,4 +23,12 @@ def parallel_mode_class(name: str) -> type[ParallelMode]:
     return MODES[name]
 
 
-__all__ = ["MODES", "PARALLEL_MODES", "ParallelMode", "ParallelModeName", "ReplicatedMode", "ShardedMode", "parallel_mode_class"]
+__all__ = [
+    "MODES",
+    "PARALLEL_MODES",
+    "ParallelMode",
+    "ParallelModeName",
+    "ReplicatedMode",
+    "ShardedMode",
+    "parallel_mode_class",
+]

@@ -159,7 +159,9 @@ class _ScreenTermExchange(torch.autograd.Function):
         fn_ctx.route = route
         fn_ctx.field_shapes = (means2d.shape, conics.shape, colors.shape, opacities.shape)
         fn_ctx.sent_dtype = dtype = means2d.dtype
-        fn_ctx.set_materialize_grads(False)  # no zeros for the ids' gradient, nor the terms' where no band rendered them
+        fn_ctx.set_materialize_grads(
+            False
+        )  # no zeros for the ids' gradient, nor the terms' where no band rendered them
         # Every field's columns side by side for every (camera, Gaussian), then one index of the
         # sent rows: two operators whatever the fields. An id rides as its bytes, 8 / itemsize
         # columns of the terms' dtype; a radius as its bits, one column.
@@ -188,7 +190,9 @@ class _ScreenTermExchange(torch.autograd.Function):
     def backward(fn_ctx, grad_terms: Tensor | None, _grad_ids: None, _grad_token: Tensor | None):
         route: Route = fn_ctx.route
         if grad_terms is None:  # no band rendered a received row: zeros go back, still collectively
-            rows = torch.zeros(sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device)
+            rows = torch.zeros(
+                sum(route.recv_counts), NUM_GRAD_COLUMNS, dtype=fn_ctx.sent_dtype, device=route.camera_of_row.device
+            )
         else:
             rows = grad_terms[0]
         with route.timer():
@@ -224,7 +228,9 @@ def _rows_into_fields(route: Route, back: Tensor, shapes: Sequence[torch.Size]) 
     means_shape, conics_shape, colors_shape, opacities_shape = shapes
     parts = [means_shape, conics_shape, colors_shape, (*opacities_shape, 3)]
     numels = [math.prod(shape) for shape in parts]
-    means2d, conics, colors, tail = (part.view(shape) for part, shape in zip(back.new_zeros(sum(numels)).split(numels), parts, strict=True))
+    means2d, conics, colors, tail = (
+        part.view(shape) for part, shape in zip(back.new_zeros(sum(numels)).split(numels), parts, strict=True)
+    )
     # The row's columns split once: means, conics, colours, then the opacity's and the absgrads'.
     back_means2d, back_conics, back_colors, back_tail = back.split(_GRAD_COLUMNS, dim=1)
     means2d.index_put_(rows, back_means2d, accumulate=True)
@@ -257,7 +263,9 @@ class _ReceivedFields(torch.autograd.Function):
         fn_ctx.set_materialize_grads(False)  # no zeros for the depths' and radii's gradients (never read)
         fn_ctx.leaf_shape = leaf.shape
         # One index per field, of its columns: each field comes out contiguous, with no copy after.
-        means2d, conics, colors, *scalars = (columns.index_select(1, index) for columns in leaf.split(_TERM_COLUMNS, dim=2))
+        means2d, conics, colors, *scalars = (
+            columns.index_select(1, index) for columns in leaf.split(_TERM_COLUMNS, dim=2)
+        )
         opacities, depths, radii = (values[..., 0] for values in scalars)  # [1, M, 1] -> [1, M]
         radii = radii.view(_int_of_size(leaf.dtype)).to(torch.int32)  # the bits sent; a no-op at float32
         fn_ctx.mark_non_differentiable(depths, radii)
@@ -280,7 +288,10 @@ class _ReceivedFields(torch.autograd.Function):
             grads.append(None)  # no absgrad asked for (the strategy's ``absgrad`` off)
         widths = (*_TERM_COLUMNS[:4], 2)  # the absgrads' 2 in the depth's and radius's columns
         columns = torch.cat(
-            [like.new_zeros(1, index.shape[0], w) if g is None else g.to(like.dtype) for g, w in zip(grads, widths, strict=True)],
+            [
+                like.new_zeros(1, index.shape[0], w) if g is None else g.to(like.dtype)
+                for g, w in zip(grads, widths, strict=True)
+            ],
             dim=2,
         )  # [1, M, 11], the leaf's column order, absgrads in the depth's and radius's columns
         grad_leaf = like.new_zeros(fn_ctx.leaf_shape)
@@ -353,7 +364,14 @@ class ReceivedProjections:
         parts = [self.route.rows_of_position[p] for p in positions]
         sizes = [int(part.shape[0]) for part in parts]
         means2d, conics, colors, opacities, depths, radii = _ReceivedFields.apply(self.leaf, _joined(parts), self.route)
-        fields = {"means2d": means2d, "conics": conics, "depths": depths, "radii": radii, "opacities": opacities, "colors": colors}
+        fields = {
+            "means2d": means2d,
+            "conics": conics,
+            "depths": depths,
+            "radii": radii,
+            "opacities": opacities,
+            "colors": colors,
+        }
         split = {name: _parts(values, sizes, dim=1) for name, values in fields.items()}
         return {
             position: Projection(
@@ -369,7 +387,13 @@ class ReceivedProjections:
         }
 
     def render_groups(
-        self, model: Projector, positions: Sequence[int], bands: Sequence[Band], cameras: BatchCameras[Cameras], downscale: int, step: int
+        self,
+        model: Projector,
+        positions: Sequence[int],
+        bands: Sequence[Band],
+        cameras: BatchCameras[Cameras],
+        downscale: int,
+        step: int,
     ) -> Iterator[RenderGroup]:
         """Per position this rank renders, the received Gaussians and one raster call per band
         (already projected by their owners: the cameras' poses are not read)."""
@@ -396,7 +420,9 @@ def _pair_masks(
     the destination's bands of the position. Pairs destination-major, positions ascending; the
     masks `[P, N]` bool (None without pairs). Each call's footprints and every band's test are
     one batch of operations, whatever W and B."""
-    keyed = sorted(((dest, band.position, band) for dest, bands in enumerate(bands_of_rank) for band in bands), key=lambda t: t[:2])
+    keyed = sorted(
+        ((dest, band.position, band) for dest, bands in enumerate(bands_of_rank) for band in bands), key=lambda t: t[:2]
+    )
     if not keyed:
         return [], None
     pairs = sorted({(dest, position) for dest, position, _ in keyed})
@@ -406,9 +432,17 @@ def _pair_masks(
     reach = _joined([r for _, r in footprints])
     table = []  # per band: its pair, its camera among all calls', its middle row and widened half height (px)
     for dest, position, band in keyed:
-        table.append([pair_index[(dest, position)], camera_of[position], *band_extent_px(*render_tile_rows(band, sizes_px[position][1]))])
+        table.append(
+            [
+                pair_index[(dest, position)],
+                camera_of[position],
+                *band_extent_px(*render_tile_rows(band, sizes_px[position][1])),
+            ]
+        )
     # Column-major `[4, bands, 1]`: each column a `[bands, 1]` bound against its cameras' `[bands, N]`, one unbind.
-    pair_of_band, camera, middle, half = host_tensor([[[row[k]] for row in table] for k in range(4)], torch.int64, y.device).unbind(0)
+    pair_of_band, camera, middle, half = host_tensor(
+        [[[row[k]] for row in table] for k in range(4)], torch.int64, y.device
+    ).unbind(0)
     if [row[1] for row in table] != list(range(y.shape[0])):  # else one band per camera, in order (B = W): no gather
         y, reach = y[camera[:, 0]], reach[camera[:, 0]]
     touches = footprint_touches_px(y, reach, middle, half)  # [bands, N]
@@ -498,7 +532,9 @@ def exchange_screen_terms(
         timer=timer,
     )
     leaf, recv_ids, token = _ScreenTermExchange.apply(*fields, ids, route)
-    route.rows_of_position = _rows_by_position(recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]})
+    route.rows_of_position = _rows_by_position(
+        recv_by_source, recv_ids, {band.position for band in bands_of_rank[ctx.rank]}
+    )
     return ReceivedProjections(
         leaf=leaf,
         token=token,

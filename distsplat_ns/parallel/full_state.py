@@ -113,7 +113,9 @@ def gather_full_state(ctx: DistContext, model: DistSplatModel, optimizers: Optim
     if order is None:
         return None
     steps = layout.step_tensors()
-    steps.update({name: step.detach().clone() for name, _ in rows.parameters() if (step := rows.adam_step(name)) is not None})
+    steps.update(
+        {name: step.detach().clone() for name, _ in rows.parameters() if (step := rows.adam_step(name)) is not None}
+    )
     opt_states = {name: opt.state_dict() for name, opt in (optimizers or {}).items()}
     gathered = {
         "pipeline": {MODEL_EXTRA_KEY: dict(model.get_extra_state())},

@@ -100,7 +100,9 @@ def exchange_halo_rows(
     if sent != planned:
         raise RuntimeError(f"rank {ctx.rank}: the bands rendered halo rows {sent}, the step's plan gives {planned}")
     if not ctx.is_distributed or not any(slots_by_rank):
-        return [[(p, s, rows.to(dtype)) for p, s, rows in mine] if r == ctx.rank else [] for r in range(len(slots_by_rank))]
+        return [
+            [(p, s, rows.to(dtype)) for p, s, rows in mine] if r == ctx.rank else [] for r in range(len(slots_by_rank))
+        ]
     if mine:
         flat = torch.cat([rows.reshape(-1).to(dtype) for _, _, rows in mine])
     else:
@@ -109,7 +111,12 @@ def exchange_halo_rows(
     incoming = []
     for slots, values in zip(slots_by_rank, gathered, strict=True):
         parts = torch.split(values, [s.numel for s in slots]) if slots else ()
-        incoming.append([(s.position, s.start_row_px, part.view(s.rows, s.width, HALO_CHANNELS)) for s, part in zip(slots, parts, strict=True)])
+        incoming.append(
+            [
+                (s.position, s.start_row_px, part.view(s.rows, s.width, HALO_CHANNELS))
+                for s, part in zip(slots, parts, strict=True)
+            ]
+        )
     return incoming
 
 
@@ -162,19 +169,26 @@ def gather_step_costs(
     if set(work) != set(bands) or any(work[b].shape[0] != n for b, n in zip(bands, own_rows, strict=True)):
         measured = sorted((b.position, b.first_row, c.shape[0]) for b, c in work.items())
         planned = [(b.position, b.first_row, n) for b, n in zip(bands, own_rows, strict=True)]
-        raise RuntimeError(f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}")
+        raise RuntimeError(
+            f"rank {ctx.rank}: the step measured bands {measured} (position, first tile row, rows), its plan gives {planned}"
+        )
     # This rank's values padded to the longest rank's, so that every rank's are one row of the
     # gathered buffer, read at once; the host values carry the padding (no operator for it).
     lengths = [sum(n) + _TRAILING for n in rows]
     padding = [0.0] * (max(lengths) - lengths[ctx.rank])
     parts = [work[b].sum(dim=-1).to(ctx.device, torch.float64) for b in bands]
     if verdict is not None:
-        parts += [verdict.reshape(1).to(ctx.device, torch.float64), host_tensor([render_s, float(view_posted), *padding], torch.float64, ctx.device)]
+        parts += [
+            verdict.reshape(1).to(ctx.device, torch.float64),
+            host_tensor([render_s, float(view_posted), *padding], torch.float64, ctx.device),
+        ]
     else:
         parts.append(host_tensor([0.0, render_s, float(view_posted), *padding], torch.float64, ctx.device))
     gathered = all_gather_stacked(ctx, torch.cat(parts))  # [W, longest]
     measured, render_times, verdicts, views = [], [], [], []
-    for rank_bands, rank_rows, host in zip(plan.bands, rows, gathered.cpu().tolist(), strict=True):  # host sync: the costs decide the next cut
+    for rank_bands, rank_rows, host in zip(
+        plan.bands, rows, gathered.cpu().tolist(), strict=True
+    ):  # host sync: the costs decide the next cut
         per_band, start = [], 0
         for band, n in zip(rank_bands, rank_rows, strict=True):
             per_band.append((band.position, band.first_row, host[start : start + n]))

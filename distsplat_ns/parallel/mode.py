@@ -93,7 +93,12 @@ class ParallelMode(ABC):
 
     @abstractmethod
     def projections(
-        self, cameras: BatchCameras[Cameras], plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+        self,
+        cameras: BatchCameras[Cameras],
+        plan: StepPlan,
+        step: int,
+        timer: Timer,
+        positions: Sequence[int] | None = None,
     ) -> tuple[ProjectionSource, int]:
         """What this rank's bands are rasterized from, and the bytes moved to get there (both ways).
 
@@ -124,7 +129,9 @@ class ParallelMode(ABC):
         return GradientSum(lambda: self.reduce_gradients(named))
 
     @abstractmethod
-    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """DefaultStrategy's ``info`` for this rank's Gaussians from the whole batch (``batch_info``),
         and the bytes moved. ``sources``: one per camera group, after its backward; ``sizes_px``:
         each batch position's rendered ``(width, height)``."""
@@ -231,7 +238,11 @@ def batch_statistics(
         # One call projected the whole batch (one process, a band of every image, or a shard):
         # its statistics are already batch-shaped.
         _, means2d, proj_radii = projections[0]
-        grads = means2d.grad.detach() if means2d.grad is not None else torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
+        grads = (
+            means2d.grad.detach()
+            if means2d.grad is not None
+            else torch.zeros(batch_size, n, 2, device=device, dtype=dtype)
+        )
         absgrad = getattr(means2d, "absgrad", None)
         absgrads = absgrad.detach() if absgrad is not None else torch.zeros_like(grads)
         return grads, absgrads, proj_radii.detach().to(torch.int32)
@@ -277,7 +288,9 @@ def _stacked_statistics(
     return torch.stack(grads), torch.stack(absgrads), stacked_radii
 
 
-def info_for(grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[tuple[int, int]]) -> dict[str, Any]:
+def info_for(
+    grads: torch.Tensor, absgrads: torch.Tensor, radii: torch.Tensor, sizes_px: Sequence[tuple[int, int]]
+) -> dict[str, Any]:
     """``batch_info`` at each batch position's rendered ``(width, height)``: plain ints where the
     batch has one size (gsplat's form), per-camera `[B, 1]` tensors where it has several."""
     if len(set(sizes_px)) == 1:

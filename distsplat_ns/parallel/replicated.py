@@ -39,13 +39,17 @@ class ReplicatedMode(ParallelMode):
 
     def regularizer_share(self, num_gaussians_total: int) -> RegularizerShare:
         """Rank 0 adds every term, for every Gaussian."""
-        return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=self.ctx.is_main, num_gaussians_total=num_gaussians_total)
+        return RegularizerShare(
+            camera_penalty=self.ctx.is_main, scale_term=self.ctx.is_main, num_gaussians_total=num_gaussians_total
+        )
 
     def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Already every Gaussian's (every rank projected all of them). Local."""
         return costs, 0
 
-    def projections(self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Sequence[int] | None = None) -> tuple[ProjectionSource, int]:
+    def projections(
+        self, cameras: Any, plan: Any, step: int, timer: Timer, positions: Sequence[int] | None = None
+    ) -> tuple[ProjectionSource, int]:
         """This rank's own Gaussians, projected as its bands are rendered. Local."""
         return OwnProjections(), 0
 
@@ -65,14 +69,18 @@ class ReplicatedMode(ParallelMode):
         """
         return BucketedGradientSum(self.ctx, [p for _, p in named], overlap=overlap)
 
-    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """Each rank saw only its bands: screen-space gradients and absgrads summed, radii
         maximised over ranks.
 
         **Collective:** world group, two all-reduces: the sum of the gradients and absgrads stacked,
         `[2, B, N, 2]` (one call, not two: docs/host_cost.md), then the max of the radii, `[B, N]` (none at one rank).
         """
-        grads, absgrads, radii = batch_statistics(self.model, [c for source in sources for c in source.statistics_projections], batch_size)
+        grads, absgrads, radii = batch_statistics(
+            self.model, [c for source in sources for c in source.statistics_projections], batch_size
+        )
         if self.ctx.is_distributed:
             grads, absgrads = all_reduce_sum_(self.ctx, torch.stack([grads, absgrads])).unbind(0)
         all_reduce_max_(self.ctx, radii)

@@ -52,7 +52,9 @@ IDS_KEY = STATE_PREFIX + IDS
 ALONE_CHUNK_ROWS = 1 << 18
 
 
-def write_shard_checkpoint(ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]) -> int:
+def write_shard_checkpoint(
+    ctx: DistContext, folder: Path, model: DistSplatModel, optimizers: Optimizers, payload: dict[str, Any]
+) -> int:
     """Write this rank's rows and rank 0's ``payload`` without its rows into ``folder`` (DCP).
 
     Args:
@@ -75,7 +77,9 @@ def write_shard_checkpoint(ctx: DistContext, folder: Path, model: DistSplatModel
     blob = None
     if ctx.is_main:
         rest = without_rows(payload, layout.step_tensors())
-        rest["row_keys"] = {k: (str(dtype).replace("torch.", ""), list(trailing)) for k, (dtype, trailing) in layout.keys.items()}
+        rest["row_keys"] = {
+            k: (str(dtype).replace("torch.", ""), list(trailing)) for k, (dtype, trailing) in layout.keys.items()
+        }
         buffer = io.BytesIO()
         torch.save(rest, buffer)
         blob = buffer.getvalue()
@@ -127,7 +131,9 @@ def _read_head(ctx: DistContext | None, folder: Path, row_range_of: Any, only_pa
     return _Head(layout, keys, row_range, ids, place, rest)
 
 
-def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _read(
+    ctx: DistContext | None, folder: Path, row_range_of: Any, only_params: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The rows ``row_range_of(num_total)`` of ``folder`` (id order) and its rest.
 
     The ids first; then each key into a tensor in id order, filled from reads of the saved rows
@@ -152,7 +158,12 @@ def _read(ctx: DistContext | None, folder: Path, row_range_of: Any, only_params:
 
 
 def _read_key_in_id_order(
-    ctx: DistContext | None, folder: Path, key: str, dtype_shape: tuple, row_range: tuple[int, int], place: torch.Tensor | None
+    ctx: DistContext | None,
+    folder: Path,
+    key: str,
+    dtype_shape: tuple,
+    row_range: tuple[int, int],
+    place: torch.Tensor | None,
 ) -> torch.Tensor:
     """Saved rows ``row_range`` of ``key``, each at ``place`` (its id's place; None: as saved).
 
@@ -178,7 +189,9 @@ def _assemble(rows: dict[str, torch.Tensor], rest: dict[str, Any]) -> dict[str, 
     return rest
 
 
-def read_shard_checkpoint(ctx: DistContext | None, folder: Path, rank: int, world: int, sharded: bool) -> dict[str, Any]:
+def read_shard_checkpoint(
+    ctx: DistContext | None, folder: Path, rank: int, world: int, sharded: bool
+) -> dict[str, Any]:
     """A ``step-N.dcp`` checkpoint as ``checkpoint.py:load_checkpoint_file`` gives a single file:
     the whole model (``sharded=False``), or this rank's block (``owned_block`` over the saved rank
     order), the rows in id order.
@@ -219,7 +232,9 @@ def _route_to_id_blocks(ctx: DistContext, rows: dict[str, torch.Tensor]) -> dict
     order = torch.sort(dest, stable=True).indices
     send_counts = torch.bincount(dest, minlength=ctx.world_size).tolist()
     recv_counts = all_to_all_counts(ctx, send_counts)
-    moved = {key: all_to_all_rows(ctx, value[order], send_counts, recv_counts)[0] for key, value in sorted(rows.items())}
+    moved = {
+        key: all_to_all_rows(ctx, value[order], send_counts, recv_counts)[0] for key, value in sorted(rows.items())
+    }
     by_id = torch.sort(moved[IDS_KEY], stable=True).indices
     return {key: value[by_id] for key, value in moved.items()}
 
@@ -249,7 +264,13 @@ def consolidate_params(folder: Path, checkpoint_dir: Path, step: int) -> Path:
     payload = _assemble(rows, head.rest)
     payload["optimizers"] = {}
     payload["distsplat"] = {**payload.get("distsplat", {}), "params_only": True, "consolidated_from": Path(folder).name}
-    path = write_payload_atomic(checkpoint_dir, step, payload, keep_only_latest=False, write=lambda fh_path, obj: write_streamed(fh_path, obj, fills))
+    path = write_payload_atomic(
+        checkpoint_dir,
+        step,
+        payload,
+        keep_only_latest=False,
+        write=lambda fh_path, obj: write_streamed(fh_path, obj, fills),
+    )
     assert path.name.endswith(FILE_SUFFIX)
     return path
 

@@ -82,7 +82,9 @@ class RowLayout:
     keys: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     adam_steps: dict[str, float]
 
-    def filled(self, rows: Mapping[str, torch.Tensor | None], num: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def filled(
+        self, rows: Mapping[str, torch.Tensor | None], num: int, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """``rows`` with every layout key present (zeros `[num, ...]` where missing)."""
         out = {}
         for key, (dtype, trailing) in self.keys.items():
@@ -111,7 +113,10 @@ def agree_layout(ctx: DistContext, rows: GaussianRows) -> RowLayout:
         for name, s in rank_steps.items():
             steps[name] = max(steps.get(name, s), s)
     if any(set(s) != set(steps) or any(s[n] != steps[n] for n in s) for _, s in gathered):
-        LOGGER.warning("Adam steps differ between ranks %s: the largest is kept for rows that move or are saved", [s for _, s in gathered])
+        LOGGER.warning(
+            "Adam steps differ between ranks %s: the largest is kept for rows that move or are saved",
+            [s for _, s in gathered],
+        )
     return RowLayout(keys=dict(sorted(keys.items())), adam_steps=steps)
 
 

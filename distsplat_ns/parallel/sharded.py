@@ -97,7 +97,9 @@ class ShardedMode(ParallelMode):
 
     def regularizer_share(self, num_gaussians_total: int) -> RegularizerShare:
         """Every rank adds its shard's part of the scale term; rank 0 the camera penalty."""
-        return RegularizerShare(camera_penalty=self.ctx.is_main, scale_term=True, num_gaussians_total=num_gaussians_total)
+        return RegularizerShare(
+            camera_penalty=self.ctx.is_main, scale_term=True, num_gaussians_total=num_gaussians_total
+        )
 
     def reduce_footprint_costs(self, costs: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Each rank projected its own Gaussians: the footprints of all of them are the sum.
@@ -124,12 +126,21 @@ class ShardedMode(ParallelMode):
                 self._budget_bytes = min(all_gather_counts(self.ctx, mine))
             budget = self._budget_bytes
             if self.budget is not None:  # what the memory budget leaves beside the rows, the same on every rank
-                budget = min(budget, self.budget.projection_budget_bytes(-(-num_gaussians_total // self.ctx.world_size)))
-            size = group_size(budget, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size)
+                budget = min(
+                    budget, self.budget.projection_budget_bytes(-(-num_gaussians_total // self.ctx.world_size))
+                )
+            size = group_size(
+                budget, num_gaussians_total, self.ctx.world_size, self.model.means.element_size(), batch_size
+            )
         return split_positions(batch_size, size)
 
     def projections(
-        self, cameras: BatchCameras[Cameras], plan: StepPlan, step: int, timer: Timer, positions: Sequence[int] | None = None
+        self,
+        cameras: BatchCameras[Cameras],
+        plan: StepPlan,
+        step: int,
+        timer: Timer,
+        positions: Sequence[int] | None = None,
     ) -> tuple[ProjectionSource, int]:
         """The terms every rank sent for this rank's bands of the cameras at ``positions`` (the
         whole batch when None; ``exchange_screen_terms``); the bytes count both directions (the
@@ -147,7 +158,9 @@ class ShardedMode(ParallelMode):
         positions = list(range(len(cameras))) if positions is None else list(positions)
         group = cameras.at(positions)
         # The shard into every camera of the group, each call's cameras named by batch position.
-        calls: list[ProjectionCall] = [([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)]
+        calls: list[ProjectionCall] = [
+            ([positions[i] for i in idx], proj) for idx, proj in self.model.project_cameras(group, step)
+        ]
         wanted = set(positions)
         bands = [[b for b in rank_bands if b.position in wanted] for rank_bands in plan.bands]
         with timer():
@@ -167,7 +180,9 @@ class ShardedMode(ParallelMode):
                 p.grad = torch.zeros_like(p)
         return sum_gradients_(self.ctx, self.replicated_parameters(named)).bytes_reduced
 
-    def statistics(self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]) -> tuple[dict[str, Any], int]:
+    def statistics(
+        self, sources: Sequence[ProjectionSource], batch_size: int, sizes_px: Sequence[tuple[int, int]]
+    ) -> tuple[dict[str, Any], int]:
         """Complete at each owner: its projections received every band's gradients (at one rank,
         its own projections: :meth:`projections`). Local."""
         projections = [p for source in sources for p in source.statistics_projections]

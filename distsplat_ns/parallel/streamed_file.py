@@ -115,7 +115,9 @@ def _ref_at(layout: Any, keys: tuple) -> _TensorRef:
     return layout
 
 
-def _fill(tensor: torch.Tensor, fill: Fill, write_rows: Callable[[torch.Tensor, torch.Tensor], None], path: Path) -> None:
+def _fill(
+    tensor: torch.Tensor, fill: Fill, write_rows: Callable[[torch.Tensor, torch.Tensor], None], path: Path
+) -> None:
     """Run a placeholder's ``fill`` with a writer that hands each batch of rows to ``write_rows``;
     every row of ``tensor`` must come."""
     count = 0

@@ -43,7 +43,9 @@ NUM_PIXEL_CHANNELS = 5
 
 
 @torch.no_grad()
-def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Cameras) -> dict[str, torch.Tensor] | None:
+def render_view_collectively(
+    ctx: DistContext, model: DistSplatModel, camera: Cameras
+) -> dict[str, torch.Tensor] | None:
     """Render one whole camera from every rank's shard; the image on rank 0 (see the module docstring).
 
     Args:
@@ -90,7 +92,10 @@ def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Ca
     bands = partition_rows([costs.cpu()], ctx.world_size)  # host sync: the cut is a host decision
     received = exchange_screen_terms(ctx, [([0], proj)], ids, bands, 1)
     background = model._get_background_color().to(proj.means2d.dtype)
-    pieces = [_render_band(received, band.first_row_px, band.num_rows_px(height), width, background) for band in bands[ctx.rank]]
+    pieces = [
+        _render_band(received, band.first_row_px, band.num_rows_px(height), width, background)
+        for band in bands[ctx.rank]
+    ]
     mine = torch.cat(pieces) if pieces else proj.means2d.new_zeros(0, width, NUM_PIXEL_CHANNELS)
     # The partition gives ranks consecutive rows in rank order (rank 0 from row 0): stacking by
     # rank is the image.
@@ -101,12 +106,16 @@ def render_view_collectively(ctx: DistContext, model: DistSplatModel, camera: Ca
     return _outputs(image, background, height, width)
 
 
-def _render_band(received: ReceivedProjections, first_row_px: int, num_rows_px: int, width: int, background: torch.Tensor) -> torch.Tensor:
+def _render_band(
+    received: ReceivedProjections, first_row_px: int, num_rows_px: int, width: int, background: torch.Tensor
+) -> torch.Tensor:
     """Rows ``[first_row_px, first_row_px + num_rows_px)`` of the view from the received rows:
     `[rows, W, 5]` (colour over ``background``, expected depth, opacity). Rows no Gaussian reaches
     render from zero received rows: the background, depth and opacity 0."""
     proj = received.projection(0)
-    proj = dataclasses.replace(proj, colors=torch.cat([proj.colors, proj.depths[..., None]], dim=-1), render_mode="RGB+ED")
+    proj = dataclasses.replace(
+        proj, colors=torch.cat([proj.colors, proj.depths[..., None]], dim=-1), render_mode="RGB+ED"
+    )
     out = rasterize_rows(proj, [first_row_px], num_rows_px, tile_size=TILE_SIZE)
     colors, alphas = out.colors[0], out.alphas[0]
     rgb = torch.clamp(colors[..., :3] + (1 - alphas) * background, 0.0, 1.0)

@@ -43,7 +43,13 @@ class BandPass:
         self.model = model
 
     def run(
-        self, step: int, cameras: BatchCameras, plan: StepPlan, images: StepImages, clock: PhaseClock, gradient_sum: GradientSum
+        self,
+        step: int,
+        cameras: BatchCameras,
+        plan: StepPlan,
+        images: StepImages,
+        clock: PhaseClock,
+        gradient_sum: GradientSum,
     ) -> tuple[BandRenderResult, list[ProjectionSource], int]:
         """Forward and backward of this rank's bands of ``step``, one camera group
         (``mode.camera_groups``) at a time, so that only one group's projections are live; the
@@ -116,7 +122,12 @@ class BandPass:
             fill_empty_depth_(result.band_depths, all_reduce_max_(self.ctx, maxima))
 
     def _backward(
-        self, result: BandRenderResult, source: ProjectionSource, clock: PhaseClock, last_backward: AbstractContextManager | None, halos: Sequence
+        self,
+        result: BandRenderResult,
+        source: ProjectionSource,
+        clock: PhaseClock,
+        last_backward: AbstractContextManager | None,
+        halos: Sequence,
     ) -> None:
         """Backpropagate one group's loss share with exact per-pixel gradients
         (``model/band_backward.py``); the source's terms are anchored, so that a backward that is

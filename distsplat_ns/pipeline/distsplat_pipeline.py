@@ -169,7 +169,10 @@ class DistSplatPipeline(VanillaPipeline):
         self.model.to(device)
         self.world_size = self.ctx.world_size
         # What every rank holds whole (Gaussians unless sharded, camera adjustments, grids) is rank 0's.
-        broadcast_tensors_(self.ctx, [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")])
+        broadcast_tensors_(
+            self.ctx,
+            [p.data for n, p in self.model.named_parameters() if shard is None or not n.startswith("gauss_params.")],
+        )
         # The parallel mode, once: the step calls it and never asks which it is (parallel/).
         self.mode = mode_class(self.ctx, self.model, budget)
         #: The rank's memory budget (``--pipeline.memory-budget``; None without one): the caps it
@@ -183,14 +186,18 @@ class DistSplatPipeline(VanillaPipeline):
         # Costs in the unit of the renderer this rank uses, and its fixed cost per band (the same on
         # every rank: one device type).
         backend = resolve_backend(self.model.config.rendering_backend, self.ctx.device)
-        planner = BandPlanner(config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend])
+        planner = BandPlanner(
+            config.partition, heights, cost_unit=WORK_UNITS[backend], band_cost_fraction=BAND_COST_FRACTIONS[backend]
+        )
         # The step's phases, each an object of its own: the balance (plan, measure) and the render
         # (forward, backward); the data is the datamanager's ``step_batch``.
         self.balance = StepBalance(self.ctx, planner, self.mode, self.model, self._host_cameras)
         self.band_pass = BandPass(self.ctx, self.mode, self.model)
         self.images_fetched_on_demand = 0
         # Found by nerfstudio's viewer on the pipeline: new browser clients open at a training view.
-        self.viewer_start_view = StartAtTrainingView(self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True))
+        self.viewer_start_view = StartAtTrainingView(
+            self.datamanager.train_dataset.cameras.camera_to_worlds[0].numpy(force=True)
+        )
 
     # ------------------------------------------------------------------ checkpoint state
     def get_extra_state(self) -> dict[str, Any]:
@@ -214,7 +221,9 @@ class DistSplatPipeline(VanillaPipeline):
         with eval_mode(self):
             return self.evaluation.one_image(step)
 
-    def get_average_eval_image_metrics(self, step: int | None = None, output_path: Path | None = None, get_std: bool = False) -> dict[str, float]:
+    def get_average_eval_image_metrics(
+        self, step: int | None = None, output_path: Path | None = None, get_std: bool = False
+    ) -> dict[str, float]:
         """Every eval image's metrics averaged, in eval mode (``PipelineEval.average``).
 
         **Collective:** where the mode's views are (``PipelineEval.average``).
@@ -269,7 +278,9 @@ class DistSplatPipeline(VanillaPipeline):
         """Whether every rank writes its shard of a checkpoint (``ParallelMode.writes_shards``)."""
         return self.mode.writes_shards
 
-    def write_shards(self, folder: Path, optimizers: Mapping[str, torch.optim.Optimizer], payload: dict[str, Any]) -> int:
+    def write_shards(
+        self, folder: Path, optimizers: Mapping[str, torch.optim.Optimizer], payload: dict[str, Any]
+    ) -> int:
         """This rank's part of a ``step-N.dcp`` checkpoint written into ``folder``; returns its bytes
         (``ParallelMode.write_shards``). **Collective** as DCP's save."""
         return self.mode.write_shards(folder, optimizers, payload)
@@ -342,7 +353,11 @@ class DistSplatPipeline(VanillaPipeline):
                     info, statistics_bytes = self.mode.statistics(
                         sources, self.config.batch_size, cameras.sizes_px(range(len(batch)), plan.downscale)
                     )
-            verdict = self.mode.finite_verdict(named) if step_check(step, self.config.check_finite_every, run_at_zero=True) else None
+            verdict = (
+                self.mode.finite_verdict(named)
+                if step_check(step, self.config.check_finite_every, run_at_zero=True)
+                else None
+            )
         self.band_pass.fill_depths(result, len(batch))
         # The costs' gather carries the verdict: the check costs no extra sync.
         measured = self.balance.measure(plan, batch, result, verdict, clock)

@@ -58,7 +58,14 @@ class StepBalance:
         host_cameras: The training cameras of dataset indices, on the host.
     """
 
-    def __init__(self, ctx: DistContext, planner: BandPlanner, mode: ParallelMode, model: DistSplatModel, host_cameras: HostCameras) -> None:
+    def __init__(
+        self,
+        ctx: DistContext,
+        planner: BandPlanner,
+        mode: ParallelMode,
+        model: DistSplatModel,
+        host_cameras: HostCameras,
+    ) -> None:
         self.ctx = ctx
         self.planner = planner
         self.mode = mode
@@ -96,7 +103,14 @@ class StepBalance:
         flat, _ = self.mode.reduce_footprint_costs(torch.cat(costs))
         return [c.cpu() for c in torch.split(flat, [len(c) for c in costs])]  # host sync: cold cameras only
 
-    def measure(self, plan: StepPlan, batch: Sequence[int], result: BandRenderResult, verdict: torch.Tensor | None, clock: PhaseClock) -> Measured:
+    def measure(
+        self,
+        plan: StepPlan,
+        batch: Sequence[int],
+        result: BandRenderResult,
+        verdict: torch.Tensor | None,
+        clock: PhaseClock,
+    ) -> Measured:
         """Gather every rank's measured per-row costs, render time (``forward`` + ``backward``)
         and the finite verdict, and fold the costs into the history; when rank 0's viewer thread
         posted a frame (``mode.pending_view``, flagged in the same gather), every rank renders it
@@ -109,7 +123,9 @@ class StepBalance:
         """
         view = self.mode.pending_view()
         render_s = clock["forward"] + clock["backward"]
-        with clock.communicating(phase=None):  # exposed, but kept out of the all_reduce phase (its meaning before docs/overlap.md's overlap)
+        with clock.communicating(
+            phase=None
+        ):  # exposed, but kept out of the all_reduce phase (its meaning before docs/overlap.md's overlap)
             costs = gather_step_costs(self.ctx, plan, result.band_tile_work, verdict, render_s, view is not None)
         measured_imbalance = self.planner.observe(plan, batch, plan.downscale, costs.measured)
         time_imbalance = max_over_mean(costs.render_s)
@@ -123,7 +139,10 @@ class StepBalance:
     def summary(self, warmup_steps: int) -> dict[str, Any]:
         """Balance figures for the run summary, over the steps after ``warmup_steps`` (before
         them, most cameras have only a footprint prior)."""
-        summary: dict[str, Any] = {"band_cost_fraction": self.planner.band_cost_fraction, **self.planner.log.summary(warmup_steps=warmup_steps)}
+        summary: dict[str, Any] = {
+            "band_cost_fraction": self.planner.band_cost_fraction,
+            **self.planner.log.summary(warmup_steps=warmup_steps),
+        }
         tail = self.time_imbalance[warmup_steps:] if len(self.time_imbalance) > warmup_steps else self.time_imbalance
         if tail:
             summary["time_imbalance_mean"], summary["time_imbalance_p95"] = mean_and_p95(tail)

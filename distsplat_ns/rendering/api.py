@@ -188,7 +188,9 @@ def _validate_project_inputs(
         else:
             _check_shape("colors (SH coefficients)", colors, (num_cameras, num_gaussians, None, 3))
         if sh_degree < 0 or (sh_degree + 1) ** 2 > colors.shape[-2]:
-            raise ValueError(f"sh_degree={sh_degree} needs (sh_degree + 1) ** 2 <= K SH bases, colors has K={colors.shape[-2]}")
+            raise ValueError(
+                f"sh_degree={sh_degree} needs (sh_degree + 1) ** 2 <= K SH bases, colors has K={colors.shape[-2]}"
+            )
     if width <= 0 or height <= 0:
         raise ValueError(f"width and height must be positive, got width={width}, height={height}")
     if rasterize_mode not in RASTERIZE_MODES:
@@ -251,11 +253,19 @@ def project(
 
     **Differentiable:** with respect to ``means``, ``quats``, ``scales``, ``opacities``, ``colors``.
     """
-    _validate_project_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, rasterize_mode, render_mode)
+    _validate_project_inputs(
+        means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, rasterize_mode, render_mode
+    )
     chosen = resolve_backend(backend, means.device)
     num_cameras, num_gaussians = viewmats.shape[0], means.shape[0]
     antialiased = rasterize_mode == "antialiased"
-    kwargs = {"eps2d": eps2d, "near_plane": near_plane, "far_plane": far_plane, "radius_clip": radius_clip, "calc_compensations": antialiased}
+    kwargs = {
+        "eps2d": eps2d,
+        "near_plane": near_plane,
+        "far_plane": far_plane,
+        "radius_clip": radius_clip,
+        "calc_compensations": antialiased,
+    }
     if chosen == "gsplat":
         from distsplat_ns.rendering import gsplat_backend
 
@@ -404,7 +414,9 @@ def rasterize_rows(
         )  # fmt: skip
         tile_work = tile_counts  # its kernels loop over a tile's intersections
     else:
-        isects = _ref_raster.intersect_tiles(proj.means2d, proj.radii, proj.depths, tile_size, num_tile_rows, num_tile_cols, tile_row_starts)
+        isects = _ref_raster.intersect_tiles(
+            proj.means2d, proj.radii, proj.depths, tile_size, num_tile_rows, num_tile_cols, tile_row_starts
+        )
         colors, alphas, tile_work = _ref_raster.rasterize_to_pixels(
             proj.means2d, proj.conics, proj.colors, proj.opacities, proj.width, rows_rendered, isects,
             backgrounds=backgrounds, absgrad_sink=sink, chunk_elements=chunk_elements,

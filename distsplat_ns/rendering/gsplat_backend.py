@@ -142,7 +142,14 @@ def rasterize_band(
     num_tile_cols = math.ceil(width / tile_size)
     api = _api()
     _, isect_ids, flatten_ids = isect_tiles(
-        band_means2d, api.radii_to_gsplat(radii), depths, tile_size, num_tile_cols, num_tile_rows, packed=False, **api.isect_ids_kwargs(num_cameras)
+        band_means2d,
+        api.radii_to_gsplat(radii),
+        depths,
+        tile_size,
+        num_tile_cols,
+        num_tile_rows,
+        packed=False,
+        **api.isect_ids_kwargs(num_cameras),
     )
     isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
     render_colors, render_alphas = rasterize_to_pixels(
@@ -167,7 +174,9 @@ def rasterize_band(
     return render_colors, render_alphas, _tile_counts(isect_offsets, flatten_ids.numel())
 
 
-def _encode_offsets(isect_ids: Tensor, flatten_ids: Tensor, num_cameras: int, num_tile_cols: int, num_tile_rows: int) -> Tensor:
+def _encode_offsets(
+    isect_ids: Tensor, flatten_ids: Tensor, num_cameras: int, num_tile_cols: int, num_tile_rows: int
+) -> Tensor:
     from gsplat import isect_offset_encode
 
     if flatten_ids.numel() == 0:

@@ -98,9 +98,17 @@ def rasterization(
     del channel_chunk  # gsplat's channel chunking is a speed knob, not a semantic one
     if tile_size < 1:
         raise ValueError(f"tile_size must be >= 1, got {tile_size}")
-    options = {"near_plane": near_plane, "far_plane": far_plane, "radius_clip": radius_clip, "eps2d": eps2d, "sh_degree": sh_degree}
+    options = {
+        "near_plane": near_plane,
+        "far_plane": far_plane,
+        "radius_clip": radius_clip,
+        "eps2d": eps2d,
+        "sh_degree": sh_degree,
+    }
     if packed and resolve_backend(backend, means.device) == "gsplat":
-        _validate_project_inputs(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, rasterize_mode, render_mode)
+        _validate_project_inputs(
+            means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree, rasterize_mode, render_mode
+        )
         if backgrounds is not None:
             num_channels = 3 if sh_degree is not None else int(colors.shape[-1])
             _check_shape("backgrounds", backgrounds, (int(viewmats.shape[0]), num_channels))
@@ -117,7 +125,9 @@ def rasterization(
         rasterize_mode=rasterize_mode, render_mode=render_mode, backend=backend,
     )  # fmt: skip
     if not packed:
-        out = rasterize_rows(proj, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad)
+        out = rasterize_rows(
+            proj, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad
+        )
         pairs = {
             "camera_ids": None, "gaussian_ids": None, "radii": proj.radii, "means2d": proj.means2d, "depths": proj.depths,
             "conics": proj.conics, "opacities": proj.opacities, "tile_counts": out.tile_counts,
@@ -132,7 +142,9 @@ def rasterization(
         render_mode=proj.render_mode, num_cameras=proj.num_cameras, num_gaussians=proj.num_gaussians,
         compensations=proj.compensations,
     )  # fmt: skip
-    out = rasterize_rows(dense, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad)
+    out = rasterize_rows(
+        dense, [0] * proj.num_cameras, height, backgrounds=backgrounds, tile_size=tile_size, absgrad=absgrad
+    )
     if absgrad:
         _packed.forward_absgrad(packed_pairs, means2d.absgrad)
     pairs = {

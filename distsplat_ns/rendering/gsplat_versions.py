@@ -107,7 +107,9 @@ class GsplatApi:
         """
         expected = 8 if self.image_ids else 7
         if len(outputs) != expected:
-            raise ValueError(f"gsplat {self.version}: packed projection gave {len(outputs)} outputs, expected {expected}")
+            raise ValueError(
+                f"gsplat {self.version}: packed projection gave {len(outputs)} outputs, expected {expected}"
+            )
         return tuple(outputs[1:]) if self.image_ids else tuple(outputs)
 
 

@@ -48,7 +48,9 @@ class PackedGaussians:
     colors: Tensor
 
 
-def pack(radii: Tensor, means2d: Tensor, depths: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor) -> PackedGaussians:
+def pack(
+    radii: Tensor, means2d: Tensor, depths: Tensor, conics: Tensor, opacities: Tensor, colors: Tensor
+) -> PackedGaussians:
     """Keep the pairs with ``radii > 0`` of `[C, N, ...]` tensors, in gsplat's packed order.
 
     **Host sync:** once (``nonzero`` sizes its output).
@@ -81,7 +83,10 @@ def unpack(packed: PackedGaussians, num_cameras: int, num_gaussians: int) -> tup
 
     **Differentiable:** with respect to the packed tensors (the gradient is gathered back).
     """
-    return tuple(_scatter(t, packed, num_cameras, num_gaussians) for t in (packed.means2d, packed.conics, packed.opacities, packed.colors))  # type: ignore[return-value]
+    return tuple(
+        _scatter(t, packed, num_cameras, num_gaussians)
+        for t in (packed.means2d, packed.conics, packed.opacities, packed.colors)
+    )  # type: ignore[return-value]
 
 
 def forward_absgrad(packed: PackedGaussians, dense_sink: Tensor) -> None:

@@ -155,7 +155,9 @@ def project_gaussians(
     ty = z_safe * torch.clamp(y * rz, min=-lim_y_neg, max=lim_y_pos)
 
     zeros = torch.zeros_like(z)
-    jac = torch.stack([fx * rz, zeros, -fx * tx * rz2, zeros, fy * rz, -fy * ty * rz2], dim=-1).reshape(*z.shape, 2, 3)  # [C, N, 2, 3]
+    jac = torch.stack([fx * rz, zeros, -fx * tx * rz2, zeros, fy * rz, -fy * ty * rz2], dim=-1).reshape(
+        *z.shape, 2, 3
+    )  # [C, N, 2, 3]
     covars2d = jac @ covars_c @ jac.transpose(-1, -2)  # [C, N, 2, 2]
     means2d = torch.stack([fx * x * rz + cx, fy * y * rz + cy], dim=-1)  # [C, N, 2]
 

@@ -320,7 +320,9 @@ def _group_pairs(parts: list[_PairChunk], max_pairs: int) -> list[_PairChunk]:
 
     def flush() -> None:
         if group:
-            chunks.append(_PairChunk(*(torch.cat([getattr(p, k) for p in group]) for k in ("gauss", "pix", "px", "py"))))
+            chunks.append(
+                _PairChunk(*(torch.cat([getattr(p, k) for p in group]) for k in ("gauss", "pix", "px", "py")))
+            )
             group.clear()
 
     for part in parts:
@@ -441,7 +443,9 @@ def rasterize_to_pixels(
     depth = colors.shape[-1]
     ts = isects.tile_size
     rows, cols = isects.num_tile_rows, isects.num_tile_cols
-    feats = torch.cat([means2d.reshape(-1, 2), conics.reshape(-1, 3), opacities.reshape(-1, 1), colors.reshape(-1, depth)], dim=-1)  # [C * N, 6 + D]
+    feats = torch.cat(
+        [means2d.reshape(-1, 2), conics.reshape(-1, 3), opacities.reshape(-1, 1), colors.reshape(-1, depth)], dim=-1
+    )  # [C * N, 6 + D]
     chunks, pairs_per_tile = _find_composited(feats.detach(), isects, chunk_elements)
     sink_flat = absgrad_sink.view(-1, 2) if absgrad_sink is not None else None
     accum, trans = _CompositePairs.apply(feats, chunks, num_cameras * rows * cols * ts * ts, sink_flat)

@@ -99,7 +99,9 @@ def evaluate_sh(degree: int, dirs: Tensor, coeffs: Tensor) -> Tensor:
     """
     num_bases = num_sh_bases(degree)
     if coeffs.shape[-2] < num_bases:
-        raise ValueError(f"colors must hold at least (sh_degree + 1) ** 2 = {num_bases} SH bases, got shape {tuple(coeffs.shape)}")
+        raise ValueError(
+            f"colors must hold at least (sh_degree + 1) ** 2 = {num_bases} SH bases, got shape {tuple(coeffs.shape)}"
+        )
     if degree == 0:
         return _Y00 * coeffs[..., 0, :]
     # F.normalize clamps the norm from below, so a zero direction stays finite (value and grad).

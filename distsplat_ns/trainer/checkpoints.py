@@ -82,7 +82,10 @@ class TrainerCheckpoints:
         if isinstance(rng, torch.Tensor):
             torch.set_rng_state(rng)
         if self.ctx.is_main:
-            CONSOLE.print(f"Resumed from {path} at step {int(loaded['step']) + 1} on {self.ctx.world_size} process(es)", soft_wrap=True)
+            CONSOLE.print(
+                f"Resumed from {path} at step {int(loaded['step']) + 1} on {self.ctx.world_size} process(es)",
+                soft_wrap=True,
+            )
         return loaded
 
     def checkpoint_to_load(self, config: TrainerConfig) -> Path | None:
@@ -94,7 +97,12 @@ class TrainerCheckpoints:
         if self.ctx.is_main:
             try:
                 choice = choose_checkpoint(
-                    self.checkpoint_dir, config.load_dir, config.load_step, config.load_checkpoint, config.existing_checkpoints, restart_count()
+                    self.checkpoint_dir,
+                    config.load_dir,
+                    config.load_step,
+                    config.load_checkpoint,
+                    config.existing_checkpoints,
+                    restart_count(),
                 )
                 decision = {"path": None if choice.path is None else str(choice.path), "reason": choice.reason}
             except UserError as err:
@@ -103,7 +111,9 @@ class TrainerCheckpoints:
         if "error" in decision:
             raise UserError(decision["error"])
         if self.ctx.is_main:
-            CONSOLE.print(decision["reason"][0].upper() + decision["reason"][1:] + ".", soft_wrap=True)  # paths stay whole (copyable)
+            CONSOLE.print(
+                decision["reason"][0].upper() + decision["reason"][1:] + ".", soft_wrap=True
+            )  # paths stay whole (copyable)
         if decision["path"] is None:
             return None
         path = Path(decision["path"])
@@ -129,9 +139,17 @@ class TrainerCheckpoints:
         **Collective:** world group: sharded, the DCP save and two outcome broadcasts; replicated,
         the outcome broadcast (it replaces a barrier).
         """
-        extra = {"torch_rng_state": torch.get_rng_state(), "world_size": self.ctx.world_size, "parallel": self.pipeline.config.parallel}
+        extra = {
+            "torch_rng_state": torch.get_rng_state(),
+            "world_size": self.ctx.world_size,
+            "parallel": self.pipeline.config.parallel,
+        }
         if self.pipeline.writes_shards:
-            payload = checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(), extra) if self.ctx.is_main else {}
+            payload = (
+                checkpoint_payload(step, self.pipeline.state_dict(), optimizers, grad_scaler.state_dict(), extra)
+                if self.ctx.is_main
+                else {}
+            )
 
             def write_shard(folder: Path) -> int:
                 written = self.pipeline.write_shards(folder, optimizers.optimizers, payload)
@@ -158,7 +176,11 @@ class TrainerCheckpoints:
                 optimizer_states=None if gathered is None else gathered.optimizers,
             )
 
-        agree_outcome(self.ctx, f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)", write)
+        agree_outcome(
+            self.ctx,
+            f"writing checkpoint step-{step:09d}.ckpt to {self.checkpoint_dir} (the previous checkpoint is kept)",
+            write,
+        )
         self.last_saved_step = step
         self.attempts.saved(step)
 

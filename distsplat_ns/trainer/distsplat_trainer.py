@@ -67,7 +67,14 @@ from distsplat_ns.rendering import resolve_backend
 from distsplat_ns.trainer.checkpoints import TrainerCheckpoints
 from distsplat_ns.trainer.optimizer_rules import float64_optimizer_configs, scaled_optimizer_configs
 from distsplat_ns.trainer.optimizer_step import FusedAdamOptimizers
-from distsplat_ns.trainer.run_record import STATS_FILENAME, RunRecord, optimizer_state_bytes, peak_memory_bytes, reduce_log_figures, write_run_summary
+from distsplat_ns.trainer.run_record import (
+    STATS_FILENAME,
+    RunRecord,
+    optimizer_state_bytes,
+    peak_memory_bytes,
+    reduce_log_figures,
+    write_run_summary,
+)
 from distsplat_ns.utils.errors import UserError
 from distsplat_ns.utils.host_allocator import keep_freed_host_memory
 from distsplat_ns.utils.logging import get_logger
@@ -165,7 +172,9 @@ class DistSplatTrainer(Trainer):
         """
         with startup_phase(self.ctx, "output folder check"):
             agree_outcome(
-                self.ctx, f"creating and writing the checkpoint folder {self.checkpoint_dir}", functools.partial(probe_writable, self.checkpoint_dir)
+                self.ctx,
+                f"creating and writing the checkpoint folder {self.checkpoint_dir}",
+                functools.partial(probe_writable, self.checkpoint_dir),
             )
         enter_phase(self.ctx, "pipeline setup")
         self.pipeline = self.config.pipeline.setup(
@@ -179,7 +188,12 @@ class DistSplatTrainer(Trainer):
         )
         finish_phase(self.ctx, "pipeline setup")
         self.checkpoints = TrainerCheckpoints(
-            self.ctx, self.checkpoint_dir, self.pipeline, self.record, self.attempts, keep_only_latest=self.config.save_only_latest_checkpoint
+            self.ctx,
+            self.checkpoint_dir,
+            self.pipeline,
+            self.record,
+            self.attempts,
+            keep_only_latest=self.config.save_only_latest_checkpoint,
         )
         with startup_phase(self.ctx, "checkpoint load"):
             loaded = self.checkpoints.load(self.config)
@@ -215,7 +229,9 @@ class DistSplatTrainer(Trainer):
         if self.config.is_viewer_legacy_enabled():
             raise UserError("distsplat does not support --vis viewer_legacy; use --vis viewer")
         self.callbacks = self.pipeline.get_training_callbacks(
-            TrainingCallbackAttributes(optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self)
+            TrainingCallbackAttributes(
+                optimizers=self.optimizers, grad_scaler=self.grad_scaler, pipeline=self.pipeline, trainer=self
+            )
         )
         writer_log_path = self.base_dir / self.config.logging.relative_log_dir
         logging_config = self.config.logging
@@ -230,7 +246,9 @@ class DistSplatTrainer(Trainer):
             )
         else:
             # Other ranks keep nerfstudio's buffers (timers write into them) but show nothing.
-            logging_config = dataclasses.replace(logging_config, local_writer=dataclasses.replace(logging_config.local_writer, enable=False))
+            logging_config = dataclasses.replace(
+                logging_config, local_writer=dataclasses.replace(logging_config.local_writer, enable=False)
+            )
         writer.setup_local_writer(logging_config, max_iter=self.num_steps, banner_messages=banner_messages)
         if self.ctx.is_main:
             writer.put_config(name="config", config_dict=dataclasses.asdict(self.config), step=0)
@@ -299,7 +317,9 @@ class DistSplatTrainer(Trainer):
         last_step = self._start_step - 1
         for step in range(self._start_step, self.num_steps):
             self.step = step
-            with rank0_work(self.ctx, f"paused in the viewer before step {step}", active=self.config.is_viewer_enabled()):
+            with rank0_work(
+                self.ctx, f"paused in the viewer before step {step}", active=self.config.is_viewer_enabled()
+            ):
                 while self.training_state == "paused" and not self.stop_training and not signals.requested:
                     time.sleep(0.01)
             with self.train_lock, TimeWriter(writer, EventName.ITER_TRAIN_TIME, step=step) as train_t:
@@ -316,7 +336,9 @@ class DistSplatTrainer(Trainer):
             if step > 1:
                 writer.put_time(
                     name=EventName.TRAIN_RAYS_PER_SEC,
-                    duration=self.pipeline.datamanager.get_train_rays_per_batch() * self.pipeline.config.batch_size / max(0.001, train_t.duration),
+                    duration=self.pipeline.datamanager.get_train_rays_per_batch()
+                    * self.pipeline.config.batch_size
+                    / max(0.001, train_t.duration),
                     step=step,
                     avg_over_steps=True,
                 )
@@ -348,7 +370,9 @@ class DistSplatTrainer(Trainer):
             return False  # eval_iteration's @check_eval_enabled
         if not self.pipeline.datamanager.eval_dataset:
             return False
-        return step_check(step, config.steps_per_eval_image) or step_check(step, config.steps_per_eval_all_images, run_at_zero=True)
+        return step_check(step, config.steps_per_eval_image) or step_check(
+            step, config.steps_per_eval_all_images, run_at_zero=True
+        )
 
     def train_iteration(self, step: int):  # type: ignore[override]
         """One step (``DistSplatPipeline.train_step``), then what nerfstudio's loop logs.
@@ -366,14 +390,19 @@ class DistSplatTrainer(Trainer):
             # The named terms (e.g. MCMC's regularizers) have the same keys on every rank: summed, the whole model's.
             names = ("main_loss", "l1", "dssim", *report.loss_terms)
             losses, per_rank = reduce_log_figures(
-                self.ctx, [report.loss, report.l1, report.dssim, *report.loss_terms.values()], report, self.pipeline.model.num_points
+                self.ctx,
+                [report.loss, report.l1, report.dssim, *report.loss_terms.values()],
+                report,
+                self.pipeline.model.num_points,
             )
             loss_dict = dict(zip(names, losses, strict=True))
             for key, value in report.timings.as_dict().items():
                 metrics_dict[f"time_{key}_s"] = value
             if self.ctx.is_main and self.ctx.is_distributed:
                 writer.put_dict(
-                    name="Per-rank", scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank) for k, v in figures.items()}, step=step
+                    name="Per-rank",
+                    scalar_dict={f"rank{r}/{k}": v for r, figures in enumerate(per_rank) for k, v in figures.items()},
+                    step=step,
                 )
             metrics_dict["bytes_communicated"] = report.bytes_communicated
             metrics_dict["balance_measured_imbalance"] = report.measured_imbalance
@@ -447,9 +476,13 @@ class DistSplatTrainer(Trainer):
         writer.write_out_storage()
         if self.ctx.is_main:
             saved = (
-                f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}" if last_step >= self._start_step else "no step ran; nothing saved"
+                f"checkpoint step-{last_step:09d}.ckpt in {self.checkpoint_dir}"
+                if last_step >= self._start_step
+                else "no step ran; nothing saved"
             )
-            CONSOLE.print(f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}", soft_wrap=True)
+            CONSOLE.print(
+                f"[bold yellow]distsplat stopped after step {last_step}[/bold yellow]: {saved}", soft_wrap=True
+            )
         shutdown_distributed()
         if signum is not None:
             raise SystemExit(128 + signum)
@@ -459,15 +492,22 @@ class DistSplatTrainer(Trainer):
         self._save_unless_saved(self.step)
         self.attempts.end(self.step, "completed")
         final_eval = bool(self.pipeline.datamanager.eval_dataset) and self._last_eval_all_step != self.step
-        with rank0_work(self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.views_are_collective):
+        with rank0_work(
+            self.ctx, f"evaluating after the last step {self.step}", active=not self.pipeline.views_are_collective
+        ):
             if self.pipeline.evaluates_here and final_eval:
                 with self.record.timing_eval():
                     self._eval_all(self.step)
         self._write_stats()
         writer.write_out_storage()
         if self.ctx.is_main:
-            CONSOLE.print(f"[bold green]distsplat training finished[/bold green]: config {self.base_dir / 'config.yml'}", soft_wrap=True)
-            CONSOLE.print(f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}", soft_wrap=True)
+            CONSOLE.print(
+                f"[bold green]distsplat training finished[/bold green]: config {self.base_dir / 'config.yml'}",
+                soft_wrap=True,
+            )
+            CONSOLE.print(
+                f"checkpoints in {self.checkpoint_dir}; run summary in {self.base_dir / STATS_FILENAME}", soft_wrap=True
+            )
         for callback in self.callbacks:
             callback.run_callback_at_location(step=self.step, location=TrainingCallbackLocation.AFTER_TRAIN)
         self.pipeline.close_views()  # no more step boundaries to render viewer frames at
@@ -487,7 +527,9 @@ class DistSplatTrainer(Trainer):
             "batch_size": self.pipeline.config.batch_size,
             "world_size": self.ctx.world_size,
             "parallel": self.pipeline.config.parallel,
-            "final_gaussian_count": int(record.gaussian_count if record.gaussian_count is not None else self.pipeline.model.num_points),
+            "final_gaussian_count": int(
+                record.gaussian_count if record.gaussian_count is not None else self.pipeline.model.num_points
+            ),
             "backend": resolve_backend(self.pipeline.model.config.rendering_backend, self.ctx.device),
             "device": str(self.ctx.device),
             "parameter_bytes": sum(p.numel() * p.element_size() for p in self.pipeline.trainable_parameters()),

@@ -61,7 +61,9 @@ def float64_optimizer_configs(configs: dict[str, dict[str, Any]]) -> dict[str, d
         opt = out.get(name, {}).get("optimizer")
         if isinstance(opt, AdamOptimizerConfig) and opt.eps < FLOAT64_ADAM_EPS:
             opt.eps = FLOAT64_ADAM_EPS
-    LOGGER.info("float64: Adam eps of the Gaussian parameters raised to >= %g (docs/float64_exactness.md)", FLOAT64_ADAM_EPS)
+    LOGGER.info(
+        "float64: Adam eps of the Gaussian parameters raised to >= %g (docs/float64_exactness.md)", FLOAT64_ADAM_EPS
+    )
     return out
 
 
@@ -81,9 +83,13 @@ def scaled_optimizer_configs(configs: dict[str, dict[str, Any]], batch_size: int
         opt = group.get("optimizer")
         if isinstance(opt, AdamOptimizerConfig):
             lr, eps, betas = sqrt_batch_scaling(opt.lr, opt.eps, getattr(opt, "betas", (0.9, 0.999)), batch_size)
-            group["optimizer"] = AdamWithBetasConfig(lr=lr, eps=eps, max_norm=opt.max_norm, weight_decay=opt.weight_decay, betas=betas)
+            group["optimizer"] = AdamWithBetasConfig(
+                lr=lr, eps=eps, max_norm=opt.max_norm, weight_decay=opt.weight_decay, betas=betas
+            )
         elif opt is not None:
-            LOGGER.warning("optimizer of group %s is %s: batch-size scaling applies to Adam only", name, type(opt).__name__)
+            LOGGER.warning(
+                "optimizer of group %s is %s: batch-size scaling applies to Adam only", name, type(opt).__name__
+            )
         sched = group.get("scheduler")
         if isinstance(sched, ExponentialDecaySchedulerConfig):
             group["scheduler"] = ExponentialDecaySchedulerConfig(

@@ -80,7 +80,9 @@ def multi_tensor_adam_step_(optimizers: Sequence[torch.optim.Optimizer]) -> list
     return left
 
 
-def _adam_update_(entries: Sequence[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]], beta1: float, beta2: float) -> None:
+def _adam_update_(
+    entries: Sequence[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]], beta1: float, beta2: float
+) -> None:
     """torch's non-capturable multi-tensor Adam (``torch/optim/adam.py:_multi_tensor_adam``), with
     each tensor's own learning rate and eps."""
     params = [p for p, _, _ in entries]

@@ -154,7 +154,8 @@ def reduce_log_figures(
     all_reduce_sum_(ctx, packed)
     values = packed.tolist()  # host sync: log steps only, to write the figures
     per_rank = [
-        dict(zip(names, values[len(losses) + r * len(names) : len(losses) + (r + 1) * len(names)], strict=False)) for r in range(ctx.world_size)
+        dict(zip(names, values[len(losses) + r * len(names) : len(losses) + (r + 1) * len(names)], strict=False))
+        for r in range(ctx.world_size)
     ]
     return values[: len(losses)], per_rank
 
@@ -178,7 +179,9 @@ def write_run_summary(ctx: DistContext, stats: dict[str, Any], path: Path) -> No
 
     **Collective:** one ``all_gather_object``; every rank calls it.
     """
-    gathered = all_gather_object(ctx, {"rank": ctx.rank, "time_breakdown_s": stats["time_breakdown_s"], **{k: stats[k] for k in PER_RANK_KEYS}})
+    gathered = all_gather_object(
+        ctx, {"rank": ctx.rank, "time_breakdown_s": stats["time_breakdown_s"], **{k: stats[k] for k in PER_RANK_KEYS}}
+    )
     stats["per_rank_time_breakdown_s"] = [{k: g[k] for k in ("rank", "time_breakdown_s")} for g in gathered]
     stats["per_rank"] = [{k: g[k] for k in ("rank", *PER_RANK_KEYS)} for g in gathered]
     if ctx.is_main:

@@ -93,7 +93,12 @@ class BatchCameras(Generic[CamerasT]):
         image_sizes_px: Full ``(width, height)`` of the camera at each batch position.
     """
 
-    def __init__(self, camera_ids: Sequence[int], take: Callable[[list[int]], CamerasT], image_sizes_px: Sequence[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        camera_ids: Sequence[int],
+        take: Callable[[list[int]], CamerasT],
+        image_sizes_px: Sequence[tuple[int, int]],
+    ) -> None:
         self.camera_ids = list(camera_ids)
         if len(image_sizes_px) != len(self.camera_ids):
             raise ValueError(f"BatchCameras: {len(image_sizes_px)} image sizes for a batch of {len(self.camera_ids)}")
@@ -130,4 +135,7 @@ class BatchCameras(Generic[CamerasT]):
         of one batch may differ in size: a multi-camera capture)."""
         key = tuple(positions)
         self._check(key)
-        return [(downscaled_px(w, downscale), downscaled_px(h, downscale)) for w, h in (self._image_sizes_px[p] for p in key)]
+        return [
+            (downscaled_px(w, downscale), downscaled_px(h, downscale))
+            for w, h in (self._image_sizes_px[p] for p in key)
+        ]

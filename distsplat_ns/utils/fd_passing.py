@@ -52,7 +52,9 @@ class FdServer:
         except BaseException:
             self._sock.close()
             raise
-        self._thread = threading.Thread(target=self._serve, args=(num_clients, timeout_s), name=f"serve {tag} fds", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, args=(num_clients, timeout_s), name=f"serve {tag} fds", daemon=True
+        )
         self._thread.start()
 
     def _serve(self, num_clients: int, timeout_s: float) -> None:

@@ -140,7 +140,9 @@ def keyed_bits_device(seed: int, step: int, ids: torch.Tensor, draws: int, *, st
     """
     _check_keys(ids, draws, stream)
     per_id = _mix_device(ids ^ _signed(_base_key(seed, step, stream)))[:, None]  # [n, 1]
-    counters = torch.arange(1, draws + 1, dtype=torch.int64, device=ids.device)[None, :] * _signed(_GOLDEN_INT)  # [1, D]
+    counters = torch.arange(1, draws + 1, dtype=torch.int64, device=ids.device)[None, :] * _signed(
+        _GOLDEN_INT
+    )  # [1, D]
     return _mix_device(per_id + counters)
 
 
@@ -151,7 +153,9 @@ def keyed_uniform_device(seed: int, step: int, ids: torch.Tensor, draws: int, *,
         `[n, D]`, float64 on ``ids``' device, exactly the float of the same 53 bits on every device.
     **Host sync:** none.
     """
-    return _shift_right_logical(keyed_bits_device(seed, step, ids, draws, stream=stream), 11).to(torch.float64) * 2.0**-53
+    return (
+        _shift_right_logical(keyed_bits_device(seed, step, ids, draws, stream=stream), 11).to(torch.float64) * 2.0**-53
+    )
 
 
 def keyed_normal_device(seed: int, step: int, ids: torch.Tensor, draws: int, *, stream: int = 0) -> torch.Tensor:

@@ -51,7 +51,10 @@ class StopSignals:
             self._first_at = now
             # Not "saving a checkpoint": under torchrun this signal usually means another rank died,
             # and nothing can be saved then; the end of the run says what was saved (docs/distributed.md, "Faults").
-            LOGGER.warning("%s received: asking every rank to stop after this step (the step is saved if they all can)", signal.Signals(signum).name)
+            LOGGER.warning(
+                "%s received: asking every rank to stop after this step (the step is saved if they all can)",
+                signal.Signals(signum).name,
+            )
             # Under torchrun this is the agent's reaction to a rank's death: if it was SIGKILLed
             # with its resource tracker, its named semaphores are this host's to remove, now --
             # this rank may be ended before it reaches its own failure report.

@@ -9,7 +9,20 @@ import pytest
 from tests.helpers.data_fixtures import write_images
 
 # Mixed sizes on purpose: batches must never be stacked.
-SIZES_HW = [(48, 64), (48, 64), (40, 56), (48, 64), (64, 48), (48, 64), (32, 32), (48, 64), (48, 64), (40, 56), (48, 64), (56, 40)]
+SIZES_HW = [
+    (48, 64),
+    (48, 64),
+    (40, 56),
+    (48, 64),
+    (64, 48),
+    (48, 64),
+    (32, 32),
+    (48, 64),
+    (48, 64),
+    (40, 56),
+    (48, 64),
+    (56, 40),
+]
 
 
 @pytest.fixture(scope="session")

@@ -72,7 +72,9 @@ def test_requesting_another_step_restarts_the_stream_there(lund_door: ParallelFu
 def test_get_images_matches_the_stream(lund_door: ParallelFullImageDatamanager) -> None:
     lund_door.configure_training(4, 0, 1, start_step=2)
     batch = lund_door.next_train_batch(2)
-    assert all(torch.equal(a, b) for a, b in zip(lund_door.get_images(batch.camera_indices), batch.images, strict=False))
+    assert all(
+        torch.equal(a, b) for a, b in zip(lund_door.get_images(batch.camera_indices), batch.images, strict=False)
+    )
 
 
 def test_stats_report_store_and_counters(lund_door: ParallelFullImageDatamanager) -> None:
@@ -145,7 +147,9 @@ def test_config_rejects_bad_values_naming_the_flag(field: str, value: object) ->
 def _nerfstudio_full_image_manager(dataparser, scale: float):
     # cache_images="gpu" with device cpu keeps the cache in plain CPU tensors ("cpu" pins memory,
     # which needs CUDA).
-    config = FullImageDatamanagerConfig(dataparser=dataparser, cache_images="gpu", cache_images_type="uint8", camera_res_scale_factor=scale)
+    config = FullImageDatamanagerConfig(
+        dataparser=dataparser, cache_images="gpu", cache_images_type="uint8", camera_res_scale_factor=scale
+    )
     return config.setup(device="cpu")
 
 
@@ -160,15 +164,25 @@ def _nerfstudio_full_image_manager(dataparser, scale: float):
     ],
     ids=["undistorted", "distorted-masks", "distorted-masks-half-res", "fisheye", "fisheye624"],
 )
-def test_synthetic_scene_matches_nerfstudio_pixel_for_pixel(tmp_path: Path, k1: float, masks: bool, scale: float, model: str) -> None:
+def test_synthetic_scene_matches_nerfstudio_pixel_for_pixel(
+    tmp_path: Path, k1: float, masks: bool, scale: float, model: str
+) -> None:
     # FISHEYE624: masks generated from the crop circle (55 x 55 images from 80 x 60), none without distortion or mask files.
     radius = 27.5 if model == "FISHEYE624" else None
     scene = write_nerfstudio_scene(
-        tmp_path / "scene", num_frames=5, size_hw=(60, 80), k1=k1, with_masks=masks, camera_model=model, fisheye_crop_radius=radius
+        tmp_path / "scene",
+        num_frames=5,
+        size_hw=(60, 80),
+        k1=k1,
+        with_masks=masks,
+        camera_model=model,
+        fisheye_crop_radius=radius,
     )
     dataparser = NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all")
     ours = _manager(dataparser, camera_res_scale_factor=scale, num_workers=1)
-    reference = _nerfstudio_full_image_manager(NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"), scale)
+    reference = _nerfstudio_full_image_manager(
+        NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all"), scale
+    )
     cached = reference.cached_train
     ours.configure_training(len(cached), 0, 1)
     batch = ours.next_train_batch(0)
@@ -201,11 +215,17 @@ def test_fox_undistortion_matches_nerfstudio_pixel_for_pixel(index: int) -> None
     dataset = InputDataset(ours.train_dataparser_outputs)
     data = dataset.get_data(index, image_type="uint8")
     camera = dataset.cameras[index].reshape(())
-    K, expected, _ = _undistort_image(camera, camera.distortion_params.numpy(), data, data["image"].numpy(), camera.get_intrinsics_matrices().numpy())
+    K, expected, _ = _undistort_image(
+        camera, camera.distortion_params.numpy(), data, data["image"].numpy(), camera.get_intrinsics_matrices().numpy()
+    )
     (image,) = ours.get_images([index])
     assert np.array_equal(image.numpy(), expected)
     cameras = ours.train_dataset.cameras
-    assert (int(cameras.width[index]), int(cameras.height[index])) == (expected.shape[1], expected.shape[0]) == (1079, 1919)
+    assert (
+        (int(cameras.width[index]), int(cameras.height[index]))
+        == (expected.shape[1], expected.shape[0])
+        == (1079, 1919)
+    )
     assert [float(cameras.fx[index]), float(cameras.fy[index]), float(cameras.cx[index]), float(cameras.cy[index])] == [
         float(np.float32(v)) for v in (K[0, 0], K[1, 1], K[0, 2], K[1, 2])
     ]

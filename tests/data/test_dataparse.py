@@ -44,7 +44,9 @@ def _colmap(data: Path, factor: int | None) -> ColmapDataParserConfig:
 
 
 def _manager(dataparser) -> ParallelFullImageDatamanager:
-    return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=0, eval_num_workers=0).setup(device="cpu")
+    return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=0, eval_num_workers=0).setup(
+        device="cpu"
+    )
 
 
 def _make_downscaled_folder(scene: Path, factor: int) -> None:

@@ -40,7 +40,9 @@ def _full_decode(path: Path) -> np.ndarray:
 @pytest.mark.parametrize("decoder", DECODERS)
 @pytest.mark.parametrize("downscale", [1, 2, 3, 4, 8, 16])
 @pytest.mark.parametrize("size_hw", ODD_SIZES_HW)
-def test_decoded_size_is_the_rendered_size(tmp_path: Path, decoder: str, downscale: int, size_hw: tuple[int, int]) -> None:
+def test_decoded_size_is_the_rendered_size(
+    tmp_path: Path, decoder: str, downscale: int, size_hw: tuple[int, int]
+) -> None:
     (path,) = write_images(tmp_path, [size_hw], seed=1)
     image, _ = make_loader([path], decoder=decoder).load_array(0, downscale=downscale)
     expected = (downscaled_px(size_hw[0], downscale), downscaled_px(size_hw[1], downscale))
@@ -80,7 +82,11 @@ def test_box_downscale_is_the_rounded_block_mean() -> None:
     image = rng.integers(0, 256, (103, 77, 3), dtype=np.uint8)
     for factor in (2, 3, 4, 8):
         size_hw = (103 // factor, 77 // factor)
-        block_means = image[: size_hw[0] * factor, : size_hw[1] * factor].reshape(size_hw[0], factor, size_hw[1], factor, 3).mean(axis=(1, 3))
+        block_means = (
+            image[: size_hw[0] * factor, : size_hw[1] * factor]
+            .reshape(size_hw[0], factor, size_hw[1], factor, 3)
+            .mean(axis=(1, 3))
+        )
         out = box_downscale(image, factor, size_hw)
         assert out.shape == (*size_hw, 3) and out.dtype == np.uint8
         assert np.abs(out - block_means).max() <= 0.5 + 1e-9  # "exact": rounding to uint8 only
@@ -118,7 +124,9 @@ def test_source_downscale_decodes_the_file_at_the_camera_size(decoder: str, sour
 def test_source_downscale_rejects_a_file_of_the_wrong_size(tmp_path: Path) -> None:
     (path,) = write_images(tmp_path, [(48, 64)], seed=3)
     spec = ImageSpec(height=20, width=16, source_downscale=2, parsed_size_hw=(20, 16))
-    with pytest.raises(ValueError, match=r"image .*\.jpg \(dataset index 0\) is 64x48 \(WxH\), but its camera says 16x20 at 1/2"):
+    with pytest.raises(
+        ValueError, match=r"image .*\.jpg \(dataset index 0\) is 64x48 \(WxH\), but its camera says 16x20 at 1/2"
+    ):
         _loader_with_spec([path], spec).load_array(0)
 
 
@@ -129,7 +137,9 @@ def test_undistorted_images_are_box_averaged_after_undistortion() -> None:
     full = _full_decode(path)
     h, w = full.shape[:2]
     K = (200.0, 0.0, w / 2 - 0.5, 0.0, 200.0, h / 2 - 0.5, 0.0, 0.0, 1.0)
-    undistort = UndistortSpec("perspective", K, (0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), K, (w, h), (2, 3, w - 5, h - 7))
+    undistort = UndistortSpec(
+        "perspective", K, (0.05, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), K, (w, h), (2, 3, w - 5, h - 7)
+    )
     spec = ImageSpec(height=h, width=w, undistort=undistort)
     at_full, _ = _loader_with_spec([path], spec).load_array(0)
     at_scale, _ = _loader_with_spec([path], spec).load_array(0, downscale=4)
@@ -188,7 +198,9 @@ def test_model_gt_image_skips_its_resize_for_images_at_the_rendered_size() -> No
 
 
 @pytest.mark.parametrize("batch_size,num_downscales,schedule", [(1, 2, 100), (4, 2, 3000), (3, 3, 250), (2, 0, 10)])
-def test_resolution_schedule_is_the_models_and_pickles_small(batch_size: int, num_downscales: int, schedule: int) -> None:
+def test_resolution_schedule_is_the_models_and_pickles_small(
+    batch_size: int, num_downscales: int, schedule: int
+) -> None:
     import pickle
 
     from distsplat_ns.utils.cameras import ResolutionSchedule

@@ -43,7 +43,9 @@ def _nerfstudio_camera(width: int, height: int, fx: float, fy: float, cx: float,
 
 def _ours(cameras: Cameras, radius: float | None) -> Undistortion | None:
     columns = [getattr(cameras, name)[:, 0].numpy() for name in ("fx", "fy", "cx", "cy", "width", "height")]
-    (result,) = undistort_intrinsics(["FISHEYE624"], *columns, cameras.distortion_params.numpy(), fisheye_crop_radius=[radius])
+    (result,) = undistort_intrinsics(
+        ["FISHEYE624"], *columns, cameras.distortion_params.numpy(), fisheye_crop_radius=[radius]
+    )
     return result
 
 
@@ -67,7 +69,12 @@ def test_fisheye624_undistortion_matches_nerfstudio_bit_for_bit(name: str) -> No
     assert result is not None
     side = int(2 * radius)
     assert (result.width, result.height) == (side, side) == (expected_image.shape[1], expected_image.shape[0])
-    assert [result.fx, result.fy, result.cx, result.cy] == [float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2])]
+    assert [result.fx, result.fy, result.cx, result.cy] == [
+        float(K[0, 0]),
+        float(K[1, 1]),
+        float(K[0, 2]),
+        float(K[1, 2]),
+    ]
     ours_image, ours_mask = undistort(image, None, result.spec, MapCache())
     assert np.array_equal(ours_image, expected_image)
     assert ours_mask is not None and ours_mask.dtype == np.bool_
@@ -113,7 +120,13 @@ def test_fisheye624_without_a_usable_crop_radius_is_refused(radius: object) -> N
 
 def test_other_distorted_models_still_refused_naming_the_supported_ones() -> None:
     with pytest.raises(NotImplementedError, match="perspective, fisheye and FISHEYE624 are"):
-        undistort_intrinsics(["EQUIRECTANGULAR"], *([np.ones(1, np.float32)] * 4), np.array([8]), np.array([6]), np.full((1, 6), 0.1, np.float32))
+        undistort_intrinsics(
+            ["EQUIRECTANGULAR"],
+            *([np.ones(1, np.float32)] * 4),
+            np.array([8]),
+            np.array([6]),
+            np.full((1, 6), 0.1, np.float32),
+        )
 
 
 def test_mask_given_with_a_fisheye624_spec_is_an_error() -> None:
@@ -129,7 +142,9 @@ def test_mask_given_with_a_fisheye624_spec_is_an_error() -> None:
 
 def _scene_manager(scene: Path, num_workers: int = 0) -> ParallelFullImageDatamanager:
     dataparser = NerfstudioDataParserConfig(data=scene, downscale_factor=1, eval_mode="all")
-    return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=num_workers, eval_num_workers=0).setup(device="cpu")
+    return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=num_workers, eval_num_workers=0).setup(
+        device="cpu"
+    )
 
 
 def test_fisheye624_scene_without_crop_radius_is_refused_at_startup(tmp_path: Path) -> None:
@@ -140,7 +155,9 @@ def test_fisheye624_scene_without_crop_radius_is_refused_at_startup(tmp_path: Pa
 
 
 def test_fisheye624_scene_with_mask_files_is_refused_at_startup(tmp_path: Path) -> None:
-    scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=2, camera_model="FISHEYE624", fisheye_crop_radius=27.5, with_masks=True)
+    scene = write_nerfstudio_scene(
+        tmp_path / "scene", num_frames=2, camera_model="FISHEYE624", fisheye_crop_radius=27.5, with_masks=True
+    )
     with pytest.raises(UserError, match="mask_path in transforms.json") as info:
         _scene_manager(scene)
     assert "\n" not in str(info.value)
@@ -149,7 +166,9 @@ def test_fisheye624_scene_with_mask_files_is_refused_at_startup(tmp_path: Path) 
 def test_fisheye624_generated_mask_reaches_every_delivery_path(tmp_path: Path) -> None:
     # No mask files: the masks come from the undistortion alone, on the stream (a worker), the
     # in-process fallback, nerfstudio's next_train and the eval images, as the model's loss takes them.
-    scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=3, camera_model="FISHEYE624", fisheye_crop_radius=27.5)
+    scene = write_nerfstudio_scene(
+        tmp_path / "scene", num_frames=3, camera_model="FISHEYE624", fisheye_crop_radius=27.5
+    )
     manager = _scene_manager(scene, num_workers=1)
     expected = {i: mask for i, (_, mask) in enumerate(manager.get_images_and_masks([0, 1, 2]))}
     assert all(m is not None and m.dtype == torch.bool and tuple(m.shape) == (55, 55, 1) for m in expected.values())

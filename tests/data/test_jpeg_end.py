@@ -46,7 +46,9 @@ def _colmap_scene(tmp_path: Path) -> Path:
 
 
 def _colmap_config(scene: Path, **overrides) -> ParallelFullImageDatamanagerConfig:
-    dataparser = ColmapDataParserConfig(data=scene, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1)
+    dataparser = ColmapDataParserConfig(
+        data=scene, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1
+    )
     return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=0, **overrides)
 
 
@@ -151,7 +153,9 @@ def test_truncated_jpeg_mask_fails_at_startup_naming_the_mask(tmp_path: Path) ->
     out = io.BytesIO()
     Image.fromarray(np.full((size[1], size[0]), 255, np.uint8)).save(out, format="JPEG")
     mask.write_bytes(out.getvalue()[:-2])  # a JPEG mask, whatever its name, cut before its marker
-    config = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0)
+    config = ParallelFullImageDatamanagerConfig(
+        dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0
+    )
     with pytest.raises(ValueError, match=f"mask {mask} \\(dataset index \\d+\\) is truncated"):
         config.setup(device="cpu")
 

@@ -36,7 +36,9 @@ def _masked_pipeline(scene: Path) -> tuple[pipeline_module.DistSplatPipeline, Op
 
 
 @pytest.fixture()
-def on_demand_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[pipeline_module.DistSplatPipeline, list, dict]:
+def on_demand_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[pipeline_module.DistSplatPipeline, list, dict]:
     """One training step whose images all come through the on-demand path; returns the pipeline,
     the per-band ``(position, first row, loss gradient of the rendered pixels)`` and each
     position's expected mask."""

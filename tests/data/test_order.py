@@ -13,7 +13,11 @@ from distsplat_ns.data.order import ContiguousAssigner, batch_camera_ids, contig
 @pytest.mark.parametrize("num_images, batch_size", [(10, 1), (10, 3), (10, 10), (7, 4), (5, 12)])
 def test_every_image_once_per_epoch(num_images: int, batch_size: int) -> None:
     num_epochs = 3
-    flat = [i for step in range(num_epochs * num_images // batch_size + 1) for i in batch_camera_ids(7, num_images, batch_size, step)]
+    flat = [
+        i
+        for step in range(num_epochs * num_images // batch_size + 1)
+        for i in batch_camera_ids(7, num_images, batch_size, step)
+    ]
     for epoch in range(num_epochs):
         assert sorted(flat[epoch * num_images : (epoch + 1) * num_images]) == list(range(num_images))
 

@@ -34,14 +34,21 @@ class _Data:
         self.received += 1
         ids = [CAMERA_IDS[p] for p in self.streamed_positions]
         return TrainBatch(
-            step=4, camera_indices=ids, positions=self.streamed_positions, images=[_image(i) for i in ids], masks=[_mask(i) for i in ids], wait_s=0.25
+            step=4,
+            camera_indices=ids,
+            positions=self.streamed_positions,
+            images=[_image(i) for i in ids],
+            masks=[_mask(i) for i in ids],
+            wait_s=0.25,
         )
 
     def decode(self, indices: list[int]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         self.decoded.append(list(indices))
         return [(_image(i), _mask(i)) for i in indices]
 
-    def upload(self, images: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    def upload(
+        self, images: list[torch.Tensor], masks: list[torch.Tensor | None]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
         self.uploaded += 1
         return [i.clone() for i in images], [None if m is None else m.clone() for m in masks]
 

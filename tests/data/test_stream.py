@@ -27,14 +27,20 @@ def records():
     logger.removeHandler(handler)
 
 
-def _parts(loader, batch_size: int, rank: int, world_size: int, num_workers: int, num_steps: int, start_step: int = 0) -> list[StepPart]:
+def _parts(
+    loader, batch_size: int, rank: int, world_size: int, num_workers: int, num_steps: int, start_step: int = 0
+) -> list[StepPart]:
     stream = ImageBatchStream(loader, batch_size, SEED, rank, world_size, start_step=start_step)
     dataloader = make_stream_loader(stream, num_workers, prefetch_batches=2)
     return list(itertools.islice(iter(dataloader), num_steps * max(num_workers, 1)))
 
 
-def _batches(loader, batch_size: int, rank: int, world_size: int, num_workers: int, num_steps: int, start_step: int = 0):
-    reader = TrainBatchReader(ImageBatchStream(loader, batch_size, SEED, rank, world_size, start_step=start_step), num_workers, 2)
+def _batches(
+    loader, batch_size: int, rank: int, world_size: int, num_workers: int, num_steps: int, start_step: int = 0
+):
+    reader = TrainBatchReader(
+        ImageBatchStream(loader, batch_size, SEED, rank, world_size, start_step=start_step), num_workers, 2
+    )
     try:
         return [reader.next_batch(step) for step in range(start_step, start_step + num_steps)]
     finally:
@@ -56,7 +62,9 @@ def test_no_collate_happens(jpeg_paths: list[Path], monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("world_size, num_workers", [(1, 2), (2, 2), (3, 1), (2, 0)])
-def test_rank_by_worker_sharding_partitions_each_batch(jpeg_paths: list[Path], world_size: int, num_workers: int) -> None:
+def test_rank_by_worker_sharding_partitions_each_batch(
+    jpeg_paths: list[Path], world_size: int, num_workers: int
+) -> None:
     loader = make_loader(jpeg_paths)
     batch_size, num_steps = 5, 4
     owners: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -79,7 +87,9 @@ def test_parts_carry_the_global_batch_images(jpeg_paths: list[Path]) -> None:
 def test_one_epoch_covers_every_image_once(jpeg_paths: list[Path], batch_size: int) -> None:
     loader = make_loader(jpeg_paths)
     num_steps = len(jpeg_paths) // batch_size
-    seen = [i for rank in range(2) for b in _batches(loader, batch_size, rank, 2, 2, num_steps) for i in b.camera_indices]
+    seen = [
+        i for rank in range(2) for b in _batches(loader, batch_size, rank, 2, 2, num_steps) for i in b.camera_indices
+    ]
     assert sorted(seen) == list(range(len(jpeg_paths)))
 
 
@@ -88,7 +98,9 @@ def test_same_seed_same_sequence(jpeg_paths: list[Path]) -> None:
     first = _batches(loader, 3, 0, 1, 2, 6)
     second = _batches(loader, 3, 0, 1, 2, 6)
     assert [b.camera_indices for b in first] == [b.camera_indices for b in second]
-    assert all(torch.equal(x, y) for a, b in zip(first, second, strict=False) for x, y in zip(a.images, b.images, strict=False))
+    assert all(
+        torch.equal(x, y) for a, b in zip(first, second, strict=False) for x, y in zip(a.images, b.images, strict=False)
+    )
 
 
 def test_resume_mid_epoch_matches_straight_run(jpeg_paths: list[Path]) -> None:
@@ -97,7 +109,11 @@ def test_resume_mid_epoch_matches_straight_run(jpeg_paths: list[Path]) -> None:
     resumed = _batches(loader, 5, 1, 2, 2, 3, start_step=4)
     assert [b.camera_indices for b in resumed] == [b.camera_indices for b in straight[4:]]
     assert [b.positions for b in resumed] == [b.positions for b in straight[4:]]
-    assert all(torch.equal(x, y) for a, b in zip(resumed, straight[4:], strict=False) for x, y in zip(a.images, b.images, strict=False))
+    assert all(
+        torch.equal(x, y)
+        for a, b in zip(resumed, straight[4:], strict=False)
+        for x, y in zip(a.images, b.images, strict=False)
+    )
 
 
 def test_images_of_different_sizes_in_one_batch(jpeg_paths: list[Path]) -> None:
@@ -152,7 +168,11 @@ def test_disk_mode_when_files_exceed_budget(jpeg_paths: list[Path], records: Log
     assert sum("DISK MODE" in m for m in records.messages) == 1
     disk_batch = _batches(disk, 6, 0, 1, 2, 2)
     ram_batch = _batches(ram, 6, 0, 1, 2, 2)
-    assert all(torch.equal(x, y) for a, b in zip(disk_batch, ram_batch, strict=False) for x, y in zip(a.images, b.images, strict=False))
+    assert all(
+        torch.equal(x, y)
+        for a, b in zip(disk_batch, ram_batch, strict=False)
+        for x, y in zip(a.images, b.images, strict=False)
+    )
 
 
 def test_store_view_is_read_only_and_exact(jpeg_paths: list[Path]) -> None:
@@ -217,7 +237,9 @@ def test_started_workers_get_the_shared_buffer(jpeg_paths: list[Path], start_met
         got = [reader.next_batch(s) for s in range(2)]
     finally:
         reader.close()
-    assert all(torch.equal(x, y) for a, b in zip(got, expected, strict=False) for x, y in zip(a.images, b.images, strict=False))
+    assert all(
+        torch.equal(x, y) for a, b in zip(got, expected, strict=False) for x, y in zip(a.images, b.images, strict=False)
+    )
 
 
 def test_store_is_never_pickled_by_value(jpeg_paths: list[Path]) -> None:
@@ -238,7 +260,11 @@ def test_decode_slots_deliver_the_same_pixels_as_in_process_decoding(jpeg_paths:
         reader.close()
     in_process = _batches(loader, 5, 0, 1, 0, 4)
     assert [b.camera_indices for b in via_slots] == [b.camera_indices for b in in_process]
-    assert all(torch.equal(x, y) for a, b in zip(via_slots, in_process, strict=False) for x, y in zip(a.images, b.images, strict=False))
+    assert all(
+        torch.equal(x, y)
+        for a, b in zip(via_slots, in_process, strict=False)
+        for x, y in zip(a.images, b.images, strict=False)
+    )
 
 
 def test_reused_decode_slot_is_an_error_not_wrong_pixels() -> None:

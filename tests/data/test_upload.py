@@ -16,16 +16,22 @@ from tests.helpers.data_fixtures import write_nerfstudio_scene
 
 @pytest.fixture(scope="module")
 def masked_manager(tmp_path_factory: pytest.TempPathFactory):
-    scene = write_nerfstudio_scene(tmp_path_factory.mktemp("upload") / "scene", num_frames=8, size_hw=(40, 56), with_masks=True)
+    scene = write_nerfstudio_scene(
+        tmp_path_factory.mktemp("upload") / "scene", num_frames=8, size_hw=(40, 56), with_masks=True
+    )
     dataparser = NerfstudioDataParserConfig(data=scene, load_3D_points=False)
-    manager = ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=2, eval_num_workers=0).setup(device="cpu")
+    manager = ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=2, eval_num_workers=0).setup(
+        device="cpu"
+    )
     yield manager
     manager.close()
 
 
 @pytest.mark.parametrize("downscale", [1, 2])
 def test_streamed_images_and_masks_reach_the_device_byte_for_byte(masked_manager, downscale: int) -> None:
-    masked_manager.configure_training(batch_size=4, rank=0, world_size=1, start_step=0, downscale_at=ResolutionSchedule(downscale // 2, 10**6, 4))
+    masked_manager.configure_training(
+        batch_size=4, rank=0, world_size=1, start_step=0, downscale_at=ResolutionSchedule(downscale // 2, 10**6, 4)
+    )
     loader = masked_manager._train_loader
     for step in range(3):
         batch = masked_manager.next_train_batch(step)

@@ -69,7 +69,9 @@ def good_copy(tmp_path: Path, jpeg_paths: list[Path]) -> list[Path]:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("problem", sorted(PROBLEMS))
-def test_decode_error_reaches_the_consumer_with_file_index_and_reason(good_copy: list[Path], problem: str, num_workers: int) -> None:
+def test_decode_error_reaches_the_consumer_with_file_index_and_reason(
+    good_copy: list[Path], problem: str, num_workers: int
+) -> None:
     # The files go bad after start-up (the preflight checks passed): disk mode reads them then.
     loader = make_loader(good_copy, ram_budget_bytes=1)
     damage, reason = PROBLEMS[problem]
@@ -86,9 +88,9 @@ def test_decode_error_reaches_the_consumer_with_file_index_and_reason(good_copy:
 
 def test_decode_error_in_an_eval_worker_names_the_file(tmp_path: Path) -> None:
     scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=10)
-    manager = ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), eval_num_workers=2).setup(
-        device="cpu"
-    )
+    manager = ParallelFullImageDatamanagerConfig(
+        dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), eval_num_workers=2
+    ).setup(device="cpu")
     bad = manager.eval_dataset.image_filenames[0]
     _truncate(Path(bad))
     with pytest.raises(ValueError) as excinfo:
@@ -114,7 +116,9 @@ def _colmap_scene(tmp_path: Path) -> Path:
 
 
 def _colmap_manager(scene: Path, **overrides):
-    dataparser = ColmapDataParserConfig(data=scene, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1)
+    dataparser = ColmapDataParserConfig(
+        data=scene, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1
+    )
     return ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=0, **overrides).setup(device="cpu")
 
 
@@ -140,7 +144,9 @@ def test_missing_image_listed_at_startup_on_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(excinfo.value) and "DSC_0004.JPG" in str(excinfo.value)
 
 
-@pytest.mark.parametrize("problem, expected", [("zero-byte", "no readable image header"), ("wrong-size", "camera says")])
+@pytest.mark.parametrize(
+    "problem, expected", [("zero-byte", "no readable image header"), ("wrong-size", "camera says")]
+)
 def test_bad_image_header_fails_at_startup_naming_the_file(tmp_path: Path, problem: str, expected: str) -> None:
     scene = _colmap_scene(tmp_path)
     bad = scene / "images" / "DSC_0004.JPG"
@@ -156,7 +162,9 @@ def test_bad_mask_size_fails_at_startup_naming_the_mask(tmp_path: Path) -> None:
     mask = min((scene / "masks").glob("*.png"))
     Image.fromarray(np.zeros((10, 10), np.uint8)).save(mask)
     with pytest.raises(ValueError, match=f"mask {mask} .* 10x10"):
-        ParallelFullImageDatamanagerConfig(dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0).setup(device="cpu")
+        ParallelFullImageDatamanagerConfig(
+            dataparser=NerfstudioDataParserConfig(data=scene, downscale_factor=1), num_workers=0
+        ).setup(device="cpu")
 
 
 # ---------------------------------------------------------------------------------- batch size

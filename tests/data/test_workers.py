@@ -63,7 +63,12 @@ def test_workers_exit_within_2s_when_their_process_is_killed(jpeg_paths: list[Pa
         "hold_stream_workers([Path(p) for p in json.loads(sys.argv[1])], num_workers=2)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps([str(p) for p in jpeg_paths])], cwd=REPO, env=env, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps([str(p) for p in jpeg_paths])],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+    )
     workers: list[int] = []
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 120)
@@ -131,4 +136,6 @@ def test_forkserver_workers_do_not_rerun_the_main_script(tmp_path: Path, jpeg_pa
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(marker.read_text().split()) == 1, f"the main script ran in processes {marker.read_text().split()} (only the parent should)"
+    assert len(marker.read_text().split()) == 1, (
+        f"the main script ran in processes {marker.read_text().split()} (only the parent should)"
+    )

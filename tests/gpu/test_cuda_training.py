@@ -25,7 +25,13 @@ def _step_grads(backend: str, device: str) -> dict:
     tile_rows = -(-HEIGHT // TILE_SIZE)
     bands = [Band(0, 0, tile_rows), Band(1, 0, 1), Band(1, 1, tile_rows)]  # tile rows: pixel rows 0-16-48
     result = model.forward_bands(
-        BatchCameras.of(cameras.to(device)), [0, 1], images, [None, None], bands, step=5, regularizers=RegularizerShare(True, True, model.num_points)
+        BatchCameras.of(cameras.to(device)),
+        [0, 1],
+        images,
+        [None, None],
+        bands,
+        step=5,
+        regularizers=RegularizerShare(True, True, model.num_points),
     )
     backward_bands(result.loss, result.pixel_links, lambda msgs: [msgs])
     return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None and p.numel()}
@@ -60,7 +66,9 @@ def _refined(device: str) -> dict[str, torch.Tensor]:
     schedule = model.densifier.schedule
     step = schedule.refine_start_iter + schedule.refine_every
     step += -step % schedule.refine_every
-    model.densifier.after_optimizer(model.rows.bound(optimizers), step, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_local)
+    model.densifier.after_optimizer(
+        model.rows.bound(optimizers), step, batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT), gather_local
+    )
     return {key: value.cpu() for key, value in model.rows.tensors().items() if value is not None}
 
 

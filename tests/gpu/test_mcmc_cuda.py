@@ -23,7 +23,11 @@ def _to_cuda(gaussians: tuple[dict, dict, dict]) -> tuple[dict, dict, dict]:
         q = torch.nn.Parameter(p.detach().cuda())
         old = optimizers[k].state[p]
         out_opts[k] = torch.optim.Adam([q], lr=1e-3)
-        out_opts[k].state[q] = {"step": old["step"].clone(), "exp_avg": old["exp_avg"].cuda(), "exp_avg_sq": old["exp_avg_sq"].cuda()}
+        out_opts[k].state[q] = {
+            "step": old["step"].clone(),
+            "exp_avg": old["exp_avg"].cuda(),
+            "exp_avg_sq": old["exp_avg_sq"].cuda(),
+        }
         out_params[k] = q
     return out_params, out_opts, {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
 

@@ -18,7 +18,9 @@ SPLIT = [[(0, 0, 21)], [(0, 21, HEIGHT), (1, 0, HEIGHT)]]
 
 def test_sharded_gsplat_two_ranks_match_reference_one_process() -> None:
     reference = run_ranks(rank_fns.band_gradients_dtype, 1, [[[(0, 0, HEIGHT), (1, 0, HEIGHT)]]], 2, 5, "float32")[0][0]
-    ranks = run_ranks(rank_fns.sharded_band_gradients, 2, [SPLIT], 2, 5, "float32", "gsplat", device_type="cuda", backend="gloo")
+    ranks = run_ranks(
+        rank_fns.sharded_band_gradients, 2, [SPLIT], 2, 5, "float32", "gsplat", device_type="cuda", backend="gloo"
+    )
     joined = grads_by_id([r[0] for r in ranks])
     for name, ref in reference.items():
         if ref.numel() == 0 or name == "loss":
@@ -28,4 +30,6 @@ def test_sharded_gsplat_two_ranks_match_reference_one_process() -> None:
         # the tolerance of tests/gpu/test_cuda_training.py.
         scale = ref.abs().max().clamp_min(1e-12)
         assert (got - ref).abs().max() / scale <= 1e-3, name
-    assert abs(float(sum(r[0]["loss"] for r in ranks)) - float(reference["loss"])) <= 1e-4 * abs(float(reference["loss"]))
+    assert abs(float(sum(r[0]["loss"] for r in ranks)) - float(reference["loss"])) <= 1e-4 * abs(
+        float(reference["loss"])
+    )

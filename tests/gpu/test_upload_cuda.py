@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 def test_streamed_batches_reach_the_gpu_byte_for_byte_from_pinned_memory(tmp_path: Path) -> None:
     scene = write_nerfstudio_scene(tmp_path / "scene", num_frames=8, size_hw=(120, 160), with_masks=True)
     dataparser = NerfstudioDataParserConfig(data=scene, load_3D_points=False)
-    manager = ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=2, eval_num_workers=0).setup(device="cuda:0")
+    manager = ParallelFullImageDatamanagerConfig(dataparser=dataparser, num_workers=2, eval_num_workers=0).setup(
+        device="cuda:0"
+    )
     try:
         manager.configure_training(batch_size=4, rank=0, world_size=1, start_step=0)
         loader = manager._train_loader

@@ -254,7 +254,12 @@ def write_nerfstudio_scene(
 
 
 def measure_stream_memory(
-    paths: Sequence[Path], batch_size: int, num_workers: int, num_steps: int, out_json: Path, ram_budget_bytes: int = 1 << 30
+    paths: Sequence[Path],
+    batch_size: int,
+    num_workers: int,
+    num_steps: int,
+    out_json: Path,
+    ram_budget_bytes: int = 1 << 30,
 ) -> None:
     """Run ``num_steps`` steps of a stream over ``paths``; write the process tree's memory to ``out_json``.
 
@@ -288,7 +293,9 @@ class LockCheckingLoader(ImageLoader):
     """An ``ImageLoader`` that takes ``START_LOCK`` before each decode: a worker forked while another
     thread of its parent held the lock inherits it held, and fails here instead of decoding."""
 
-    def load_array(self, index: int, out: np.ndarray | None = None, downscale: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+    def load_array(
+        self, index: int, out: np.ndarray | None = None, downscale: int = 1
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         if not START_LOCK.acquire(timeout=2.0):
             raise RuntimeError("this worker inherited START_LOCK held: it was forked while another thread held it")
         START_LOCK.release()
@@ -336,7 +343,9 @@ def stress_rank(ctx: Any, scene: str, num_steps: int) -> list[list[list[int]]]:
         writer = SummaryWriter(log_dir)
         writer.add_scalar("start", 1.0, 0)
         config = ParallelFullImageDatamanagerConfig(
-            dataparser=NerfstudioDataParserConfig(data=Path(scene), downscale_factor=1), num_workers=2, eval_num_workers=0
+            dataparser=NerfstudioDataParserConfig(data=Path(scene), downscale_factor=1),
+            num_workers=2,
+            eval_num_workers=0,
         )
         manager = config.setup(device="cpu")
         manager.configure_training(4, ctx.rank, ctx.world_size)

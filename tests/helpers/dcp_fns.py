@@ -38,7 +38,9 @@ def log_figures(ctx: Any) -> Any:
     from distsplat_ns.pipeline.step_report import StepReport, StepTimings
     from distsplat_ns.trainer.run_record import reduce_log_figures
 
-    timings = StepTimings(data_wait=0.0, forward=ctx.rank + 1.0, backward=0.5, all_reduce=0.0, optimizer=0.0, densify=0.0)
+    timings = StepTimings(
+        data_wait=0.0, forward=ctx.rank + 1.0, backward=0.5, all_reduce=0.0, optimizer=0.0, densify=0.0
+    )
     report = StepReport(
         loss=torch.tensor(1.0),
         l1=torch.tensor(0.5),

@@ -43,7 +43,9 @@ INDEX_MESSAGE = "indices should be either on cpu or on the same device as the in
 """CUDA's refusal of a host tensor indexed by device indices or a device mask (ATen's index)."""
 NCCL_MESSAGE = "Tensors must be CUDA and dense"
 """ProcessGroupNCCL's refusal of a host tensor handed to a collective."""
-NUMPY_MESSAGE = "can't convert {device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+NUMPY_MESSAGE = (
+    "can't convert {device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first."
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
@@ -156,13 +158,23 @@ class DeviceTensor(torch.Tensor):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         if name in ("is_pinned", "_pin_memory"):
-            return False if name == "is_pinned" else _refuse("cannot pin 'CUDA' memory: only dense CPU tensors can be pinned")
+            return (
+                False
+                if name == "is_pinned"
+                else _refuse("cannot pin 'CUDA' memory: only dense CPU tensors can be pinned")
+            )
         flat, _ = tree_flatten((args, kwargs))
         devices = [t for t in flat if isinstance(t, DeviceTensor)]
         index = devices[0].index if devices else 0
-        valueless = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) and t.device.type == "meta"]
+        valueless = [
+            t
+            for t in flat
+            if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) and t.device.type == "meta"
+        ]
         if valueless:
-            _refuse(f"stand-in limit: C++ made a tensor without values for {func} (a number on the device?): add it to _NUMBER_WRAPPING")
+            _refuse(
+                f"stand-in limit: C++ made a tensor without values for {func} (a number on the device?): add it to _NUMBER_WRAPPING"
+            )
         if name in _TRANSFERS:
             return _transfer(name, func, args, kwargs, index)
         _check_devices(name, args, flat, devices)
@@ -198,7 +210,9 @@ def _check_devices(name: str, args: tuple, flat: list, devices: list[DeviceTenso
     CUDA lets a device tensor be indexed by host indices and lets a 0-dim host tensor be a
     kernel's scalar; it refuses a host tensor indexed by device indices (INDEX_MESSAGE) and any
     other mix (SAME_DEVICE_MESSAGE)."""
-    hosts = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) and t.device.type == "cpu"]
+    hosts = [
+        t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) and t.device.type == "cpu"
+    ]
     if len({t.index for t in devices}) > 1:
         a, b = sorted({str(t.device) for t in devices})[:2]
         _refuse(SAME_DEVICE_MESSAGE.format(a=a, b=b))
@@ -312,7 +326,10 @@ class StandinMode(TorchDispatchMode):
             return DeviceTensor(out if out is not host else out.clone(), index)
         on_device = any(isinstance(t, DeviceTensor) for t in args)
         out = func(*args, **{**kwargs, "device": torch.device("meta" if on_device else "cpu")})
-        return tree_map(lambda t: DeviceTensor(t, index) if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) else t, out)
+        return tree_map(
+            lambda t: DeviceTensor(t, index) if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor) else t,
+            out,
+        )
 
 
 def _host_built(original: Callable) -> Callable:
@@ -340,7 +357,9 @@ def _host_built(original: Callable) -> Callable:
 _ORIGINAL_NEW_TENSOR = torch.Tensor.new_tensor
 
 
-def _relocation_kernel(opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor, binoms: torch.Tensor, *args: Any) -> Any:
+def _relocation_kernel(
+    opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor, binoms: torch.Tensor, *args: Any
+) -> Any:
     """gsplat's MCMC relocation kernel (``gsplat.relocation.compute_relocation``, CUDA only) on the
     stand-in: its inputs must all be on the device, as the kernel's own checks demand; the values
     are the package's CPU path's (distsplat_ns/gaussians/mcmc.py: relocation_opacity_scale), which
@@ -351,7 +370,9 @@ def _relocation_kernel(opacities: torch.Tensor, scales: torch.Tensor, ratios: to
     from distsplat_ns.gaussians.mcmc import relocation_opacity_scale
 
     new_opacities, new_scales = relocation_opacity_scale(opacities.host, scales.host, ratios.host)
-    return DeviceTensor(new_opacities.to(torch.float32), opacities.index), DeviceTensor(new_scales.to(torch.float32), opacities.index)
+    return DeviceTensor(new_opacities.to(torch.float32), opacities.index), DeviceTensor(
+        new_scales.to(torch.float32), opacities.index
+    )
 
 
 _ORIGINAL_TO = torch.Tensor.to
@@ -359,14 +380,22 @@ _ORIGINAL_TO = torch.Tensor.to
 
 def _indexed(device: Any) -> Any:
     """``cuda`` made ``cuda:<current>``: C++ asks the driver for the current device of a bare one."""
-    if isinstance(device, str) and device == "cuda" or isinstance(device, torch.device) and device.type == "cuda" and device.index is None:
+    if (
+        isinstance(device, str)
+        and device == "cuda"
+        or isinstance(device, torch.device)
+        and device.type == "cuda"
+        and device.index is None
+    ):
         return torch.device("cuda", _CURRENT[0])
     return device
 
 
 def _to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``Tensor.to`` with a bare ``cuda`` given its index (:func:`_indexed`)."""
-    return _ORIGINAL_TO(self, *(_indexed(a) for a in args), **{k: _indexed(v) if k == "device" else v for k, v in kwargs.items()})
+    return _ORIGINAL_TO(
+        self, *(_indexed(a) for a in args), **{k: _indexed(v) if k == "device" else v for k, v in kwargs.items()}
+    )
 
 
 # ---------------------------------------------------------------- torch.cuda and NCCL, faked
@@ -398,7 +427,9 @@ class _Stream:
 
 
 _OBJECT_DEPTH = [0]  # > 0 inside torch's object collectives, which stage pickles on their own
-_PROPERTIES = SimpleNamespace(name="CUDA device stand-in", major=9, minor=0, total_memory=80 << 30, multi_processor_count=132)
+_PROPERTIES = SimpleNamespace(
+    name="CUDA device stand-in", major=9, minor=0, total_memory=80 << 30, multi_processor_count=132
+)
 """What ``torch.cuda.get_device_properties`` says under the stand-in (an H100's figures)."""
 _ORIGINALS: dict[str, Callable] = {}  # torch.distributed's own collectives, before the patches
 _GLOO_GROUPS: list = []  # groups the package made gloo on purpose (host-side control): not checked
@@ -417,10 +448,14 @@ def _checked_collective(original: Callable) -> Callable:
                 if isinstance(t, torch.Tensor) and not isinstance(t, DeviceTensor):
                     _refuse(f"{NCCL_MESSAGE} (a host tensor handed to {original.__name__})")
         args, kwargs = tree_map(_unwrap, args), tree_map(_unwrap, kwargs)
-        if original.__name__ == "all_gather_into_tensor":  # NCCL takes any output of W x the input's size, gloo a flat one
+        if (
+            original.__name__ == "all_gather_into_tensor"
+        ):  # NCCL takes any output of W x the input's size, gloo a flat one
             output, tensor = args[0], args[1]
             world = output.numel() // max(tensor.numel(), 1)
-            return _ORIGINALS["all_gather"](list(output.view(world, *tensor.shape).unbind(0)), tensor, *args[2:], **kwargs)
+            return _ORIGINALS["all_gather"](
+                list(output.view(world, *tensor.shape).unbind(0)), tensor, *args[2:], **kwargs
+            )
         return original(*args, **kwargs)
 
     run.__name__ = original.__name__
@@ -443,7 +478,14 @@ def _object_collective(original: Callable) -> Callable:
     return run
 
 
-_OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "send_object_list", "recv_object_list")
+_OBJECT_COLLECTIVES = (
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
 _COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -493,7 +535,11 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
         (torch.cuda, "_lazy_init", lambda: None),  # what C++ calls before making a tensor on cuda
         (torch.cuda, "device_count", lambda: devices_per_host),
         (torch.cuda, "current_device", lambda: current[0]),
-        (torch.cuda, "set_device", lambda d: current.__setitem__(0, torch.device(d).index if not isinstance(d, int) else d)),
+        (
+            torch.cuda,
+            "set_device",
+            lambda d: current.__setitem__(0, torch.device(d).index if not isinstance(d, int) else d),
+        ),
         (torch.cuda, "synchronize", lambda *a, **k: None),
         (torch.cuda, "empty_cache", lambda: None),
         (torch.cuda, "Stream", _Stream),
@@ -527,7 +573,9 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
             torch.Tensor,
             "cuda",
             lambda self, device=None, non_blocking=False, **k: _to(
-                self, _indexed(torch.device("cuda", device) if isinstance(device, int) else device or "cuda"), non_blocking=non_blocking
+                self,
+                _indexed(torch.device("cuda", device) if isinstance(device, int) else device or "cuda"),
+                non_blocking=non_blocking,
             ),
         )
     )
@@ -566,8 +614,14 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
 
     _ORIGINALS.setdefault("all_gather", c10d.all_gather)
     for module in (dist, c10d):  # the package calls the first, torch's own functions the second
-        patches += [(module, name, _checked_collective(getattr(c10d, name))) for name in _COLLECTIVES if hasattr(c10d, name)]
-        patches += [(module, name, _object_collective(getattr(c10d, name))) for name in _OBJECT_COLLECTIVES if hasattr(c10d, name)]
+        patches += [
+            (module, name, _checked_collective(getattr(c10d, name))) for name in _COLLECTIVES if hasattr(c10d, name)
+        ]
+        patches += [
+            (module, name, _object_collective(getattr(c10d, name)))
+            for name in _OBJECT_COLLECTIVES
+            if hasattr(c10d, name)
+        ]
     with contextlib.ExitStack() as stack:
         for target, name, value in patches:
             stack.enter_context(_patched(target, name, value))

@@ -105,7 +105,10 @@ def shared_datamanager_rank(ctx: Any, scene: str) -> dict:
     batch = manager.next_train_batch(0)
     workers = [w.pid for w in manager._reader._iterator._workers]  # type: ignore[union-attr]
     loader = manager._train_loader
-    decoded = [loader.load(i)[0].numpy().tobytes() == image.numpy().tobytes() for i, image in zip(batch.camera_indices, batch.images, strict=True)]
+    decoded = [
+        loader.load(i)[0].numpy().tobytes() == image.numpy().tobytes()
+        for i, image in zip(batch.camera_indices, batch.images, strict=True)
+    ]
     result = {
         "stats": {k: v for k, v in manager.stats().items() if k.startswith("store") or k == "disk_mode"},
         "inodes": sorted(memfd_inodes()),
@@ -143,13 +146,17 @@ def slow_fill_rank(ctx: Any, paths: list[str], report: str, seconds_per_file: fl
     store_module.EncodedImageStore._fill = slow_fill
     host = HostGroup(ctx)
     store = store_module.EncodedImageStore(paths, 1 << 30, name=STORE_NAME, host=host)
-    write_report(f"{report}.{ctx.rank}", {"pid": os.getpid(), "is_filler": store.is_filler, "inodes": sorted(memfd_inodes())})
+    write_report(
+        f"{report}.{ctx.rank}", {"pid": os.getpid(), "is_filler": store.is_filler, "inodes": sorted(memfd_inodes())}
+    )
     filler_pid = None
     while True:
         exact = all(bytes(store.view(i)) == Path(p).read_bytes() for i, p in enumerate(paths))
         if not store.is_filler:
             if filler_pid is None:
-                others = [json.loads(Path(f"{report}.{r}").read_text()) for r in host.ranks if Path(f"{report}.{r}").exists()]
+                others = [
+                    json.loads(Path(f"{report}.{r}").read_text()) for r in host.ranks if Path(f"{report}.{r}").exists()
+                ]
                 filler_pid = next((o["pid"] for o in others if o["is_filler"]), None)
             if filler_pid is not None and not _alive(filler_pid):
                 count = store.num_filled()

@@ -24,7 +24,9 @@ LONG_RUN_EXTRA = [
 ]
 
 
-def start_training(out: Path, timestamp: str, nproc: int, extra: Sequence[str] = (), num_images: int = 100000) -> subprocess.Popen:
+def start_training(
+    out: Path, timestamp: str, nproc: int, extra: Sequence[str] = (), num_images: int = 100000
+) -> subprocess.Popen:
     """``ns-train`` (``nproc == 1``) or ``torchrun --nproc_per_node nproc ns-train``, in its own session."""
     env = cpu_env()
     args = train_args(out, timestamp, num_images, [*LONG_RUN_EXTRA, *extra])
@@ -33,10 +35,14 @@ def start_training(out: Path, timestamp: str, nproc: int, extra: Sequence[str] =
     else:
         env["OMP_NUM_THREADS"] = "1"
         cmd = [ns_bin("torchrun"), "--nproc_per_node", str(nproc), ns_bin("ns-train"), *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
 
 
-def wait_until_training(proc: subprocess.Popen, out: Path, timestamp: str, timeout_s: float = 300.0, settle_s: float = 20.0) -> None:
+def wait_until_training(
+    proc: subprocess.Popen, out: Path, timestamp: str, timeout_s: float = 300.0, settle_s: float = 20.0
+) -> None:
     """Return once the run writes its tensorboard events (set up right before the first step) and
     ``settle_s`` more seconds passed, so a few steps ran."""
     deadline = time.time() + timeout_s

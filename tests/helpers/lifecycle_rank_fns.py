@@ -179,7 +179,9 @@ def repeated_init_and_shutdown(ctx, root: str, cycles: int) -> int:
 
     shutdown_distributed()
     for cycle in range(cycles):
-        dist.init_process_group("gloo", init_method=f"file://{root}/cycle{cycle}", rank=ctx.rank, world_size=ctx.world_size)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{root}/cycle{cycle}", rank=ctx.rank, world_size=ctx.world_size
+        )
         for _ in range(3):
             dist.all_reduce(torch.ones(4))
             dist.all_gather_object([None] * ctx.world_size, {"rank": ctx.rank})

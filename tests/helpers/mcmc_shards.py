@@ -37,7 +37,10 @@ PARTITIONS = {
     "blocks2": lambda n: [torch.arange(0, n // 2), torch.arange(n // 2, n)],
     "interleaved3": lambda n: [torch.arange(r, n, 3) for r in range(3)],
     "empty_rank3": lambda n: [torch.arange(0, 150), torch.arange(0, 0), torch.arange(150, n)],
-    "random3": lambda n: [torch.nonzero(torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(5)) == r).flatten() for r in range(3)],
+    "random3": lambda n: [
+        torch.nonzero(torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(5)) == r).flatten()
+        for r in range(3)
+    ],
 }
 
 
@@ -127,8 +130,18 @@ def mcmc_sequence(gaussians: tuple[dict, dict, dict], gather: Callable) -> list[
             kill_by_id(gaussians, step, 0.05)
         set_moments_by_id(gaussians, step)
         for noise_step in (step - 1, step):
-            inject_keyed_position_noise(gaussians[0], gaussians[2]["gauss_ids"], seed=SEED, step=noise_step, scaler=1.6e-4 * 5e5)
-        event = mcmc_event(as_rows(*gaussians, ()), step=step, seed=SEED, next_id=next_id, cap_max=cap, min_opacity=0.005, gather=gather)
+            inject_keyed_position_noise(
+                gaussians[0], gaussians[2]["gauss_ids"], seed=SEED, step=noise_step, scaler=1.6e-4 * 5e5
+            )
+        event = mcmc_event(
+            as_rows(*gaussians, ()),
+            step=step,
+            seed=SEED,
+            next_id=next_id,
+            cap_max=cap,
+            min_opacity=0.005,
+            gather=gather,
+        )
         next_id = event.next_id
         events.append(event)
     return events

@@ -21,10 +21,24 @@ def free_port() -> int:
 
 
 def _worker(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any, timeout_s: float, device_type: str = "cpu", backend: str = "auto"
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable,
+    args: tuple,
+    queue: Any,
+    timeout_s: float,
+    device_type: str = "cpu",
+    backend: str = "auto",
 ) -> None:
     os.environ.update(
-        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank)}
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+        }
     )
     torch.set_num_threads(1)
     try:
@@ -62,7 +76,10 @@ def run_ranks(
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s, device_type, backend)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s, device_type, backend))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

@@ -38,7 +38,9 @@ class TwoHosts:
         15, about 925 s before a connection to a lost host fails)."""
         k = 10 + (os.getpid() + sum(map(ord, tag))) % 240
         base = f"ds{os.getpid() % 100000}{tag}"[:11]
-        hosts = cls(names=[f"{base}a", f"{base}b"], links=[f"{base}va", f"{base}vb"], addresses=[f"10.77.{k}.1", f"10.77.{k}.2"])
+        hosts = cls(
+            names=[f"{base}a", f"{base}b"], links=[f"{base}va", f"{base}vb"], addresses=[f"10.77.{k}.1", f"10.77.{k}.2"]
+        )
         try:
             for name in hosts.names:
                 proc = _ip("netns", "add", name, check=False)

@@ -110,7 +110,11 @@ def _slow_consolidate(value: str) -> None:
     shard_checkpoint.consolidate_params = slow
 
 
-PATCHES: dict[str, Callable[[str], None]] = {"fault": _fault, "slow-eval": _slow_eval, "slow-consolidate": _slow_consolidate}
+PATCHES: dict[str, Callable[[str], None]] = {
+    "fault": _fault,
+    "slow-eval": _slow_eval,
+    "slow-consolidate": _slow_consolidate,
+}
 
 
 def _is_patch(word: str) -> bool:
@@ -129,7 +133,9 @@ def main() -> None:
     while len(sys.argv) > 1 and _is_patch(sys.argv[1]):
         specs.append(sys.argv.pop(1))
     if not specs:
-        raise SystemExit(f"ns_train_patched.py: no PATCH=VALUE before the ns-train arguments (known: {', '.join(PATCHES)})")
+        raise SystemExit(
+            f"ns_train_patched.py: no PATCH=VALUE before the ns-train arguments (known: {', '.join(PATCHES)})"
+        )
     for install, value in [_parse(spec) for spec in specs]:
         install(value)
     from nerfstudio.scripts.train import entrypoint

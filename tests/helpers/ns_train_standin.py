@@ -32,7 +32,13 @@ def main() -> None:
 
         @functools.wraps(caps_fn)
         def recorded_caps(self, num_held: int):
-            budget_events.append({"step": counter.step, "held": num_held, "allocator_peak": device_memory.max_memory_allocated(self.ctx.device)})
+            budget_events.append(
+                {
+                    "step": counter.step,
+                    "held": num_held,
+                    "allocator_peak": device_memory.max_memory_allocated(self.ctx.device),
+                }
+            )
             return caps_fn(self, num_held)
 
         RankBudget.caps = recorded_caps
@@ -56,7 +62,9 @@ def main() -> None:
         finally:
             if os.environ.get("DISTSPLAT_STANDIN_REPORT"):
                 device_standin.write_report(
-                    os.environ["DISTSPLAT_STANDIN_REPORT"], device_peak_bytes=device_memory.run_peak_bytes(), budget_events=budget_events
+                    os.environ["DISTSPLAT_STANDIN_REPORT"],
+                    device_peak_bytes=device_memory.run_peak_bytes(),
+                    budget_events=budget_events,
                 )
 
 

@@ -14,7 +14,17 @@ SCENE = REPO / "scenes" / "lund_door"
 SHARED_DATA = REPO.parent / "shared" / "data"
 BIN = Path(sys.executable).parent
 
-COLMAP_ARGS = ["colmap", "--data", str(SCENE), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "1"]
+COLMAP_ARGS = [
+    "colmap",
+    "--data",
+    str(SCENE),
+    "--colmap-path",
+    "sparse/0",
+    "--load-3D-points",
+    "True",
+    "--downscale-factor",
+    "1",
+]
 
 
 def ns_bin(name: str) -> str:
@@ -22,7 +32,9 @@ def ns_bin(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-VARIANT_METHODS = "distsplat-mcmc=distsplat_ns.registry:distsplat_mcmc,distsplat-big=distsplat_ns.registry:distsplat_big"
+VARIANT_METHODS = (
+    "distsplat-mcmc=distsplat_ns.registry:distsplat_mcmc,distsplat-big=distsplat_ns.registry:distsplat_big"
+)
 """The method variants, named to nerfstudio by environment, so the tests run them from the working
 tree even where the installed package metadata predates their entry points (pyproject declares
 them; nerfstudio lets the variable override an installed entry point of the same name)."""
@@ -37,7 +49,12 @@ def cpu_env() -> dict[str, str]:
 
 
 def train_args(
-    out: Path, timestamp: str, num_images: int, extra: Sequence[str] = (), data_args: Sequence[str] = COLMAP_ARGS, method: str = "distsplat"
+    out: Path,
+    timestamp: str,
+    num_images: int,
+    extra: Sequence[str] = (),
+    data_args: Sequence[str] = COLMAP_ARGS,
+    method: str = "distsplat",
 ) -> list[str]:
     return [
         method,
@@ -154,7 +171,12 @@ def read_scalars(out: Path, timestamp: str, tag: str, method: str = "distsplat")
 
 
 def train_runs(
-    root_factory, runs: dict[str, tuple[int, str]], num_images: int, extra: Sequence[str], saves: dict[str, list[str]], no_saves: Sequence[str]
+    root_factory,
+    runs: dict[str, tuple[int, str]],
+    num_images: int,
+    extra: Sequence[str],
+    saves: dict[str, list[str]],
+    no_saves: Sequence[str],
 ) -> dict[str, Path]:
     """Each named run trained in its own folder: ``runs`` maps a name to ``(world size, parallel
     mode)`` (1: ns-train, more: torchrun); ``saves`` gives a run its save flags (``no_saves``

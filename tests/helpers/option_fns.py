@@ -15,7 +15,9 @@ from tests.helpers.model_factory import HEIGHT, make_cameras, make_images, make_
 NUM_POINTS = 300
 
 
-def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, camera_ids: Any = None) -> tuple[Any, Any]:
+def _band_step(
+    ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, camera_ids: Any = None
+) -> tuple[Any, Any]:
     """``model`` (cut to this rank's shard when ``parallel`` is sharded) through one forward and
     backward of the bands ``splits`` (per rank: ``(position, first_row_px, end_row_px)``) of
     ``cameras`` (2, with make_images' images) at step 5; returns ``(mode, BandRenderResult)``."""
@@ -45,7 +47,9 @@ def _band_step(ctx: Any, model: Any, parallel: str, cameras: Any, splits: list, 
         source,
         **({} if camera_ids is None else {"camera_ids": [camera_ids[p] for p in positions]}),
     )
-    backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, 5), source.anchors)
+    backward_bands(
+        result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, 5), source.anchors
+    )
     return mode, result
 
 
@@ -57,14 +61,23 @@ def training_depth(ctx: Any, parallel: str, splits: list) -> list[dict[str, Any]
     of each batch camera (splatfacto's training path: whole image, one process)."""
     from distsplat_ns.pipeline.band_pass import BandPass
 
-    model = make_model(2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", output_depth_during_training=True)
+    model = make_model(
+        2,
+        num_points=NUM_POINTS,
+        param_dtype="float64",
+        rendering_backend="reference",
+        output_depth_during_training=True,
+    )
     whole = None
     if ctx.rank == 0:
         with torch.no_grad():
             whole = [model.get_outputs(make_cameras(2)[i : i + 1])["depth"].clone() for i in range(2)]
     mode, result = _band_step(ctx, model, parallel, make_cameras(2), splits)
     BandPass(ctx, mode, model).fill_depths(result, 2)
-    rows = [{"position": d.band.position, "first_row": d.band.first_row_px, "depth": d.depth.clone()} for d in result.band_depths]
+    rows = [
+        {"position": d.band.position, "first_row": d.band.first_row_px, "depth": d.depth.clone()}
+        for d in result.band_depths
+    ]
     return [{"rows": rows, "whole": whole, "height": HEIGHT}]
 
 
@@ -84,16 +97,25 @@ def pose_step(ctx: Any, parallel: str, splits: list, mode_name: str = "SO3xR3") 
     from distsplat_ns.model.camera_adjust import with_train_camera_ids
 
     model = make_model(
-        2, num_points=NUM_POINTS, param_dtype="float64", rendering_backend="reference", camera_optimizer=CameraOptimizerConfig(mode=mode_name)
+        2,
+        num_points=NUM_POINTS,
+        param_dtype="float64",
+        rendering_backend="reference",
+        camera_optimizer=CameraOptimizerConfig(mode=mode_name),
     )
     with torch.no_grad():
         adjustment = model.camera_optimizer.pose_adjustment
-        adjustment += 0.03 * torch.randn(adjustment.shape, generator=torch.Generator().manual_seed(11), dtype=adjustment.dtype)
+        adjustment += 0.03 * torch.randn(
+            adjustment.shape, generator=torch.Generator().manual_seed(11), dtype=adjustment.dtype
+        )
     cameras = with_train_camera_ids(make_cameras(2), POSE_CAMERA_IDS)
     mode, result = _band_step(ctx, model, parallel, cameras, splits, POSE_CAMERA_IDS)
     named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
     mode.reduce_gradients(named)
-    grads = {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in model.gauss_params.items()}
+    grads = {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+        for n, p in model.gauss_params.items()
+    }
     return {
         "loss": all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(()),
         "pose_grad": model.camera_optimizer.pose_adjustment.grad.detach().clone(),

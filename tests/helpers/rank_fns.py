@@ -75,7 +75,9 @@ def gather_rank_objects(ctx) -> list:
     """Objects of different pickled sizes per rank (one holds a tensor), gathered on every rank."""
     from distsplat_ns.distributed.collectives import all_gather_object
 
-    return all_gather_object(ctx, {"rank": ctx.rank, "rows": list(range(ctx.rank * 50)), "t": torch.arange(ctx.rank + 1.0)})
+    return all_gather_object(
+        ctx, {"rank": ctx.rank, "rows": list(range(ctx.rank * 50)), "t": torch.arange(ctx.rank + 1.0)}
+    )
 
 
 def replica_check_outcome(ctx, drift_rank: int, through_mode: bool = False) -> str:
@@ -89,7 +91,9 @@ def replica_check_outcome(ctx, drift_rank: int, through_mode: bool = False) -> s
         t[3] = torch.nextafter(t[3], torch.tensor(100.0))  # one ulp: bitwise drift
     try:
         if through_mode:
-            ReplicatedMode(ctx, model=None).check_replicas([("t", torch.nn.Parameter(t))], step=7)  # the mode reads no model here
+            ReplicatedMode(ctx, model=None).check_replicas(
+                [("t", torch.nn.Parameter(t))], step=7
+            )  # the mode reads no model here
         else:
             check_replicas(ctx, [t], step=7)
     except ReplicaDriftError as err:
@@ -186,7 +190,14 @@ def cuda_sum_gradients(ctx) -> list[torch.Tensor]:
 
 
 def sharded_band_gradients(
-    ctx, splits: list, batch_size: int, step: int, dtype: str, backend: str = "reference", top_rows: bool = False, empty_rank: int | None = None
+    ctx,
+    splits: list,
+    batch_size: int,
+    step: int,
+    dtype: str,
+    backend: str = "reference",
+    top_rows: bool = False,
+    empty_rank: int | None = None,
 ) -> list:
     """For each split (bands per rank), each rank owns the Gaussians with ``id % W == rank``
     (interleaved: ownership has no spatial order) and renders its bands through the sharded
@@ -232,22 +243,37 @@ def sharded_band_gradients(
             RegularizerShare(ctx.rank == 0, True, 400),
             received,
         )
-        backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors)
+        backward_bands(
+            result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan, step), received.anchors
+        )
         grads = {
-            f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu() for n, p in model.gauss_params.items()
+            f"gauss_params.{n}": p.grad.detach().cpu() if p.grad is not None else torch.zeros_like(p).cpu()
+            for n, p in model.gauss_params.items()
         }
         if ctx.is_distributed:
             sent = received.route
             ((_, proj),) = sent.calls
             means2d = proj.means2d
-            travel = {"sent": sent.num_rows, "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank], "received": int(received.leaf.shape[1])}
+            travel = {
+                "sent": sent.num_rows,
+                "sent_to_others": sent.num_rows - sent.send_counts[ctx.rank],
+                "received": int(received.leaf.shape[1]),
+            }
         else:  # one rank: no exchange, the rank's own projections (ShardedMode.projections)
             assert isinstance(received, OwnProjections), type(received)
             ((_, means2d, _),) = received.calls
             travel = {"sent": 0, "sent_to_others": 0, "received": 0}
         grads["means2d.grad"] = means2d.grad.detach().cpu()
         grads["means2d.absgrad"] = means2d.absgrad.detach().cpu()
-        out.append({"loss": result.loss.detach().cpu(), "ids": model.gauss_ids.cpu(), "grads": grads, "shard": int(model.num_points), **travel})
+        out.append(
+            {
+                "loss": result.loss.detach().cpu(),
+                "ids": model.gauss_ids.cpu(),
+                "grads": grads,
+                "shard": int(model.num_points),
+                **travel,
+            }
+        )
     return out
 
 
@@ -263,11 +289,19 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
     from distsplat_ns.distributed.collectives import all_reduce_sum_
     from distsplat_ns.model.band_backward import backward_bands
     from distsplat_ns.parallel import parallel_mode_class
-    from tests.helpers.model_factory import MIXED_SIZES, make_mixed_cameras, make_mixed_images, make_model, take_initial_shard_
+    from tests.helpers.model_factory import (
+        MIXED_SIZES,
+        make_mixed_cameras,
+        make_mixed_images,
+        make_model,
+        take_initial_shard_,
+    )
 
     out = []
     for bands_per_rank in splits:
-        model = make_model(2, param_dtype="float64", **({"use_bilateral_grid": True, "grid_shape": (4, 4, 2)} if grid else {}))
+        model = make_model(
+            2, param_dtype="float64", **({"use_bilateral_grid": True, "grid_shape": (4, 4, 2)} if grid else {})
+        )
         if grid:  # perturbed from identity (an identity grid hides wrong coordinates)
             with torch.no_grad():
                 grids = model.bil_grids.grids
@@ -293,13 +327,18 @@ def mixed_size_step(ctx, parallel: str, splits: list, step: int = 5, grid: bool 
             source,
             camera_ids=[(5, 2)[p] for p in positions] if grid else None,
         )
-        backward_bands(result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, step), source.anchors)
+        backward_bands(
+            result.loss, result.pixel_links, plan_halo_exchange(ctx, model, cameras, plan.bands, step), source.anchors
+        )
         named = [(n.removeprefix("gauss_params."), p) for n, p in model.named_parameters() if p.requires_grad]
         mode.reduce_gradients(named)
         info, _ = mode.statistics([source], 2, MIXED_SIZES)
         state = {"grad2d": None, "count": None, "radii": None}
         model.densifier.update_statistics(state, info, model.num_points)
-        grads = {f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone() for n, p in model.gauss_params.items()}
+        grads = {
+            f"gauss_params.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
+            for n, p in model.gauss_params.items()
+        }
         grads.update({f"state.{k}": v.clone() for k, v in state.items() if v is not None})
         loss = all_reduce_sum_(ctx, result.loss.detach().clone().reshape(1)).reshape(())
         entry = {"loss": loss, "ids": model.gauss_ids.clone(), "grads": grads}
@@ -335,7 +374,9 @@ def plan_sized_halo_exchange(ctx, bands_per_rank: list, sizes_px: list) -> tuple
         (
             s.position,
             s.start_row_px,
-            torch.arange(s.numel, dtype=torch.float64).reshape(s.rows, s.width, HALO_CHANNELS) + 1000.0 * ctx.rank + 100.0 * k,
+            torch.arange(s.numel, dtype=torch.float64).reshape(s.rows, s.width, HALO_CHANNELS)
+            + 1000.0 * ctx.rank
+            + 100.0 * k,
         )
         for k, s in enumerate(slots[ctx.rank])
     ][::-1]
@@ -351,9 +392,16 @@ def plan_sized_step_costs(ctx, bands_per_rank: list, heights_px: list, bad_rank:
     from distsplat_ns.balance.bands import Band
     from distsplat_ns.parallel.halo_cost_gathers import gather_step_costs
 
-    plan = SimpleNamespace(bands=[[Band(*b) for b in rank_bands] for rank_bands in bands_per_rank], heights_px=heights_px)
+    plan = SimpleNamespace(
+        bands=[[Band(*b) for b in rank_bands] for rank_bands in bands_per_rank], heights_px=heights_px
+    )
     counts = [
-        (b, torch.arange(2.0 * b.num_cost_rows(heights_px[b.position])).reshape(-1, 2) + 1000 * ctx.rank + 100 * b.position)
+        (
+            b,
+            torch.arange(2.0 * b.num_cost_rows(heights_px[b.position])).reshape(-1, 2)
+            + 1000 * ctx.rank
+            + 100 * b.position,
+        )
         for b in plan.bands[ctx.rank]
     ][::-1]
     verdict = torch.tensor([1 if ctx.rank == bad_rank else 0], dtype=torch.int32) if bad_rank is not None else None

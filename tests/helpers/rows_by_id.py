@@ -29,7 +29,9 @@ def gaussian_dim(name: str) -> int:
     return 1 if name.startswith("means2d") else 0
 
 
-def in_id_order(rows: Mapping[str, torch.Tensor], ids: torch.Tensor, dim_of: Callable[[str], int] = first_dim) -> dict[str, torch.Tensor]:
+def in_id_order(
+    rows: Mapping[str, torch.Tensor], ids: torch.Tensor, dim_of: Callable[[str], int] = first_dim
+) -> dict[str, torch.Tensor]:
     """Each tensor of ``rows`` (its Gaussians along ``dim_of(name)``, in the order of ``ids``)
     in id order."""
     order = id_order(ids)

@@ -95,7 +95,10 @@ class Scene:
 
 
 def look_at_viewmat(
-    eye: Sequence[float], target: Sequence[float] = (0.0, 0.0, 0.0), up: Sequence[float] = (0.0, -1.0, 0.0), dtype: torch.dtype = torch.float32
+    eye: Sequence[float],
+    target: Sequence[float] = (0.0, 0.0, 0.0),
+    up: Sequence[float] = (0.0, -1.0, 0.0),
+    dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """World-to-camera matrix (OpenCV) of a camera at ``eye`` looking at ``target``.
 
@@ -121,7 +124,11 @@ def look_at_viewmat(
 
 
 def pinhole_K(
-    width: int, height: int, fov_x_deg: float = 60.0, dtype: torch.dtype = torch.float32, principal: tuple[float, float] | None = None
+    width: int,
+    height: int,
+    fov_x_deg: float = 60.0,
+    dtype: torch.dtype = torch.float32,
+    principal: tuple[float, float] | None = None,
 ) -> Tensor:
     """Pinhole intrinsics with square pixels and the given horizontal field of view. `[3, 3]`."""
     focal = 0.5 * width / math.tan(math.radians(fov_x_deg) / 2)

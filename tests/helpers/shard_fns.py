@@ -94,7 +94,14 @@ def gather_rebalance_and_save(ctx: Any, checkpoint_dir: str | None) -> dict[str,
     if checkpoint_dir is not None and gathered is not None:
         pipeline = gathered.merged_into({f"{MODEL_PREFIX}{k}": v for k, v in model.state_dict().items()})
         save_checkpoint_atomic(
-            Path(checkpoint_dir), 7, pipeline, None, {}, {"world_size": ctx.world_size}, False, optimizer_states=gathered.optimizers
+            Path(checkpoint_dir),
+            7,
+            pipeline,
+            None,
+            {},
+            {"world_size": ctx.world_size},
+            False,
+            optimizer_states=gathered.optimizers,
         )
     adam_step(model, optimizers, NUM_POINTS, 2)
     out["stepped"] = _comparable(gather_full_state(ctx, model, optimizers))
@@ -123,13 +130,20 @@ def resume_and_gather(ctx: Any, checkpoint: str, modes: list[str]) -> dict[str, 
         for name, state in loaded["optimizers"].items():
             optimizers[name].load_state_dict(state)
         ids = model.gauss_ids.tolist()
-        state = _comparable(gather_full_state(ctx, model, optimizers)) if sharded else single_process_state(model, optimizers)
+        state = (
+            _comparable(gather_full_state(ctx, model, optimizers))
+            if sharded
+            else single_process_state(model, optimizers)
+        )
         out[mode] = {"ids": ids, "state": state}
     return out
 
 
 def _optimizers_hold_params(model: Any, optimizers: dict[str, torch.optim.Adam]) -> bool:
-    return all(o.param_groups[0]["params"][0] is model.gauss_params[n] and model.gauss_params[n] in o.state for n, o in optimizers.items())
+    return all(
+        o.param_groups[0]["params"][0] is model.gauss_params[n] and model.gauss_params[n] in o.state
+        for n, o in optimizers.items()
+    )
 
 
 def _comparable(gathered: Any) -> dict[str, Any] | None:
@@ -142,10 +156,14 @@ def assert_same(got: Any, want: Any, path: str = "") -> None:
     """``got`` equals ``want`` bitwise (tensors: same dtype, shape and bytes), recursively."""
     if isinstance(want, torch.Tensor):
         assert isinstance(got, torch.Tensor), f"{path}: not a tensor"
-        assert got.dtype == want.dtype and got.shape == want.shape, f"{path}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+        assert got.dtype == want.dtype and got.shape == want.shape, (
+            f"{path}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+        )
         assert torch.equal(got.cpu(), want.cpu()), f"{path}: values differ"
     elif isinstance(want, dict):
-        assert isinstance(got, dict) and set(got) == set(want), f"{path}: keys {sorted(map(str, got))} vs {sorted(map(str, want))}"
+        assert isinstance(got, dict) and set(got) == set(want), (
+            f"{path}: keys {sorted(map(str, got))} vs {sorted(map(str, want))}"
+        )
         for k in want:
             assert_same(got[k], want[k], f"{path}.{k}")
     elif isinstance(want, (list, tuple)):
@@ -178,7 +196,9 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
     config.pipeline.parallel = parallel
     config.pipeline.model.rendering_backend = "reference"
     manager = config.pipeline.datamanager
-    manager.dataparser = ColmapDataParserConfig(data=LUND_DOOR, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1)
+    manager.dataparser = ColmapDataParserConfig(
+        data=LUND_DOOR, colmap_path=Path("sparse/0"), load_3D_points=True, downscale_factor=1
+    )
     manager.num_workers, manager.eval_num_workers = 0, 0
     trainer = DistSplatTrainer(config)
     trainer.setup()
@@ -188,7 +208,11 @@ def trainer_save(ctx: Any, out: str, parallel: str, load_dir: str | None, step: 
         adam_step(model, trainer.optimizers.optimizers, num_total, 0)
     trainer.save_checkpoint(step)
     # Eval and the viewer render from every shard (parallel/view_render.py): no rank holds more than its own.
-    return {"ids": model.gauss_ids.tolist(), "checkpoint_dir": str(trainer.checkpoint_dir), "num_held": int(model.gauss_params["means"].shape[0])}
+    return {
+        "ids": model.gauss_ids.tolist(),
+        "checkpoint_dir": str(trainer.checkpoint_dir),
+        "num_held": int(model.gauss_params["means"].shape[0]),
+    }
 
 
 def saved_model_state(path: Path) -> dict[str, Any]:

@@ -24,7 +24,14 @@ SCHEDULE = StrategySchedule(
     pause_refine_after_reset=108,
     refine_scale2d_stop_iter=4000,
 )
-THRESHOLDS = {"prune_opa": 0.005, "grow_grad2d": 0.0002, "grow_scale3d": 0.01, "grow_scale2d": 0.12, "prune_scale3d": 0.1, "prune_scale2d": 0.15}
+THRESHOLDS = {
+    "prune_opa": 0.005,
+    "grow_grad2d": 0.0002,
+    "grow_scale3d": 0.01,
+    "grow_scale2d": 0.12,
+    "prune_scale3d": 0.1,
+    "prune_scale2d": 0.15,
+}
 PARTITIONS = {
     "blocks2": lambda n: [torch.arange(0, n // 2), torch.arange(n // 2, n)],
     "blocks3": lambda n: [torch.arange(0, 101), torch.arange(101, 250), torch.arange(250, n)],
@@ -38,7 +45,9 @@ def make_densifier(next_id: int, **thresholds: float) -> DefaultDensifier:
     return DefaultDensifier(SCHEDULE, settings, seed=SEED, next_id=next_id, log_events=False)
 
 
-def as_rows(params: dict, optimizers: dict, state: dict, statistics: tuple[RowField, ...] = DEFAULT_STATISTICS) -> GaussianRows:
+def as_rows(
+    params: dict, optimizers: dict, state: dict, statistics: tuple[RowField, ...] = DEFAULT_STATISTICS
+) -> GaussianRows:
     """The rows over plain dicts of parameters, optimizers and strategy state."""
     return GaussianRows(gaussian_schema(list(params), statistics), params, state, optimizers)
 
@@ -84,7 +93,11 @@ def take_shard(params: dict, optimizers: dict, state: dict, idx: torch.Tensor) -
         q = torch.nn.Parameter(p.detach()[idx].clone())
         old = optimizers[k].state[p]
         sub_opts[k] = torch.optim.Adam([q], lr=1e-3)
-        sub_opts[k].state[q] = {"step": old["step"].clone(), "exp_avg": old["exp_avg"][idx].clone(), "exp_avg_sq": old["exp_avg_sq"][idx].clone()}
+        sub_opts[k].state[q] = {
+            "step": old["step"].clone(),
+            "exp_avg": old["exp_avg"][idx].clone(),
+            "exp_avg_sq": old["exp_avg_sq"][idx].clone(),
+        }
         sub_params[k] = q
     sub_state = {k: (v[idx].clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
     return sub_params, sub_opts, sub_state
@@ -105,7 +118,9 @@ class IdCounter:
         return self.gather(rows)
 
 
-def refine_event(gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dtype, ids: IdCounter) -> tuple[int, int, int]:
+def refine_event(
+    gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dtype, ids: IdCounter
+) -> tuple[int, int, int]:
     """Statistics for ``step`` (keyed by id), then one grow-and-prune event; returns its
     duplicated and split counts (all ranks) and pruned count (here)."""
     params, optimizers, state = gaussians
@@ -114,7 +129,9 @@ def refine_event(gaussians: tuple[dict, dict, dict], step: int, dtype: torch.dty
     return event.num_dup, event.num_split, event.num_pruned
 
 
-def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int | None = None, max_held: int | None = None) -> dict:
+def refine_rank_shard(
+    ctx, dtype_name: str, partition: str, max_gaussians: int | None = None, max_held: int | None = None
+) -> dict:
     """Rank ``ctx.rank``'s shard of ``make_gaussians`` refined at every step of STEPS with the real
     gather (``all_gather_rows``) under the caps given; returns its tensors by global id, its
     ``next_gauss_id``, its gather count, the refusals of each event and its held count after each
@@ -131,4 +148,10 @@ def refine_rank_shard(ctx, dtype_name: str, partition: str, max_gaussians: int |
         _, _, num_pruned = refine_event(shard, step, dtype, ids)
         refused.append(ids.densifier.last_refused)
         grown.append(len(shard[2]["gauss_ids"]) + num_pruned)
-    return {"tensors": gaussians_by_id([shard]), "next_id": ids.next_id, "gathers": ids.calls, "refused": refused, "grown": grown}
+    return {
+        "tensors": gaussians_by_id([shard]),
+        "next_id": ids.next_id,
+        "gathers": ids.calls,
+        "refused": refused,
+        "grown": grown,
+    }

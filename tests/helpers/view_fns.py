@@ -69,10 +69,14 @@ def grouped_step(ctx: Any, group_cameras: int, dtype: str) -> dict[str, Any]:
     plan = StepPlan(bands=bands, predicted_costs=[0.0] * len(bands), heights_px=[HEIGHT] * len(batch), downscale=1)
     positions = plan.positions(ctx.rank)
     images = make_images(len(batch))
-    step_images = StepImages(positions, [images[p] for p in positions], [None] * len(positions), wait_s=0.0, num_fetched_on_demand=0)
+    step_images = StepImages(
+        positions, [images[p] for p in positions], [None] * len(positions), wait_s=0.0, num_fetched_on_demand=0
+    )
     # No gradient sum: the test reads each rank's own gradients.
     cameras = BatchCameras.of(make_cameras(len(batch)))
-    result, sources, _ = BandPass(ctx, mode, model).run(5, cameras, plan, step_images, PhaseClock(), GradientSum(lambda: 0))
+    result, sources, _ = BandPass(ctx, mode, model).run(
+        5, cameras, plan, step_images, PhaseClock(), GradientSum(lambda: 0)
+    )
     info, _ = mode.statistics(sources, len(batch), [(WIDTH, HEIGHT)] * len(batch))
     grads = {n: p.grad.detach().clone() for n, p in model.gauss_params.items()}
     return {
@@ -107,7 +111,13 @@ def viewer_frame_at_step_boundary(ctx: Any, dtype: str, camera_index: int) -> An
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     model.train()  # mid-training
     mode = ShardedMode(ctx, model)
-    balance = StepBalance(ctx, BandPlanner("balanced", [HEIGHT] * 4), mode, model, host_cameras=lambda ids: make_cameras(4)[torch.tensor(list(ids))])
+    balance = StepBalance(
+        ctx,
+        BandPlanner("balanced", [HEIGHT] * 4),
+        mode,
+        model,
+        host_cameras=lambda ids: make_cameras(4)[torch.tensor(list(ids))],
+    )
     plan = balance.planner.plan([0], ctx.world_size, 1)
     result = SimpleNamespace(band_tile_work=[(b, torch.ones(b.num_cost_rows(HEIGHT), 2)) for b in plan.bands[ctx.rank]])
     frame: dict[str, Any] = {}
@@ -145,7 +155,9 @@ def eval_metrics(ctx: Any, dtype: str, overrides: dict | None = None) -> dict[st
     from distsplat_ns.pipeline.evaluation import PipelineEval
     from tests.helpers.model_factory import make_images
 
-    model = make_model(1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off", **(overrides or {}))
+    model = make_model(
+        1, num_points=NUM_POINTS, param_dtype=dtype, rendering_backend="reference", lpips="off", **(overrides or {})
+    )
     take_initial_shard_(model, ctx.rank, ctx.world_size)
     cameras, images = make_cameras(4), make_images(4, seed=3)
     views = [(cameras[i : i + 1], {"image": images[i], "image_idx": i}) for i in (1, 3)]

@@ -30,12 +30,24 @@ def _scene_without_images_4(tmp_path: Path) -> Path:
 
 
 def _data_args(scene: Path) -> list[str]:
-    return ["colmap", "--data", str(scene), "--colmap-path", "sparse/0", "--load-3D-points", "True", "--downscale-factor", "4"]
+    return [
+        "colmap",
+        "--data",
+        str(scene),
+        "--colmap-path",
+        "sparse/0",
+        "--load-3D-points",
+        "True",
+        "--downscale-factor",
+        "4",
+    ]
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     # stdin closed: a prompt would read EOF at once (EOFError) instead of waiting.
-    return subprocess.run(cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900, env=env)
+    return subprocess.run(
+        cmd, check=False, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900, env=env
+    )
 
 
 def _assert_torchrun_trains_at_downscale_4(scene: Path, out: Path, extra: list[str]) -> None:

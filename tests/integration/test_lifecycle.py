@@ -97,7 +97,9 @@ def test_internal_error_mid_training_ends_the_process_with_its_traceback(tmp_pat
     ]
     env = dict(cpu_env(), DISTSPLAT_TEST_FAULT="raise")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL, check=False
+        )
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"the failed run did not exit within 300 s: {err}")
     assert proc.returncode == 1, proc.stderr[-3000:]

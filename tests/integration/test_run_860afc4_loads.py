@@ -41,7 +41,11 @@ def test_860afc4_run_resumes_exports_and_evaluates(tmp_path: Path, run: str) -> 
     assert latest_checkpoint(tmp_path / "resumed", run).name == f"step-{STEP + 2:09d}.ckpt"
 
     tools = {"cwd": tmp_path, "capture_output": True, "timeout": 600, "env": cpu_env()}
-    subprocess.run([ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", "ply"], check=True, **tools)
+    subprocess.run(
+        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(config), "--output-dir", "ply"],
+        check=True,
+        **tools,
+    )
     saved = models / f"step-{STEP:09d}.ckpt"
     import torch
 

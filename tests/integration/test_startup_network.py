@@ -32,7 +32,11 @@ def test_failed_init_process_group_is_one_line_and_leaves_no_run_folder(tmp_path
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text[-3000:]
     line = [x for x in text.splitlines() if x.startswith("distsplat error")]
-    assert line and f"could not join the process group through 127.0.0.1:{port}" in line[0] and "GLOO_SOCKET_IFNAME" in line[0], text[-3000:]
+    assert (
+        line
+        and f"could not join the process group through 127.0.0.1:{port}" in line[0]
+        and "GLOO_SOCKET_IFNAME" in line[0]
+    ), text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert not run_dir(tmp_path, "noinit").exists()
     assert elapsed < 120, elapsed  # start-up (imports) plus the 5 s timeout, on a loaded machine

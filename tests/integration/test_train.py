@@ -28,7 +28,14 @@ def test_training_completes_with_checkpoint_logs_and_summary(trained_run: tuple[
     assert stats["backend"] == "reference" and stats["world_size"] == 1
     # The planner was given the CPU renderer's measured fixed cost per band (rendering/api.py).
     assert stats["balance"]["band_cost_fraction"] == BAND_COST_FRACTIONS["reference"] > 0
-    for key in ("wall_time_s", "images_per_s", "data_wait_fraction", "final_gaussian_count", "final_eval_psnr", "time_breakdown_s"):
+    for key in (
+        "wall_time_s",
+        "images_per_s",
+        "data_wait_fraction",
+        "final_gaussian_count",
+        "final_eval_psnr",
+        "time_breakdown_s",
+    ):
         assert key in stats
     assert latest_checkpoint(out, ts).name == "step-000000059.ckpt"
     assert list(run_dir(out, ts).glob("events.out.tfevents.*")), "no tensorboard event file"
@@ -84,7 +91,9 @@ def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path: Path, traine
         assert torch.equal(resumed[name], straight[name]), name
 
 
-def test_existing_checkpoint_is_not_overwritten_by_a_failed_resume(tmp_path: Path, trained_run: tuple[Path, str]) -> None:
+def test_existing_checkpoint_is_not_overwritten_by_a_failed_resume(
+    tmp_path: Path, trained_run: tuple[Path, str]
+) -> None:
     out, ts = trained_run
     ckpt = latest_checkpoint(out, ts)
     before = ckpt.read_bytes()
@@ -118,7 +127,14 @@ def test_ns_export_writes_one_ply_with_every_gaussian(tmp_path: Path, trained_ru
 
     out, ts = trained_run
     subprocess.run(
-        [ns_bin("ns-export"), "gaussian-splat", "--load-config", str(run_dir(out, ts) / "config.yml"), "--output-dir", str(tmp_path)],
+        [
+            ns_bin("ns-export"),
+            "gaussian-splat",
+            "--load-config",
+            str(run_dir(out, ts) / "config.yml"),
+            "--output-dir",
+            str(tmp_path),
+        ],
         check=True,
         capture_output=True,
         timeout=600,

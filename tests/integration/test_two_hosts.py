@@ -57,7 +57,9 @@ def hosts(request: pytest.FixtureRequest):
         made.close()
 
 
-def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequence[str] = (), fault: str = "") -> list[subprocess.Popen]:
+def _launch(
+    hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequence[str] = (), fault: str = ""
+) -> list[subprocess.Popen]:
     env = cpu_env()
     if fault:
         env["DISTSPLAT_TEST_FAULT"] = fault
@@ -65,7 +67,18 @@ def _launch(hosts: TwoHosts, out: Path, timestamp: str, mode: str, program: Sequ
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     args = train_args(
-        out, timestamp, 100000, [*LONG_RUN_EXTRA, "--steps-per-save", "5", "--collective-timeout-s", str(TIMEOUT_S), "--pipeline.parallel", mode]
+        out,
+        timestamp,
+        100000,
+        [
+            *LONG_RUN_EXTRA,
+            "--steps-per-save",
+            "5",
+            "--collective-timeout-s",
+            str(TIMEOUT_S),
+            "--pipeline.parallel",
+            mode,
+        ],
     )
     procs = []
     for node in (0, 1):
@@ -102,7 +115,9 @@ def _wait_for_checkpoint(procs: list[subprocess.Popen], out: Path, timestamp: st
     while time.monotonic() < deadline:
         for node, proc in enumerate(procs):
             if proc.poll() is not None:
-                raise AssertionError(f"host {node} exited early ({proc.returncode}):\n{(out / f'host{node}.log').read_text()[-5000:]}")
+                raise AssertionError(
+                    f"host {node} exited early ({proc.returncode}):\n{(out / f'host{node}.log').read_text()[-5000:]}"
+                )
         if checkpoint_steps(models):  # either format: a sharded run writes step-N.dcp folders
             time.sleep(3.0)  # a few more steps
             return
@@ -133,7 +148,9 @@ class HostExit:
     agent_gone_s: float  # torchrun itself gone
 
 
-def _exits(procs: list[subprocess.Popen], t0: float, limit_s: float, agents: Sequence[int] | None = None) -> list[HostExit]:
+def _exits(
+    procs: list[subprocess.Popen], t0: float, limit_s: float, agents: Sequence[int] | None = None
+) -> list[HostExit]:
     """When each host's ranks and torchrun went, polled until ``limit_s`` or until every rank and
     the torchruns of the hosts ``agents`` (all when None) are gone: a torchrun that is known to
     linger (AGENT_RDZV_CONF's comment) is not waited for."""
@@ -148,7 +165,9 @@ def _exits(procs: list[subprocess.Popen], t0: float, limit_s: float, agents: Seq
     while time.monotonic() - t0 < limit_s and waiting():
         now = time.monotonic() - t0
         for i, proc in enumerate(procs):
-            if gone[i][0] == float("inf") and not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks[i]):
+            if gone[i][0] == float("inf") and not any(
+                r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks[i]
+            ):
                 gone[i][0] = now
             if gone[i][1] == float("inf") and proc.poll() is not None:
                 gone[i][1] = now
@@ -175,14 +194,18 @@ def _assert_bounded(out: Path, exits: list[HostExit], fault: str, agents: Sequen
         log = (out / f"host{node}.log").read_text()[-4000:]
         assert e.ranks_gone_s <= BOUND_S, f"host {node}'s ranks still running {BOUND_S} s after {fault}:\n{log}"
         if node in agents:
-            assert e.agent_gone_s <= BOUND_S + AGENT_EXTRA_S, f"host {node}'s torchrun still running after {fault}:\n{log}"
+            assert e.agent_gone_s <= BOUND_S + AGENT_EXTRA_S, (
+                f"host {node}'s torchrun still running after {fault}:\n{log}"
+            )
             assert e.rc not in (None, 0), (node, e.rc)
         if node in lines:
             assert _error_lines(out, node), f"host {node} printed no distsplat error line:\n{log}"
 
 
 @pytest.mark.parametrize("mode", ["replicated", "sharded"])
-def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resumes(hosts: TwoHosts, tmp_path: Path, mode: str) -> None:
+def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resumes(
+    hosts: TwoHosts, tmp_path: Path, mode: str
+) -> None:
     procs = _launch(hosts, tmp_path, "cut", mode)
     try:
         _wait_for_checkpoint(procs, tmp_path, "cut")
@@ -195,7 +218,9 @@ def test_partition_ends_every_rank_in_bounded_time_and_the_last_checkpoint_resum
     # Host 1's torchrun is left in torch's TCPStore.get (AGENT_RDZV_CONF's comment): not awaited nor asserted here.
     _assert_bounded(tmp_path, exits, f"link cut ({mode})", agents=[0], lines=[0, 1])
     # Host 0 holds the store: its rank times out in a collective; host 1's rank finds the store gone.
-    assert any("Timed out" in line or "timed out" in line for line in _error_lines(tmp_path, 0)), _error_lines(tmp_path, 0)
+    assert any("Timed out" in line or "timed out" in line for line in _error_lines(tmp_path, 0)), _error_lines(
+        tmp_path, 0
+    )
     assert any(hosts.addresses[0] in line for line in _error_lines(tmp_path, 1)), _error_lines(tmp_path, 1)
     # The run folder (shared by both "hosts" here) resumes on one host from its latest checkpoint.
     models = run_dir(tmp_path, "cut") / "nerfstudio_models"
@@ -253,7 +278,9 @@ def test_stuck_rank_on_one_host_ends_both_hosts_in_bounded_time(hosts: TwoHosts,
         _wait_for_checkpoint(procs, tmp_path, "stuck")
         deadline = time.monotonic() + 300
         while "fault injection: this rank hangs" not in (tmp_path / "host1.log").read_text():
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (tmp_path / "host1.log").read_text()[-3000:]
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
+                tmp_path / "host1.log"
+            ).read_text()[-3000:]
             time.sleep(0.2)
         exits = _exits(procs, time.monotonic(), BOUND_S + AGENT_EXTRA_S + 30)
     finally:

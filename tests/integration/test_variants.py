@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.nsrun import cpu_env, latest_checkpoint, load_gauss_ids, load_gauss_params, ns_bin, read_stats, run_dir, run_ns_train
+from tests.helpers.nsrun import (
+    cpu_env,
+    latest_checkpoint,
+    load_gauss_ids,
+    load_gauss_params,
+    ns_bin,
+    read_stats,
+    run_dir,
+    run_ns_train,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -91,12 +100,16 @@ def test_mcmc_resume_continues_exactly(tmp_path: Path, mcmc_run: tuple[Path, str
     assert "_model.bil_grids.grids" in keys
     for key in keys:
         assert torch.equal(resumed[key], straight[key]), key
-    assert torch.equal(load_gauss_ids(latest_checkpoint(tmp_path, "resumed", MCMC)), load_gauss_ids(latest_checkpoint(out, ts, MCMC)))
+    assert torch.equal(
+        load_gauss_ids(latest_checkpoint(tmp_path, "resumed", MCMC)), load_gauss_ids(latest_checkpoint(out, ts, MCMC))
+    )
     assert resumed["_model._extra_state"]["next_gauss_id"] == straight["_model._extra_state"]["next_gauss_id"]
 
 
 @pytest.mark.parametrize("which", ["mcmc", "big"])
-def test_variant_exports_and_evaluates(tmp_path: Path, mcmc_run: tuple[Path, str], big_run: tuple[Path, str], which: str) -> None:
+def test_variant_exports_and_evaluates(
+    tmp_path: Path, mcmc_run: tuple[Path, str], big_run: tuple[Path, str], which: str
+) -> None:
     from plyfile import PlyData
 
     (out, ts), method = (mcmc_run, MCMC) if which == "mcmc" else (big_run, BIG)
@@ -112,7 +125,11 @@ def test_variant_exports_and_evaluates(tmp_path: Path, mcmc_run: tuple[Path, str
     assert vertex.count == load_gauss_params(latest_checkpoint(out, ts, method))["means"].shape[0]
     target = tmp_path / "eval.json"
     subprocess.run(
-        [ns_bin("ns-eval"), "--load-config", config, "--output-path", str(target)], check=True, capture_output=True, timeout=600, env=cpu_env()
+        [ns_bin("ns-eval"), "--load-config", config, "--output-path", str(target)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=cpu_env(),
     )
     results = json.loads(target.read_text())["results"]
     # 20 images only prove the path end to end (measured: mcmc 10+, big 8.5 dB); quality is
@@ -121,5 +138,7 @@ def test_variant_exports_and_evaluates(tmp_path: Path, mcmc_run: tuple[Path, str
 
 
 def test_variants_are_listed_by_ns_train_help() -> None:
-    proc = subprocess.run([ns_bin("ns-train"), "--help"], capture_output=True, text=True, timeout=300, env=cpu_env(), check=False)
+    proc = subprocess.run(
+        [ns_bin("ns-train"), "--help"], capture_output=True, text=True, timeout=300, env=cpu_env(), check=False
+    )
     assert "distsplat-mcmc" in proc.stdout and "distsplat-big" in proc.stdout

@@ -36,7 +36,9 @@ def reference() -> dict:
 
 @pytest.fixture(scope="module")
 def two_rank_results() -> list:
-    return run_ranks(rank_fns.band_gradients, 2, [SPLITS[n] for n in NAMES], 2, 5, "float64", CAMERA_IDS, GRID, timeout_s=300.0)
+    return run_ranks(
+        rank_fns.band_gradients, 2, [SPLITS[n] for n in NAMES], 2, 5, "float64", CAMERA_IDS, GRID, timeout_s=300.0
+    )
 
 
 @pytest.mark.parametrize("split", NAMES)

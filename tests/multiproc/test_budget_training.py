@@ -31,9 +31,22 @@ MCMC_EXTRA = [*MCMC_EQUIV_EXTRA, "--steps-per-save", "1000"]
 MCMC_IMAGES = 40
 
 
-def _train(tmp_path_factory: pytest.TempPathFactory, name: str, world: int, parallel: str, strategy_extra: list[str], cap: int, num_images: int):
+def _train(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    world: int,
+    parallel: str,
+    strategy_extra: list[str],
+    cap: int,
+    num_images: int,
+):
     budget = budget_for_cap(
-        cap, world_size=world, sharded=parallel == "sharded", batch_size=2, item_bytes=8, default_strategy="mcmc" not in strategy_extra
+        cap,
+        world_size=world,
+        sharded=parallel == "sharded",
+        batch_size=2,
+        item_bytes=8,
+        default_strategy="mcmc" not in strategy_extra,
     )
     path = tmp_path_factory.mktemp(name)
     extra = [*strategy_extra, "--pipeline.parallel", parallel, "--pipeline.memory-budget", budget]
@@ -64,7 +77,10 @@ def test_the_budget_stops_growth_at_its_cap_and_the_summary_says_so(one) -> None
     assert CAP - 2000 < rows["ids"].numel() <= CAP
 
 
-@pytest.mark.parametrize(("name", "world", "parallel"), [pytest.param("rep2", 2, "replicated", marks=pytest.mark.long), ("sh2", 2, "sharded")])
+@pytest.mark.parametrize(
+    ("name", "world", "parallel"),
+    [pytest.param("rep2", 2, "replicated", marks=pytest.mark.long), ("sh2", 2, "sharded")],
+)
 def test_budgets_of_one_cap_train_the_same_gaussians_on_two_ranks(
     one, tmp_path_factory: pytest.TempPathFactory, name: str, world: int, parallel: str
 ) -> None:
@@ -72,11 +88,16 @@ def test_budgets_of_one_cap_train_the_same_gaussians_on_two_ranks(
     a, b = _rows(one, "one"), _rows(other_path, name)
     assert torch.equal(a["ids"], b["ids"])
     assert_same_model({k: v for k, v in a.items() if k != "ids"}, {k: v for k, v in b.items() if k != "ids"})
-    assert read_stats(other_path, name)["memory_budget"]["gaussians_refused"] == read_stats(one, "one")["memory_budget"]["gaussians_refused"]
+    assert (
+        read_stats(other_path, name)["memory_budget"]["gaussians_refused"]
+        == read_stats(one, "one")["memory_budget"]["gaussians_refused"]
+    )
 
 
 @pytest.mark.long
-def test_budgets_of_one_cap_train_the_same_gaussians_on_three_sharded_ranks(one, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_budgets_of_one_cap_train_the_same_gaussians_on_three_sharded_ranks(
+    one, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     other_path = _train(tmp_path_factory, "sh3", 3, "sharded", EQUIV_EXTRA, CAP, NUM_IMAGES)
     a, b = _rows(one, "one"), _rows(other_path, "sh3")
     assert torch.equal(a["ids"], b["ids"])
@@ -84,7 +105,9 @@ def test_budgets_of_one_cap_train_the_same_gaussians_on_three_sharded_ranks(one,
 
 
 @pytest.mark.parametrize(("world", "parallel"), [pytest.param(1, "replicated", marks=pytest.mark.long), (2, "sharded")])
-def test_mcmc_grows_to_the_budgets_cap_below_max_gs_num(tmp_path_factory: pytest.TempPathFactory, world: int, parallel: str) -> None:
+def test_mcmc_grows_to_the_budgets_cap_below_max_gs_num(
+    tmp_path_factory: pytest.TempPathFactory, world: int, parallel: str
+) -> None:
     name = f"mcmc{world}"
     path = _train(tmp_path_factory, name, world, parallel, MCMC_EXTRA, MCMC_CAP, MCMC_IMAGES)
     assert _rows(path, name)["ids"].numel() == MCMC_CAP

@@ -20,7 +20,9 @@ from tests.helpers.multiproc import run_ranks
 def test_rank_killed_during_save_leaves_the_previous_checkpoint_the_one_resumed(tmp_path: Path) -> None:
     models = tmp_path / "run" / "nerfstudio_models"
     run_ranks(save_step, 2, str(models), 5)
-    with pytest.raises((RuntimeError, queue.Empty)):  # rank 0's collective times out; rank 1 never reports (run_ranks: queue.Empty)
+    with pytest.raises(
+        (RuntimeError, queue.Empty)
+    ):  # rank 0's collective times out; rank 1 never reports (run_ranks: queue.Empty)
         run_ranks(save_step, 2, str(models), 10, 1, timeout_s=10.0)
     assert checkpoint_steps(models) == [5]
     assert latest_checkpoint(models) == models / "step-000000005.dcp"
@@ -31,7 +33,9 @@ def test_rank_killed_during_save_leaves_the_previous_checkpoint_the_one_resumed(
     assert checkpoint_steps(models) == [10]
 
 
-def test_older_checkpoint_is_pruned_only_after_the_newer_is_renamed_and_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_older_checkpoint_is_pruned_only_after_the_newer_is_renamed_and_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     models = tmp_path / "run" / "nerfstudio_models"
     ctx = DistContext()
     write = lambda step: lambda folder: save_rows(ctx, folder, rows_of(0, step), b"")
@@ -56,7 +60,9 @@ def test_older_checkpoint_is_pruned_only_after_the_newer_is_renamed_and_fsynced(
 def test_a_save_that_fails_keeps_the_older_checkpoint(tmp_path: Path) -> None:
     models = tmp_path / "run" / "nerfstudio_models"
     ctx = DistContext()
-    save_sharded_checkpoint_atomic(ctx, models, 5, lambda folder: save_rows(ctx, folder, rows_of(0, 5), b""), keep_only_latest=True)
+    save_sharded_checkpoint_atomic(
+        ctx, models, 5, lambda folder: save_rows(ctx, folder, rows_of(0, 5), b""), keep_only_latest=True
+    )
     with pytest.raises(Exception, match="not every rank finished"):
         save_sharded_checkpoint_atomic(ctx, models, 10, lambda folder: 0, keep_only_latest=True)  # DCP never finished
     assert checkpoint_steps(models) == [5]

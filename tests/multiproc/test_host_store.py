@@ -58,5 +58,7 @@ def test_datamanager_ranks_and_their_workers_map_the_host_store(tmp_path: Path) 
     assert all(r["stats"]["store_num_local_ranks"] == 2 and r["stats"]["disk_mode"] is False for r in results)
     inode = results[0]["inodes"]
     assert len(inode) == 1 and results[1]["inodes"] == inode
-    assert all(w == inode for r in results for w in r["worker_inodes"]) and all(len(r["worker_inodes"]) == 1 for r in results)
+    assert all(w == inode for r in results for w in r["worker_inodes"]) and all(
+        len(r["worker_inodes"]) == 1 for r in results
+    )
     assert all(r["exact"] for r in results)

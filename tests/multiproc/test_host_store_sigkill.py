@@ -65,7 +65,10 @@ def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: P
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0)) for r in range(3)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0))
+        for r in range(3)
+    ]
     for p in procs:
         p.start()
     pids = {p.pid for p in procs}
@@ -84,7 +87,9 @@ def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: P
                 while time.time() < deadline and not Path(f"{report}.{r}.done").exists():
                     time.sleep(0.1)
                 if not Path(f"{report}.{r}.done").exists():
-                    pytest.fail(f"rank {r} wrote no report after the filler was killed; the ranks said: {_rank_errors(queue)}")
+                    pytest.fail(
+                        f"rank {r} wrote no report after the filler was killed; the ranks said: {_rank_errors(queue)}"
+                    )
                 done = json.loads(Path(f"{report}.{r}.done").read_text())
                 assert done["exact"] and done["num_filled"] < NUM_FILES, done  # killed mid-fill
         else:

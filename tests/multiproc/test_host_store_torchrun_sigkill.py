@@ -20,7 +20,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def _store_holders(inode: int) -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and inode in host_store_fns.memfd_inodes(p.name)]
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and inode in host_store_fns.memfd_inodes(p.name)
+    ]
 
 
 @pytest.mark.parametrize("victim_rank", ["0", "1"], ids=["filler", "other"])
@@ -47,7 +51,9 @@ def test_sigkilled_rank_ends_the_run_named_and_leaves_no_store_behind(tmp_path: 
     # As for any rank's death: torchrun names the SIGKILLed rank as the root cause (the survivor
     # fails with "a collective failed ...", or is stopped by torchrun first: rank 0's death).
     root_cause = output[output.index("Root Cause") :]
-    assert f"rank      : {victim_rank} (local_rank: {victim_rank})" in root_cause and "(SIGKILL)" in root_cause, root_cause
+    assert f"rank      : {victim_rank} (local_rank: {victim_rank})" in root_cause and "(SIGKILL)" in root_cause, (
+        root_cause
+    )
     time.sleep(1.0)
     assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert _store_holders(inode) == []

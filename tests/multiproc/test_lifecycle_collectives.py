@@ -26,7 +26,9 @@ def test_successful_rank0_work_returns_its_value_on_rank0_only() -> None:
 def test_rank_stuck_in_a_startup_phase_is_named_within_the_timeout() -> None:
     # Rank 1 sleeps 8 s inside "model ready"; the phase timeout is 2 s.
     (message0, waited0), _ = run_ranks(fns.stuck_in_phase, 2, "model ready", 8.0, 2.0)
-    assert message0.startswith("RunFailure: start-up phase 'model ready': rank(s) [1] did not finish within 2 s"), message0
+    assert message0.startswith("RunFailure: start-up phase 'model ready': rank(s) [1] did not finish within 2 s"), (
+        message0
+    )
     assert "rank 1 in 'model ready'" in message0, message0
     # 2 s timeout plus store polling; far below the 8 s the rank sleeps.
     assert waited0 < 6.0, waited0
@@ -35,7 +37,9 @@ def test_rank_stuck_in_a_startup_phase_is_named_within_the_timeout() -> None:
 def test_collective_timeout_inside_a_phase_names_the_phase_and_where_ranks_are() -> None:
     # A 3 s gloo timeout ends rank 0's all_reduce while rank 1 stays out of it.
     results = run_ranks(fns.collective_timeout_in_phase, 2)
-    assert results[0].startswith("RunFailure: start-up phase 'pipeline setup' on rank 0: a collective failed"), results[0]
+    assert results[0].startswith("RunFailure: start-up phase 'pipeline setup' on rank 0: a collective failed"), results[
+        0
+    ]
     assert "rank 1 in 'pipeline setup'" in results[0], results[0]
 
 
@@ -76,5 +80,7 @@ def test_rank0_lost_during_its_own_work_is_found_within_the_timeout(tmp_path: Pa
     with pytest.raises((RuntimeError, queue.Empty)):  # rank 0 exited without a result
         run_ranks(fns.rank0_dies_in_its_work, 2, str(out), timeout_s=5.0, deadline_s=30.0)
     waited, result = out.read_text().split("\n", 1)
-    assert result.startswith("RunFailure: rank 1: lost rank 0 while it was writing checkpoint step-000000005.ckpt"), result
+    assert result.startswith("RunFailure: rank 1: lost rank 0 while it was writing checkpoint step-000000005.ckpt"), (
+        result
+    )
     assert float(waited) < 5.0 + 3.0, waited  # the store's loss is seen at once; the heartbeat bound is 5 s

@@ -12,7 +12,9 @@ from tests.helpers.multiproc import run_ranks
 from tests.helpers.rows_by_id import joined_by_id
 
 
-@pytest.mark.parametrize(("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "empty_rank3", "float32")])
+@pytest.mark.parametrize(
+    ("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "empty_rank3", "float32")]
+)
 def test_mcmc_on_ranks_equals_one_process(world_size: int, partition: str, dtype_name: str) -> None:
     full = mcmc_gaussians(getattr(torch, dtype_name))
     events = [tuple(e) for e in mcmc_sequence(full, gather_local)]

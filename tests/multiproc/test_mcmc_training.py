@@ -33,7 +33,13 @@ NUM_IMAGES = 40
 NUM_STEPS = 20
 RESUME_STEP = 12
 """sh2's kept checkpoint: after the event at step 10, before the one at step 15."""
-RUNS = {"one": (1, "replicated"), "rep2": (2, "replicated"), "rep3": (3, "replicated"), "sh2": (2, "sharded"), "sh3": (3, "sharded")}
+RUNS = {
+    "one": (1, "replicated"),
+    "rep2": (2, "replicated"),
+    "rep3": (3, "replicated"),
+    "sh2": (2, "sharded"),
+    "sh3": (3, "sharded"),
+}
 SAVES = {"sh2": ["--steps-per-save", str(RESUME_STEP), "--save-only-latest-checkpoint", "False"]}
 NO_SAVES = ["--steps-per-save", "1000"]
 MCMC_TERMS = ("mcmc_opacity_reg", "mcmc_scale_reg")
@@ -49,7 +55,9 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sh2 resumed from its step-12 checkpoint on 2 sharded ranks, to the same end."""
     path = tmp_path_factory.mktemp("resumed")
     load = ["--load-dir", str(run_dir(runs["sh2"], "sh2") / "nerfstudio_models"), "--load-step", str(RESUME_STEP)]
-    run_torchrun(path, "resumed", NUM_IMAGES, 2, extra=[*MCMC_EXTRA, *NO_SAVES, "--pipeline.parallel", "sharded", *load])
+    run_torchrun(
+        path, "resumed", NUM_IMAGES, 2, extra=[*MCMC_EXTRA, *NO_SAVES, "--pipeline.parallel", "sharded", *load]
+    )
     return path
 
 
@@ -88,7 +96,9 @@ def test_mcmc_on_w_ranks_equals_one_process(runs: dict, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["rep2", "sh2"])
-def test_sharded_mcmc_resumed_at_a_checkpoint_continues_as_the_uninterrupted_run(runs: dict, resumed: Path, name: str) -> None:
+def test_sharded_mcmc_resumed_at_a_checkpoint_continues_as_the_uninterrupted_run(
+    runs: dict, resumed: Path, name: str
+) -> None:
     """Resumed at step 13 after sh2's step-12 checkpoint, through the capped event at step 15: the
     same ids and next id (the keyed draws neither repeat nor skip) and parameters as the
     uninterrupted 2-rank sharded run and as replicated 2 ranks."""

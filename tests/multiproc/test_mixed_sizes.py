@@ -34,7 +34,9 @@ def reference() -> dict:
 
 @pytest.fixture(scope="module", params=["replicated", "sharded"])
 def two_ranks(request) -> tuple:
-    return request.param, run_ranks(rank_fns.mixed_size_step, 2, request.param, [SPLITS[n] for n in NAMES], timeout_s=300.0)
+    return request.param, run_ranks(
+        rank_fns.mixed_size_step, 2, request.param, [SPLITS[n] for n in NAMES], timeout_s=300.0
+    )
 
 
 @pytest.mark.parametrize("split", NAMES)

@@ -28,7 +28,15 @@ def _in_id_order(rows: dict) -> dict:
 
 def test_fixtures_hold_every_row_kind_and_a_refine() -> None:
     rows = checkpoint_rows(load_checkpoint_file(fixture_path("replicated-ckpt")))
-    assert {"param.means", "opt.means.exp_avg", "opt.means.exp_avg_sq", "state.grad2d", "state.count", "state.radii", "state.gauss_ids"} <= set(rows)
+    assert {
+        "param.means",
+        "opt.means.exp_avg",
+        "opt.means.exp_avg_sq",
+        "state.grad2d",
+        "state.count",
+        "state.radii",
+        "state.gauss_ids",
+    } <= set(rows)
     assert int(rows["state.gauss_ids"].max()) >= 96, "the fixture's refine created no Gaussian"
     assert fixture_path("sharded-dcp").is_dir() and fixture_path("consolidated-ckpt").is_file()
 
@@ -101,7 +109,9 @@ def _state_by_id(state: dict) -> dict:
         ("consolidated-ckpt", 2, "sharded"),
     ],
 )
-def test_old_checkpoint_loads_in_either_mode_and_saves_the_same_rows(root: Path, source: str, world: int, parallel: str) -> None:
+def test_old_checkpoint_loads_in_either_mode_and_saves_the_same_rows(
+    root: Path, source: str, world: int, parallel: str
+) -> None:
     result = run_ranks(load_and_save, world, str(root / f"{source}-{world}-{parallel}"), source, parallel, STEP + 1)
     saved = Path(result[0]["checkpoint_dir"]) / f"step-{STEP + 1:09d}{'.dcp' if parallel == 'sharded' else '.ckpt'}"
     got = _state_by_id(saved_model_state(saved))

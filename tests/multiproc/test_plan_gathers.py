@@ -16,7 +16,11 @@ SIZES_PX = [(5, 30), (4, 12)]
 
 def test_halo_rows_reach_every_rank_as_the_pickled_all_gather_delivers_them() -> None:
     for exchanged, pickled in run_ranks(rank_fns.plan_sized_halo_exchange, 3, CUT, SIZES_PX):
-        assert [[(p, s, tuple(r.shape)) for p, s, r in msgs] for msgs in exchanged] == [[(0, 8, (10, 5, 3))], [(1, 6, (6, 4, 3))], []]
+        assert [[(p, s, tuple(r.shape)) for p, s, r in msgs] for msgs in exchanged] == [
+            [(0, 8, (10, 5, 3))],
+            [(1, 6, (6, 4, 3))],
+            [],
+        ]
         for got, sent in zip(exchanged, pickled, strict=True):
             sent = sorted(sent, key=lambda m: (m[0], m[1]))
             assert all(torch.equal(a[2], b[2]) for a, b in zip(got, sent, strict=True))

@@ -55,7 +55,13 @@ NUM_IMAGES = 24
 NUM_STEPS = 12
 RESUME_STEP = 7
 """sh2's kept checkpoint: after the refine at step 6, before the one at step 9."""
-RUNS = {"one": (1, "replicated"), "rep2": (2, "replicated"), "rep3": (3, "replicated"), "sh2": (2, "sharded"), "sh3": (3, "sharded")}
+RUNS = {
+    "one": (1, "replicated"),
+    "rep2": (2, "replicated"),
+    "rep3": (3, "replicated"),
+    "sh2": (2, "sharded"),
+    "sh3": (3, "sharded"),
+}
 SAVES = {"sh2": ["--steps-per-save", str(RESUME_STEP), "--save-only-latest-checkpoint", "False"]}
 NO_SAVES = ["--steps-per-save", "1000"]
 ADJUSTMENT = "_model.camera_optimizer.pose_adjustment"
@@ -71,7 +77,9 @@ def resumed(runs: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """sh2's step-7 checkpoint (2 sharded ranks) resumed on one replicated process, to the same end."""
     path = tmp_path_factory.mktemp("resumed")
     load = ["--load-dir", str(run_dir(runs["sh2"], "sh2") / "nerfstudio_models"), "--load-step", str(RESUME_STEP)]
-    run_ns_train(path, "resumed", NUM_IMAGES, extra=[*POSE_EXTRA, *NO_SAVES, "--pipeline.parallel", "replicated", *load])
+    run_ns_train(
+        path, "resumed", NUM_IMAGES, extra=[*POSE_EXTRA, *NO_SAVES, "--pipeline.parallel", "replicated", *load]
+    )
     return path
 
 
@@ -134,4 +142,7 @@ def test_ns_export_reads_a_sharded_pose_run(tmp_path: Path, runs: dict) -> None:
         capture_output=True,
         timeout=600,
     )
-    assert PlyData.read(str(tmp_path / "splat.ply"))["vertex"].count == _state(latest_checkpoint(runs["sh2"], "sh2"))["means"].shape[0]
+    assert (
+        PlyData.read(str(tmp_path / "splat.ply"))["vertex"].count
+        == _state(latest_checkpoint(runs["sh2"], "sh2"))["means"].shape[0]
+    )

@@ -28,7 +28,14 @@ def test_an_evaluation_longer_than_the_collective_timeout_trains_on(tmp_path: Pa
         program=program,
         check=False,
         timeout=900,
-        extra=["--collective-timeout-s", str(TIMEOUT_S), "--steps-per-eval-all-images", "3", "--steps-per-eval-image", "100000"],
+        extra=[
+            "--collective-timeout-s",
+            str(TIMEOUT_S),
+            "--steps-per-eval-all-images",
+            "3",
+            "--steps-per-eval-image",
+            "100000",
+        ],
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
@@ -69,4 +76,6 @@ def test_a_consolidation_longer_than_the_collective_timeout_completes(tmp_path: 
     stats = read_stats(tmp_path, "slowc")
     assert stats["steps"] == 4 and stats["attempts"][-1]["cause"] == "completed"
     models = run_dir(tmp_path, "slowc") / "nerfstudio_models"
-    assert (models / "step-000000003.ckpt").is_file() and (models / "step-000000003.dcp").is_dir(), sorted(models.iterdir())
+    assert (models / "step-000000003.ckpt").is_file() and (models / "step-000000003.dcp").is_dir(), sorted(
+        models.iterdir()
+    )

@@ -19,7 +19,9 @@ SAVE_EVERY = 5
 NUM_IMAGES = 14  # batch size 1: steps 0..13, saves at 5, 10 and the last step
 
 
-def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DISTSPLAT_TEST_FAULT", "sigkill")  # rank 1 kills itself at KILL_STEP, first attempt only
     program = patched_ns_train(f"fault={KILL_STEP},1")
     # No --timestamp pinning needed by torchrun: the restart finds its folder by torchrun's run id;
@@ -33,7 +35,14 @@ def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: 
         check=False,
         timeout=900,
         torchrun_args=["--max-restarts", "1", "--standalone"],
-        extra=["--steps-per-save", str(SAVE_EVERY), "--save-only-latest-checkpoint", "False", "--steps-per-eval-all-images", "1000"],
+        extra=[
+            "--steps-per-save",
+            str(SAVE_EVERY),
+            "--save-only-latest-checkpoint",
+            "False",
+            "--steps-per-eval-all-images",
+            "1000",
+        ],
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
@@ -46,8 +55,9 @@ def test_restart_after_a_killed_rank_resumes_from_the_last_checkpoint(tmp_path: 
     by_time = sorted(found, key=lambda p: p.stat().st_mtime_ns)
     assert by_time == found, [(p.name, p.stat().st_mtime_ns) for p in found]
     attempts = read_stats(tmp_path, "restart")["attempts"]
-    assert [(a["attempt"], a["restart_count"], a["start_step"], a["last_saved_step"]) for a in attempts] == [(0, 0, 0, 5), (1, 1, 6, 13)], json.dumps(
-        attempts, indent=1
-    )
+    assert [(a["attempt"], a["restart_count"], a["start_step"], a["last_saved_step"]) for a in attempts] == [
+        (0, 0, 0, 5),
+        (1, 1, 6, 13),
+    ], json.dumps(attempts, indent=1)
     assert attempts[0]["cause"].startswith("failed: ") and attempts[1]["cause"] == "completed", attempts
     assert attempts[1]["end_step"] == NUM_IMAGES - 1

@@ -53,7 +53,8 @@ def test_checkpoint_of_two_shards_equals_the_single_process_checkpoint(two_shard
 
 
 @pytest.mark.parametrize(
-    ("world", "parallel"), [(1, "sharded"), (2, "sharded"), (3, "sharded"), (1, "replicated"), (2, "replicated"), (3, "replicated")]
+    ("world", "parallel"),
+    [(1, "sharded"), (2, "sharded"), (3, "sharded"), (1, "replicated"), (2, "replicated"), (3, "replicated")],
 )
 def test_sharded_checkpoint_resumes_on_other_world_sizes_and_modes(
     root: Path, two_shards: list, single_process: dict, world: int, parallel: str
@@ -73,8 +74,12 @@ def test_no_rank_holds_more_than_its_shard_after_a_save(two_shards: list, single
     assert [r["num_held"] for r in two_shards] == [hi - lo for lo, hi in (owned_block(num, r, 2) for r in range(2))]
 
 
-def test_consolidation_holds_the_single_process_parameters_and_ids_and_no_adam_state(two_shards: list, single_process: dict, tmp_path: Path) -> None:
-    loaded = torch.load(consolidate_params(_checkpoint(two_shards, 5, ".dcp"), tmp_path, 5), map_location="cpu", weights_only=True)
+def test_consolidation_holds_the_single_process_parameters_and_ids_and_no_adam_state(
+    two_shards: list, single_process: dict, tmp_path: Path
+) -> None:
+    loaded = torch.load(
+        consolidate_params(_checkpoint(two_shards, 5, ".dcp"), tmp_path, 5), map_location="cpu", weights_only=True
+    )
     pipeline = loaded["pipeline"]
     for name, value in single_process["params"].items():
         assert torch.equal(pipeline[MODEL_PREFIX + "gauss_params." + name], value), name

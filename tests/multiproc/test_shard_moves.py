@@ -105,7 +105,9 @@ def test_sharded_resume_on_any_world_size_restores_the_whole_state(
     assert_same(results[0]["state"], reference["state"])
 
 
-def test_replicated_resume_of_a_sharded_checkpoint_restores_the_whole_state(two_rank_resumes: list, reference: dict) -> None:
+def test_replicated_resume_of_a_sharded_checkpoint_restores_the_whole_state(
+    two_rank_resumes: list, reference: dict
+) -> None:
     for result in two_rank_resumes:
         assert result["replicated"]["ids"] == list(range(NUM_POINTS))
         assert_same(result["replicated"]["state"], reference["state"])

@@ -12,7 +12,9 @@ from tests.helpers.rows_by_id import gaussians_by_id, joined_by_id
 from tests.helpers.strategy_shards import STEPS, IdCounter, N, make_gaussians, refine_event, refine_rank_shard
 
 
-@pytest.mark.parametrize(("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "interleaved3", "float32")])
+@pytest.mark.parametrize(
+    ("world_size", "partition", "dtype_name"), [(2, "blocks2", "float64"), (3, "interleaved3", "float32")]
+)
 def test_sharded_ranks_refine_as_one_process(world_size: int, partition: str, dtype_name: str) -> None:
     dtype = getattr(torch, dtype_name)
     full = make_gaussians(dtype)

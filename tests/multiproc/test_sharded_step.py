@@ -90,7 +90,9 @@ def _assert_equal_to_one_process(got: dict, reference: dict, dtype: str, case: s
 def test_bands_no_gaussian_reaches_render_their_background(top_rows_reference: dict, dtype: str, world: int) -> None:
     """A rank whose bands of a position receive no Gaussian renders them (background, zero
     gradient) and still joins the exchange's reverse pass; the batch equals one process."""
-    ranks = run_ranks(rank_fns.sharded_band_gradients, world, [EMPTY_BAND_SPLITS[world]], 2, 5, dtype, "reference", True)
+    ranks = run_ranks(
+        rank_fns.sharded_band_gradients, world, [EMPTY_BAND_SPLITS[world]], 2, 5, dtype, "reference", True
+    )
     assert ranks[-1][0]["received"] == 0  # the case holds: the last rank's only band is empty
     _assert_equal_to_one_process(_assemble(ranks, 0), top_rows_reference, dtype, f"W={world} empty bands")
 

@@ -50,7 +50,9 @@ def test_eval_in_sharded_mode_gives_the_metrics_of_one_process() -> None:
     """Eval runs on every rank; rank 0 computes the metrics from the image all ranks rendered."""
     want = run_ranks(view_fns.eval_metrics, 1, "float64")[0]
     got = run_ranks(view_fns.eval_metrics, 2, "float64")
-    assert got[1]["one"] == {"num_rays": want["one"]["num_rays"]} and got[1]["average"] == {} and not got[1]["has_image"]
+    assert (
+        got[1]["one"] == {"num_rays": want["one"]["num_rays"]} and got[1]["average"] == {} and not got[1]["has_image"]
+    )
     assert got[0]["has_image"] and got[0]["training"] and got[1]["training"]
     for key in ("psnr", "ssim"):
         # The images agree to 1e-12 (above); PSNR and SSIM of them to float64 rounding.

@@ -39,9 +39,13 @@ def test_auto_budget_holds_each_rank_peak_device_bytes(tmp_path, monkeypatch: py
     assert measured > 0 and budget["fixed_bytes_measured"] == measured, (budget, events)
     for rank, report in reports.items():
         peak = report["device_peak_bytes"][str(rank)]  # torchrun's rank r trains on cuda:r
-        assert peak <= budget["budget_bytes"], f"rank {rank}: peak {peak} B passes the budget of {budget['budget_bytes']} B"
+        assert peak <= budget["budget_bytes"], (
+            f"rank {rank}: peak {peak} B passes the budget of {budget['budget_bytes']} B"
+        )
         assert stats["per_rank"][rank]["peak_memory_bytes"] == peak, (rank, stats["per_rank"][rank], peak)
-    assert budget["peak_device_bytes"] == reports[0]["device_peak_bytes"]["0"]  # the summary's budget figures are rank 0's
+    assert (
+        budget["peak_device_bytes"] == reports[0]["device_peak_bytes"]["0"]
+    )  # the summary's budget figures are rank 0's
 
 
 def test_auto_budget_the_initial_points_pass_is_refused_at_set_up(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,5 +55,7 @@ def test_auto_budget_the_initial_points_pass_is_refused_at_set_up(tmp_path, monk
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "--pipeline.memory-budget: the" in line]
     assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "initial Gaussians need" in lines[0] and "budget of 3.60 MiB" in lines[0] and "auto: 90% of cuda:0" in lines[0], lines[0]
+    assert (
+        "initial Gaussians need" in lines[0] and "budget of 3.60 MiB" in lines[0] and "auto: 90% of cuda:0" in lines[0]
+    ), lines[0]
     assert not list(tmp_path.rglob("*.ckpt"))

@@ -62,11 +62,15 @@ def standin_run(
     return subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env, check=False)
 
 
-def _standin_train(out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str], method: str = "distsplat") -> dict[int, dict]:
+def _standin_train(
+    out: Path, timestamp: str, num_images: int, nproc: int, extra: Sequence[str], method: str = "distsplat"
+) -> dict[int, dict]:
     """:func:`standin_run` that must succeed; returns each rank's report (copy counts:
     tests/helpers/device_standin.py:CopyCounter.report; the allocator's figures)."""
     proc = standin_run(out, timestamp, num_images, nproc, extra, method)
-    assert proc.returncode == 0, f"ns-train under the device stand-in failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (
+        f"ns-train under the device stand-in failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
+    )
     return {r: json.loads((out / f"standin-{timestamp}.rank{r}").read_text()) for r in range(nproc)}
 
 
@@ -84,7 +88,11 @@ fails the test (docs/gpu.md: each blocking copy waits for the GPU's queue)."""
 def _assert_no_blocking_copies_but_the_allowed(reports: dict[int, dict]) -> None:
     for rank, report in reports.items():
         assert report["steps"], f"rank {rank}: no step was counted"
-        others = {place: n for place, n in report["blocking_copies_in_steps"].items() if not any(site in place for site in ALLOWED_BLOCKING_COPIES)}
+        others = {
+            place: n
+            for place, n in report["blocking_copies_in_steps"].items()
+            if not any(site in place for site in ALLOWED_BLOCKING_COPIES)
+        }
         assert others == {}, f"rank {rank}: blocking host-to-device copies in steps: {others}"
 
 
@@ -99,7 +107,13 @@ def _assert_no_blocking_copies_but_the_allowed(reports: dict[int, dict]) -> None
             id="1-replicated-pose-grid",
         ),
         pytest.param(2, "sharded", [], "distsplat", id="2-sharded"),
-        pytest.param(2, "replicated", ["--pipeline.model.use-bilateral-grid", "True"], "distsplat-mcmc", id="2-replicated-mcmc-grid"),
+        pytest.param(
+            2,
+            "replicated",
+            ["--pipeline.model.use-bilateral-grid", "True"],
+            "distsplat-mcmc",
+            id="2-replicated-mcmc-grid",
+        ),
     ],
 )
 def test_training_on_the_device_standin_refines_evaluates_saves_and_resumes(

@@ -40,7 +40,10 @@ def test_two_processes_densify_to_the_same_gaussian_count(one_process_run: Path,
     assert one["means"].shape[0] != 11384, "no refine event changed the Gaussian count: the test lost its point"
     # Same ids in the same order: every grow and prune decision of the 3 refine events was the
     # same (an id names the parent and the event that made it), not only their number.
-    assert torch.equal(load_gauss_ids(latest_checkpoint(one_process_run, "one")), load_gauss_ids(latest_checkpoint(two_process_run, "two")))
+    assert torch.equal(
+        load_gauss_ids(latest_checkpoint(one_process_run, "one")),
+        load_gauss_ids(latest_checkpoint(two_process_run, "two")),
+    )
 
 
 def test_two_processes_match_one_process_parameters(one_process_run: Path, two_process_run: Path) -> None:
@@ -92,7 +95,18 @@ def test_nonfinite_gradient_on_one_rank_stops_every_rank_and_keeps_the_last_chec
 
 def test_two_node_rendezvous_over_loopback(tmp_path: Path) -> None:
     port = free_port()
-    common = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "it2node"]
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "it2node",
+    ]
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
     args = train_args(tmp_path, "twonode", 6, extra=["--steps-per-eval-all-images", "1000"])
@@ -129,8 +143,16 @@ def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_p
     env = cpu_env()
     env["OMP_NUM_THREADS"] = "1"
     extra = ["--collective-timeout-s", "30", "--steps-per-eval-all-images", "100000", "--pipeline.parallel", parallel]
-    cmd = [ns_bin("torchrun"), "--nproc_per_node", "2", ns_bin("ns-train"), *train_args(tmp_path, "kill", 100000, extra=extra)]
-    root = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    cmd = [
+        ns_bin("torchrun"),
+        "--nproc_per_node",
+        "2",
+        ns_bin("ns-train"),
+        *train_args(tmp_path, "kill", 100000, extra=extra),
+    ]
+    root = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     proc = psutil.Process(root.pid)
     try:
         deadline = time.time() + 300
@@ -147,7 +169,9 @@ def test_killed_rank_ends_the_run_within_the_timeout_and_leaves_no_process(tmp_p
         t0 = time.time()
         root.communicate(timeout=120)
         assert root.returncode != 0
-        assert time.time() - t0 < 60, "the surviving rank must end well within the 30 s collective timeout plus teardown"
+        assert time.time() - t0 < 60, (
+            "the surviving rank must end well within the 30 s collective timeout plus teardown"
+        )
         time.sleep(2)
         alive = [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"processes left behind: {alive}"

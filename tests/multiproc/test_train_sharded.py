@@ -36,7 +36,9 @@ def sharded_three_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_sharded_ranks_make_the_decisions_of_one_process(one_process_run: Path, world: int, request: pytest.FixtureRequest) -> None:
+def test_sharded_ranks_make_the_decisions_of_one_process(
+    one_process_run: Path, world: int, request: pytest.FixtureRequest
+) -> None:
     """float64, three refine events: the same Gaussians (by global id) as one replicated process,
     parameters within the 1-vs-2 tolerance of tests/helpers/equivalence.py."""
     one = checkpoint_rows_by_id(latest_checkpoint(one_process_run, "one"))
@@ -59,10 +61,14 @@ def test_sharded_equals_replicated_on_two_ranks(two_process_run: Path, sharded_t
     replicated = checkpoint_rows_by_id(latest_checkpoint(two_process_run, "two"))
     sharded = checkpoint_rows_by_id(latest_checkpoint(sharded_two_run, "sh2"))
     assert torch.equal(replicated["ids"], sharded["ids"])
-    assert_same_model({k: v for k, v in replicated.items() if k != "ids"}, {k: v for k, v in sharded.items() if k != "ids"})
+    assert_same_model(
+        {k: v for k, v in replicated.items() if k != "ids"}, {k: v for k, v in sharded.items() if k != "ids"}
+    )
 
 
-def test_sharded_rank_holds_half_the_model_and_moves_less_than_the_all_reduce(two_process_run: Path, sharded_two_run: Path) -> None:
+def test_sharded_rank_holds_half_the_model_and_moves_less_than_the_all_reduce(
+    two_process_run: Path, sharded_two_run: Path
+) -> None:
     replicated, sharded = read_stats(two_process_run, "two"), read_stats(sharded_two_run, "sh2")
     for rank in sharded["per_rank"]:
         assert rank["parameter_bytes"] < 0.6 * replicated["per_rank"][0]["parameter_bytes"]
@@ -77,7 +83,9 @@ def test_resume_sharded_checkpoint_on_one_and_three_ranks_and_replicated(tmp_pat
     run_ns_train(tmp_path, "sh-one", 110, extra=[*SHARDED, *resume])
     run_torchrun(tmp_path, "sh-three", 110, 3, extra=[*SHARDED, *resume])
     run_torchrun(tmp_path, "rep-two", 110, 2, extra=[*EQUIV_EXTRA, *resume])
-    results = {name: checkpoint_rows_by_id(latest_checkpoint(tmp_path, name)) for name in ("sh-one", "sh-three", "rep-two")}
+    results = {
+        name: checkpoint_rows_by_id(latest_checkpoint(tmp_path, name)) for name in ("sh-one", "sh-three", "rep-two")
+    }
     for name in results:
         assert read_stats(tmp_path, name)["steps"] == 5
     assert torch.equal(results["sh-one"]["ids"], results["sh-three"]["ids"])
@@ -99,7 +107,12 @@ def test_ns_export_and_ns_eval_read_a_sharded_checkpoint(tmp_path: Path, sharded
     vertex = PlyData.read(str(tmp_path / "splat.ply"))["vertex"]
     assert vertex.count == checkpoint_rows_by_id(latest_checkpoint(sharded_two_run, "sh2"))["means"].shape[0]
     target = tmp_path / "eval.json"
-    subprocess.run([ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [ns_bin("ns-eval"), "--load-config", str(config), "--output-path", str(target)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert target.exists()
     stats = read_stats(sharded_two_run, "sh2")
     for rank, figures in enumerate(stats["per_rank"]):

@@ -38,7 +38,9 @@ def test_band_depth_rows_stitch_to_one_process_whole_image_depth(parallel: str) 
         assert ((stitched - want.double()).abs().max() / want.abs().max()).item() <= 1e-6, position
 
 
-@pytest.mark.parametrize(("parallel", "mode_name"), [("replicated", "SO3xR3"), ("sharded", "SO3xR3"), ("sharded", "SE3")])
+@pytest.mark.parametrize(
+    ("parallel", "mode_name"), [("replicated", "SO3xR3"), ("sharded", "SO3xR3"), ("sharded", "SE3")]
+)
 def test_pose_adjustment_gradient_on_two_ranks_equals_one_process(parallel: str, mode_name: str) -> None:
     """Camera optimisation (refused before issue 29): each band renders a crop of its camera's
     adjusted pose, so the adjustments' gradient summed over ranks (sharded: what each owner's

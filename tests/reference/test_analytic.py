@@ -58,7 +58,9 @@ def test_off_centre_principal_point_moves_the_gaussian():
 def test_antialiased_mode_scales_opacity_by_compensation():
     scene = single_gaussian_scene(32, 32, scale=0.05)
     _, alphas, meta = rasterization(**scene.kwargs(), packed=False, rasterize_mode="antialiased", backend="reference")
-    torch.testing.assert_close(alphas[0, ..., 0].double(), _closed_form_alpha(scene, compensate=True), atol=_F32_ATOL, rtol=0)
+    torch.testing.assert_close(
+        alphas[0, ..., 0].double(), _closed_form_alpha(scene, compensate=True), atol=_F32_ATOL, rtol=0
+    )
     var0 = (40.0 * 0.05 / 3.0) ** 2
     torch.testing.assert_close(meta["opacities"][0, 0].item(), 0.8 * var0 / (var0 + 0.3), rtol=1e-6, atol=0)
 

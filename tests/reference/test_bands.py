@@ -66,7 +66,9 @@ def test_bands_concatenate_to_whole_image(split):
     scene = _scene()
     _, whole = _whole(scene)
     proj = project(**scene.kwargs(), backend="reference")
-    colors, alphas, _ = _band_loss_and_images(proj, _bands(split), torch.zeros(2, HEIGHT, WIDTH, 3), torch.zeros(2, HEIGHT, WIDTH, 1))
+    colors, alphas, _ = _band_loss_and_images(
+        proj, _bands(split), torch.zeros(2, HEIGHT, WIDTH, 3), torch.zeros(2, HEIGHT, WIDTH, 1)
+    )
     torch.testing.assert_close(colors, whole.colors, **_PIXEL_TOL)
     torch.testing.assert_close(alphas, whole.alphas, **_PIXEL_TOL)
 
@@ -144,8 +146,14 @@ def _brute_force_tile_counts(proj, tile_size):
             if r <= 0:
                 continue
             x, y = (float(v) for v in proj.means2d[c, g])
-            x0, x1 = max(0, math.floor(x / tile_size - r / tile_size)), min(cols, math.ceil(x / tile_size + r / tile_size))
-            y0, y1 = max(0, math.floor(y / tile_size - r / tile_size)), min(rows, math.ceil(y / tile_size + r / tile_size))
+            x0, x1 = (
+                max(0, math.floor(x / tile_size - r / tile_size)),
+                min(cols, math.ceil(x / tile_size + r / tile_size)),
+            )
+            y0, y1 = (
+                max(0, math.floor(y / tile_size - r / tile_size)),
+                min(rows, math.ceil(y / tile_size + r / tile_size)),
+            )
             if x1 > x0 and y1 > y0:
                 counts[c, y0:y1, x0:x1] += 1
     return counts
@@ -185,7 +193,9 @@ def test_a_bands_tile_work_is_the_whole_images_on_the_same_tile_rows(split):
     for start, stop in _bands(split):
         out = rasterize_rows(proj, [start, start], stop - start)
         first = out.tile_row_starts[0]
-        torch.testing.assert_close(out.tile_work, whole.tile_work[:, first : first + out.tile_work.shape[1]], rtol=0, atol=0)
+        torch.testing.assert_close(
+            out.tile_work, whole.tile_work[:, first : first + out.tile_work.shape[1]], rtol=0, atol=0
+        )
 
 
 def test_tile_size_does_not_change_the_image():
@@ -219,7 +229,10 @@ def test_per_camera_colors_equal_shared_colors():
     "backend",
     [
         "reference",
-        pytest.param("gsplat", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]),
+        pytest.param(
+            "gsplat",
+            marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+        ),
     ],
 )
 def test_a_band_of_no_gaussian_is_its_background_and_differentiable(backend):
@@ -229,7 +242,9 @@ def test_a_band_of_no_gaussian_is_its_background_and_differentiable(backend):
     proj = project(**scene.kwargs(), backend=backend)
     empty = dataclasses.replace(
         proj,
-        **{name: getattr(proj, name)[:, :0] for name in ("means2d", "conics", "depths", "radii", "opacities", "colors")},
+        **{
+            name: getattr(proj, name)[:, :0] for name in ("means2d", "conics", "depths", "radii", "opacities", "colors")
+        },
         num_gaussians=0,
     )
     background = torch.tensor([[0.2, 0.4, 0.6]], device=device, requires_grad=True)

@@ -32,7 +32,9 @@ def _projected(scene, **kwargs):
     bg = torch.tensor([[0.3, 0.1, 0.7]], dtype=torch.float64)
     num_channels = 4 if kwargs.get("render_mode") == "RGB+ED" else 3
     num_outputs = scene.height * scene.width * (num_channels + 1)
-    proj_matrix = torch.randn(_NUM_PROJECTIONS, num_outputs, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    proj_matrix = torch.randn(
+        _NUM_PROJECTIONS, num_outputs, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
 
     def render(means, quats, scales, opacities, colors):
         out, alphas, _ = rasterization(

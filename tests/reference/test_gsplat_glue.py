@@ -34,7 +34,9 @@ def _fake_isect_tiles(*args, **kwargs):
     bound = _ISECT_TILES.bind(*args, **kwargs).arguments
     assert not bound.get("packed", False)
     # gsplat's own reference asserts the radii shape of its release ([C, N] on 1.4, [C, N, 2] from 1.5.0).
-    return gsplat_torch._isect_tiles(*(bound[k] for k in ("means2d", "radii", "depths", "tile_size", "tile_width", "tile_height")))
+    return gsplat_torch._isect_tiles(
+        *(bound[k] for k in ("means2d", "radii", "depths", "tile_size", "tile_width", "tile_height"))
+    )
 
 
 def _fake_isect_offset_encode(*args, **kwargs):

@@ -58,7 +58,9 @@ def _fake_projection(*args, **kwargs):
     bound.apply_defaults()
     a = bound.arguments
     assert a["packed"] and a["covars"] is None and not a["sparse_grad"] and a["camera_model"] == "pinhole"
-    means, quats, scales, viewmats, Ks, width, height = (a[k] for k in ("means", "quats", "scales", "viewmats", "Ks", "width", "height"))
+    means, quats, scales, viewmats, Ks, width, height = (
+        a[k] for k in ("means", "quats", "scales", "viewmats", "Ks", "width", "height")
+    )
     eps2d, near_plane, far_plane, radius_clip = a["eps2d"], a["near_plane"], a["far_plane"], a["radius_clip"]
     calc_compensations = a["calc_compensations"]
     proj = ref_projection.project_gaussians(
@@ -86,7 +88,9 @@ def _fake_isect_tiles(*args, **kwargs):
         a[k] for k in ("means2d", "radii", "depths", "tile_size", "tile_width", "tile_height")
     )
     # Renamed in gsplat 1.5.3: n_cameras/camera_ids -> n_images/image_ids (no batch dimensions: image = camera).
-    n_cameras, camera_ids = (a["n_images"], a["image_ids"]) if _GSPLAT >= (1, 5, 3) else (a["n_cameras"], a["camera_ids"])
+    n_cameras, camera_ids = (
+        (a["n_images"], a["image_ids"]) if _GSPLAT >= (1, 5, 3) else (a["n_cameras"], a["camera_ids"])
+    )
     gaussian_ids = a["gaussian_ids"]
     assert a["packed"] and n_cameras == _Pairs.num_cameras and torch.equal(camera_ids, _Pairs.camera_ids)
     tiles_per_gauss, isect_ids, flat_dense = gsplat_torch._isect_tiles(
@@ -128,9 +132,21 @@ class _FakePackedRasterize(torch.autograd.Function):
 def _fake_rasterize_to_pixels(*args, **kwargs):
     bound = _RASTERIZE.bind(*args, **kwargs)
     bound.apply_defaults()
-    means2d, conics, colors, opacities, image_width, image_height, tile_size, isect_offsets, flatten_ids, backgrounds, masks, packed, absgrad = (
-        bound.arguments.values()
-    )
+    (
+        means2d,
+        conics,
+        colors,
+        opacities,
+        image_width,
+        image_height,
+        tile_size,
+        isect_offsets,
+        flatten_ids,
+        backgrounds,
+        masks,
+        packed,
+        absgrad,
+    ) = bound.arguments.values()
     assert packed and masks is None and means2d.dim() == 2
     num_cameras, rows, cols = isect_offsets.shape
     offsets = torch.cat([isect_offsets.reshape(-1).long(), torch.tensor([flatten_ids.numel()])])
@@ -142,7 +158,9 @@ def _fake_rasterize_to_pixels(*args, **kwargs):
     )  # fmt: skip
     # Backgrounds are applied inside (non-differentiably here): compare their gradient elsewhere.
     bg = backgrounds.detach() if backgrounds is not None else None
-    return _FakePackedRasterize.apply(means2d, conics, colors, opacities, image_width, image_height, isects, bg, absgrad)
+    return _FakePackedRasterize.apply(
+        means2d, conics, colors, opacities, image_width, image_height, isects, bg, absgrad
+    )
 
 
 @pytest.fixture
@@ -163,14 +181,19 @@ def _render(scene, packed_glue, **kwargs):
     render_mode = kwargs.get("render_mode", "RGB")
     rasterize_mode = kwargs.get("rasterize_mode", "classic")
     if packed_glue:
-        colors, alphas, meta = gsplat_backend.rasterize_packed(**leaves, **common, render_mode=render_mode, rasterize_mode=rasterize_mode)
+        colors, alphas, meta = gsplat_backend.rasterize_packed(
+            **leaves, **common, render_mode=render_mode, rasterize_mode=rasterize_mode
+        )
     else:
         colors, alphas, meta = rasterization(
             **leaves, **common, packed=False, render_mode=render_mode, rasterize_mode=rasterize_mode,
             backend="reference",
         )  # fmt: skip
     gen = torch.Generator().manual_seed(4)
-    ((colors * torch.randn(colors.shape, generator=gen)).sum() + (alphas * torch.randn(alphas.shape, generator=gen)).sum()).backward()
+    (
+        (colors * torch.randn(colors.shape, generator=gen)).sum()
+        + (alphas * torch.randn(alphas.shape, generator=gen)).sum()
+    ).backward()
     return colors.detach(), alphas.detach(), {n: t.grad for n, t in leaves.items()}, meta
 
 

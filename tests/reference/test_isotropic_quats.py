@@ -47,7 +47,9 @@ def test_covariances_equal_the_textbook_product():
     rot = quats_to_rotmats(scene.quats)
     m = rot * scene.scales[:, None, :]
     want = m @ m.transpose(-1, -2)
-    torch.testing.assert_close(_covariances(scene.quats, scene.scales), want, rtol=1e-14, atol=1e-14 * float(want.abs().max()))
+    torch.testing.assert_close(
+        _covariances(scene.quats, scene.scales), want, rtol=1e-14, atol=1e-14 * float(want.abs().max())
+    )
 
 
 def test_anisotropic_gaussians_keep_a_quaternion_gradient():

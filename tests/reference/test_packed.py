@@ -38,7 +38,9 @@ def _run(scene, packed, **kwargs):
         sh_degree=scene.sh_degree, packed=packed, backgrounds=backgrounds, backend="reference", **kwargs,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(4)
-    loss = (colors * torch.randn(colors.shape, generator=gen)).sum() + (alphas * torch.randn(alphas.shape, generator=gen)).sum()
+    loss = (colors * torch.randn(colors.shape, generator=gen)).sum() + (
+        alphas * torch.randn(alphas.shape, generator=gen)
+    ).sum()
     loss.backward()
     grads = {name: leaf.grad for name, leaf in leaves.items()}
     grads["backgrounds"] = backgrounds.grad

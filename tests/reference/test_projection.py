@@ -64,7 +64,9 @@ def test_projection_matches_gsplat_torch_impl(seed):
 def test_jacobian_clamp_is_exercised():
     # Guard for the parity test: some kept Gaussians have |x/z| beyond the image plus margin.
     scene = _wide_scene(0)
-    ours = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height)
+    ours = project_gaussians(
+        scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height
+    )
     fx, cx = scene.Ks[:, 0, 0, None], scene.Ks[:, 0, 2, None]
     means_c = torch.einsum("cij,nj->cni", scene.viewmats[:, :3, :3], scene.means) + scene.viewmats[:, None, :3, 3]
     x_over_z = means_c[..., 0] / means_c[..., 2]
@@ -74,7 +76,9 @@ def test_jacobian_clamp_is_exercised():
 
 def test_culled_entries_are_zero():
     scene = _wide_scene(0)
-    ours = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height)
+    ours = project_gaussians(
+        scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height
+    )
     culled = ours.radii == 0
     assert bool(culled.any())
     for tensor in (ours.means2d, ours.depths, ours.conics):
@@ -86,7 +90,9 @@ def test_depth_planes_cull(near_plane, far_plane):
     scene = _wide_scene(0)
     ours = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width,
                              scene.height, near_plane=near_plane, far_plane=far_plane)  # fmt: skip
-    plain = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height)
+    plain = project_gaussians(
+        scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height
+    )
     kept_depths = plain.depths[ours.radii > 0]
     assert bool(((kept_depths >= near_plane) & (kept_depths <= far_plane)).all())
     assert int((ours.radii > 0).sum()) < int((plain.radii > 0).sum())
@@ -94,7 +100,9 @@ def test_depth_planes_cull(near_plane, far_plane):
 
 def test_radius_clip_culls_small_gaussians():
     scene = _wide_scene(1)
-    plain = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height)
+    plain = project_gaussians(
+        scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width, scene.height
+    )
     clipped = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks, scene.width,
                                 scene.height, radius_clip=3.0)  # fmt: skip
     expected = torch.where(plain.radii > 3, plain.radii, torch.zeros_like(plain.radii))
@@ -104,7 +112,9 @@ def test_radius_clip_culls_small_gaussians():
 def test_quats_to_rotmats_is_orthonormal_and_matches_gsplat():
     quats = torch.randn(64, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
     rot = quats_to_rotmats(quats)
-    torch.testing.assert_close(rot @ rot.transpose(-1, -2), torch.eye(3, dtype=torch.float64).expand(64, 3, 3), **_F64_TOL)
+    torch.testing.assert_close(
+        rot @ rot.transpose(-1, -2), torch.eye(3, dtype=torch.float64).expand(64, 3, 3), **_F64_TOL
+    )
     torch.testing.assert_close(rot, gsplat_torch._quat_to_rotmat(quats), **_F64_TOL)
 
 
@@ -115,7 +125,9 @@ def test_projection_gradients_match_gsplat_torch_impl():
     ours = project_gaussians(scene.means, scene.quats, scene.scales, scene.viewmats, scene.Ks,
                              scene.width, scene.height, calc_compensations=True)  # fmt: skip
     kept = (ours.radii > 0).detach()
-    weights = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (ours.means2d, ours.depths, ours.conics)]
+    weights = [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in (ours.means2d, ours.depths, ours.conics)
+    ]
     weight_comp = torch.randn(ours.depths.shape, generator=gen, dtype=torch.float64)
 
     def functional(means2d, depths, conics, comps):

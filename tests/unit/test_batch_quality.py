@@ -13,7 +13,13 @@ from benchmarks import bench_batch_quality as bq
 
 
 def _run(batch: int, seed: int, psnr: float) -> dict:
-    return {"batch_size": batch, "seed": seed, "final_eval_psnr": psnr, "final_gaussian_count": 100, "train_wall_s": 1.0}
+    return {
+        "batch_size": batch,
+        "seed": seed,
+        "final_eval_psnr": psnr,
+        "final_gaussian_count": 100,
+        "train_wall_s": 1.0,
+    }
 
 
 def test_summary_pairs_each_seed_with_its_own_b1_run() -> None:
@@ -55,7 +61,12 @@ def test_a_resumed_study_trains_only_the_missing_runs_and_keeps_the_finished(mon
     runs = bq.train_all(args, Path("unused"), lambda done: recorded.append(len(done)), finished)
     assert started == [(4, 1), (1, 1)]
     assert recorded == [3, 4]
-    assert [(r["batch_size"], r["seed"], r["final_eval_psnr"]) for r in runs] == [(1, 0, 20.0), (1, 1, 21.0), (4, 0, 19.0), (4, 1, 21.0)]
+    assert [(r["batch_size"], r["seed"], r["final_eval_psnr"]) for r in runs] == [
+        (1, 0, 20.0),
+        (1, 1, 21.0),
+        (4, 0, 19.0),
+        (4, 1, 21.0),
+    ]
 
 
 def test_resume_refuses_a_file_with_other_settings() -> None:

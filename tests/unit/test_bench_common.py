@@ -21,7 +21,13 @@ def test_one_rank_runs_ns_train_itself(ns_train: str) -> None:
 
 
 def test_a_module_runs_under_this_python(ns_train: str) -> None:
-    assert common.train_command(["ns-train", "distsplat"], module="benchmarks.m") == [sys.executable, "-m", "benchmarks.m", "ns-train", "distsplat"]
+    assert common.train_command(["ns-train", "distsplat"], module="benchmarks.m") == [
+        sys.executable,
+        "-m",
+        "benchmarks.m",
+        "ns-train",
+        "distsplat",
+    ]
 
 
 def test_several_ranks_run_under_torch_distributed_run_on_a_local_port(ns_train: str) -> None:

@@ -35,7 +35,10 @@ def test_too_few_cameras_are_refused() -> None:
 
 def test_the_summary_takes_each_cameras_median_and_the_repeats_deviation() -> None:
     # Times are 10 * pairs ms (+-1 ms noise on one repeat each); intersections say nothing.
-    cameras = [{"times_s": [p / 100, p / 100 + 0.001, p / 100], "intersections": 7, "composited_pairs": p} for p in (1, 2, 3, 4, 5)]
+    cameras = [
+        {"times_s": [p / 100, p / 100 + 0.001, p / 100], "intersections": 7, "composited_pairs": p}
+        for p in (1, 2, 3, 4, 5)
+    ]
     summary = cost_unit.summarise(cameras)
     assert summary["noise_ms"] == pytest.approx(0.0, abs=1e-9)  # the median deviation: 2 of 3 repeats are exact
     assert summary["fits"]["composited_pairs"]["r2"] == pytest.approx(1.0)
@@ -47,7 +50,13 @@ def test_a_bands_fixed_cost_is_the_two_band_time_over_the_whole_in_the_pairs_uni
     # 10 ms per pair; two bands take 2 ms more than the whole image: 0.2 pairs' worth, over the
     # mean image's 3 pairs.
     cameras = [
-        {"times_s": [p / 100] * 2, "two_band_times_s": [p / 100 + 0.002] * 2, "intersections": p % 2, "composited_pairs": p} for p in (1, 2, 3, 4, 5)
+        {
+            "times_s": [p / 100] * 2,
+            "two_band_times_s": [p / 100 + 0.002] * 2,
+            "intersections": p % 2,
+            "composited_pairs": p,
+        }
+        for p in (1, 2, 3, 4, 5)
     ]
     summary = cost_unit.summarise(cameras)
     assert summary["band_overhead_ms"] == pytest.approx(2.0)
@@ -63,7 +72,10 @@ def test_on_gsplat_a_bands_fixed_cost_is_in_the_intersections_unit() -> None:
     # gsplat's cameras carry intersections only (its tile_work): 10 ms per intersection, two bands
     # take 4 ms more, 0.4 intersections' worth, over the mean image's 4 intersections. No pairs
     # fit and no fit on both counts.
-    cameras = [{"times_s": [i / 100] * 2, "two_band_times_s": [i / 100 + 0.004] * 2, "intersections": i} for i in (2, 3, 4, 5, 6)]
+    cameras = [
+        {"times_s": [i / 100] * 2, "two_band_times_s": [i / 100 + 0.004] * 2, "intersections": i}
+        for i in (2, 3, 4, 5, 6)
+    ]
     summary = cost_unit.summarise(cameras)
     assert summary["work_count"] == "intersections" and set(summary["fits"]) == {"intersections"}
     assert summary["band_overhead_ms"] == pytest.approx(4.0)
@@ -73,4 +85,8 @@ def test_on_gsplat_a_bands_fixed_cost_is_in_the_intersections_unit() -> None:
 def test_on_the_reference_backend_the_work_count_is_the_composited_pairs() -> None:
     cameras = [{"times_s": [p / 100] * 2, "intersections": p % 2, "composited_pairs": p} for p in (1, 2, 3, 4)]
     summary = cost_unit.summarise(cameras)
-    assert summary["work_count"] == "composited_pairs" and set(summary["fits"]) == {"intersections", "composited_pairs", "both"}
+    assert summary["work_count"] == "composited_pairs" and set(summary["fits"]) == {
+        "intersections",
+        "composited_pairs",
+        "both",
+    }

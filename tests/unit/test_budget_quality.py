@@ -26,4 +26,6 @@ def test_verdicts_compare_each_seeds_pair() -> None:
     ]
     got = verdicts(rows, 100, 4)
     assert got["1"]["grew_to_3x_n1"] and got["1"]["higher_psnr"] and got["1"]["psnr_gain_db"] == pytest.approx(0.5)
-    assert not got["2"]["grew_to_3x_n1"] and not got["2"]["higher_psnr"] and got["2"]["ratio_to_n1"] == pytest.approx(2.99)
+    assert (
+        not got["2"]["grew_to_3x_n1"] and not got["2"]["higher_psnr"] and got["2"]["ratio_to_n1"] == pytest.approx(2.99)
+    )

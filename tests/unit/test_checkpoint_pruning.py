@@ -20,7 +20,9 @@ NO_OPTIMIZERS = SimpleNamespace(optimizers={}, schedulers={})
 
 
 def _save(directory: Path, step: int, keep_only_latest: bool = True) -> Path:
-    return save_checkpoint_atomic(directory, step, {"w": torch.full((2,), float(step))}, NO_OPTIMIZERS, {}, {}, keep_only_latest=keep_only_latest)
+    return save_checkpoint_atomic(
+        directory, step, {"w": torch.full((2,), float(step))}, NO_OPTIMIZERS, {}, {}, keep_only_latest=keep_only_latest
+    )
 
 
 def test_saving_an_older_step_deletes_nothing(tmp_path: Path) -> None:
@@ -36,7 +38,9 @@ def test_saving_a_newer_step_deletes_the_older_ones(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.glob("step-*.ckpt")] == ["step-000000020.ckpt"]
 
 
-def test_older_checkpoint_is_deleted_only_after_file_and_folder_are_fsynced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_older_checkpoint_is_deleted_only_after_file_and_folder_are_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _save(tmp_path, 10)
     events: list[str] = []
     real_fsync, real_unlink = os.fsync, Path.unlink

@@ -18,7 +18,9 @@ from distsplat_ns.parallel.shard_checkpoint import IDS_KEY, _read, consolidate_p
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 1000])
-def test_chunked_read_puts_every_row_at_its_ids_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_rows: int) -> None:
+def test_chunked_read_puts_every_row_at_its_ids_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_rows: int
+) -> None:
     gen = torch.Generator().manual_seed(3)
     num = 50
     ids = torch.randperm(num, generator=gen)
@@ -42,7 +44,9 @@ def test_chunked_read_puts_every_row_at_its_ids_place(tmp_path: Path, monkeypatc
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 1000])
-def test_consolidation_writes_every_parameter_at_its_ids_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_rows: int) -> None:
+def test_consolidation_writes_every_parameter_at_its_ids_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_rows: int
+) -> None:
     # The streamed consolidation (parallel/streamed_file.py) against the read of the same rows.
     gen = torch.Generator().manual_seed(5)
     num = 50

@@ -297,7 +297,9 @@ def test_state_dict_round_trip_restores_measured_flags():
 
 def test_state_dict_holds_cpu_torch_tensors():
     state = _mixed_history().state_dict()
-    assert {key: (value.dtype, value.device.type) for key, value in state.items() if isinstance(value, torch.Tensor)} == {
+    assert {
+        key: (value.dtype, value.device.type) for key, value in state.items() if isinstance(value, torch.Tensor)
+    } == {
         "row_counts": (torch.int64, "cpu"),
         "values": (torch.float64, "cpu"),
         "measured": (torch.bool, "cpu"),
@@ -456,7 +458,9 @@ def _brute_force_footprint(means2d, radii_xy, height, width, tile_size):
 
 def _random_gaussians(num, height, width, seed, anisotropic):
     generator = torch.Generator().manual_seed(seed)
-    means2d = torch.rand(num, 2, generator=generator) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor([width * 0.2, height * 0.2])
+    means2d = torch.rand(num, 2, generator=generator) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor(
+        [width * 0.2, height * 0.2]
+    )
     shape = (num, 2) if anisotropic else (num,)
     radii = torch.randint(-2, 40, shape, generator=generator)  # <= 0: culled
     return means2d, radii
@@ -478,7 +482,9 @@ def test_footprint_row_costs_has_one_entry_per_tile_row():
 
 
 def test_footprint_row_costs_of_no_gaussians_are_zero():
-    assert torch.equal(footprint_row_costs(torch.zeros(0, 2), torch.zeros(0), 64, 64), torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(
+        footprint_row_costs(torch.zeros(0, 2), torch.zeros(0), 64, 64), torch.zeros(4, dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize(

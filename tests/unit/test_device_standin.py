@@ -31,7 +31,9 @@ def test_tensors_made_on_cuda_are_device_tensors_with_their_values(standin) -> N
 def test_host_tensor_indexed_by_a_device_mask_fails_with_cudas_message_and_the_place(standin) -> None:
     ids = torch.arange(5)  # made on the host, as the Gaussians' ids were at e5e3934
     mask = torch.zeros(5, dtype=torch.bool, device="cuda")
-    with pytest.raises(StandinDeviceError, match=r"indices should be either on cpu or on the same device as the indexed tensor \(cpu\)") as err:
+    with pytest.raises(
+        StandinDeviceError, match=r"indices should be either on cpu or on the same device as the indexed tensor \(cpu\)"
+    ) as err:
         ids[mask]
     assert INDEX_MESSAGE in str(err.value) and "test_device_standin.py" in str(err.value)
 

@@ -52,9 +52,15 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("docs/device_standin.md", "cameras.to"): "nerfstudio's Cameras.to, named by its object",
     ("README.md", "benchmarks.NAME"): "a placeholder for any benchmark's name",
     ("docs/sharded.md", "benchmarks/ns_train_timed_save.py"): "history: the script until commit 26c8da5, named as such",
-    ("docs/host_cost.md", "routing.py:footprint_touches_rows"): "history: a dated result section (2026-12-05) names the function as it was",
+    (
+        "docs/host_cost.md",
+        "routing.py:footprint_touches_rows",
+    ): "history: a dated result section (2026-12-05) names the function as it was",
     ("docs/host_cost.md", "StepPlan.cuts_an_image"): "history: how W = 4 exchanged halos before commit 1721777",
-    ("docs/sharded.md", "benchmarks.bench_initial_draw"): "history: the script is named with its `git show` commit on the same line",
+    (
+        "docs/sharded.md",
+        "benchmarks.bench_initial_draw",
+    ): "history: the script is named with its `git show` commit on the same line",
     # nerfstudio's files, which docs/data.md compares against (its utils/ and datasets/, not ours).
     ("docs/data.md", "utils/dataloaders.py"): "nerfstudio's nerfstudio/data/utils/dataloaders.py",
     ("docs/data.md", "utils/data_utils.py"): "nerfstudio's nerfstudio/data/utils/data_utils.py",
@@ -122,7 +128,12 @@ def _members(cls: ast.ClassDef, seen: frozenset[str] = frozenset()) -> set[str]:
     """Methods, class attributes and `self.` attributes of a class and of its bases in the repository."""
     names = set(_top_names(ast.Module(body=cls.body, type_ignores=[])))
     for node in ast.walk(cls):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" and isinstance(node.ctx, ast.Store):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and isinstance(node.ctx, ast.Store)
+        ):
             names.add(node.attr)
     for base in cls.bases:
         base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
@@ -169,7 +180,9 @@ def _module_files(dotted_head: list[str]) -> list[Path]:
     if dotted_head[0] == "benchmarks":
         candidates = [REPO.joinpath(*parts)]
     else:
-        candidates = [PKG.joinpath(*parts)] if len(parts) > 1 else [p.with_suffix("") for p in _files_named(f"{parts[0]}.py")]
+        candidates = (
+            [PKG.joinpath(*parts)] if len(parts) > 1 else [p.with_suffix("") for p in _files_named(f"{parts[0]}.py")]
+        )
         candidates += [PKG.joinpath(*parts)]
     files = []
     for c in candidates:
@@ -276,7 +289,9 @@ def references(text: str) -> list[tuple[int, str, str | None]]:
             path = m["path"].rstrip(".,;:")
             if not _is_checked_path(path) or any(path in h for h in history):
                 continue
-            found.append((line_of(offset + m.start()), path, None if _resolve_path(path) else f"no file or folder {path}"))
+            found.append(
+                (line_of(offset + m.start()), path, None if _resolve_path(path) else f"no file or folder {path}")
+            )
     for m in _LINK.finditer(prose):
         target = m.group(1)
         if "://" in target or target.startswith("mailto:"):

@@ -40,7 +40,12 @@ def test_run_failure_is_reported_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    "error", [ValueError("shapes [3, 4] and [3, 5] differ"), IndexError("index 7 is out of bounds"), AssertionError("internal invariant")]
+    "error",
+    [
+        ValueError("shapes [3, 4] and [3, 5] differ"),
+        IndexError("index 7 is out of bounds"),
+        AssertionError("internal invariant"),
+    ],
 )
 def test_internal_errors_keep_their_type_and_traceback(error: BaseException) -> None:
     with pytest.raises(type(error)) as info:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.distributed.collectives import NonFiniteGradientError, gradients_finite, nonfinite_verdict, raise_if_nonfinite
+from distsplat_ns.distributed.collectives import (
+    NonFiniteGradientError,
+    gradients_finite,
+    nonfinite_verdict,
+    raise_if_nonfinite,
+)
 
 
 def _params(*grads):

@@ -59,7 +59,11 @@ def test_float64_optimizers_raise_the_eps_of_the_gaussian_parameters_only() -> N
     out = float64_optimizer_configs(configs)
     assert set(GAUSSIAN_PARAM_GROUPS) <= set(configs), "splatfacto's groups were renamed"
     for name in configs:
-        expected = max(FLOAT64_ADAM_EPS, configs[name]["optimizer"].eps) if name in GAUSSIAN_PARAM_GROUPS else configs[name]["optimizer"].eps
+        expected = (
+            max(FLOAT64_ADAM_EPS, configs[name]["optimizer"].eps)
+            if name in GAUSSIAN_PARAM_GROUPS
+            else configs[name]["optimizer"].eps
+        )
         assert out[name]["optimizer"].eps == expected, name
     assert FLOAT64_ADAM_EPS == 1e-8 and out["camera_opt"]["optimizer"].eps == configs["camera_opt"]["optimizer"].eps
     assert configs["quats"]["optimizer"].eps == 1e-15, "the input configuration was changed"

@@ -13,7 +13,8 @@ from tests.helpers.model_factory import make_model
 
 
 @pytest.mark.parametrize(
-    ("mode", "rank", "expected"), [(ReplicatedMode, 0, True), (ReplicatedMode, 1, False), (ShardedMode, 0, True), (ShardedMode, 1, True)]
+    ("mode", "rank", "expected"),
+    [(ReplicatedMode, 0, True), (ReplicatedMode, 1, False), (ShardedMode, 0, True), (ShardedMode, 1, True)],
 )
 def test_eval_runs_on_rank0_replicated_and_on_every_rank_sharded(mode: type, rank: int, expected: bool) -> None:
     ctx = SimpleNamespace(rank=rank, is_main=rank == 0, world_size=2, is_distributed=True)

@@ -34,7 +34,9 @@ def test_shell_script_parses(script: str) -> None:
 
 
 def test_gpu_check_without_outdir_prints_usage_and_exits_2() -> None:
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh")], capture_output=True, text=True, cwd=ROOT, check=False)
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh")], capture_output=True, text=True, cwd=ROOT, check=False
+    )
     assert result.returncode == 2 and "usage" in result.stderr
 
 
@@ -78,7 +80,13 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
         env["GPU_CHECK_INSTALL"] = "1"
     out = tmp_path / "out"
     result = subprocess.run(
-        ["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=60, check=False
+        ["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     steps = json.loads((out / "summary.json").read_text())["steps"]
@@ -164,7 +172,9 @@ PINS = [("foo", "1.0"), ("bar-baz", "2.0")]
 
 
 def test_complete_wheel_folder_is_ok_and_sized(tmp_path: Path) -> None:
-    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, ["foo-1.0-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"]))
+    result = bench.check_wheels(
+        PINS, _wheel_dir(tmp_path, ["foo-1.0-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"])
+    )
     assert result["ok"] and result["total_bytes"] == 20
 
 
@@ -180,7 +190,9 @@ def test_wheel_folder_with_two_versions_of_a_project_is_not_ok(tmp_path: Path) -
 
 
 def test_wheel_folder_with_wrong_version_is_not_ok(tmp_path: Path) -> None:
-    result = bench.check_wheels(PINS, _wheel_dir(tmp_path, ["foo-0.9-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"]))
+    result = bench.check_wheels(
+        PINS, _wheel_dir(tmp_path, ["foo-0.9-py3-none-any.whl", "bar_baz-2.0-py3-none-any.whl"])
+    )
     assert not result["ok"] and result["wrong_version"] == ["foo: want 1.0, have 0.9"]
 
 
@@ -203,7 +215,10 @@ def test_record_step_replaces_a_step_and_keeps_the_others(tmp_path: Path) -> Non
     bench.record_step(path, "tests", "ok", 2.0, "y", dry_run=False)
     bench.record_step(path, "install", "ok", 3.0, "z", dry_run=False)
     steps = json.loads(path.read_text())["steps"]
-    assert steps == {"install": {"status": "ok", "seconds": 3.0, "detail": "z"}, "tests": {"status": "ok", "seconds": 2.0, "detail": "y"}}
+    assert steps == {
+        "install": {"status": "ok", "seconds": 3.0, "detail": "z"},
+        "tests": {"status": "ok", "seconds": 2.0, "detail": "y"},
+    }
 
 
 def test_record_step_keeps_dry_run_once_set(tmp_path: Path) -> None:
@@ -249,7 +264,9 @@ def test_splatfacto_args_match_distsplat_args_except_batch_size(tmp_path: Path) 
 
 def test_both_methods_train_the_same_number_of_images(tmp_path: Path) -> None:
     args = bench.ns_train_args(_run("d", "distsplat", 4, 2000), tmp_path, Path("scene"), "cuda")
-    assert args[args.index("--max-num-iterations") + 1] == "2000" and args[args.index("--pipeline.batch-size") + 1] == "4"
+    assert (
+        args[args.index("--max-num-iterations") + 1] == "2000" and args[args.index("--pipeline.batch-size") + 1] == "4"
+    )
 
 
 def test_splatfacto_with_a_batch_size_is_rejected(tmp_path: Path) -> None:
@@ -259,7 +276,9 @@ def test_splatfacto_with_a_batch_size_is_rejected(tmp_path: Path) -> None:
 
 def test_two_process_run_goes_through_torchrun_unpatched(tmp_path: Path) -> None:
     # The GPU sharing is distsplat's own (--dist-backend auto -> gloo), not a launcher patch.
-    cmd = bench.launch_command(_run("two", num_procs=2), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
+    cmd = bench.launch_command(
+        _run("two", num_procs=2), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py"
+    )
     assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     assert "--dist-backend" not in cmd
 
@@ -284,7 +303,10 @@ def test_step_stats_of_no_steps_say_so() -> None:
 
 
 def _ok(step_s: float, batch: int) -> dict:
-    return {"status": "ok", "measurements": {"step_time_s_mean": step_s, "images_per_s": batch / step_s, "final_psnr": 20.0}}
+    return {
+        "status": "ok",
+        "measurements": {"step_time_s_mean": step_s, "images_per_s": batch / step_s, "final_psnr": 20.0},
+    }
 
 
 def test_comparison_passes_when_targets_are_met() -> None:
@@ -311,9 +333,13 @@ def test_comparison_of_a_dry_run_is_never_a_verdict() -> None:
 
 
 def test_splatfacto_on_cpu_renders_with_the_reference_rasterizer(tmp_path: Path) -> None:
-    cmd = bench.launch_command(_run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cpu", python="py")
+    cmd = bench.launch_command(
+        _run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cpu", python="py"
+    )
     assert "--cpu-reference-renderer" in cmd[: cmd.index("--")]
-    on_gpu = bench.launch_command(_run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py")
+    on_gpu = bench.launch_command(
+        _run("s", "splatfacto"), tmp_path / "r.json", tmp_path, Path("scene"), "cuda", python="py"
+    )
     assert "--cpu-reference-renderer" not in on_gpu
     distsplat = bench.launch_command(_run("d"), tmp_path / "r.json", tmp_path, Path("scene"), "cpu", python="py")
     assert "--cpu-reference-renderer" not in distsplat
@@ -379,7 +405,14 @@ def _cfg(tmp_path: Path, previous: dict) -> bench.BenchConfig:
 
 
 def _previous(status: str, num_images: int = 8) -> dict:
-    record = {"name": "distsplat_b1", "method": "distsplat", "batch_size": 1, "num_images": num_images, "num_procs": 1, "status": status}
+    record = {
+        "name": "distsplat_b1",
+        "method": "distsplat",
+        "batch_size": 1,
+        "num_images": num_images,
+        "num_procs": 1,
+        "status": status,
+    }
     return {"dry_run": False, "device": "cuda", "data": "scene", "runs": {"distsplat_b1": record}}
 
 

@@ -76,7 +76,14 @@ def test_uncapped_allocation_matches_capped_with_room() -> None:
     dup, split = torch.tensor([7, 3]), torch.tensor([9])
     plain = allocate_child_ids(100, dup, split, gather_local)
     capped = allocate_child_ids(
-        100, dup, split, gather_local, caps=GrowthCaps(max_gaussians=10**6), dup_scores=torch.rand(2), split_scores=torch.rand(1), num_held=50
+        100,
+        dup,
+        split,
+        gather_local,
+        caps=GrowthCaps(max_gaussians=10**6),
+        dup_scores=torch.rand(2),
+        split_scores=torch.rand(1),
+        num_held=50,
     )
     assert torch.equal(plain.dup, capped.dup) and torch.equal(plain.split, capped.split)
     assert capped.dup_kept.all() and capped.split_kept.all() and capped.num_before == 50
@@ -104,7 +111,9 @@ def test_set_cap_refuses_a_negative_count() -> None:
 def test_mcmc_adds_up_to_max_gaussians_below_max_gs_num() -> None:
     from tests.helpers.model_factory import make_model
 
-    model = make_model(1, num_points=60, strategy="mcmc", warmup_length=1, refine_every=2, stop_split_at=100, max_gs_num=1000)
+    model = make_model(
+        1, num_points=60, strategy="mcmc", warmup_length=1, refine_every=2, stop_split_at=100, max_gs_num=1000
+    )
     model.densifier.set_cap(61)  # 5% would add 3 (63), max_gs_num allows them: the cap keeps 1
     optimizers = {k: torch.optim.Adam([p], lr=1e-3) for k, p in model.gauss_params.items()}
     model.densifier.after_optimizer(model.rows.bound(optimizers), 2, None, gather_local)

@@ -19,7 +19,9 @@ from distsplat_ns.rendering.gsplat_versions import GsplatApi, gsplat_api, parse_
 from tests.helpers.scenes import random_scene
 
 
-@pytest.mark.parametrize("text, want", [("1.4.0", (1, 4, 0)), ("1.5.3", (1, 5, 3)), ("1.5.3+cu124", (1, 5, 3)), ("1.10.0.dev1", (1, 10, 0))])
+@pytest.mark.parametrize(
+    "text, want", [("1.4.0", (1, 4, 0)), ("1.5.3", (1, 5, 3)), ("1.5.3+cu124", (1, 5, 3)), ("1.10.0.dev1", (1, 10, 0))]
+)
 def test_parse_version(text, want):
     assert parse_version(text) == want
 
@@ -37,7 +39,13 @@ def test_older_than_the_tested_range_is_refused():
 
 @pytest.mark.parametrize(
     "version, per_axis, image_ids",
-    [("1.4.0", False, False), ("1.4.9", False, False), ("1.5.0", True, False), ("1.5.2", True, False), ("1.5.3", True, True)],
+    [
+        ("1.4.0", False, False),
+        ("1.4.9", False, False),
+        ("1.5.0", True, False),
+        ("1.5.2", True, False),
+        ("1.5.3", True, True),
+    ],
 )
 def test_each_difference_starts_at_its_release(version, per_axis, image_ids):
     api = gsplat_api(version)
@@ -77,11 +85,15 @@ def test_table_matches_the_installed_gsplat():
     gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
     api = gsplat_backend._api()
     assert api.version == parse_version(gsplat.__version__)
-    assert set(api.isect_ids_kwargs(2, torch.zeros(3, dtype=torch.int32))) <= set(inspect.signature(gsplat.isect_tiles).parameters)
+    assert set(api.isect_ids_kwargs(2, torch.zeros(3, dtype=torch.int32))) <= set(
+        inspect.signature(gsplat.isect_tiles).parameters
+    )
 
     scene = random_scene(num_gaussians=30, num_cameras=2, width=40, height=32, seed=1)
     covars, _ = gsplat_torch._quat_scale_to_covar_preci(scene.quats, scene.scales, compute_preci=False)
-    radii, means2d, depths, _, _ = gsplat_torch._fully_fused_projection(scene.means, covars, scene.viewmats, scene.Ks, scene.width, scene.height)
+    radii, means2d, depths, _, _ = gsplat_torch._fully_fused_projection(
+        scene.means, covars, scene.viewmats, scene.Ks, scene.width, scene.height
+    )
     contract = api.radii_to_contract(radii)
     assert contract.shape == (2, 30)  # the package's contract on every release: [C, N]
     assert int((contract > 0).sum()) > 0

@@ -22,7 +22,11 @@ def _points(num: int, with_colours: bool = True) -> tuple[torch.Tensor, torch.Te
     gen = torch.Generator().manual_seed(num)
     xyz = torch.randn(num, 3, generator=gen)
     xyz[num // 2] = xyz[0]  # a repeated position: its nearest distance is 0 from either twin
-    rgb = (torch.rand(num, 3, generator=gen) * 255).to(torch.uint8) if with_colours else torch.zeros((0, 3), dtype=torch.uint8)
+    rgb = (
+        (torch.rand(num, 3, generator=gen) * 255).to(torch.uint8)
+        if with_colours
+        else torch.zeros((0, 3), dtype=torch.uint8)
+    )
     return xyz, rgb
 
 
@@ -44,7 +48,10 @@ def test_the_whole_draw_is_splatfactos(overrides: dict, points: tuple | None, mo
     config = SplatfactoModelConfig(**overrides)
     torch.manual_seed(11)
     theirs = config.setup(
-        scene_box=SceneBox(aabb=torch.tensor([[-1.0] * 3, [1.0] * 3])), num_train_data=2, metadata={}, seed_points=points
+        scene_box=SceneBox(aabb=torch.tensor([[-1.0] * 3, [1.0] * 3])),
+        num_train_data=2,
+        metadata={},
+        seed_points=points,
     ).gauss_params
     after_theirs = torch.rand(4)
     torch.manual_seed(11)

@@ -80,7 +80,10 @@ def test_rejects_non_int64_ids() -> None:
 
 # ---------------------------------------------------------------------- the device generator
 _IDS = torch.cat(
-    [torch.randperm(50_000, generator=torch.Generator().manual_seed(1))[:4000] * 7919, torch.tensor([0, 1, (1 << 38) - 1, (1 << 62) + 3])]
+    [
+        torch.randperm(50_000, generator=torch.Generator().manual_seed(1))[:4000] * 7919,
+        torch.tensor([0, 1, (1 << 38) - 1, (1 << 62) + 3]),
+    ]
 )
 
 
@@ -103,7 +106,9 @@ def test_keyed_normal_is_built_from_keyed_bits() -> None:
     bits = keyed_bits(42, 300, _IDS, 6) >> np.uint64(11)
     u1 = (bits[:, 0::2].astype(np.float64) + 1.0) * 2.0**-53
     u2 = bits[:, 1::2].astype(np.float64) * 2.0**-53
-    assert torch.equal(keyed_normal(42, 300, _IDS, 3), torch.from_numpy(np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)))
+    assert torch.equal(
+        keyed_normal(42, 300, _IDS, 3), torch.from_numpy(np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2))
+    )
 
 
 def test_device_uniforms_equal_numpys_bitwise() -> None:
@@ -150,7 +155,9 @@ def test_device_draws_never_read_a_value_back() -> None:
     assert keyed_normal_device(1, 2, _IDS.to("meta"), 3, stream=1).shape == (len(_IDS), 3)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"draws": -1}, "draws"), ({"stream": -2}, "stream"), ({"draws": 2.0}, "draws")])
+@pytest.mark.parametrize(
+    "kwargs, match", [({"draws": -1}, "draws"), ({"stream": -2}, "stream"), ({"draws": 2.0}, "draws")]
+)
 def test_device_generator_refuses_bad_arguments(kwargs: dict, match: str) -> None:
     from distsplat_ns.utils.keyed_random import keyed_bits_device
 

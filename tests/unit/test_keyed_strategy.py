@@ -126,7 +126,9 @@ def test_decisions_equal_gsplats_default_strategy(dtype: torch.dtype) -> None:
     densifier = make_densifier(3 * N)
     is_dupli, is_split = grow_masks(densifier.thresholds, densifier.schedule, theirs[0], theirs[2], step)
     assert bool((is_dupli & is_split).any()), "a Gaussian both duplicated and split (2D size) must be covered"
-    reference = DefaultStrategy(**THRESHOLDS, refine_scale2d_stop_iter=SCHEDULE.refine_scale2d_stop_iter, reset_every=SCHEDULE.reset_every)
+    reference = DefaultStrategy(
+        **THRESHOLDS, refine_scale2d_stop_iter=SCHEDULE.refine_scale2d_stop_iter, reset_every=SCHEDULE.reset_every
+    )
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # as DefaultDensifier.after_optimizer: gsplat's ops build tensors in it
     try:
@@ -167,7 +169,9 @@ def test_split_children_sit_at_the_keyed_offsets(dtype: torch.dtype) -> None:
     q = torch.nn.functional.normalize(parents["quats"].double(), dim=-1)
     from gsplat.utils import normalized_quat_to_rotmat
 
-    expected = parents["means"].double() + torch.einsum("nij,nj,bnj->bni", normalized_quat_to_rotmat(q), parents["scales"].double().exp(), z)
+    expected = parents["means"].double() + torch.einsum(
+        "nij,nj,bnj->bni", normalized_quat_to_rotmat(q), parents["scales"].double().exp(), z
+    )
     # float32: rounding of s, R and the sum (a few ulp of |mean| ~ 1, i.e. ~1e-6); float64: ~1e-15.
     atol = 1e-5 if dtype == torch.float32 else 1e-12
     assert torch.allclose(children.double(), expected, atol=atol, rtol=0)
@@ -210,7 +214,9 @@ def test_model_refine_numbers_new_gaussians_over_all_ranks(param_dtype: str) -> 
         return [rows, other]
 
     info = batch_info(grads, grads.abs(), radii, WIDTH, HEIGHT)
-    model.densifier.after_optimizer(model.rows.bound(optimizers), _first_refine_step(model.densifier.schedule), info, gather)
+    model.densifier.after_optimizer(
+        model.rows.bound(optimizers), _first_refine_step(model.densifier.schedule), info, gather
+    )
     assert len(gathered) == 1
     num_dup, num_split = int((gathered[0][:, 1] == 0).sum()), int((gathered[0][:, 1] == 1).sum())
     assert num_dup > 0 and num_split > 0

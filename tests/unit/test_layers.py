@@ -218,9 +218,20 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (8, "registry.py", ("registry.py",)),
 )
 #: The entries that never import nerfstudio (the pure floors; undistort.py's lazy import is below).
-NERFSTUDIO_FREE = {(1, "__init__.py"), (1, "utils/"), (2, "balance/"), (2, "data/"), (2, "distributed/"), (3, "rendering/")}
+NERFSTUDIO_FREE = {
+    (1, "__init__.py"),
+    (1, "utils/"),
+    (2, "balance/"),
+    (2, "data/"),
+    (2, "distributed/"),
+    (3, "rendering/"),
+}
 ALL_MODULES = sorted(PKG.rglob("*.py"))
-_FLOOR_OF = {(folder if folder.endswith("/") else "") + name: (floor, folder) for floor, folder, names in FLOORS for name in names}
+_FLOOR_OF = {
+    (folder if folder.endswith("/") else "") + name: (floor, folder)
+    for floor, folder, names in FLOORS
+    for name in names
+}
 
 
 def _layer(path: Path) -> int:
@@ -307,13 +318,17 @@ LAZY_NERFSTUDIO = {"data/undistort.py": {"nerfstudio.cameras.camera_utils"}}
 def test_pure_layers_do_not_import_nerfstudio(path: Path) -> None:
     allowed = LAZY_NERFSTUDIO.get(path.relative_to(PKG).as_posix(), set())
     top = [n for n in ast.parse(path.read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    top_names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {n.module or "" for n in top if isinstance(n, ast.ImportFrom)}
+    top_names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | {
+        n.module or "" for n in top if isinstance(n, ast.ImportFrom)
+    }
     assert not any(n.split(".")[0] == "nerfstudio" for n in top_names)
     assert not any(n.split(".")[0] == "nerfstudio" and n not in allowed for n in _imports(path))
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in PKG.rglob("*.py") if p.name not in ("gsplat_backend.py", "strategy.py")], ids=lambda p: str(p.relative_to(PKG))
+    "path",
+    [p for p in PKG.rglob("*.py") if p.name not in ("gsplat_backend.py", "strategy.py")],
+    ids=lambda p: str(p.relative_to(PKG)),
 )
 def test_gsplat_imported_only_in_its_two_modules(path: Path) -> None:
     # The module-level import is forbidden everywhere else; the two allowed modules import lazily.

@@ -20,12 +20,16 @@ def _images(seed: int, height: int = 45, width: int = 37) -> tuple[torch.Tensor,
 
 def test_ssim_map_mean_equals_pytorch_msssim() -> None:
     gt, pred = _images(0)
-    reference = SSIM(data_range=1.0, size_average=True, channel=3)(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+    reference = SSIM(data_range=1.0, size_average=True, channel=3)(
+        gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None]
+    )
     # float64 on both sides: the only difference is summation order (1e-12 is far above float64 rounding).
     assert torch.allclose(ssim_map(gt, pred).mean(), reference, atol=1e-12)
 
 
-@pytest.mark.parametrize("cuts", [[0, 45], [0, 16, 45], [0, 16, 32, 45], [0, 7, 8, 40, 45], [0, 36, 45], [0, 1, 44, 45]])
+@pytest.mark.parametrize(
+    "cuts", [[0, 45], [0, 16, 45], [0, 16, 32, 45], [0, 7, 8, 40, 45], [0, 36, 45], [0, 1, 44, 45]]
+)
 def test_band_shares_sum_to_whole_image_loss(cuts: list[int]) -> None:
     gt, pred = _images(1)
     height = gt.shape[0]
@@ -44,7 +48,9 @@ def test_band_shares_sum_to_whole_image_loss(cuts: list[int]) -> None:
 def test_whole_image_band_loss_is_splatfactos_loss_terms() -> None:
     gt, pred = _images(2)
     l1, dssim = band_loss(pred, gt, 0, gt.shape[0], gt.shape[0])
-    reference_ssim = SSIM(data_range=1.0, size_average=True, channel=3)(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+    reference_ssim = SSIM(data_range=1.0, size_average=True, channel=3)(
+        gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None]
+    )
     assert torch.allclose(l1, (gt - pred).abs().mean(), rtol=1e-12)
     assert torch.allclose(dssim, 1 - reference_ssim, rtol=1e-10)
 
@@ -75,7 +81,9 @@ def _msssim_dssim(gt: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
     """splatfacto's ``1 - SSIM`` term, through pytorch_msssim exactly as splatfacto calls it (it
     warns that it skips the smoothing of a dimension under the window, and trains on)."""
     with pytest.warns(UserWarning, match="Skipping Gaussian Smoothing"):
-        return 1 - SSIM(data_range=1.0, size_average=True, channel=3)(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None])
+        return 1 - SSIM(data_range=1.0, size_average=True, channel=3)(
+            gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None]
+        )
 
 
 @pytest.mark.parametrize(("height", "width"), [(10, 15), (15, 10), (9, 14), (4, 4), (2, 30)])
@@ -89,7 +97,9 @@ def test_tiny_image_loss_is_splatfactos(height: int, width: int) -> None:
     assert torch.allclose(l1, (gt - pred).abs().mean(), rtol=1e-12)
 
 
-@pytest.mark.parametrize(("height", "cuts"), [(10, [0, 3, 10]), (10, [0, 1, 2, 9, 10]), (9, [0, 4, 9]), (15, [0, 3, 15])])
+@pytest.mark.parametrize(
+    ("height", "cuts"), [(10, [0, 3, 10]), (10, [0, 1, 2, 9, 10]), (9, [0, 4, 9]), (15, [0, 3, 15])]
+)
 def test_tiny_image_band_shares_sum_to_splatfactos_loss(height: int, cuts: list[int]) -> None:
     """Bands of an image under the window own their own map rows (no halo) and still sum to the
     whole image's loss, with gradients; 15 rows checks a short image that is filtered (halo 10)."""

@@ -24,9 +24,23 @@ from distsplat_ns.gaussians.mcmc import (
     mcmc_step_post_backward,
     relocation_opacity_scale,
 )
-from distsplat_ns.gaussians.mcmc_draws import STREAM_ADD, STREAM_RELOCATE, draw_by_weight, gather_weight_table, opacity_weights
+from distsplat_ns.gaussians.mcmc_draws import (
+    STREAM_ADD,
+    STREAM_RELOCATE,
+    draw_by_weight,
+    gather_weight_table,
+    opacity_weights,
+)
 from distsplat_ns.utils.keyed_random import keyed_normal_device
-from tests.helpers.mcmc_shards import FIRST_ID, PARTITIONS, gaussians_by_id, mcmc_gaussians, mcmc_sequence, run_ranks, shards_of
+from tests.helpers.mcmc_shards import (
+    FIRST_ID,
+    PARTITIONS,
+    gaussians_by_id,
+    mcmc_gaussians,
+    mcmc_sequence,
+    run_ranks,
+    shards_of,
+)
 from tests.helpers.strategy_shards import SEED, N, as_rows
 
 MIN_OPACITY = 0.005
@@ -67,9 +81,22 @@ def test_relocation_removes_the_dead_and_numbers_copies_by_draw() -> None:
     ids = state["gauss_ids"].clone()
     dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
     table = gather_weight_table(ids, opacity_weights(params["opacities"]), dead, gather_local)
-    draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
+    draws = draw_by_weight(
+        table.ids,
+        torch.where(table.dead, 0, table.weights),
+        int(dead.sum()),
+        seed=SEED,
+        step=600,
+        stream=STREAM_RELOCATE,
+    )
     event = mcmc_event(
-        as_rows(params, optimizers, state, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local
+        as_rows(params, optimizers, state, ()),
+        step=600,
+        seed=SEED,
+        next_id=FIRST_ID,
+        cap_max=N,
+        min_opacity=MIN_OPACITY,
+        gather=gather_local,
     )
     assert event.num_relocated == int(dead.sum()) > 0 and event.num_added == 0 and event.num_gaussians == N
     after = state["gauss_ids"]
@@ -81,7 +108,9 @@ def test_relocation_removes_the_dead_and_numbers_copies_by_draw() -> None:
     for j, source in enumerate(draws.source_ids.tolist()):  # a copy is its (updated) source
         for k, p in params.items():
             assert torch.equal(p[rows[FIRST_ID + j]], p[rows[source]]), (j, k)
-            assert not bool(optimizers[k].state[p]["exp_avg"][rows[source]].any()), "relocation zeroes a source's moments"
+            assert not bool(optimizers[k].state[p]["exp_avg"][rows[source]].any()), (
+                "relocation zeroes a source's moments"
+            )
             assert not bool(optimizers[k].state[p]["exp_avg"][rows[FIRST_ID + j]].any())
 
 
@@ -105,11 +134,26 @@ def test_relocation_equals_gsplats_relocate_given_the_same_draws(monkeypatch: py
     ids = ours[2]["gauss_ids"].clone()
     dead = torch.sigmoid(ours[0]["opacities"].detach().flatten()) <= MIN_OPACITY
     table = gather_weight_table(ids, opacity_weights(ours[0]["opacities"]), dead, gather_local)
-    draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
+    draws = draw_by_weight(
+        table.ids,
+        torch.where(table.dead, 0, table.weights),
+        int(dead.sum()),
+        seed=SEED,
+        step=600,
+        stream=STREAM_RELOCATE,
+    )
     source_rows = torch.tensor([int(torch.nonzero(ids == s)) for s in draws.source_ids.tolist()])
     alive = torch.nonzero(~dead).flatten()
     _patched_gsplat_op(monkeypatch, torch.searchsorted(alive, source_rows), "relocate", theirs[0], theirs[1], mask=dead)
-    mcmc_event(as_rows(*ours, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    mcmc_event(
+        as_rows(*ours, ()),
+        step=600,
+        seed=SEED,
+        next_id=FIRST_ID,
+        cap_max=N,
+        min_opacity=MIN_OPACITY,
+        gather=gather_local,
+    )
     # gsplat overwrites dead row j with draw j's copy: there, id FIRST_ID + j is at dead row j.
     their_ids = ids.clone()
     their_ids[torch.nonzero(dead).flatten()] = FIRST_ID + torch.arange(int(dead.sum()))
@@ -131,12 +175,22 @@ def test_addition_equals_gsplats_sample_add_given_the_same_draws(monkeypatch: py
         ours[0]["opacities"].clamp_(min=-4.0)  # nothing dead: the event only adds
     theirs = copy.deepcopy(ours)
     ids = ours[2]["gauss_ids"].clone()
-    table = gather_weight_table(ids, opacity_weights(ours[0]["opacities"]), torch.zeros(N, dtype=torch.bool), gather_local)
+    table = gather_weight_table(
+        ids, opacity_weights(ours[0]["opacities"]), torch.zeros(N, dtype=torch.bool), gather_local
+    )
     num_added = int(1.05 * N) - N
     draws = draw_by_weight(table.ids, table.weights, num_added, seed=SEED, step=600, stream=STREAM_ADD)
     source_rows = torch.tensor([int(torch.nonzero(ids == s)) for s in draws.source_ids.tolist()])
     _patched_gsplat_op(monkeypatch, source_rows, "sample_add", theirs[0], theirs[1], n=num_added)
-    event = mcmc_event(as_rows(*ours, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
+    event = mcmc_event(
+        as_rows(*ours, ()),
+        step=600,
+        seed=SEED,
+        next_id=FIRST_ID,
+        cap_max=10_000,
+        min_opacity=MIN_OPACITY,
+        gather=gather_local,
+    )
     assert (event.num_relocated, event.num_added) == (0, num_added)
     mine = gaussians_by_id([ours])
     ref = gaussians_by_id([(theirs[0], theirs[1], {"gauss_ids": torch.cat([ids, FIRST_ID + torch.arange(num_added)])})])
@@ -153,7 +207,10 @@ def test_draws_follow_the_weights() -> None:
     assert freq[1] == 0
     # 5 standard errors of a frequency p: sqrt(p (1 - p) / n) <= 0.5 / sqrt(80000) = 0.0018.
     assert torch.allclose(freq, torch.tensor([1, 0, 3, 4], dtype=torch.float64) / 8, atol=0.009)
-    assert torch.equal(draws.ratios, torch.bincount(torch.searchsorted(ids, draws.source_ids))[torch.searchsorted(ids, draws.source_ids)] + 1)
+    assert torch.equal(
+        draws.ratios,
+        torch.bincount(torch.searchsorted(ids, draws.source_ids))[torch.searchsorted(ids, draws.source_ids)] + 1,
+    )
 
 
 def test_overlapping_shards_are_refused() -> None:
@@ -173,7 +230,11 @@ def test_eq9_equals_the_papers_double_sum(dtype: torch.dtype) -> None:
     for i in range(0, 300, 7):
         o, n = float(opacities[i]), min(int(ratios[i]), 51)
         want_o = 1.0 - (1.0 - o) ** (1.0 / n)
-        denom = sum(math.comb(a - 1, k) * (-1) ** k / math.sqrt(k + 1) * want_o ** (k + 1) for a in range(1, n + 1) for k in range(a))
+        denom = sum(
+            math.comb(a - 1, k) * (-1) ** k / math.sqrt(k + 1) * want_o ** (k + 1)
+            for a in range(1, n + 1)
+            for k in range(a)
+        )
         tol = 1e-12 if dtype == torch.float64 else 1e-6  # float32: the inputs' and outputs' rounding
         assert math.isclose(float(new_o[i]), want_o, rel_tol=tol), i
         assert torch.allclose(new_s[i].double(), o / denom * scales[i].double(), rtol=max(tol, 1e-10)), i
@@ -223,7 +284,9 @@ def test_regularizers_sum_over_shards_with_one_process_gradients(partition: str)
     (whole.opacity + whole.scale).backward()
     parts = [mcmc_regularizers(p["opacities"], p["scales"], N, **kw) for p, _, _ in shards]
     sum(r.opacity + r.scale for r in parts).backward()
-    main = 0.01 * torch.sigmoid(full[0]["opacities"].detach()).mean() + 0.01 * torch.exp(full[0]["scales"].detach()).mean()
+    main = (
+        0.01 * torch.sigmoid(full[0]["opacities"].detach()).mean() + 0.01 * torch.exp(full[0]["scales"].detach()).mean()
+    )
     assert math.isclose(float(whole.opacity + whole.scale), float(main), rel_tol=1e-14)
     assert math.isclose(float(sum(r.opacity + r.scale for r in parts)), float(main), rel_tol=1e-14)
     ids = torch.cat([s["gauss_ids"] for _, _, s in shards])
@@ -237,23 +300,45 @@ def test_regularizers_sum_over_shards_with_one_process_gradients(partition: str)
 def test_schedule_counts_images(batch_size: int) -> None:
     from gsplat.strategy import MCMCStrategy
 
-    schedule = mcmc_schedule_in_steps(warmup_images=500, stop_split_images=25000, refine_every_images=100, batch_size=batch_size)
+    schedule = mcmc_schedule_in_steps(
+        warmup_images=500, stop_split_images=25000, refine_every_images=100, batch_size=batch_size
+    )
     reference = MCMCStrategy(refine_start_iter=500, refine_stop_iter=25000, refine_every=100)
     events = [s for s in range(30000 // batch_size) if schedule.is_event(s)]
-    gsplat_events = [s for s in range(30000) if reference.refine_start_iter < s < reference.refine_stop_iter and s % reference.refine_every == 0]
+    gsplat_events = [
+        s
+        for s in range(30000)
+        if reference.refine_start_iter < s < reference.refine_stop_iter and s % reference.refine_every == 0
+    ]
     assert [s * batch_size for s in events] == gsplat_events
 
 
 def test_step_runs_the_event_then_the_noise() -> None:
     gaussians = mcmc_gaussians(torch.float64)
     config = MCMCConfig()
-    schedule = mcmc_schedule_in_steps(warmup_images=500, stop_split_images=config.stop_split_at, refine_every_images=100, batch_size=1)
+    schedule = mcmc_schedule_in_steps(
+        warmup_images=500, stop_split_images=config.stop_split_at, refine_every_images=100, batch_size=1
+    )
     quiet = mcmc_step_post_backward(
-        as_rows(*gaussians, ()), step=601, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+        as_rows(*gaussians, ()),
+        step=601,
+        seed=SEED,
+        means_lr=1e-4,
+        next_id=FIRST_ID,
+        config=config,
+        schedule=schedule,
+        gather=gather_local,
     )
     assert quiet.event is None and quiet.next_id == FIRST_ID
     step = mcmc_step_post_backward(
-        as_rows(*gaussians, ()), step=600, seed=SEED, means_lr=1e-4, next_id=FIRST_ID, config=config, schedule=schedule, gather=gather_local
+        as_rows(*gaussians, ()),
+        step=600,
+        seed=SEED,
+        means_lr=1e-4,
+        next_id=FIRST_ID,
+        config=config,
+        schedule=schedule,
+        gather=gather_local,
     )
     assert step.event is not None and step.event.num_added == int(1.05 * N) - N
     assert step.next_id == FIRST_ID + step.event.num_relocated + step.event.num_added == step.event.next_id
@@ -300,11 +385,28 @@ def test_the_addition_draws_from_the_table_a_new_gather_would_give() -> None:
     params, optimizers, state = mcmc_gaussians(torch.float64)
     dead = (1.0 / (1.0 + torch.exp(-params["opacities"].detach().flatten()))) <= MIN_OPACITY
     table = gather_weight_table(state["gauss_ids"].clone(), opacity_weights(params["opacities"]), dead, gather_local)
-    draws = draw_by_weight(table.ids, torch.where(table.dead, 0, table.weights), int(dead.sum()), seed=SEED, step=600, stream=STREAM_RELOCATE)
-    mcmc_event(as_rows(params, optimizers, state, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local)
+    draws = draw_by_weight(
+        table.ids,
+        torch.where(table.dead, 0, table.weights),
+        int(dead.sum()),
+        seed=SEED,
+        step=600,
+        stream=STREAM_RELOCATE,
+    )
+    mcmc_event(
+        as_rows(params, optimizers, state, ()),
+        step=600,
+        seed=SEED,
+        next_id=FIRST_ID,
+        cap_max=N,
+        min_opacity=MIN_OPACITY,
+        gather=gather_local,
+    )
     sources = torch.unique(draws.source_ids)
     _, rows = rows_of(state["gauss_ids"], sources)
-    got = reweighted_after_relocation(table, draws, FIRST_ID, sources, opacity_weights(params["opacities"].detach().flatten()[rows]), gather_local)
+    got = reweighted_after_relocation(
+        table, draws, FIRST_ID, sources, opacity_weights(params["opacities"].detach().flatten()[rows]), gather_local
+    )
     now = torch.zeros(N, dtype=torch.bool)
     want = gather_weight_table(state["gauss_ids"], opacity_weights(params["opacities"]), now, gather_local)
     assert torch.equal(got.ids, want.ids) and torch.equal(got.weights, want.weights) and not bool(got.dead.any())
@@ -318,14 +420,28 @@ def test_ids_that_cannot_pack_are_refused() -> None:
         gather_weight_table(ids, torch.ones(2, dtype=torch.int64), torch.zeros(2, dtype=torch.bool), gather_local)
     gaussians = mcmc_gaussians(torch.float64)
     with pytest.raises(ValueError, match="next_id"):
-        mcmc_event(as_rows(*gaussians, ()), step=600, seed=SEED, next_id=ID_LIMIT - 10, cap_max=10_000, min_opacity=MIN_OPACITY, gather=gather_local)
+        mcmc_event(
+            as_rows(*gaussians, ()),
+            step=600,
+            seed=SEED,
+            next_id=ID_LIMIT - 10,
+            cap_max=10_000,
+            min_opacity=MIN_OPACITY,
+            gather=gather_local,
+        )
 
 
 def test_an_event_needs_the_global_ids() -> None:
     params, optimizers, _ = mcmc_gaussians(torch.float64)
     with pytest.raises(ValueError, match="gauss_ids"):
         mcmc_event(
-            as_rows(params, optimizers, {}, ()), step=600, seed=SEED, next_id=FIRST_ID, cap_max=N, min_opacity=MIN_OPACITY, gather=gather_local
+            as_rows(params, optimizers, {}, ()),
+            step=600,
+            seed=SEED,
+            next_id=FIRST_ID,
+            cap_max=N,
+            min_opacity=MIN_OPACITY,
+            gather=gather_local,
         )
 
 

@@ -16,7 +16,9 @@ from tests.helpers.model_factory import make_model
 
 def regularizers(model, share: RegularizerShare):
     """The model's batch-independent terms at step 1 (``BandTerms.regularizers``, as ``forward_bands`` calls it)."""
-    return model.band_terms.regularizers(1, share, model.opacities, model.scales, model.training, None, model.camera_optimizer)
+    return model.band_terms.regularizers(
+        1, share, model.opacities, model.scales, model.training, None, model.camera_optimizer
+    )
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,9 @@ def _optimizers(model) -> dict:
 
 
 def test_mcmc_densify_moves_only_transparent_gaussians_and_numbers_new_ones() -> None:
-    model = make_model(1, num_points=60, strategy="mcmc", warmup_length=1, refine_every=2, stop_split_at=100, max_gs_num=62)
+    model = make_model(
+        1, num_points=60, strategy="mcmc", warmup_length=1, refine_every=2, stop_split_at=100, max_gs_num=62
+    )
     with torch.no_grad():
         model.gauss_params["opacities"][:5] = -10.0  # dead: relocated at the event
         model.gauss_params["opacities"][5:] = 3.0  # opaque: the noise's gate leaves them where they are
@@ -62,7 +66,9 @@ def test_mcmc_densify_moves_only_transparent_gaussians_and_numbers_new_ones() ->
     assert model.num_points == 60 and model.densifier.next_id == 60
     moved = (model.means.detach() - before).abs().amax(dim=-1) > 0
     assert moved[:5].all() and not moved[5:].any()
-    model.densifier.after_optimizer(model.rows.bound(optimizers), 2, None, gather_local)  # event: 5 relocated, 2 added (cap 62)
+    model.densifier.after_optimizer(
+        model.rows.bound(optimizers), 2, None, gather_local
+    )  # event: 5 relocated, 2 added (cap 62)
     assert model.num_points == 62 and model.densifier.next_id == 60 + 5 + 2
     ids = model.gauss_ids
     assert sorted(ids.tolist()) == sorted(set(range(5, 60)) | set(range(60, 67)))
@@ -83,7 +89,10 @@ def test_mcmc_regularizers_sum_over_shares_to_one_process() -> None:
     off, _ = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
     assert off.item() == 0.0
     default = make_model(1, num_points=40, use_scale_regularization=False)
-    assert regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[0].item() == 0.0
+    assert (
+        regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[0].item()
+        == 0.0
+    )
 
 
 def test_mcmc_terms_are_named_as_main_s_loss_dict_and_sum_to_the_total() -> None:
@@ -92,15 +101,23 @@ def test_mcmc_terms_are_named_as_main_s_loss_dict_and_sum_to_the_total() -> None
     model = make_model(1, num_points=40, strategy="mcmc", use_scale_regularization=False, mcmc_scale_reg=0.02)
     total, named = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))
     assert list(named) == ["mcmc_opacity_reg", "mcmc_scale_reg"] and not any(v.requires_grad for v in named.values())
-    torch.testing.assert_close(named["mcmc_opacity_reg"], 0.01 * torch.sigmoid(model.opacities).mean().detach(), rtol=1e-6, atol=0)
-    torch.testing.assert_close(named["mcmc_scale_reg"], 0.02 * torch.exp(model.scales).mean().detach(), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        named["mcmc_opacity_reg"], 0.01 * torch.sigmoid(model.opacities).mean().detach(), rtol=1e-6, atol=0
+    )
+    torch.testing.assert_close(
+        named["mcmc_scale_reg"], 0.02 * torch.exp(model.scales).mean().detach(), rtol=1e-6, atol=0
+    )
     assert total.item() == (named["mcmc_opacity_reg"] + named["mcmc_scale_reg"]).item()
     _, off = regularizers(model, RegularizerShare(camera_penalty=False, scale_term=False, num_gaussians_total=40))
     assert {k: v.item() for k, v in off.items()} == {"mcmc_opacity_reg": 0.0, "mcmc_scale_reg": 0.0}
     no_opacity = make_model(1, num_points=40, strategy="mcmc", mcmc_opacity_reg=0.0)
-    assert list(regularizers(no_opacity, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1]) == ["mcmc_scale_reg"]
+    assert list(
+        regularizers(no_opacity, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1]
+    ) == ["mcmc_scale_reg"]
     default = make_model(1, num_points=40)
-    assert regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1] == {}
+    assert (
+        regularizers(default, RegularizerShare(camera_penalty=False, scale_term=True, num_gaussians_total=40))[1] == {}
+    )
 
 
 def test_splatfacto_field_it_ignores_itself_is_refused_by_name() -> None:
@@ -116,7 +133,10 @@ def test_options_refused_before_issue_29_are_accepted_float64_adjustments_includ
     for mode in ("off", "SO3xR3", "SE3"):
         DistSplatModelConfig(camera_optimizer=CameraOptimizerConfig(mode=mode))
     model = make_model(1, num_points=40, param_dtype="float64", camera_optimizer=CameraOptimizerConfig(mode="SO3xR3"))
-    assert model.camera_optimizer.pose_adjustment.dtype == torch.float64 and model.camera_optimizer.pose_adjustment.shape == (8, 6)
+    assert (
+        model.camera_optimizer.pose_adjustment.dtype == torch.float64
+        and model.camera_optimizer.pose_adjustment.shape == (8, 6)
+    )
 
 
 def test_bilateral_grid_is_a_model_parameter_in_the_float64_mode() -> None:

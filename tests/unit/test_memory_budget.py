@@ -33,7 +33,9 @@ def test_a_budget_of_zero_or_less_or_a_non_number_is_refused_naming_the_flag(val
         DistSplatPipelineConfig(memory_budget=value)
 
 
-@pytest.mark.parametrize(("value", "gib"), [("12", 12.0), ("0.25", 0.25), ("auto", None), ("off", None), (" OFF ", None)])
+@pytest.mark.parametrize(
+    ("value", "gib"), [("12", 12.0), ("0.25", 0.25), ("auto", None), ("off", None), (" OFF ", None)]
+)
 def test_budget_values_parse(value: str, gib: float | None) -> None:
     assert parse_memory_budget(value) == gib
 
@@ -56,9 +58,16 @@ def test_working_bytes_follow_the_cameras_a_rank_projects_at_once() -> None:
     schema = gaussian_schema(parameter_fields(3), DEFAULT_STATISTICS)
     live = LIVE_ITEMS_PER_CAMERA_GAUSSIAN * 4
     # Replicated: ceil(B / W) cameras of the rank's own, and the statistics' reduction at W > 1.
-    assert gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=1, reads_statistics=True).working == 4 * live
-    assert gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=2, reads_statistics=True).working == 2 * live + 5 * 4 * 4
-    assert gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=3, reads_statistics=False).working == 2 * live
+    assert (
+        gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=1, reads_statistics=True).working == 4 * live
+    )
+    assert (
+        gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=2, reads_statistics=True).working
+        == 2 * live + 5 * 4 * 4
+    )
+    assert (
+        gaussian_bytes(schema, 4, sharded=False, batch_size=4, world_size=3, reads_statistics=False).working == 2 * live
+    )
     # Sharded: one camera at the smallest group; no all-reduced statistics.
     assert gaussian_bytes(schema, 4, sharded=True, batch_size=8, world_size=4, reads_statistics=True).working == live
 
@@ -88,7 +97,10 @@ def test_initial_gaussians_past_the_budget_are_refused_at_set_up_with_the_number
     message = str(refused.value)
     assert "\n" not in message
     assert "--pipeline.memory-budget" in message and "10,000 initial Gaussians" in message
-    assert f"{format_bytes(10_000 * per.total)} per rank" in message and f"budget of {format_bytes(budget.bytes)}" in message
+    assert (
+        f"{format_bytes(10_000 * per.total)} per rank" in message
+        and f"budget of {format_bytes(budget.bytes)}" in message
+    )
     smallest = smallest_sharded_world_size(10_000, budget.bytes, 0, 964 + 1056, 1.1)
     assert f"on {smallest} or more ranks" in message
 
@@ -104,4 +116,7 @@ def test_initial_gaussians_within_the_budget_give_the_caps() -> None:
     budget = MemoryBudget(GIB, "--pipeline.memory-budget 1")
     caps = check_initial_fit(1000, budget, 0, per, per, world_size=2, sharded=True, headroom=1.1)
     assert caps is not None and caps.held == GIB // per.total
-    assert check_initial_fit(10**9, MemoryBudget(None, "off"), 0, per, per, world_size=1, sharded=False, headroom=1.1) is None
+    assert (
+        check_initial_fit(10**9, MemoryBudget(None, "off"), 0, per, per, world_size=1, sharded=False, headroom=1.1)
+        is None
+    )

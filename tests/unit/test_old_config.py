@@ -42,7 +42,9 @@ def test_b53ba80_config_names_the_current_classes() -> None:
         # attribute; a default_factory is not, so such a field would be missing on old configs).
         added = [f for f in dataclasses.fields(config_class) if f.name not in vars(loaded)]
         no_default = sorted(f.name for f in added if f.default is dataclasses.MISSING)
-        assert not no_default, f"{config_class.__name__}: fields the b53ba80 config.yml does not hold, with no plain default: {no_default}"
+        assert not no_default, (
+            f"{config_class.__name__}: fields the b53ba80 config.yml does not hold, with no plain default: {no_default}"
+        )
         for f in added:
             assert getattr(loaded, f.name) == f.default, f.name
 

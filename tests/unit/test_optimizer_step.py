@@ -16,7 +16,9 @@ BETAS = (0.9**2, 0.999**2)  # the B = 2 betas of optimizer_rules.scaled_optimize
 def _optimizers(dtype: torch.dtype, seed: int = 0) -> list[torch.optim.Adam]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        torch.optim.Adam([torch.nn.Parameter(torch.randn(shape, generator=generator, dtype=dtype))], lr=lr, eps=eps, betas=BETAS)
+        torch.optim.Adam(
+            [torch.nn.Parameter(torch.randn(shape, generator=generator, dtype=dtype))], lr=lr, eps=eps, betas=BETAS
+        )
         for (lr, eps), shape in zip(GROUPS, SHAPES, strict=True)
     ]
 

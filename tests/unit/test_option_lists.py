@@ -40,14 +40,22 @@ def test_the_strategy_flag_describes_every_choice_in_its_own_words() -> None:
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda: DistSplatPipelineConfig(parallel="both"), UserError, "--pipeline.parallel must be replicated or sharded, got 'both'"),
+        (
+            lambda: DistSplatPipelineConfig(parallel="both"),
+            UserError,
+            "--pipeline.parallel must be replicated or sharded, got 'both'",
+        ),
         (
             lambda: DistSplatPipelineConfig(partition="rows"),
             UserError,
             "--pipeline.partition must be balanced, whole-images or equal-rows, got 'rows'",
         ),
         # Every strategy DENSIFIERS lists, whatever their number (a new one touches no test).
-        (lambda: DistSplatModelConfig(strategy="mcmc2"), ValueError, f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got 'mcmc2'"),
+        (
+            lambda: DistSplatModelConfig(strategy="mcmc2"),
+            ValueError,
+            f"--pipeline.model.strategy must be {one_of(STRATEGIES)}, got 'mcmc2'",
+        ),
     ],
 )
 def test_a_value_outside_the_list_is_refused_naming_every_choice(make, error: type, message: str) -> None:

@@ -27,7 +27,9 @@ N = 200
 
 def _projection(num_cameras: int, width: int, height: int, seed: int, radius_xy: bool = False) -> SimpleNamespace:
     gen = torch.Generator().manual_seed(seed)
-    means2d = torch.rand(num_cameras, N, 2, generator=gen) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor([width * 0.2, height * 0.2])
+    means2d = torch.rand(num_cameras, N, 2, generator=gen) * torch.tensor([width * 1.4, height * 1.4]) - torch.tensor(
+        [width * 0.2, height * 0.2]
+    )
     shape = (num_cameras, N, 2) if radius_xy else (num_cameras, N)
     radii = torch.randint(0, 40, shape, generator=gen, dtype=torch.int32)
     return SimpleNamespace(means2d=means2d, radii=radii, width=width, height=height)
@@ -126,7 +128,9 @@ def test_routing_equals_the_footprint_square_tile_by_tile(radius_xy: bool, touch
     include the first and the last tile row."""
     width, height, tile = 96, 80, 16  # 6 x 5 tiles
     proj = _projection(1, width, height, 9, radius_xy)
-    edges = torch.tensor([[-40.0, 40.0], [140.0, 40.0], [48.0, -40.0], [48.0, 130.0], [0.0, 0.0], [96.0, 80.0], [-17.0, -17.0]])
+    edges = torch.tensor(
+        [[-40.0, 40.0], [140.0, 40.0], [48.0, -40.0], [48.0, 130.0], [0.0, 0.0], [96.0, 80.0], [-17.0, -17.0]]
+    )
     proj.means2d[0, : len(edges)] = edges
     proj.radii[0, : len(edges)] = 8
     proj.radii[0, len(edges)] = 0  # culled, inside the image
@@ -165,6 +169,8 @@ def test_footprint_rows_equal_each_edge_rounded_on_its_own(dtype: torch.dtype, r
         want_first, want_end = low[..., 1].clamp(0, tiles_high), high[..., 1].clamp(0, tiles_high)
         shown = (r[..., 1] > 0) & (want_end > want_first)
         assert torch.equal(end > first, shown)
-        assert torch.equal(first[shown].double(), want_first[shown]) and torch.equal(end[shown].double(), want_end[shown])
+        assert torch.equal(first[shown].double(), want_first[shown]) and torch.equal(
+            end[shown].double(), want_end[shown]
+        )
         empty = ~shown
         assert bool((end[empty] <= first[empty]).all())

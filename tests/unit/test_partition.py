@@ -31,7 +31,10 @@ PROPERTY_SETTINGS = settings(derandomize=True, max_examples=300, deadline=None)
 def _laid_out_ranges(partition, heights):
     """Each rank's bands as ranges [start, end) of the laid-out rows, in rank then band order."""
     offsets = np.concatenate([[0], np.cumsum(heights)])
-    return [[(int(offsets[b.position]) + b.first_row, int(offsets[b.position]) + b.end_row) for b in bands] for bands in partition]
+    return [
+        [(int(offsets[b.position]) + b.first_row, int(offsets[b.position]) + b.end_row) for b in bands]
+        for bands in partition
+    ]
 
 
 def _coverage(partition, heights):
@@ -255,7 +258,10 @@ def test_cost_weighted_cut_beats_baselines_on_a_skewed_batch():
     heights = [34, 34, 34]
     ours = imbalance(partition_rows(costs, 4), costs)
     assert ours <= 1.10
-    assert min(imbalance(whole_image_partition(heights, 4), costs), imbalance(equal_rows_partition(heights, 4), costs)) > 1.3
+    assert (
+        min(imbalance(whole_image_partition(heights, 4), costs), imbalance(equal_rows_partition(heights, 4), costs))
+        > 1.3
+    )
 
 
 # ---- baselines -------------------------------------------------------------------------------

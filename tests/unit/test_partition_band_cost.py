@@ -82,12 +82,16 @@ def _smallest_step_cost(costs, band_cost, min_band_rows):
 
 def _max_part_cost(partition, costs, band_cost):
     """The largest rank cost under the model: its rows plus band_cost per band."""
-    return max(sum(float(costs[b.position][b.first_row : b.end_row].sum()) + band_cost for b in bands) for bands in partition)
+    return max(
+        sum(float(costs[b.position][b.first_row : b.end_row].sum()) + band_cost for b in bands) for bands in partition
+    )
 
 
 def _laid_out_ranges(partition, costs):
     offsets = _offsets(costs)
-    return [[(offsets[b.position] + b.first_row, offsets[b.position] + b.end_row) for b in bands] for bands in partition]
+    return [
+        [(offsets[b.position] + b.first_row, offsets[b.position] + b.end_row) for b in bands] for bands in partition
+    ]
 
 
 @st.composite
@@ -220,14 +224,27 @@ def test_partition_is_deterministic_across_input_types(batch):
             1,
             0.5,
             3,
-            [[(0, 0, 5)], [(1, 0, 16)], [(1, 16, 21)], [(1, 21, 26)], [(1, 26, 32)], [(1, 32, 40)], [(2, 0, 7)], [(2, 7, 12)]],
+            [
+                [(0, 0, 5)],
+                [(1, 0, 16)],
+                [(1, 16, 21)],
+                [(1, 21, 26)],
+                [(1, 26, 32)],
+                [(1, 32, 40)],
+                [(2, 0, 7)],
+                [(2, 7, 12)],
+            ],
         ),
     ],
 )
-def test_zero_band_cost_gives_the_partition_recorded_before_band_cost(heights, world_size, min_band_rows, snap_tolerance, seed, expected):
+def test_zero_band_cost_gives_the_partition_recorded_before_band_cost(
+    heights, world_size, min_band_rows, snap_tolerance, seed, expected
+):
     rng = np.random.default_rng(seed)
     costs = [rng.gamma(0.5, 10.0, h) for h in heights]
-    partition = partition_rows(costs, world_size, min_band_rows=min_band_rows, snap_tolerance=snap_tolerance, band_cost=0.0)
+    partition = partition_rows(
+        costs, world_size, min_band_rows=min_band_rows, snap_tolerance=snap_tolerance, band_cost=0.0
+    )
     assert [[(b.position, b.first_row, b.end_row) for b in bands] for bands in partition] == expected
 
 

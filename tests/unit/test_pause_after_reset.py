@@ -68,7 +68,9 @@ def _splatfacto_grow_steps(num_train_images: int, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("num_train_images", [12, 300, 1000, 2900, 4000])
-def test_the_splatfacto_rule_grows_where_splatfacto_grows(num_train_images: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_splatfacto_rule_grows_where_splatfacto_grows(
+    num_train_images: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert _grow_steps(num_train_images, 1, "splatfacto") == _splatfacto_grow_steps(num_train_images, monkeypatch)
 
 

@@ -15,7 +15,12 @@ from distsplat_ns.parallel.halo_cost_gathers import HaloSlot, exchange_halo_rows
 
 
 def test_halo_slots_follow_the_bands_and_the_ssim_window() -> None:
-    bands = [Band(1, 6, 12, tile_size=1), Band(0, 0, 8, tile_size=1), Band(0, 25, 30, tile_size=1), Band(2, 0, 4, tile_size=1)]
+    bands = [
+        Band(1, 6, 12, tile_size=1),
+        Band(0, 0, 8, tile_size=1),
+        Band(0, 25, 30, tile_size=1),
+        Band(2, 0, 4, tile_size=1),
+    ]
     # image 0: 30 px high (halo 10, cut at the bottom); image 1: 12 px (6 rows to its bottom); image 2: 10 px, under the window
     sizes_px = [(5, 30), (4, 12), (3, 10)]
     assert halo_slots(bands, sizes_px) == [HaloSlot(0, 8, 10, 5)]
@@ -45,7 +50,9 @@ def test_one_rank_reads_its_costs_with_one_host_copy() -> None:
 
 def test_costs_of_bands_the_plan_does_not_give_are_refused() -> None:
     plan = SimpleNamespace(bands=[[Band(0, 0, 2)]], heights_px=[40])
-    with pytest.raises(RuntimeError, match=r"rank 0: the step measured bands \[\(0, 0, 1\)\].*its plan gives \[\(0, 0, 2\)\]"):
+    with pytest.raises(
+        RuntimeError, match=r"rank 0: the step measured bands \[\(0, 0, 1\)\].*its plan gives \[\(0, 0, 2\)\]"
+    ):
         gather_step_costs(DistContext(), plan, [(Band(0, 0, 2), torch.ones(1, 3))], None, 0.1, False)
 
 

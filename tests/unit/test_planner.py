@@ -20,7 +20,9 @@ def _measure(plan, costs_by_camera, batch):
     """Per rank, (position, first tile row, measured row costs) of each of its bands."""
     out = []
     for rank_bands in plan.bands:
-        out.append([(b.position, b.first_row, costs_by_camera[batch[b.position]][b.first_row : b.end_row]) for b in rank_bands])
+        out.append(
+            [(b.position, b.first_row, costs_by_camera[batch[b.position]][b.first_row : b.end_row]) for b in rank_bands]
+        )
     return out
 
 
@@ -56,7 +58,11 @@ def test_the_plans_predicted_imbalance_is_what_the_log_records() -> None:
     planner.observe(planner.plan(batch, 2, 1), batch, 1, _measure(planner.plan(batch, 2, 1), costs, batch))
     plan = planner.plan(batch, 2, 1)  # a measured history: an imbalance other than 1.0
     planner.observe(plan, batch, 1, _measure(plan, costs, batch))
-    assert plan.predicted_imbalance == planner.log.predicted_imbalance[-1] == max(plan.predicted_costs) / (sum(plan.predicted_costs) / 2)
+    assert (
+        plan.predicted_imbalance
+        == planner.log.predicted_imbalance[-1]
+        == max(plan.predicted_costs) / (sum(plan.predicted_costs) / 2)
+    )
 
 
 def test_a_plans_positions_are_each_ranks_images_in_batch_order() -> None:

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from distsplat_ns.distributed.restart import UNRECORDED_END, AttemptLog, checkpoint_steps, choose_checkpoint, previous_timestamp
+from distsplat_ns.distributed.restart import (
+    UNRECORDED_END,
+    AttemptLog,
+    checkpoint_steps,
+    choose_checkpoint,
+    previous_timestamp,
+)
 from distsplat_ns.utils.errors import UserError
 
 
@@ -39,7 +45,9 @@ def test_fresh_launch_into_a_run_with_checkpoints_resumes(tmp_path: Path) -> Non
 
 def test_fresh_launch_refuses_naming_the_folder_and_the_flag(tmp_path: Path) -> None:
     own = _ckpts(tmp_path / "run" / "nerfstudio_models", 20)
-    with pytest.raises(UserError, match=r"run folder .*/run already holds checkpoints up to step 20: --existing-checkpoints resume"):
+    with pytest.raises(
+        UserError, match=r"run folder .*/run already holds checkpoints up to step 20: --existing-checkpoints resume"
+    ):
         choose_checkpoint(own, None, None, None, "refuse", restarts=0)
 
 
@@ -65,7 +73,9 @@ def test_the_first_restart_of_a_run_resumed_from_elsewhere_loads_that_checkpoint
     assert choice.path == other / "step-000000010.ckpt"
 
 
-def test_attempt_log_marks_a_killed_attempt_and_finds_the_folder_by_run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attempt_log_marks_a_killed_attempt_and_finds_the_folder_by_run_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run = tmp_path / "method" / "2026-12-01_120000"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     first = AttemptLog(run, enabled=True)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GAUSSIAN_PARAMETER_NAMES, IDS, GaussianRows, RowField, gaussian_schema
+from distsplat_ns.gaussians.rows import (
+    DEFAULT_STATISTICS,
+    GAUSSIAN_PARAMETER_NAMES,
+    IDS,
+    GaussianRows,
+    RowField,
+    gaussian_schema,
+)
 from tests.helpers.model_factory import make_model
 from tests.helpers.shard_fns import make_state_model
 
@@ -68,7 +75,9 @@ def _rows_with_an_extra_parameter() -> GaussianRows:
         p.grad = torch.randn(p.shape, generator=gen)
         optimizers[name].step()
     state = {"grad2d": torch.rand(N, generator=gen), "count": torch.rand(N, generator=gen), IDS: torch.arange(N)}
-    fields = [RowField(n, "parameter", (3,)) for n in ("means", "scales", "opacities")] + [RowField("appearance", "parameter", (4,))]
+    fields = [RowField(n, "parameter", (3,)) for n in ("means", "scales", "opacities")] + [
+        RowField("appearance", "parameter", (4,))
+    ]
     return GaussianRows(gaussian_schema(fields, DEFAULT_STATISTICS[:2]), params, state, optimizers)
 
 
@@ -82,7 +91,9 @@ def test_every_operation_carries_a_declared_parameter_and_its_moments_with_its_g
     before = _by_id(rows)
     assert "opt.appearance.exp_avg" in before[0]
     rows.select_(torch.tensor([5, 0, 3, 9, 1, 2, 11]))  # a cut and a permutation
-    rows.grow_(torch.tensor([1, 1, 4]), torch.tensor([20, 21, 22]), keep=torch.tensor([0, 1, 2, 4, 5, 6]))  # id 9 dropped, 3 copies
+    rows.grow_(
+        torch.tensor([1, 1, 4]), torch.tensor([20, 21, 22]), keep=torch.tensor([0, 1, 2, 4, 5, 6])
+    )  # id 9 dropped, 3 copies
     moved = rows.export(torch.tensor([0, 1]))
     rows.select_(slice(2, None))
     rows.append_(moved)

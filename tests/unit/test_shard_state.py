@@ -184,7 +184,10 @@ def test_gather_at_one_process_is_the_single_process_state() -> None:
     model, optimizers = make_state_model()
     gathered = gather_full_state(DistContext(), model, optimizers)
     assert gathered is not None
-    assert_same({"pipeline": gathered.pipeline_entries, "optimizers": gathered.optimizers}, single_process_state(model, optimizers))
+    assert_same(
+        {"pipeline": gathered.pipeline_entries, "optimizers": gathered.optimizers},
+        single_process_state(model, optimizers),
+    )
 
 
 # ---------------------------------------------------------------------- checkpoint slicing
@@ -219,7 +222,9 @@ def test_checkpoint_shards_are_the_owned_blocks_of_the_id_ordered_rows(world: in
         if key != MODEL_EXTRA_KEY:
             assert torch.equal(torch.cat([s["pipeline"][key] for s in shards]), value), key
     for key, value in want["pipeline"][MODEL_EXTRA_KEY]["strategy_state"].items():
-        assert torch.equal(torch.cat([s["pipeline"][MODEL_EXTRA_KEY]["strategy_state"][key] for s in shards]), value), key
+        assert torch.equal(torch.cat([s["pipeline"][MODEL_EXTRA_KEY]["strategy_state"][key] for s in shards]), value), (
+            key
+        )
     for name, opt in want["optimizers"].items():
         for key, value in opt["state"][0].items():
             parts = [s["optimizers"][name]["state"][0][key] for s in shards]
@@ -234,7 +239,9 @@ def test_checkpoint_without_ids_counts_as_ids_in_row_order() -> None:
     shard = _shard_of(loaded, 1, 2)
     lo, hi = owned_block(NUM_POINTS, 1, 2)
     assert shard["pipeline"][MODEL_EXTRA_KEY]["strategy_state"]["gauss_ids"].tolist() == list(range(lo, hi))
-    assert torch.equal(shard["pipeline"]["_model.gauss_params.means"], loaded["pipeline"]["_model.gauss_params.means"][lo:hi])
+    assert torch.equal(
+        shard["pipeline"]["_model.gauss_params.means"], loaded["pipeline"]["_model.gauss_params.means"][lo:hi]
+    )
 
 
 # ---------------------------------------------------------------------- when to rebalance

@@ -12,7 +12,9 @@ from distsplat_ns.parallel import ShardedMode, sharded
 from tests.helpers.model_factory import make_model
 
 
-def test_the_total_is_gathered_once_and_again_after_a_step_that_may_change_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_total_is_gathered_once_and_again_after_a_step_that_may_change_shards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gathered: list[int] = []
 
     def all_gather_counts(ctx, count: int) -> list[int]:  # rank 1 holds 1000 Gaussians

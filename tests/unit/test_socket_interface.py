@@ -41,7 +41,9 @@ def test_nccl_sets_both_variables(loopback_hostname: None) -> None:
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == name
 
 
-@pytest.mark.parametrize("env", [{"MASTER_ADDR": "127.0.0.1"}, {"MASTER_ADDR": "10.1.2.3", "GLOO_SOCKET_IFNAME": "eth9"}, {}])
+@pytest.mark.parametrize(
+    "env", [{"MASTER_ADDR": "127.0.0.1"}, {"MASTER_ADDR": "10.1.2.3", "GLOO_SOCKET_IFNAME": "eth9"}, {}]
+)
 def test_leaves_one_host_runs_and_explicit_settings_alone(loopback_hostname: None, env: dict) -> None:
     before = dict(env)
     assert choose_socket_interface("gloo", env) is None
@@ -60,7 +62,12 @@ def test_no_route_fails_at_once_naming_the_variable() -> None:
             "c('gloo', {'MASTER_ADDR': '10.77.250.1', 'MASTER_PORT': '29400'})"
         )
         proc = subprocess.run(
-            ["ip", "netns", "exec", name, sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
+            ["ip", "netns", "exec", name, sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            check=False,
         )
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)

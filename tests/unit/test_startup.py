@@ -44,7 +44,9 @@ def test_frozen_frame_is_answered_from_the_cache_without_scanning() -> None:
     assert found is bootstrap
 
 
-def test_stack_inside_an_import_is_unchanged_by_the_cache_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stack_inside_an_import_is_unchanged_by_the_cache_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with_entries = _stack_inside_an_import(tmp_path, "distsplat_startup_probe_a")
     assert any(frame[0] == FROZEN for frame in with_entries), "no frozen frame on the stack: the test proves nothing"
     frozen = {key: value for key, value in inspect.modulesbyfile.items() if key.startswith("<frozen ")}

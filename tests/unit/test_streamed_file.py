@@ -43,7 +43,12 @@ def test_streamed_file_loads_as_torch_save_of_the_whole(tmp_path: Path, piece_ro
     ph_rest, ph_means = torch.empty(num, 15, 3), torch.empty(num, 3, dtype=torch.float64)
     ids = torch.arange(num)
     rng = torch.randint(0, 255, (16,), dtype=torch.uint8, generator=gen)
-    payload = {"pipeline": {"_model.rest": ph_rest, "_model.means": ph_means, "ids": ids}, "rng": rng, "step": 7, "opt": [torch.ones(2), {"lr": 0.1}]}
+    payload = {
+        "pipeline": {"_model.rest": ph_rest, "_model.means": ph_means, "ids": ids},
+        "rng": rng,
+        "step": 7,
+        "opt": [torch.ones(2), {"lr": 0.1}],
+    }
     fills = {
         id(ph_rest): _pieces(rest, torch.arange(num), piece_rows),  # in order: one write per piece
         id(ph_means): _pieces(means[saved_order], saved_order, piece_rows),
@@ -52,7 +57,10 @@ def test_streamed_file_loads_as_torch_save_of_the_whole(tmp_path: Path, piece_ro
     loaded = torch.load(tmp_path / "f.ckpt", map_location="cpu", weights_only=True)
     assert torch.equal(loaded["pipeline"]["_model.rest"], rest)
     # means[saved_order[j]] was written to row saved_order[j]: the file holds means itself.
-    assert torch.equal(loaded["pipeline"]["_model.means"], means) and loaded["pipeline"]["_model.means"].dtype == torch.float64
+    assert (
+        torch.equal(loaded["pipeline"]["_model.means"], means)
+        and loaded["pipeline"]["_model.means"].dtype == torch.float64
+    )
     assert torch.equal(loaded["pipeline"]["ids"], ids) and torch.equal(loaded["rng"], rng)
     assert loaded["step"] == 7 and torch.equal(loaded["opt"][0], torch.ones(2)) and loaded["opt"][1] == {"lr": 0.1}
 

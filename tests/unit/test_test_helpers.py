@@ -14,7 +14,9 @@ def _shards() -> tuple[torch.Tensor, dict, list]:
     """10 Gaussians by id (row i has id i), cut into 3 shards of scrambled rows (one empty)."""
     whole = {"means": torch.arange(30.0).reshape(10, 3), "means2d.grad": torch.arange(40.0).reshape(2, 10, 2)}
     cuts = [torch.tensor([7, 2, 9]), torch.tensor([], dtype=torch.long), torch.tensor([4, 0, 8, 1, 3, 5, 6])]
-    parts = [{"ids": c, "grads": {"means": whole["means"][c], "means2d.grad": whole["means2d.grad"][:, c]}} for c in cuts]
+    parts = [
+        {"ids": c, "grads": {"means": whole["means"][c], "means2d.grad": whole["means2d.grad"][:, c]}} for c in cuts
+    ]
     return torch.arange(10), whole, parts
 
 
@@ -29,7 +31,9 @@ def test_shards_joined_by_id_are_the_whole_on_each_gaussian_dimension() -> None:
 def test_joined_by_id_keeps_the_first_parts_names_and_orders_the_ids() -> None:
     ids, whole, parts = _shards()
     got = joined_by_id(
-        [{**p["grads"], "gauss_ids": p["ids"]} for p in parts], [p["ids"] for p in parts], lambda n: 1 if n.startswith("means2d") else 0
+        [{**p["grads"], "gauss_ids": p["ids"]} for p in parts],
+        [p["ids"] for p in parts],
+        lambda n: 1 if n.startswith("means2d") else 0,
     )
     assert torch.equal(got["gauss_ids"], ids) and torch.equal(got["means"], whole["means"])
 
@@ -44,7 +48,9 @@ def test_one_copy_drops_replicas_and_keeps_shards() -> None:
 def test_in_id_order_moves_every_row_with_its_id() -> None:
     ids = torch.tensor([30, 10, 20])
     got = in_id_order({"ids": ids, "x": torch.tensor([[3.0], [1.0], [2.0]])}, ids)
-    assert torch.equal(got["ids"], torch.tensor([10, 20, 30])) and torch.equal(got["x"], torch.tensor([[1.0], [2.0], [3.0]]))
+    assert torch.equal(got["ids"], torch.tensor([10, 20, 30])) and torch.equal(
+        got["x"], torch.tensor([[1.0], [2.0], [3.0]])
+    )
 
 
 def test_patched_ns_train_names_its_patches_and_refuses_an_unknown_one() -> None:

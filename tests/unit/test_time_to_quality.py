@@ -25,7 +25,9 @@ def test_time_to_reach_is_none_when_never_reached() -> None:
     assert ttq.time_to_reach([1.0, 2.0], [10.0, 11.0], 11.5) is None
 
 
-@pytest.mark.parametrize("times, values", [([1.0, 2.0], [10.0]), ([2.0, 1.0], [10.0, 11.0]), ([1.0, 1.0], [10.0, 11.0])])
+@pytest.mark.parametrize(
+    "times, values", [([1.0, 2.0], [10.0]), ([2.0, 1.0], [10.0, 11.0]), ([1.0, 1.0], [10.0, 11.0])]
+)
 def test_time_to_reach_rejects_mismatched_or_non_increasing_times(times: list, values: list) -> None:
     with pytest.raises(ValueError):
         ttq.time_to_reach(times, values, 10.5)

@@ -59,7 +59,9 @@ def test_store_has_key_sees_keys_store_set_wrote_and_never_creates_them(tmp_path
 
 def test_store_has_key_agrees_with_store_check_where_torch_has_it(tmp_path: Path) -> None:
     if not hasattr(dist.Store, "check"):
-        pytest.skip(f"torch {torch.__version__} has no Store.check (added in torch 2.3): the other tests cover the fallback")
+        pytest.skip(
+            f"torch {torch.__version__} has no Store.check (added in torch 2.3): the other tests cover the fallback"
+        )
     for store in _stores(tmp_path):
         store.set("a", "1")
         store.add("a" + _WRITTEN, 1)  # what store_set writes before torch 2.3
@@ -102,7 +104,9 @@ def test_store_calls_from_a_thread_hold_the_gil(api: str) -> None:
     # Python's debug allocator aborts a process that allocates without the GIL: torch 2.1.2's
     # compare_set did, from the abort watch's thread, and corrupted ranks' heaps (CI, 2026-12-02).
     env = {**os.environ, "PYTHONMALLOC": "debug"}
-    proc = subprocess.run([sys.executable, "-c", GIL_PROBE, api], capture_output=True, text=True, env=env, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", GIL_PROBE, api], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert proc.returncode == 0 and "clean" in proc.stdout, proc.stderr[-3000:]
 
 
@@ -130,9 +134,16 @@ def test_planner_kwargs_drops_only_the_keywords_an_older_planner_lacks() -> None
 def _version_tests(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr") and node.args:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr")
+            and node.args
+        ):
             target = ast.unparse(node.args[0])
-            if target.split(".")[0] in ("torch", "dist", "dcp") and not (node.func.id == "getattr" and target == "torch"):
+            if target.split(".")[0] in ("torch", "dist", "dcp") and not (
+                node.func.id == "getattr" and target == "torch"
+            ):
                 found.append(f"{path.relative_to(PKG)}:{node.lineno}: {ast.unparse(node)}")
         if isinstance(node, ast.Attribute) and node.attr == "__version__" and ast.unparse(node.value) == "torch":
             found.append(f"{path.relative_to(PKG)}:{node.lineno}: torch.__version__")
@@ -141,9 +152,13 @@ def _version_tests(path: Path) -> list[str]:
 
 def test_only_torch_compat_tests_torch_versions() -> None:
     """``getattr(torch, name)`` of a dtype name is allowed; a probe of an API is not."""
-    found = [hit for path in sorted(PKG.rglob("*.py")) if path.name != "torch_compat.py" for hit in _version_tests(path)]
+    found = [
+        hit for path in sorted(PKG.rglob("*.py")) if path.name != "torch_compat.py" for hit in _version_tests(path)
+    ]
     assert not found, "version probes outside distributed/torch_compat.py:\n" + "\n".join(found)
-    assert _version_tests(PKG / "distributed" / "torch_compat.py"), "the scan finds nothing even in torch_compat.py: it is broken"
+    assert _version_tests(PKG / "distributed" / "torch_compat.py"), (
+        "the scan finds nothing even in torch_compat.py: it is broken"
+    )
 
 
 def test_post_accumulate_grad_hook_fires_once_per_backward_after_the_accumulation() -> None:
@@ -166,7 +181,9 @@ def test_post_accumulate_grad_hook_is_none_where_torch_lacks_it() -> None:
 
 
 @pytest.mark.parametrize("static", ["installed", "missing", "not-on-this-device"])
-def test_nonzero_of_size_is_nonzero_with_or_without_nonzero_static(static: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nonzero_of_size_is_nonzero_with_or_without_nonzero_static(
+    static: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Where torch lacks ``nonzero_static`` (or has no kernel for the device: CUDA before 2.6) the
     shim falls back to ``nonzero`` and remembers; either way the rows are ``nonzero``'s, in order."""
     monkeypatch.setattr(torch_compat, "_NO_NONZERO_STATIC", set())
@@ -179,7 +196,11 @@ def test_nonzero_of_size_is_nonzero_with_or_without_nonzero_static(static: str, 
 
         monkeypatch.setattr(torch, "nonzero_static", no_kernel)
     gen = torch.Generator().manual_seed(0)
-    masks = [torch.rand(5, 300, generator=gen) < 0.3, torch.zeros(3, 7, dtype=torch.bool), torch.ones(4, dtype=torch.bool)]
+    masks = [
+        torch.rand(5, 300, generator=gen) < 0.3,
+        torch.zeros(3, 7, dtype=torch.bool),
+        torch.ones(4, dtype=torch.bool),
+    ]
     for mask in masks:
         got = nonzero_of_size(mask, int(mask.sum()))
         assert got.dtype == torch.int64 and torch.equal(got, torch.nonzero(mask))

@@ -83,7 +83,10 @@ def test_histogram_counts_equal_routings_touching_rows():
     end = torch.clamp(first + torch.randint(-1, 4, (num,), generator=gen), 0, num_rows)
     owners = torch.randint(0, world_size, (num,), generator=gen)
     # Two cameras: the second sees the footprints shifted down one row (and must not mix with the first).
-    firsts, ends = torch.stack([first, (first + 1).clamp(max=num_rows)]), torch.stack([end, (end + 1).clamp(max=num_rows)])
+    firsts, ends = (
+        torch.stack([first, (first + 1).clamp(max=num_rows)]),
+        torch.stack([end, (end + 1).clamp(max=num_rows)]),
+    )
     first_hist, end_hist = tm.owner_histograms(firsts, ends, {world_size: owners}, num_rows)[world_size]
     for cam in range(2):
         counts = tm.OwnerRowCounts.from_histograms(first_hist[cam], end_hist[cam])
@@ -118,4 +121,6 @@ def test_a_street_copy_sees_its_copy_as_the_original_camera_sees_the_original():
     # float32 rounding of the offset (copies sit ~16 units apart): 1e-5 is ~100 ulps at that size.
     for k in range(3):
         copy_k = street.points[50 * k : 50 * (k + 1)]
-        torch.testing.assert_close(camera_coords(street.viewmats[k], copy_k), camera_coords(view, points), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            camera_coords(street.viewmats[k], copy_k), camera_coords(view, points), atol=1e-5, rtol=0
+        )
