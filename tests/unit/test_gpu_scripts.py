@@ -493,6 +493,15 @@ def test_memory_runs_train_the_shipped_scene_through_a_refinement_on_two_backend
     )
 
 
+def test_committed_standin_figure_is_of_the_memory_run_the_gpu_check_trains() -> None:
+    # A changed memory run needs `python -m benchmarks.standin_peak` again, or the lease compares nothing.
+    found = memory.latest_standin()
+    assert found is not None, "no benchmarks/results/standin_peak_*.json"
+    path, data = found
+    assert data["ns_train_args"] == memory.command_template(memory.STANDIN_RUN), path
+    assert data["device_peak_bytes"]["0"] > 0 and data["backend"] == "reference"
+
+
 def _memory_record(allocated: int, reserved: int, summary: int) -> dict:
     return {
         "status": "ok",
