@@ -121,6 +121,9 @@ def compare_memory(
                     "cuda_allocated_bytes": a,
                     "cuda_reserved_bytes": r,
                     "run_summary_peak_bytes": p,
+                    # distsplat's own whole-run figure (RankBudget.run_peak_device_bytes), read after the
+                    # end-of-run save and eval: the launcher's, at exit, may only be larger.
+                    "run_summary_equals_allocated": p == a if a is not None and p is not None else None,
                     "allocated_over_standin": _ratio(a, s),
                     "reserved_over_standin": _ratio(r, s),
                     "reserved_over_allocated": _ratio(r, a),

@@ -526,7 +526,7 @@ def test_memory_comparison_gives_per_rank_ratios_to_the_standin_count(tmp_path: 
     assert rank0["allocated_over_standin"] == pytest.approx(1.25) and rank0["reserved_over_allocated"] == pytest.approx(
         1.6
     )
-    assert rank0["run_summary_peak_bytes"] == 250
+    assert rank0["run_summary_peak_bytes"] == 250 and rank0["run_summary_equals_allocated"]
     assert out["runs"]["memory_gsplat"]["per_rank"][0]["reserved_over_standin"] == pytest.approx(2.5)
 
 
