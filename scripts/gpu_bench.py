@@ -7,7 +7,9 @@ and on CPU for the dry run. Subcommands (``python scripts/gpu_bench.py SUBCOMMAN
   folder, and nothing else is there; prints and optionally writes the result as JSON.
 * ``step``: add or replace one step's record (status, seconds, detail) in the summary JSON.
 * ``env``: the machine, Python, torch, CUDA, GPU and package versions as JSON.
-* ``junit``: pytest's JUnit XML as JSON, with the tests grouped by what docs/gpu.md asks them to cover.
+* ``junit``: pytest's JUnit XML as JSON, with the tests grouped by what docs/gpu.md asks them to cover
+  (``--section NAME``: into that key of the file, the rest kept: gsplat 1.5.3's run beside 1.4.0's).
+* ``junit-section``: copy one such section from another tests JSON (a resumed call's previous one).
 * ``bench``: the training runs (distsplat B=1 and B=4, splatfacto, 2 processes on one GPU), each
   through scripts/gpu_launch.py, and their measurements as JSON.
 * ``summary``: the targets of docs/gpu.md checked against the measured numbers, written into the summary.
@@ -298,6 +300,13 @@ def parse_junit(xml_text: str) -> dict[str, Any]:
     return {"counts": counts, "tests": tests, "coverage": coverage}
 
 
+def write_section(path: Path, key: str, value: Any, dry_run: bool) -> None:
+    """Set ``key`` of the JSON file ``path`` to ``value``, keeping its other keys (created if absent)."""
+    data = read_json(path, default=None) or {"dry_run": dry_run}
+    data[key] = value
+    write_json(path, data)
+
+
 # -------------------------------------------------------------------------------------------- bench
 @dataclass(frozen=True)
 class RunSpec:
@@ -309,6 +318,10 @@ class RunSpec:
     batch_size: int
     num_images: int
     num_procs: int = 1
+    extra_args: tuple[str, ...] = ()
+    """More ns-train arguments of the method (before the dataparser's), e.g. a shorter refinement schedule."""
+    scene: str = ""
+    """The scene, relative to the repository root; "" trains on the check's own (``BenchConfig.data``)."""
 
 
 @dataclass
@@ -385,6 +398,7 @@ def ns_train_args(run: RunSpec, output_dir: Path, data: Path, device: str) -> li
         args += ["--pipeline.batch-size", str(run.batch_size)]
     elif run.batch_size != 1:
         raise ValueError(f"splatfacto trains one image per step; got batch_size={run.batch_size} for run {run.name}")
+    args += list(run.extra_args)
     args += [
         "colmap",
         "--data",
@@ -489,7 +503,8 @@ def execute_run(run: RunSpec, cfg: BenchConfig) -> dict[str, Any]:
     report = cfg.workdir / "reports" / f"{run.name}.rank{{rank}}.json"
     for old in report.parent.glob(f"{run.name}.rank*.json"):
         old.unlink()
-    cmd = launch_command(run, report, output_dir, cfg.data, cfg.device, python=cfg.python)
+    data = ROOT / run.scene if run.scene else cfg.data
+    cmd = launch_command(run, report, output_dir, data, cfg.device, python=cfg.python)
     record["command"] = " ".join(cmd)
     log_path = cfg.workdir / "logs" / f"{run.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -579,16 +594,16 @@ def compare(runs: dict[str, dict[str, Any]], dry_run: bool) -> dict[str, Any]:
 def reusable_record(run: RunSpec, cfg: BenchConfig) -> dict[str, Any] | None:
     """The finished record of the same run (same spec, data, device, dry-run flag) in ``cfg.previous``."""
     previous = cfg.previous or {}
-    if (
-        previous.get("dry_run") != cfg.dry_run
-        or previous.get("device") != cfg.device
-        or previous.get("data") != str(cfg.data)
-    ):
+    if previous.get("dry_run") != cfg.dry_run or previous.get("device") != cfg.device:
+        return None
+    if not run.scene and previous.get("data") != str(cfg.data):  # a run with its own scene names it in its spec
         return None
     record = (previous.get("runs") or {}).get(run.name)
     if not record or record.get("status") != "ok":
         return None
-    if any(record.get(k) != v for k, v in dataclasses.asdict(run).items()):
+    # As JSON has it (a tuple reads back as a list); a field the record lacks is its default.
+    defaults = dataclasses.asdict(RunSpec("", "", 0, 0))
+    if any(sanitize(record.get(k, defaults[k])) != sanitize(v) for k, v in dataclasses.asdict(run).items()):
         return None
     return dict(record, reused_from_previous_call=True)
 
@@ -657,6 +672,9 @@ def summarize(
         "verdict": parity_verdict,
     }
     summary["targets"] = targets
+    if bench and bench.get("memory"):
+        # scripts/gpu_memory.py: the real allocator's whole-run peaks beside the stand-in's count.
+        summary["memory"] = bench["memory"]
     if tests is not None:
         summary["tests_coverage"] = {
             area: (ids if ids else "MISSING: no CUDA test id mentions " + "/".join(COVERAGE_KEYWORDS[area]))
@@ -695,7 +713,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--xml", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--returncode", type=int, required=True)
+    p.add_argument("--section", help="write into this key of --out, keeping the rest of the file")
     p.add_argument("--dry-run", action="store_true")
+
+    p = sub.add_parser("junit-section", help="copy one section of a tests JSON into another")
+    p.add_argument("--from", dest="source", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--section", required=True)
 
     p = sub.add_parser("bench", help="the timed training runs")
     p.add_argument("--out", type=Path, required=True)
@@ -750,7 +774,17 @@ def main(argv: list[str] | None = None) -> int:
             parsed = {"counts": {}, "tests": [], "coverage": {k: [] for k in COVERAGE_KEYWORDS}, "error": repr(err)}
         parsed["pytest_returncode"] = args.returncode
         parsed["dry_run"] = args.dry_run
-        write_json(args.out, parsed)
+        if args.section:
+            write_section(args.out, args.section, parsed, args.dry_run)
+        else:
+            write_json(args.out, parsed)
+        return 0
+    if args.command == "junit-section":
+        section = (read_json(args.source, default={}) or {}).get(args.section)
+        if section is None:
+            print(f"{args.source} has no {args.section!r}", file=sys.stderr)
+            return 1
+        write_section(args.out, args.section, section, bool(section.get("dry_run")))
         return 0
     if args.command == "bench":
         cfg = BenchConfig(

@@ -8,11 +8,17 @@
 #   4. the timing: splatfacto and distsplat on 2 processes on one GPU over gloo on the same scene
 #      for the same number of images (step 2's runs kept), recording step time, images/s, peak GPU
 #      memory, final PSNR;
+#   4m. memory: distsplat B=1 on scenes/lund_door (17 images, one refinement) through scripts/gpu_memory.py: the
+#      real allocator's whole-run peaks per rank beside the device stand-in's count of the same command
+#      (benchmarks/results/standin_peak_*.json), on the reference backend and on gsplat;
 #   4a. python -m benchmarks.bench_cost_unit --device cuda: gsplat's time per intersection and fixed cost per
 #      band (what rendering/api.py:BAND_COST_FRACTIONS["gsplat"] should hold);
 #   4b. with the time left: python -m benchmarks.bench_time_to_quality --quick (1 vs 2 ranks, PSNR vs wall time);
-#   5. write summary.json, env.json, tests.json, bench.json, cost_unit.json, time_to_quality.json
-#      (+ gpu_check.log, gsplat_cuda.so.gz) to OUTDIR.
+#   4n. last, with the time left: gsplat 1.5.3 (carried in .whl/gsplat-next/) installed beside 1.4.0, its CUDA
+#      extension compiled (or a carried build loaded), and pytest -m cuda again with it first on the path;
+#   5. write summary.json, env.json, tests.json (gsplat 1.5.3's tests under "gsplat_1.5.3"), bench.json (the
+#      memory runs too, and "memory"), cost_unit.json, time_to_quality.json (+ gpu_check.log,
+#      gsplat_cuda.so.gz, and gsplat_cuda_1.5.3.so.gz while fewer than 8 files are there) to OUTDIR.
 #
 # Usage: bash scripts/gpu_check.sh OUTDIR [--dry-run]
 #   --dry-run (implied when torch sees no CUDA device): use the current Python environment instead of
@@ -30,6 +36,8 @@
 #   GPU_CHECK_SKIP_COST_UNIT=1 leave out the cost-unit step (4a); GPU_COST_UNIT_IMAGES [300] its training images
 #   GPU_CHECK_SKIP_TTQ=1       leave out the time-to-quality step (4b); GPU_TTQ_DATA [.gpu_data/bird] its scene
 #                              (and step 4a's)
+#   GPU_CHECK_SKIP_MEMORY=1    leave out the memory runs (4m)
+#   GPU_CHECK_SKIP_NEXT=1      leave out gsplat 1.5.3 (4n); a resumed call continues its interrupted build
 #   GPU_BENCH_ONLY ["" = all]  space-separated run names: distsplat_b1 splatfacto distsplat_b4 distsplat_2proc_gloo
 #   GPU_CHECK_INSTALL=1        with --dry-run: install as the real run does (the wheels of .whl with pip
 #                              --no-index --no-deps --target, the project, PYTHONPATH, the import check)
@@ -136,6 +144,22 @@ else
   step install ok $(($(date +%s) - t0)) "$(ls "$WHEEL_DIR"/*.whl | wc -l) wheels ($(du -sm "$WHEEL_DIR" | cut -f1) MiB) and the project into $SITE with $("$PY" -c 'import sys; print(sys.executable, sys.version.split()[0])')$( ((DRY)) && echo " (dry run, GPU_CHECK_INSTALL=1)")"
 fi
 
+# write_csrc_shim GSPLAT_DIR LIBRARY: make gsplat load LIBRARY, a build returned (gzipped) by an earlier
+# run of this script on the same machine image (same torch, same Python): gsplat imports `gsplat.csrc`
+# before it tries to compile (1.4.0 and 1.5.3 alike), so a module of that name that loads the library
+# skips the compile.
+write_csrc_shim() {
+  cat > "$1/csrc.py" <<PYSHIM
+# Written by scripts/gpu_check.sh: loads the carried gsplat extension $2.
+import importlib.util as _util
+import torch as _torch  # noqa: F401  (the library links against libtorch)
+_spec = _util.spec_from_file_location("gsplat_cuda", "$2")
+_mod = _util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+globals().update({k: v for k, v in vars(_mod).items() if not k.startswith("__")})
+PYSHIM
+}
+
 # ------------------------------------------------------------------ 1b. gsplat's CUDA extension
 t0=$(date +%s)
 GSPLAT_MISSING=0
@@ -167,18 +191,7 @@ else
     PREBUILT="$ROOT/.gpu_prebuilt/gsplat_cuda.so"
   fi
   if [[ -n "$PREBUILT" ]]; then
-    # A build returned (as gsplat_cuda.so.gz) by an earlier run of this script on the same machine
-    # image (same torch, same Python): gsplat imports `gsplat.csrc` before it tries to compile, so a
-    # shim module that loads the carried library skips the compile.
-    cat > "$GSPLAT_DIR/csrc.py" <<PYSHIM
-# Written by scripts/gpu_check.sh: loads the carried gsplat extension $PREBUILT.
-import importlib.util as _util
-import torch as _torch  # noqa: F401  (the library links against libtorch)
-_spec = _util.spec_from_file_location("gsplat_cuda", "$PREBUILT")
-_mod = _util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-globals().update({k: v for k, v in vars(_mod).items() if not k.startswith("__")})
-PYSHIM
+    write_csrc_shim "$GSPLAT_DIR" "$PREBUILT"
     if "$PY" -c "from gsplat.cuda._backend import _C; assert _C is not None" 2> "$WORK/prebuilt.err"; then
       BUILD_KIND="carried build .gpu_prebuilt (no compile)"
     else
@@ -336,6 +349,26 @@ else
   step bench "$STATUS" $(($(date +%s) - t0)) "per-run status, measurements and log tails in bench.json"
 fi
 
+# ------------------------------------------------------------------ 4m. the allocator beside the stand-in
+# One short densifying run (scripts/gpu_memory.py) whose device bytes the stand-in counted on the CPU
+# (benchmarks/results/standin_peak_*.json): the real allocator's whole-run peaks per rank beside that
+# count (issue 58), first on the stand-in's own reference backend, then on gsplat. Into bench.json.
+t0=$(date +%s)
+if [[ "${GPU_CHECK_SKIP_MEMORY:-0}" == 1 ]]; then
+  step memory skipped 0 "GPU_CHECK_SKIP_MEMORY=1"
+elif ((GSPLAT_MISSING)); then
+  step memory skipped 0 "gsplat's extension is not built"
+elif (($(left) < 80)); then
+  step memory skipped 0 "time budget: $(left) s left (needs about 80 s)"
+else
+  say "memory runs: the allocator's peaks beside the stand-in's count (scripts/gpu_memory.py)"
+  "$PY" scripts/gpu_memory.py run --bench "$OUTDIR/bench.json" --workdir "$WORK" --device "$DEVICE" \
+    --deadline $((DEADLINE - 20)) ${PREV:+--previous "$PREV/bench.json"} ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+  RC=$?
+  if ((RC == 0)); then STATUS=ok; else STATUS=failed; fi
+  step memory "$STATUS" $(($(date +%s) - t0)) "$("$PY" -c "import json,sys; m=json.load(open(sys.argv[1])).get('memory') or {}; print(m.get('verdict'), json.dumps({n: r['per_rank'] for n, r in (m.get('runs') or {}).items()}))" "$OUTDIR/bench.json" 2>/dev/null | head -c 1500); bench.json: runs memory_* and memory"
+fi
+
 # ------------------------------------------------------------------ 4a, 4b. benchmarks on bird
 TTQ_DATA="${GPU_TTQ_DATA:-.gpu_data/bird}"
 # bird_step NAME SKIP_VAR NEEDS_S DRY_DETAIL OK_DETAIL CMD...: run a benchmark on gsplat with the
@@ -388,6 +421,118 @@ bird_step time_to_quality GPU_CHECK_SKIP_TTQ 200 \
   "ratios in time_to_quality.json (ratios_to_1_rank_final_psnr)" \
   "$PY" -m benchmarks.bench_time_to_quality --quick --device cuda --data "$TTQ_DATA" \
   --out "$WORK/time_to_quality.json" --plot "$WORK/time_to_quality.png"
+
+# ------------------------------------------------------------------ 4n. gsplat 1.5.3, last
+# The same CUDA tests on gsplat 1.5.3 (issue 57), with the time left: its wheel (pure Python; carried in
+# .whl/gsplat-next/ by prepare_gpu_wheels.sh, apart from the list the install checks) goes into its own
+# site ahead of 1.4.0's, its extension is compiled into its own TORCH_EXTENSIONS_DIR (both releases
+# name it gsplat_cuda) or a carried .gpu_prebuilt/gsplat_cuda_1.5.3.so.gz is loaded, then pytest -m cuda.
+NEXT_VERSION=1.5.3
+NEXT_WHEEL="$(ls "$WHEEL_DIR"/gsplat-next/gsplat-"$NEXT_VERSION"-*.whl 2>/dev/null | head -1)"
+NEXT_SITE="$CACHE/site-gsplat-$NEXT_VERSION"
+NEXT_NEEDS_S=150  # the build resumes in a later call, so a start that cannot finish still counts; the tests need ~90 s
+NEXT_KEY="gsplat_$NEXT_VERSION"
+t0=$(date +%s)
+if [[ -n "$PREV" && -f "$PREV/tests.json" ]] && "$PY" -c "import json,sys; sys.exit(0 if (json.load(open('$PREV/tests.json')).get('$NEXT_KEY') or {}).get('tests') else 1)" 2>/dev/null; then
+  "$PY" scripts/gpu_bench.py junit-section --from "$PREV/tests.json" --out "$OUTDIR/tests.json" --section "$NEXT_KEY"
+  step gsplat_next_build reused 0 "GPU_CHECK_RESUME=1: the previous call's build"
+  step gsplat_next_tests reused 0 "GPU_CHECK_RESUME=1: tests.json's $NEXT_KEY of the previous call ($PREV), not re-run"
+elif ((DRY)); then
+  step gsplat_next_build skipped 0 "dry run: no CUDA device (gsplat $NEXT_VERSION compiles its extension on first CUDA use; wheel carried: ${NEXT_WHEEL:-no}); on the CPU scripts/test_gsplat_next.sh runs the gsplat tests on it"
+elif [[ "${GPU_CHECK_SKIP_NEXT:-0}" == 1 ]]; then
+  step gsplat_next_build skipped 0 "GPU_CHECK_SKIP_NEXT=1"
+elif ((GSPLAT_MISSING)); then
+  step gsplat_next_build skipped 0 "gsplat 1.4.0's extension is not built: the check did not get this far"
+elif [[ -z "$NEXT_WHEEL" ]]; then
+  step gsplat_next_build failed 0 "no $WHEEL_DIR/gsplat-next/gsplat-$NEXT_VERSION-*.whl (run scripts/prepare_gpu_wheels.sh here and carry .whl)"
+elif (($(left) < NEXT_NEEDS_S)); then
+  step gsplat_next_build skipped 0 "time budget: $(left) s left (needs about $NEXT_NEEDS_S s to start; a GPU_CHECK_RESUME=1 call with GPU_CHECK_SKIP_COST_UNIT=1 GPU_CHECK_SKIP_TTQ=1 gives it the time)"
+else
+  NEXT_OK=1
+  if [[ ! -f "$NEXT_SITE/.installed-$NEXT_VERSION" ]]; then
+    rm -rf "$NEXT_SITE"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$NEXT_SITE" "$NEXT_WHEEL" \
+      && touch "$NEXT_SITE/.installed-$NEXT_VERSION" || NEXT_OK=0
+  fi
+  # Its requirements (ninja, numpy, jaxtyping, rich, torch, packaging) are the machine's own.
+  NEXT_ENV=(env "PYTHONPATH=$NEXT_SITE${PYTHONPATH:+:$PYTHONPATH}" "TORCH_EXTENSIONS_DIR=$CACHE/torch_extensions_gsplat_$NEXT_VERSION" "DISTSPLAT_EXPECT_GSPLAT=$NEXT_VERSION")
+  NEXT_DIR="$("${NEXT_ENV[@]}" "$PY" -c "import gsplat, os, sys; v = gsplat.__version__; sys.exit(f'imported gsplat {v}') if v != '$NEXT_VERSION' else print(os.path.dirname(gsplat.__file__))" 2> "$WORK/next_import.err")" || NEXT_OK=0
+  if ((NEXT_OK == 0)); then
+    step gsplat_next_build failed $(($(date +%s) - t0)) "install or import of $NEXT_WHEEL failed: $(tail -c 1000 "$WORK/next_import.err")"
+  else
+    NEXT_KIND=""
+    rm -f "$NEXT_DIR/csrc.py"
+    if [[ -f ".gpu_prebuilt/gsplat_cuda_$NEXT_VERSION.so.gz" ]]; then
+      mkdir -p "$CACHE/prebuilt"
+      gunzip -c ".gpu_prebuilt/gsplat_cuda_$NEXT_VERSION.so.gz" > "$CACHE/prebuilt/gsplat_cuda_$NEXT_VERSION.so"
+      write_csrc_shim "$NEXT_DIR" "$CACHE/prebuilt/gsplat_cuda_$NEXT_VERSION.so"
+      if "${NEXT_ENV[@]}" "$PY" -c "from gsplat.cuda._backend import _C; assert _C is not None" 2> "$WORK/next_prebuilt.err"; then
+        NEXT_KIND="carried build .gpu_prebuilt (no compile)"
+      else
+        say "the carried gsplat $NEXT_VERSION build does not load here; compiling instead: $(tail -c 400 "$WORK/next_prebuilt.err")"
+        rm -f "$NEXT_DIR/csrc.py"
+      fi
+    fi
+    if [[ -z "$NEXT_KIND" ]]; then
+      NEXT_LIMIT=$(($(left) - 30))
+      say "compiling gsplat $NEXT_VERSION's CUDA extension (limit ${NEXT_LIMIT}s): arch $TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+      # gsplat's own import compiles it, with its own sources and flags (so later imports find it
+      # built); shutil.rmtree is held off meanwhile: gsplat deletes a build folder without a finished
+      # library, and keeping it lets ninja resume an interrupted build in a later call.
+      if "${NEXT_ENV[@]}" VERBOSE=1 timeout -k 10 "$NEXT_LIMIT" "$PY" - <<'PYBUILD'; then
+import shutil
+import time
+
+t = time.time()
+_rmtree, shutil.rmtree = shutil.rmtree, lambda *args, **kwargs: None
+try:
+    from gsplat.cuda._backend import _C
+finally:
+    shutil.rmtree = _rmtree
+assert _C is not None, "gsplat did not load its extension (no nvcc found?)"
+print("gsplat extension ready in %.0f s" % (time.time() - t), flush=True)
+PYBUILD
+        NEXT_KIND="JIT-compiled by gsplat's own import with $(nvcc --version | tail -1)"
+      fi
+    fi
+    if [[ -z "$NEXT_KIND" ]]; then
+      step gsplat_next_build failed $(($(date +%s) - t0)) "gsplat $NEXT_VERSION's extension did not build within ${NEXT_LIMIT:-0} s (see gpu_check.log; a GPU_CHECK_RESUME=1 call on the warm machine continues it)"
+    else
+      NEXT_SO="$(find "$CACHE/torch_extensions_gsplat_$NEXT_VERSION" -name 'gsplat_cuda*.so' 2>/dev/null | head -1)"
+      if [[ -n "$NEXT_SO" && "$NEXT_KIND" != carried* ]]; then
+        gzip -c "$NEXT_SO" > "$WORK/gsplat_cuda_$NEXT_VERSION.so.gz"
+        GZ_BYTES=$(stat -c %s "$WORK/gsplat_cuda_$NEXT_VERSION.so.gz")
+        # At most 8 files come back from a device call (docs/gpu.md, "What it writes"): this one only into a free place.
+        if ((GZ_BYTES < 16 * 1048576 && $(ls "$OUTDIR" | wc -l) < 8)); then
+          cp "$WORK/gsplat_cuda_$NEXT_VERSION.so.gz" "$OUTDIR/"
+          NEXT_KIND="$NEXT_KIND; returned as gsplat_cuda_$NEXT_VERSION.so.gz"
+        fi
+        NEXT_KIND="$NEXT_KIND; library $(($(stat -c %s "$NEXT_SO") / 1048576)) MiB, $((GZ_BYTES / 1048576)) MiB gzipped"
+      fi
+      step gsplat_next_build ok $(($(date +%s) - t0)) "gsplat $NEXT_VERSION ($NEXT_DIR): $NEXT_KIND; TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST; MAX_JOBS=$MAX_JOBS"
+      t0=$(date +%s)
+      if (($(left) < 60)); then
+        step gsplat_next_tests skipped 0 "time budget: $(left) s left after the build (a GPU_CHECK_RESUME=1 call runs them on the built extension)"
+      else
+        TEST_LIMIT=$(($(left) - 20))
+        ((TEST_LIMIT > 240)) && TEST_LIMIT=240
+        say "pytest -m cuda on gsplat $NEXT_VERSION (limit ${TEST_LIMIT}s)"
+        "${NEXT_ENV[@]}" timeout -s INT -k 20 "$TEST_LIMIT" "$PY" -m pytest -m cuda tests -q -p no:cacheprovider \
+          --continue-on-collection-errors --junitxml "$WORK/junit_next.xml" -o junit_family=xunit1
+        RC=$?
+        "$PY" scripts/gpu_bench.py junit --xml "$WORK/junit_next.xml" --out "$OUTDIR/tests.json" --section "$NEXT_KEY" \
+          --returncode "$RC" ${DRYFLAG[@]+"${DRYFLAG[@]}"}
+        case "$RC" in
+          0) STATUS=ok ;;
+          5) STATUS="no tests" ;;
+          124|137) STATUS=timeout ;;
+          *) STATUS=failed ;;
+        esac
+        step gsplat_next_tests "$STATUS" $(($(date +%s) - t0)) "pytest exit code $RC on gsplat $NEXT_VERSION; $("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['$NEXT_KEY']['counts'])" "$OUTDIR/tests.json" 2>/dev/null); per-test outcomes in tests.json's $NEXT_KEY"
+      fi
+    fi
+  fi
+fi
 
 # ------------------------------------------------------------------ 5. summary
 "$PY" scripts/gpu_bench.py summary --summary "$SUMMARY" --tests "$OUTDIR/tests.json" --bench "$OUTDIR/bench.json" ${DRYFLAG[@]+"${DRYFLAG[@]}"}

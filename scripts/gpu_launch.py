@@ -29,6 +29,10 @@ Patches (each one recorded under "patches" in the report):
 * ``count_ops`` (with ``--count-ops``): the ATen operators dispatched in each step are counted
   (``ops_per_step``, ``sync_ops_per_step``, ``ops_by_name``); a launch-overhead proxy that does not
   depend on the machine's load. It slows the steps: such a run is not timed for comparison.
+* ``whole_run_peak``: ``torch.cuda.reset_peak_memory_stats`` first folds the allocator's peaks into
+  the report's, so the peaks written at exit cover the whole run. distsplat's memory budget resets
+  them at each densification event (distsplat_ns/gaussians/budget_measured.py), and without this
+  ``max_memory_allocated`` at exit would cover only the time since the last event.
 * ``cpu_reference_renderer`` (with ``--cpu-reference-renderer``, CPU only): splatfacto renders
   with distsplat's pure-PyTorch reference rasterizer and ``Tensor.cuda()`` is a no-op, so both
   methods run on a machine without CUDA through the same renderer (the CPU proxy of
@@ -69,12 +73,15 @@ REPORT: dict[str, Any] = {
     "final_eval": None,
     "peak_cuda_memory_allocated_bytes": None,
     "peak_cuda_memory_reserved_bytes": None,
+    "peak_resets": 0,
     "cuda_device": None,
     "error": None,
     "process_wall_s": None,
 }
 _T0 = time.perf_counter()
 _REPORT_PATH: Path | None = None
+_PEAKS_BEFORE_RESETS = {"allocated": 0, "reserved": 0}
+"""The largest peaks ``torch.cuda`` reported just before a ``reset_peak_memory_stats`` (``patch_whole_run_peak``)."""
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -129,8 +136,12 @@ def write_report() -> None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             device = torch.cuda.current_device()
             REPORT["cuda_device"] = f"cuda:{device} {torch.cuda.get_device_name(device)}"
-            REPORT["peak_cuda_memory_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
-            REPORT["peak_cuda_memory_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+            REPORT["peak_cuda_memory_allocated_bytes"] = max(
+                _PEAKS_BEFORE_RESETS["allocated"], int(torch.cuda.max_memory_allocated(device))
+            )
+            REPORT["peak_cuda_memory_reserved_bytes"] = max(
+                _PEAKS_BEFORE_RESETS["reserved"], int(torch.cuda.max_memory_reserved(device))
+            )
     except Exception as err:  # noqa: BLE001 -- the report must still be written
         REPORT["error"] = (REPORT["error"] or "") + f"\nmemory query failed: {err!r}"
     _REPORT_PATH.parent.mkdir(parents=True, exist_ok=True)
@@ -197,6 +208,30 @@ def patch_timing() -> None:
 
     hook_step_timer(start, sync, record)
     REPORT["patches"].append("timing: CUDA synchronised around each ITER_TRAIN_TIME step; every step's duration kept")
+
+
+def patch_whole_run_peak() -> None:
+    """Keep the allocator's peaks across ``torch.cuda.reset_peak_memory_stats``: each reset first adds
+    the peaks so far to ``_PEAKS_BEFORE_RESETS``, which the report's peaks at exit include."""
+    import torch
+
+    original_reset = torch.cuda.reset_peak_memory_stats
+
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            _PEAKS_BEFORE_RESETS["allocated"] = max(
+                _PEAKS_BEFORE_RESETS["allocated"], int(torch.cuda.max_memory_allocated(device))
+            )
+            _PEAKS_BEFORE_RESETS["reserved"] = max(
+                _PEAKS_BEFORE_RESETS["reserved"], int(torch.cuda.max_memory_reserved(device))
+            )
+        REPORT["peak_resets"] += 1
+        original_reset(device)
+
+    torch.cuda.reset_peak_memory_stats = reset_peak_memory_stats  # type: ignore[assignment]
+    REPORT["patches"].append(
+        "whole_run_peak: the peaks before each torch.cuda.reset_peak_memory_stats are kept; the report's cover the run"
+    )
 
 
 #: Operators whose output size depends on the data, or that read a value back: each one is a
@@ -344,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         from nerfstudio.scripts.train import entrypoint
 
         patch_timing()
+        patch_whole_run_peak()
         patch_lpips_if_offline()
         if args.final_eval:
             patch_final_eval()

@@ -2,6 +2,8 @@
 # Prepare, on this (networked, CPU) machine, what scripts/gpu_check.sh needs on the bare CUDA machine:
 #   .whl/                      the wheels of scripts/gpu_wheels.txt for CPython 3.12 manylinux x86_64
 #                              (git-ignored; pip download --no-deps: the list is the whole closure)
+#   .whl/gsplat-next/          gsplat 1.5.3's pure-Python wheel, for gpu_check.sh's last step (its own site
+#                              beside 1.4.0's; apart from .whl/*.whl, which must hold one version a project)
 #   .gpu_data/lund_door_x2/    the benchmark scene: ../shared/data/lund_door downscaled 2x (648x968),
 #                              made with scripts/make_shipped_scene.py (../shared does not travel)
 #   .gpu_data/bird/            ../shared/data/bird as it is (5 MB): bench_time_to_quality.py's scene
@@ -83,6 +85,16 @@ echo "[prepare] downloading ${#PINS[@]} wheels for CPython 3.12 into .whl/"
 "$PY" scripts/gpu_bench.py check-wheels --list scripts/gpu_wheels.txt --dir .whl > .whl-check.json \
   || { cat .whl-check.json; rm -f .whl-check.json; echo "[prepare] error: .whl does not match scripts/gpu_wheels.txt" >&2; exit 1; }
 rm -f .whl-check.json
+# gsplat 1.5.3 (scripts/gpu_check.sh, step 4n): its requirements (ninja, numpy, jaxtyping, rich, torch,
+# packaging) are the machine's own (scripts/gpu_machine_packages.txt).
+GSPLAT_NEXT_VERSION=1.5.3
+mkdir -p .whl/gsplat-next
+find .whl/gsplat-next -name '*.whl' ! -name "gsplat-$GSPLAT_NEXT_VERSION-*" -delete
+if ! ls .whl/gsplat-next/gsplat-"$GSPLAT_NEXT_VERSION"-*.whl >/dev/null 2>&1; then
+  echo "[prepare] downloading gsplat==$GSPLAT_NEXT_VERSION into .whl/gsplat-next/"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --abi cp312 --abi abi3 --abi none --platform any -d .whl/gsplat-next "gsplat==$GSPLAT_NEXT_VERSION"
+fi
 
 # ---------------------------------------------------------------------------------------- scene
 DATA_DIR=".gpu_data/lund_door_x$FACTOR"

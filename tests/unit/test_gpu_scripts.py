@@ -75,6 +75,7 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
         "GPU_CHECK_COMMIT": "test",
         "GPU_CHECK_SKIP_TESTS": "1",
         "GPU_CHECK_SKIP_BENCH": "1",
+        "GPU_CHECK_SKIP_MEMORY": "1",
     }
     if install:
         env["GPU_CHECK_INSTALL"] = "1"
@@ -93,6 +94,9 @@ def test_dry_run_installs_like_the_real_run_only_with_gpu_check_install(tmp_path
     assert steps["gsplat_build"]["status"] == "skipped"
     assert steps["time_to_quality"]["status"] == "skipped" and "dry run" in steps["time_to_quality"]["detail"]
     assert steps["cost_unit"]["status"] == "skipped" and "dry run" in steps["cost_unit"]["detail"]
+    assert steps["memory"] == {"status": "skipped", "seconds": 0.0, "detail": "GPU_CHECK_SKIP_MEMORY=1"}
+    assert steps["gsplat_next_build"]["status"] == "skipped" and "dry run" in steps["gsplat_next_build"]["detail"]
+    assert list(steps)[-1] == "gsplat_next_build"  # gsplat 1.5.3 is the last step
     log = calls.read_text().splitlines()
     pip_calls = [line for line in log if "ARGS=-m pip install" in line]
     if not install:
@@ -424,3 +428,172 @@ def test_finished_run_of_a_previous_call_is_reused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("previous", [_previous("failed"), _previous("ok", num_images=4), None])
 def test_failed_or_different_previous_run_is_not_reused(tmp_path: Path, previous) -> None:
     assert bench.reusable_record(_run("distsplat_b1"), _cfg(tmp_path, previous)) is None
+
+
+# ------------------------------------------------------------------------- whole-run peak (launcher)
+class _FakeCudaAllocator:
+    """torch.cuda's peak functions over a peak the test sets (no CUDA here)."""
+
+    def __init__(self) -> None:
+        self.allocated = self.reserved = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import torch
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake")
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: self.reserved)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+
+    def reset(self, device=None) -> None:
+        self.allocated = self.reserved = 0
+
+
+def test_launcher_peaks_cover_the_run_across_a_reset_of_the_peak(tmp_path: Path, monkeypatch) -> None:
+    # distsplat's memory budget resets the peak at each event (gaussians/budget_measured.py).
+    import torch
+
+    fake = _FakeCudaAllocator()
+    fake.install(monkeypatch)
+    monkeypatch.setattr(launch, "REPORT", dict(launch.REPORT, patches=[], peak_resets=0))
+    monkeypatch.setattr(launch, "_PEAKS_BEFORE_RESETS", {"allocated": 0, "reserved": 0})
+    monkeypatch.setattr(launch, "_REPORT_PATH", tmp_path / "r.json")
+    launch.patch_whole_run_peak()
+    fake.allocated, fake.reserved = 300, 400
+    torch.cuda.reset_peak_memory_stats(0)
+    fake.allocated, fake.reserved = 100, 500
+    launch.write_report()
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["peak_cuda_memory_allocated_bytes"] == 300 and report["peak_cuda_memory_reserved_bytes"] == 500
+    assert report["peak_resets"] == 1 and report["patches"][0].startswith("whole_run_peak")
+
+
+# ---------------------------------------------------------------------------- memory runs (stand-in)
+memory = load_script("gpu_memory")
+
+
+def test_memory_runs_train_the_shipped_scene_through_a_refinement_on_two_backends(tmp_path: Path) -> None:
+    reference, on_gsplat = (bench.ns_train_args(run, tmp_path, Path(run.scene), "cuda") for run in memory.memory_runs())
+    backend = reference.index("--pipeline.model.rendering-backend")
+    assert reference[backend + 1] == "reference" and on_gsplat[backend + 1] == "gsplat"
+    # The same command but for the backend and the experiment's name (its output folder).
+    assert [a for a in reference if a not in ("reference", "memory_reference")] == [
+        a for a in on_gsplat if a not in ("gsplat", "memory_gsplat")
+    ]
+    assert reference[reference.index("--pipeline.model.refine-every") + 1] == "5"
+    assert reference[reference.index("--data") + 1] == "scenes/lund_door" and (ROOT / "scenes/lund_door").is_dir()
+    launched = bench.launch_command(
+        memory.STANDIN_RUN, tmp_path / "r.json", tmp_path, ROOT / "scenes/lund_door", "cuda"
+    )
+    assert launched[launched.index("--") + 1 :] == bench.ns_train_args(
+        memory.STANDIN_RUN, tmp_path, ROOT / "scenes/lund_door", "cuda"
+    )
+
+
+def test_committed_standin_figure_is_of_the_memory_run_the_gpu_check_trains() -> None:
+    # A changed memory run needs `python -m benchmarks.standin_peak` again, or the lease compares nothing.
+    found = memory.latest_standin()
+    assert found is not None, "no benchmarks/results/standin_peak_*.json"
+    path, data = found
+    assert data["ns_train_args"] == memory.command_template(memory.STANDIN_RUN), path
+    assert data["device_peak_bytes"]["0"] > 0 and data["backend"] == "reference"
+
+
+def _memory_record(allocated: int, reserved: int, summary: int) -> dict:
+    return {
+        "status": "ok",
+        "measurements": {
+            "peak_cuda_memory_allocated_bytes": [allocated],
+            "peak_cuda_memory_reserved_bytes": [reserved],
+            "distsplat_stats": {"per_rank": [{"rank": 0, "peak_memory_bytes": summary}], "final_gaussian_count": 9},
+        },
+    }
+
+
+def _standin(tmp_path: Path, args: list | None = None) -> tuple:
+    data = {"ns_train_args": args or memory.command_template(memory.STANDIN_RUN), "device_peak_bytes": {"0": 200}}
+    return tmp_path / "standin_peak_x.json", data
+
+
+def test_memory_comparison_gives_per_rank_ratios_to_the_standin_count(tmp_path: Path) -> None:
+    runs = {"memory_reference": _memory_record(250, 400, 250), "memory_gsplat": _memory_record(300, 500, 300)}
+    out = memory.compare_memory(runs, _standin(tmp_path), dry_run=False)
+    assert out["verdict"] == "measured" and out["standin"]["same_command"]
+    rank0 = out["runs"]["memory_reference"]["per_rank"][0]
+    assert rank0["allocated_over_standin"] == pytest.approx(1.25) and rank0["reserved_over_allocated"] == pytest.approx(
+        1.6
+    )
+    assert rank0["run_summary_peak_bytes"] == 250 and rank0["run_summary_equals_allocated"]
+    assert out["runs"]["memory_gsplat"]["per_rank"][0]["reserved_over_standin"] == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("case", ["dry run", "no stand-in", "other command", "run failed"])
+def test_memory_comparison_says_why_it_is_not_measured(tmp_path: Path, case: str) -> None:
+    runs = {"memory_reference": _memory_record(250, 400, 250)}
+    standin = None if case == "no stand-in" else _standin(tmp_path, ["other"] if case == "other command" else None)
+    if case == "run failed":
+        runs["memory_reference"]["status"] = "failed"
+    verdict = memory.compare_memory(runs, standin, dry_run=case == "dry run")["verdict"]
+    assert verdict.startswith("not"), verdict
+    assert {"dry run": "dry run", "no stand-in": "standin_peak", "other command": "another command"}.get(
+        case, "failed"
+    ) in verdict
+
+
+def test_memory_step_adds_its_runs_and_comparison_to_bench_json(tmp_path: Path) -> None:
+    # Deadline 0: no run starts; the file keeps the timing runs and gets the memory runs' records.
+    bench_json = tmp_path / "bench.json"
+    bench.write_json(
+        bench_json, {"dry_run": True, "device": "cpu", "data": "x", "runs": {"splatfacto": {"status": "ok"}}}
+    )
+    rc = memory.main(
+        ["run", "--bench", str(bench_json), "--workdir", str(tmp_path), "--device", "cpu"]
+        + ["--deadline", "0", "--dry-run"]
+    )
+    data = json.loads(bench_json.read_text())
+    assert rc == 1 and set(data["runs"]) == {"splatfacto", "memory_reference", "memory_gsplat"}
+    assert data["runs"]["memory_reference"]["status"] == "not run" and "CPU" in data["runs"]["memory_gsplat"]["reason"]
+    assert data["memory"]["verdict"] == "not measured (dry run)"
+    summary = bench.summarize(tmp_path / "s.json", None, data, dry_run=True)
+    assert summary["memory"] == data["memory"]
+
+
+def test_finished_memory_run_of_a_previous_call_is_reused(tmp_path: Path) -> None:
+    run = memory.STANDIN_RUN
+    record = dict(bench.sanitize(bench.dataclasses.asdict(run)), status="ok")
+    previous = {"dry_run": False, "device": "cuda", "data": "other scene", "runs": {run.name: record}}
+    assert bench.reusable_record(run, _cfg(tmp_path, previous)) is not None
+    changed = bench.RunSpec(run.name, run.method, run.batch_size, run.num_images, extra_args=(), scene=run.scene)
+    assert bench.reusable_record(changed, _cfg(tmp_path, previous)) is None
+
+
+# ------------------------------------------------------------------------------------ gsplat 1.5.3
+def test_junit_section_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
+    xml = tmp_path / "j.xml"
+    xml.write_text(JUNIT)
+    out = tmp_path / "tests.json"
+    bench.main(["junit", "--xml", str(xml), "--out", str(out), "--returncode", "1"])
+    bench.main(["junit", "--xml", str(xml), "--out", str(out), "--returncode", "0", "--section", "gsplat_1.5.3"])
+    data = json.loads(out.read_text())
+    assert data["pytest_returncode"] == 1 and data["gsplat_1.5.3"]["pytest_returncode"] == 0
+    assert data["gsplat_1.5.3"]["counts"] == data["counts"]
+    copy = tmp_path / "copy.json"
+    assert bench.main(["junit-section", "--from", str(out), "--out", str(copy), "--section", "gsplat_1.5.3"]) == 0
+    assert json.loads(copy.read_text())["gsplat_1.5.3"] == data["gsplat_1.5.3"]
+
+
+def test_gsplat_next_version_is_the_same_in_the_three_scripts() -> None:
+    import re
+
+    found = {
+        name: re.findall(rf"^{var}=(\S+)$", (SCRIPTS / name).read_text(), re.MULTILINE)
+        for name, var in (
+            ("gpu_check.sh", "NEXT_VERSION"),
+            ("prepare_gpu_wheels.sh", "GSPLAT_NEXT_VERSION"),
+            ("test_gsplat_next.sh", "VERSION"),
+        )
+    }
+    assert all(len(v) == 1 for v in found.values()) and len({v[0] for v in found.values()}) == 1, found
