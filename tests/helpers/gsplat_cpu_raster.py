@@ -149,7 +149,8 @@ def _features(means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor
 
 def _tile_major(image: Tensor, tile_size: int, tile_width: int, tile_height: int) -> Tensor:
     """``[C, H, W, D]`` -> ``[C * th * tw, P, D]`` (pixels past the image: 0)."""
-    num_cameras, height, width, depth = image.shape
+    num_cameras, height, width, depth = image.reshape(-1, *image.shape[-3:]).shape
+    image = image.reshape(num_cameras, height, width, depth)
     padded = image.new_zeros(num_cameras, tile_height * tile_size, tile_width * tile_size, depth)
     padded[:, :height, :width] = image
     tiles = padded.reshape(num_cameras, tile_height, tile_size, tile_width, tile_size, depth).permute(0, 1, 3, 2, 4, 5)
@@ -177,7 +178,8 @@ def rasterize_fwd(
     flatten_ids: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(render_colors [C, H, W, D], render_alphas [C, H, W, 1], last_ids [C, H, W] int32)``."""
-    num_cameras, tile_height, tile_width = isect_offsets.shape
+    *image_dims, tile_height, tile_width = isect_offsets.shape  # image_dims: [C] (1.4.0), [..., C] (1.5.3)
+    num_cameras = isect_offsets.numel() // (tile_height * tile_width)
     feats = _features(means2d, conics, colors, opacities)
     depth = colors.shape[-1]
     starts, counts, chunks = _layout(isect_offsets, flatten_ids.numel(), masks, tile_size * tile_size)
@@ -196,9 +198,13 @@ def rasterize_fwd(
     render_colors = _image(accum, num_cameras, tile_size, tile_width, tile_height, height, width)
     t_img = _image(trans[..., None], num_cameras, tile_size, tile_width, tile_height, height, width)
     if backgrounds is not None:
-        render_colors = render_colors + t_img * backgrounds[:, None, None, :]
+        render_colors = render_colors + t_img * backgrounds.reshape(num_cameras, 1, 1, depth)
     last_ids = _image(last[..., None], num_cameras, tile_size, tile_width, tile_height, height, width)[..., 0]
-    return render_colors.contiguous(), (1.0 - t_img).contiguous(), last_ids.to(torch.int32).contiguous()
+    return (
+        render_colors.reshape(*image_dims, height, width, depth).contiguous(),
+        (1.0 - t_img).reshape(*image_dims, height, width, 1).contiguous(),
+        last_ids.to(torch.int32).reshape(*image_dims, height, width).contiguous(),
+    )
 
 
 def rasterize_bwd(
@@ -224,14 +230,14 @@ def rasterize_bwd(
     ``render_alphas`` and ``last_ids`` (what the kernel walks back from) are not needed: the
     composited set is recomputed."""
     del render_alphas, last_ids
-    _, tile_height, tile_width = isect_offsets.shape
+    tile_height, tile_width = isect_offsets.shape[-2:]
     feats = _features(means2d, conics, colors, opacities).detach()
     starts, counts, chunks = _layout(isect_offsets, flatten_ids.numel(), masks, tile_size * tile_size)
     v_col_tiles = _tile_major(v_render_colors, tile_size, tile_width, tile_height)  # [T, P, D]
     v_t_tiles = -_tile_major(v_render_alphas, tile_size, tile_width, tile_height)[..., 0]  # alpha_out = 1 - T
     if backgrounds is not None:
         # colour = sum + T bg: T's cotangent gains v_colour . bg (the kernel's background term).
-        per_tile_bg = backgrounds.repeat_interleave(tile_height * tile_width, dim=0)[:, None, :]
+        per_tile_bg = backgrounds.reshape(-1, backgrounds.shape[-1]).repeat_interleave(tile_height * tile_width, dim=0)[:, None, :]
         v_t_tiles = v_t_tiles + (v_col_tiles * per_tile_bg).sum(-1)
     v_feats = torch.zeros_like(feats)
     v_abs = feats.new_zeros(feats.shape[0], 2) if absgrad else None
