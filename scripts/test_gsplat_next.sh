@@ -31,4 +31,5 @@ export PYTHONPATH="$DIR:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export DISTSPLAT_EXPECT_GSPLAT="$VERSION"
 "$PY" -c "import gsplat, sys; v = gsplat.__version__; sys.exit(0 if v == '$VERSION' else f'[gsplat-next] imported gsplat {v} from {gsplat.__file__}, expected $VERSION')"
 exec "$PY" -m pytest tests/unit/test_gsplat_versions.py tests/reference/test_gsplat_glue.py tests/reference/test_gsplat_packed_glue.py \
-  tests/reference/test_projection.py tests/unit/test_strategy.py "$@"
+  tests/reference/test_projection.py tests/unit/test_strategy.py tests/unit/test_gsplat_cpu.py \
+  tests/unit/test_gsplat_backend_on_shim.py "$@"
