@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from tests.helpers import device_memory
+from tests.helpers import device_memory, gsplat_cpu
 
 SAME_DEVICE_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices, {a} and {b}!"
 """CUDA's refusal of a kernel that mixes a device tensor with a non-scalar host tensor
@@ -357,24 +357,6 @@ def _host_built(original: Callable) -> Callable:
 _ORIGINAL_NEW_TENSOR = torch.Tensor.new_tensor
 
 
-def _relocation_kernel(
-    opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor, binoms: torch.Tensor, *args: Any
-) -> Any:
-    """gsplat's MCMC relocation kernel (``gsplat.relocation.compute_relocation``, CUDA only) on the
-    stand-in: its inputs must all be on the device, as the kernel's own checks demand; the values
-    are the package's CPU path's (distsplat_ns/gaussians/mcmc.py: relocation_opacity_scale), which
-    tests/unit/test_mcmc.py holds to the kernel's equation."""
-    for name, t in (("opacities", opacities), ("scales", scales), ("ratios", ratios), ("binoms", binoms)):
-        if not isinstance(t, DeviceTensor):
-            _refuse(f"{name} must be a CUDA tensor (gsplat's relocation kernel)")
-    from distsplat_ns.gaussians.mcmc import relocation_opacity_scale
-
-    new_opacities, new_scales = relocation_opacity_scale(opacities.host, scales.host, ratios.host)
-    return DeviceTensor(new_opacities.to(torch.float32), opacities.index), DeviceTensor(
-        new_scales.to(torch.float32), opacities.index
-    )
-
-
 _ORIGINAL_TO = torch.Tensor.to
 
 
@@ -564,10 +546,6 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
     patches += [(torch, name, _host_built(getattr(torch, name))) for name in ("tensor", "as_tensor", "asarray")]
     patches.append((torch.Tensor, "new_tensor", _host_built(_ORIGINAL_NEW_TENSOR)))
     patches.append((torch.Tensor, "to", _to))
-    with contextlib.suppress(ImportError):  # gsplat's CUDA kernels cannot run here: the one the package calls on CUDA
-        import gsplat.relocation
-
-        patches.append((gsplat.relocation, "compute_relocation", _relocation_kernel))
     patches.append(
         (
             torch.Tensor,
@@ -625,6 +603,7 @@ def installed(devices_per_host: int = 8) -> Iterator[CopyCounter]:
     with contextlib.ExitStack() as stack:
         for target, name, value in patches:
             stack.enter_context(_patched(target, name, value))
+        stack.enter_context(gsplat_cpu.installed())  # gsplat's kernels on torch ops (docs/gsplat_on_cpu.md)
         stack.enter_context(StandinMode())
         yield COUNTER
 
