@@ -73,6 +73,30 @@ ENTRY_POINTS_1_4_0: dict[str, Callable] = {
     "compute_relocation": ops.relocation,
 }
 
+#: gsplat 1.5.3's: every entry point renamed; the projections take ``opacities`` (after ``scales``) and
+#: give per-axis radii ``[..., C, N, 2]`` (3.33 sigma); ``intersect_tile`` takes those radii and
+#: zero-extends the depth bits; batch dimensions ``[...]`` throughout; the packed projection gives
+#: ``batch_ids``. Same signatures as 1.4.0's: offsets, compositor, SH, relocation.
+ENTRY_POINTS_1_5_3: dict[str, Callable] = {
+    "projection_ewa_3dgs_fused_fwd": ops.projection_fwd_153,
+    "projection_ewa_3dgs_fused_bwd": ops.projection_bwd,
+    "projection_ewa_3dgs_packed_fwd": ops.projection_packed_fwd_153,
+    "projection_ewa_3dgs_packed_bwd": ops.projection_packed_bwd_153,
+    "intersect_tile": ops.intersect_tile_153,
+    "intersect_offset": ops.isect_offset_encode,
+    "rasterize_to_pixels_3dgs_fwd": raster.rasterize_fwd,
+    "rasterize_to_pixels_3dgs_bwd": raster.rasterize_bwd,
+    "spherical_harmonics_fwd": ops.sh_fwd,
+    "spherical_harmonics_bwd": ops.sh_bwd,
+    "relocation": ops.relocation,
+}
+
+#: The tables by release: the one place the two releases' names and signatures differ.
+ENTRY_POINTS: dict[tuple[int, int, int], dict[str, Callable]] = {
+    (1, 4, 0): ENTRY_POINTS_1_4_0,
+    (1, 5, 3): ENTRY_POINTS_1_5_3,
+}
+
 #: Values gsplat fetches with ``_make_lazy_cuda_obj``. Its loop takes every dotted part from ``_C``
 #: itself (``CameraModelType.PINHOLE`` -> ``_C.PINHOLE``), which works on the extension because its
 #: enums export their values into the module.
@@ -90,8 +114,8 @@ def entry_points(version: str) -> dict[str, Callable]:
     """
     match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
     parsed = tuple(int(x) for x in match.groups()) if match else None
-    if parsed == (1, 4, 0):
-        return ENTRY_POINTS_1_4_0
+    if parsed in ENTRY_POINTS:
+        return ENTRY_POINTS[parsed]
     raise ValueError(f"gsplat CPU shim: gsplat {version} has no entry-point table (1.4.0, 1.5.3 have)")
 
 

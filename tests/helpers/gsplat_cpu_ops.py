@@ -119,8 +119,9 @@ def projection_bwd(
     """1.4.0 ``fully_fused_projection_bwd``: ``(v_means, v_covars, v_quats, v_scales, v_viewmats)``.
 
     Culled entries (``radii == 0``) pass no gradient, as the kernel skips them. Near and far planes are not
-    handed to the backward: the recomputation keeps every depth, and the radii mask what was culled."""
-    keep = radii > 0
+    handed to the backward: the recomputation keeps every depth, and the radii mask what was culled.
+    1.5.3's ``projection_ewa_3dgs_fused_bwd`` has the same signature (per-axis radii, batch dims)."""
+    keep = (radii > 0).all(dim=-1) if radii.dim() == v_depths.dim() + 1 else radii > 0
 
     def forward(means, covars, quats, scales, viewmats):
         _, means2d, depths, conics_, comps = project(
@@ -135,6 +136,18 @@ def projection_bwd(
     return v_means, v_covars, v_quats, v_scales, v_viewmats if viewmats_requires_grad else None
 
 
+def pack(radii: Tensor, outputs: list[Tensor | None]) -> tuple[Tensor, Tensor, Tensor, Tensor, list]:
+    """The kept entries of an unpacked projection `[B, C, N, ...]` in gsplat's order (batch, camera, then
+    Gaussian index): ``(indptr [B * C + 1] int32, batch_ids, camera_ids, gaussian_ids [nnz] int64, the
+    outputs at them)``. Host sync: ``nnz``."""
+    keep = (radii > 0).all(dim=-1) if radii.dim() == 4 else radii > 0
+    batch_ids, camera_ids, gaussian_ids = keep.nonzero(as_tuple=True)  # row-major
+    counts = keep.sum(dim=-1).reshape(-1)
+    indptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    picked = [None if t is None else t[batch_ids, camera_ids, gaussian_ids].contiguous() for t in outputs]
+    return indptr, batch_ids, camera_ids, gaussian_ids, picked
+
+
 def projection_packed_fwd(
     means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane, radius_clip,
     calc_compensations, camera_model,
@@ -142,44 +155,45 @@ def projection_packed_fwd(
     """1.4.0 ``fully_fused_projection_packed_fwd``: the unpacked projection's kept entries (radii > 0), in
     gsplat's order (camera-major, then Gaussian index): ``(indptr [C + 1] int32, camera_ids, gaussian_ids
     [nnz] int64, radii, means2d, depths, conics, compensations)``. Host sync: ``nnz``."""
-    radii, means2d, depths, conics, comps = projection_fwd(
+    outputs = projection_fwd(
         means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane, radius_clip,
         calc_compensations, camera_model,
     )  # fmt: skip
-    keep = radii > 0
-    camera_ids, gaussian_ids = keep.nonzero(as_tuple=True)  # row-major: camera, then Gaussian
-    indptr = torch.cat([keep.new_zeros(1, dtype=torch.int64), keep.sum(dim=1).cumsum(0)]).to(torch.int32)
-    packed = [t[camera_ids, gaussian_ids].contiguous() for t in (radii, means2d, depths, conics)]
-    comps = comps[camera_ids, gaussian_ids].contiguous() if calc_compensations else comps
-    return indptr, camera_ids, gaussian_ids, *packed, comps
+    indptr, _, camera_ids, gaussian_ids, picked = pack(outputs[0][None], [t if t is None else t[None] for t in outputs])
+    return indptr, camera_ids, gaussian_ids, *picked
 
 
-def projection_packed_bwd(
-    means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, camera_ids, gaussian_ids,
-    conics, compensations, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad, sparse_grad,
+def packed_bwd(
+    means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, batch_ids, camera_ids,
+    gaussian_ids, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad, sparse_grad,
 ):  # fmt: skip
-    """1.4.0 ``fully_fused_projection_packed_bwd``: ``(v_means, v_covars, v_quats, v_scales, v_viewmats)``;
-    with ``sparse_grad`` the Gaussian gradients are per packed entry (``[nnz, ...]``, gsplat's wrapper
-    makes COO tensors of them), else summed per Gaussian. Each camera's entries are recomputed as a
-    one-camera projection of those entries' Gaussians."""
-    nnz = camera_ids.numel()
-    per_gauss = [None if t is None else t[gaussian_ids] for t in (means, covars, quats, scales)]
-    entry_grads: list[Tensor | None] = [None if t is None else t.new_zeros(nnz, *t.shape[1:]) for t in per_gauss]
-    v_viewmats = torch.zeros_like(viewmats) if viewmats_requires_grad else None
-
-    for c in range(viewmats.shape[0]):
-        rows = (camera_ids == c).nonzero()[:, 0]  # this camera's packed entries
+    """The packed projection's backward, batch dims ``B`` (1.5.3) or none (1.4.0, ``batch_ids`` None):
+    ``(v_means, v_covars, v_quats, v_scales, v_viewmats)``; with ``sparse_grad`` the Gaussian gradients
+    are per packed entry (``[nnz, ...]``, gsplat's wrapper makes COO tensors of them), else summed per
+    Gaussian. Each (batch, camera)'s entries are recomputed as a one-camera projection of their Gaussians."""
+    num_gaussians = means.shape[-2]
+    if batch_ids is None:
+        batch_ids = torch.zeros_like(camera_ids)
+    gauss = [None if t is None else t.reshape(-1, num_gaussians, t.shape[-1]) for t in (means, covars, quats, scales)]
+    flat_viewmats, flat_Ks = viewmats.reshape(-1, viewmats.shape[-3], 4, 4), Ks.reshape(-1, Ks.shape[-3], 3, 3)
+    per_entry = [None if t is None else t[batch_ids, gaussian_ids] for t in gauss]
+    entry_grads: list[Tensor | None] = [None if t is None else torch.zeros_like(t) for t in per_entry]
+    v_viewmats = torch.zeros_like(flat_viewmats) if viewmats_requires_grad else None
+    num_cameras = flat_viewmats.shape[1]
+    for group in range(flat_viewmats.shape[0] * num_cameras):
+        b, c = divmod(group, num_cameras)
+        rows = ((batch_ids == b) & (camera_ids == c)).nonzero()[:, 0]  # this camera's packed entries
         if rows.numel() == 0:
             continue
 
-        def forward(means, covars, quats, scales, viewmat, K=Ks[c : c + 1]):
+        def forward(means, covars, quats, scales, viewmat, K=flat_Ks[b, c : c + 1]):
             _, means2d, depths, conics_, comps = project(
                 means, covars, quats, scales, viewmat[None], K, width, height, eps2d, -math.inf,
                 math.inf, v_compensations is not None, camera_model,
             )  # fmt: skip
             return means2d[0], depths[0], conics_[0], None if comps is None else comps[0]
 
-        inputs = [None if t is None else t[rows] for t in per_gauss] + [viewmats[c]]
+        inputs = [None if t is None else t[rows] for t in per_entry] + [flat_viewmats[b, c]]
         cotangents = [v_means2d[rows], v_depths[rows], v_conics[rows]]
         cotangents.append(None if v_compensations is None else v_compensations[rows])
         got = _grads(forward, inputs, cotangents)
@@ -187,14 +201,26 @@ def projection_packed_bwd(
             if total is not None:
                 total[rows] = g
         if v_viewmats is not None:
-            v_viewmats[c] = got[4]
-
+            v_viewmats[b, c] = got[4]
     if not sparse_grad:
+        flat_index = batch_ids * num_gaussians + gaussian_ids
         entry_grads = [
-            None if g is None else torch.zeros_like(t).index_add_(0, gaussian_ids, g)
+            None if g is None else torch.zeros_like(t).reshape(-1, t.shape[-1]).index_add_(0, flat_index, g).reshape(t.shape)
             for g, t in zip(entry_grads, (means, covars, quats, scales), strict=True)
-        ]
-    return (*entry_grads, v_viewmats)
+        ]  # fmt: skip
+    return (*entry_grads, None if v_viewmats is None else v_viewmats.reshape(viewmats.shape))
+
+
+def projection_packed_bwd(
+    means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, camera_ids, gaussian_ids,
+    conics, compensations, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad, sparse_grad,
+):  # fmt: skip
+    """1.4.0 ``fully_fused_projection_packed_bwd``."""
+    del conics, compensations  # recomputed
+    return packed_bwd(
+        means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, None, camera_ids,
+        gaussian_ids, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad, sparse_grad,
+    )  # fmt: skip
 
 
 def depth_bits(depths: Tensor) -> Tensor:
@@ -212,6 +238,7 @@ def intersect(
     tile_width: int,
     tile_height: int,
     sort: bool,
+    zero_extend_depth: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Tile intersection over flat entries ``[E]`` (``E`` = ``C * N`` or ``nnz``), vectorised.
 
@@ -239,7 +266,10 @@ def intersect(
     tile_bits = (tile_width * tile_height).bit_length()
     image = image_ids.reshape(-1).to(torch.int64)[entries]
     tile = tile_y * tile_width + tile_x
-    isect_ids = (image << (32 + tile_bits)) | (tile << 32) | depth_bits(depths.reshape(-1))[entries]
+    depth_key = depth_bits(depths.reshape(-1))[entries]
+    if zero_extend_depth:  # gsplat 1.5.3's kernel (1.4.0 sign-extends; equal for positive depths)
+        depth_key = depth_key & 0xFFFFFFFF
+    isect_ids = (image << (32 + tile_bits)) | (tile << 32) | depth_key
     flatten_ids = entries.to(torch.int32)
     if sort:
         isect_ids, order = torch.sort(isect_ids, stable=True)
@@ -304,3 +334,91 @@ def relocation(opacities: Tensor, scales: Tensor, ratios: Tensor, binoms: Tensor
         denominator = denominator + torch.where(i <= n, inner, 0.0)
     new_scales = (o / denominator)[:, None] * scales.reshape(-1, 3)
     return new_o.reshape(opacities.shape).contiguous(), new_scales.reshape(scales.shape).contiguous()
+
+
+# ---------------------------------------------------------------------- gsplat 1.5.3's signatures
+ALPHA_THRESHOLD = 1.0 / 255.0  # gsplat 1.5.3's include/Common.h
+
+
+def _opacity_radii(means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, radii, means2d,
+                   comps, camera_model):  # fmt: skip
+    """gsplat 1.5.3's kernel with ``opacities``: an entry whose opacity (times its compensation) is below
+    1/255 is culled, the others' extent shrinks to ``min(3.33, sqrt(2 ln(255 o)))`` sigma per axis
+    (ProjectionEWA3DGSFused.cu) -- its reference ``_fully_fused_projection`` keeps 3.33."""
+    ref = torch_impl()
+    means_c, covars_c = ref._world_to_cam(means, full_covars(covars, quats, scales), viewmats)
+    proj = {"pinhole": ref._persp_proj, "ortho": ref._ortho_proj, "fisheye": ref._fisheye_proj}[camera_model]
+    _, covars2d = proj(means_c, covars_c, Ks, width, height)  # the reference's own arithmetic, before the blur
+    variance = torch.stack([covars2d[..., 0, 0], covars2d[..., 1, 1]], dim=-1) + eps2d  # [..., C, N, 2]
+    opacity = opacities[..., None, :].expand(radii.shape[:-1])
+    if comps is not None:
+        opacity = opacity * comps
+    extend = torch.sqrt(2.0 * torch.log(opacity.clamp_min(ALPHA_THRESHOLD) / ALPHA_THRESHOLD)).clamp(max=3.33)
+    radius = torch.ceil(extend[..., None] * torch.sqrt(variance))
+    inside = ((means2d + radius > 0) & (means2d - radius < torch.tensor([width, height]).to(means2d))).all(dim=-1)
+    alive = (radii > 0).all(dim=-1) & (opacity >= ALPHA_THRESHOLD) & inside
+    return torch.where(alive[..., None], radius, 0).to(torch.int32)
+
+
+def projection_fwd_153(
+    means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+    radius_clip, calc_compensations, camera_model,
+):  # fmt: skip
+    """1.5.3 ``projection_ewa_3dgs_fused_fwd``: radii per axis `[..., C, N, 2]` (its reference's 3.33 sigma,
+    tightened by ``opacities`` when given); culled when both axes are ``<= radius_clip``."""
+    radii, means2d, depths, conics, comps = project(
+        means, covars, quats, scales, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+        calc_compensations, camera_model,
+    )  # fmt: skip
+    if opacities is not None:
+        radii = _opacity_radii(means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, radii,
+                               means2d, comps, camera_model)  # fmt: skip
+    radii = torch.where((radii <= radius_clip).all(dim=-1, keepdim=True), 0, radii).to(torch.int32)
+    means2d, depths, conics, comps = _zero_culled((radii > 0).all(dim=-1), means2d, depths, conics, comps)
+    return radii.contiguous(), means2d.contiguous(), depths.contiguous(), conics.contiguous(), comps
+
+
+def projection_packed_fwd_153(
+    means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+    radius_clip, calc_compensations, camera_model,
+):  # fmt: skip
+    """1.5.3 ``projection_ewa_3dgs_packed_fwd``: ``(indptr, batch_ids, camera_ids, gaussian_ids, radii [nnz, 2],
+    means2d, depths, conics, compensations)``, batch-major."""
+    outputs = projection_fwd_153(
+        means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+        radius_clip, calc_compensations, camera_model,
+    )  # fmt: skip
+    num_cameras, num_gaussians = outputs[2].shape[-2:]
+
+    def flat(t):
+        return None if t is None else t.reshape(-1, num_cameras, num_gaussians, *t.shape[outputs[2].dim() :])
+
+    indptr, batch_ids, camera_ids, gaussian_ids, picked = pack(flat(outputs[0]), [flat(t) for t in outputs])
+    return indptr, batch_ids, camera_ids, gaussian_ids, *picked
+
+
+def projection_packed_bwd_153(
+    means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, batch_ids, camera_ids,
+    gaussian_ids, conics, compensations, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad,
+    sparse_grad,
+):  # fmt: skip
+    """1.5.3 ``projection_ewa_3dgs_packed_bwd``."""
+    del conics, compensations  # recomputed
+    return packed_bwd(
+        means, covars, quats, scales, viewmats, Ks, width, height, eps2d, camera_model, batch_ids, camera_ids,
+        gaussian_ids, v_means2d, v_depths, v_conics, v_compensations, viewmats_requires_grad, sparse_grad,
+    )  # fmt: skip
+
+
+def intersect_tile_153(
+    means2d, radii, depths, image_ids, gaussian_ids, num_images, tile_size, tile_width, tile_height, sort, segmented
+):  # fmt: skip
+    """1.5.3 ``intersect_tile``: radii per axis, batch dims, ids with the depth bits zero-extended."""
+    del gaussian_ids, segmented  # segmented: a sort strategy, same order
+    if means2d.dim() != 2:  # unpacked [..., N, 2]: image = flat index // N
+        image_ids = torch.arange(num_images, device=means2d.device).repeat_interleave(means2d.shape[-2])
+    counts, isect_ids, flatten_ids = intersect(
+        means2d, radii[..., 0], radii[..., 1], depths, image_ids, tile_size, tile_width, tile_height, sort,
+        zero_extend_depth=True,
+    )  # fmt: skip
+    return counts.reshape(radii.shape[:-1]), isect_ids, flatten_ids

@@ -87,7 +87,7 @@ _X, _Y, _A, _B, _C, _O, _COLOUR = 0, 1, 2, 3, 4, 5, 6
 
 def _alpha(f: Tensor, px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
     """``(sigma, alpha)`` of (pixel, entry) pairs from features ``f`` `[Tc, P or 1, L, 6 + D]` and pixel
-    centres `[Tc, P, 1]`, the kernel's formulas, in the operation order ``_find`` repeats in place."""
+    centres `[Tc, P, 1]`, the kernel's formulas (``_find`` and ``_composite`` both use it: one arithmetic)."""
     x, y, a, b, c, o = f[..., :_COLOUR].unbind(-1)  # one unbind: its backward is one stack, not six
     dx = x - px
     dy = y - py
@@ -98,28 +98,37 @@ def _alpha(f: Tensor, px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def _find(lane_feats: Tensor, lane_ok: Tensor, px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
-    """Which listed entries each pixel composites, in list order: ``(lanes [Tc, P, K], slot_ok [Tc, P, K])``
-    (``K``: the most any pixel of the chunk composites). The kernel's rules on the dense block: skipped
-    when ``sigma < 0`` or ``alpha < 1/255``; an entry with transmittance after it ``<= 1e-4`` ends the
-    pixel (T only falls, so every later entry fails that test too). Host sync: ``K``."""
-    # _alpha's arithmetic, in place: this dense [Tc, P, L] pass is most of the shim's time.
-    f = lane_feats[:, None]  # [Tc, 1, L, F]
+def _find(feats: Tensor, gauss: Tensor, lane_ok: Tensor, px: Tensor, py: Tensor) -> tuple[Tensor, Tensor]:
+    """Which listed entries each pixel composites, in list order: ``(lanes [Tc, P, K], composited [Tc, P, K])``.
+
+    First the dense ``[Tc, P, L]`` block keeps the candidates, ``0 <= sigma <= ln(255 o)`` plus a
+    rounding margin (``alpha >= 1/255`` without the exp; this pass is most of the shim's time), packed
+    per pixel in list order (``K``: the most candidates of a pixel in the chunk). On those, with the
+    compositor's own arithmetic (``_alpha``), the kernel's rules: skipped when ``sigma < 0`` or
+    ``alpha < 1/255``; an entry whose transmittance after it would be ``<= 1e-4`` ends the pixel (T only
+    falls, so every later entry fails that test too). Host sync: ``K``."""
+    f = feats[gauss][:, None]  # [Tc, 1, L, F]
     dx = f[..., _X] - px[..., None]  # [Tc, P, L]
     dy = f[..., _Y] - py[..., None]
     sigma = (f[..., _A] * dx).mul_(dx).addcmul_(f[..., _C] * dy, dy).mul_(0.5).addcmul_(f[..., _B] * dx, dy)
     del dx, dy
-    alpha = torch.exp(sigma.clamp_min(0.0).neg_()).mul_(f[..., _O]).clamp_(max=ALPHA_MAX)
-    ok = (sigma >= 0).logical_and_(alpha >= ALPHA_MIN).logical_and_(lane_ok[:, None, :])
+    # sigma <= ln(255 o) <=> o exp(-sigma) >= 1/255; the margin (1e-3 + 1e-5 |ln 255 o|, ~100 float32 ulp)
+    # keeps every pair whose exact alpha passes, whatever the rounding of sigma and exp.
+    limit = torch.log(f[..., _O].clamp_min(1e-30) / ALPHA_MIN)
+    limit = torch.where(lane_ok[:, None, :], limit + 1e-3 + 1e-5 * limit.abs(), -1.0)  # padding: never
+    candidate = (sigma >= -1e-3).logical_and_(sigma <= limit)
     del sigma
-    keep = torch.where(ok, alpha.neg_().add_(1.0), 1.0)
-    composited = ok.logical_and_(torch.cumprod(keep, dim=-1) > T_MIN)
-    num = composited.sum(dim=-1)  # [Tc, P]
+    num = candidate.sum(dim=-1)  # [Tc, P]
     most = int(num.max()) if num.numel() else 0  # host sync: the compact width
-    slot = torch.where(composited, composited.cumsum(dim=-1) - 1, most)  # not composited: a spare slot
+    slot = torch.where(candidate, candidate.cumsum(dim=-1) - 1, most)  # not a candidate: a spare slot
     lane = torch.arange(lane_ok.shape[1], device=lane_ok.device).expand_as(slot)
     lanes = torch.zeros(*slot.shape[:2], most + 1, dtype=torch.int64, device=lane_ok.device).scatter_(-1, slot, lane)
-    return lanes[..., :most], torch.arange(most, device=lane_ok.device) < num[..., None]
+    lanes = lanes[..., :most]
+    listed = torch.arange(most, device=lane_ok.device) < num[..., None]
+    sigma, alpha = _alpha(feats[_per_pixel(gauss, lanes)], px[..., None], py[..., None])
+    ok = listed & (sigma >= 0) & (alpha >= ALPHA_MIN)
+    composited = ok & (torch.cumprod(torch.where(ok, 1.0 - alpha, 1.0), dim=-1) > T_MIN)
+    return lanes, composited
 
 
 def _per_pixel(lane_values: Tensor, lanes: Tensor) -> Tensor:
@@ -149,7 +158,8 @@ def _features(means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor
 
 def _tile_major(image: Tensor, tile_size: int, tile_width: int, tile_height: int) -> Tensor:
     """``[C, H, W, D]`` -> ``[C * th * tw, P, D]`` (pixels past the image: 0)."""
-    num_cameras, height, width, depth = image.shape
+    num_cameras, height, width, depth = image.reshape(-1, *image.shape[-3:]).shape
+    image = image.reshape(num_cameras, height, width, depth)
     padded = image.new_zeros(num_cameras, tile_height * tile_size, tile_width * tile_size, depth)
     padded[:, :height, :width] = image
     tiles = padded.reshape(num_cameras, tile_height, tile_size, tile_width, tile_size, depth).permute(0, 1, 3, 2, 4, 5)
@@ -177,7 +187,8 @@ def rasterize_fwd(
     flatten_ids: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(render_colors [C, H, W, D], render_alphas [C, H, W, 1], last_ids [C, H, W] int32)``."""
-    num_cameras, tile_height, tile_width = isect_offsets.shape
+    *image_dims, tile_height, tile_width = isect_offsets.shape  # image_dims: [C] (1.4.0), [..., C] (1.5.3)
+    num_cameras = isect_offsets.numel() // (tile_height * tile_width)
     feats = _features(means2d, conics, colors, opacities)
     depth = colors.shape[-1]
     starts, counts, chunks = _layout(isect_offsets, flatten_ids.numel(), masks, tile_size * tile_size)
@@ -188,7 +199,7 @@ def rasterize_fwd(
     for tiles, chunk_width in chunks:
         position, gauss, lane_ok = _chunk_lists(starts, counts, tiles, chunk_width, flatten_ids)
         px, py = _pixel_centres(tiles, tile_size, tile_width, tile_height, feats.dtype)
-        lanes, slot_ok = _find(feats[gauss], lane_ok, px, py)
+        lanes, slot_ok = _find(feats, gauss, lane_ok, px, py)
         colour, t_final = _composite(feats[_per_pixel(gauss, lanes)], slot_ok, px, py)
         accum[tiles] = colour
         trans[tiles] = t_final
@@ -196,9 +207,13 @@ def rasterize_fwd(
     render_colors = _image(accum, num_cameras, tile_size, tile_width, tile_height, height, width)
     t_img = _image(trans[..., None], num_cameras, tile_size, tile_width, tile_height, height, width)
     if backgrounds is not None:
-        render_colors = render_colors + t_img * backgrounds[:, None, None, :]
+        render_colors = render_colors + t_img * backgrounds.reshape(num_cameras, 1, 1, depth)
     last_ids = _image(last[..., None], num_cameras, tile_size, tile_width, tile_height, height, width)[..., 0]
-    return render_colors.contiguous(), (1.0 - t_img).contiguous(), last_ids.to(torch.int32).contiguous()
+    return (
+        render_colors.reshape(*image_dims, height, width, depth).contiguous(),
+        (1.0 - t_img).reshape(*image_dims, height, width, 1).contiguous(),
+        last_ids.to(torch.int32).reshape(*image_dims, height, width).contiguous(),
+    )
 
 
 def rasterize_bwd(
@@ -224,21 +239,22 @@ def rasterize_bwd(
     ``render_alphas`` and ``last_ids`` (what the kernel walks back from) are not needed: the
     composited set is recomputed."""
     del render_alphas, last_ids
-    _, tile_height, tile_width = isect_offsets.shape
+    tile_height, tile_width = isect_offsets.shape[-2:]
     feats = _features(means2d, conics, colors, opacities).detach()
     starts, counts, chunks = _layout(isect_offsets, flatten_ids.numel(), masks, tile_size * tile_size)
     v_col_tiles = _tile_major(v_render_colors, tile_size, tile_width, tile_height)  # [T, P, D]
     v_t_tiles = -_tile_major(v_render_alphas, tile_size, tile_width, tile_height)[..., 0]  # alpha_out = 1 - T
     if backgrounds is not None:
         # colour = sum + T bg: T's cotangent gains v_colour . bg (the kernel's background term).
-        per_tile_bg = backgrounds.repeat_interleave(tile_height * tile_width, dim=0)[:, None, :]
+        per_image_bg = backgrounds.reshape(-1, backgrounds.shape[-1])
+        per_tile_bg = per_image_bg.repeat_interleave(tile_height * tile_width, dim=0)[:, None, :]
         v_t_tiles = v_t_tiles + (v_col_tiles * per_tile_bg).sum(-1)
     v_feats = torch.zeros_like(feats)
     v_abs = feats.new_zeros(feats.shape[0], 2) if absgrad else None
     for tiles, chunk_width in chunks:
         _, gauss, lane_ok = _chunk_lists(starts, counts, tiles, chunk_width, flatten_ids)
         px, py = _pixel_centres(tiles, tile_size, tile_width, tile_height, feats.dtype)
-        lanes, slot_ok = _find(feats[gauss], lane_ok, px, py)  # as the forward found them
+        lanes, slot_ok = _find(feats, gauss, lane_ok, px, py)  # as the forward found them
         if lanes.shape[-1] == 0:
             continue
         pair_gauss = _per_pixel(gauss, lanes).reshape(-1)

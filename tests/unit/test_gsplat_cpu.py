@@ -17,6 +17,7 @@ Tolerances, each where it is used:
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 
@@ -132,8 +133,8 @@ def test_packed_isect_tiles_lists_the_same_pairs_as_unpacked():
     num_gaussians = means2d.shape[1]
     cam, gauss = _alive(radii).nonzero(as_tuple=True)
     _, ids, flat = gsplat.isect_tiles(means2d, radii, depths, 16, 3, 3)
-    ids_kw = {"n_images": 2, "image_ids": cam} if "n_images" in gsplat.isect_tiles.__code__.co_varnames else {
-        "n_cameras": 2, "camera_ids": cam}  # fmt: skip
+    renamed = "n_images" in inspect.signature(gsplat.isect_tiles).parameters  # gsplat 1.5.3's names
+    ids_kw = {"n_images": 2, "image_ids": cam} if renamed else {"n_cameras": 2, "camera_ids": cam}
     _, p_ids, p_flat = gsplat.isect_tiles(means2d[cam, gauss], radii[cam, gauss], depths[cam, gauss], 16, 3, 3,
                                           packed=True, gaussian_ids=gauss, **ids_kw)  # fmt: skip
     torch.testing.assert_close(p_ids, ids, **_EXACT)
@@ -255,3 +256,16 @@ def test_installed_nests_and_puts_back_what_it_found():
             assert sys.modules[backend]._C is inner
         assert sys.modules[backend]._C is outer
     assert sys.modules.get(backend) is before
+
+
+@pytest.mark.skipif(not _PER_AXIS, reason="opacities= in the projection and per-axis radii are gsplat >= 1.5's")
+def test_projection_with_opacities_culls_below_1_over_255_and_tightens_the_box():
+    scene = _scene(seed=8)
+    opacities = scene.opacities.clone()
+    opacities[:50] = 1.0 / 300.0
+    args = (scene.means, None, scene.quats, scene.scales, scene.viewmats, scene.Ks, WIDTH, HEIGHT)
+    plain = gsplat.fully_fused_projection(*args)[0]
+    tight = gsplat.fully_fused_projection(*args, opacities=opacities)[0]
+    assert plain.shape == tight.shape == (2, 400, 2)
+    assert int(tight[:, :50].abs().sum()) == 0 and int((plain[:, :50] > 0).sum()) > 0
+    assert bool((tight <= plain).all()) and bool((tight[:, 50:] < plain[:, 50:]).any())
