@@ -30,6 +30,11 @@ export PYTHONPATH="$DIR:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # Checked twice: here, and inside the pytest run by tests/unit/test_gsplat_versions.py.
 export DISTSPLAT_EXPECT_GSPLAT="$VERSION"
 "$PY" -c "import gsplat, sys; v = gsplat.__version__; sys.exit(0 if v == '$VERSION' else f'[gsplat-next] imported gsplat {v} from {gsplat.__file__}, expected $VERSION')"
+# tests/gpu's parity tests run on gsplat's PyTorch references without a GPU (tests/gpu/conftest.py), and
+# one ns-train case end to end on the gsplat backend: the sharded MCMC one (docs/gsplat_on_cpu.md, "End to end").
 exec "$PY" -m pytest tests/unit/test_gsplat_versions.py tests/reference/test_gsplat_glue.py tests/reference/test_gsplat_packed_glue.py \
   tests/reference/test_projection.py tests/unit/test_strategy.py tests/unit/test_gsplat_cpu.py \
-  tests/unit/test_gsplat_backend_on_shim.py "$@"
+  tests/unit/test_gsplat_backend_on_shim.py \
+  tests/gpu/test_gsplat_parity.py tests/gpu/test_gsplat_packed.py tests/gpu/test_mcmc_cuda.py tests/gpu/test_cuda_training.py \
+  "tests/multiproc/test_standin_training.py::test_training_on_gsplat_on_the_device_standin_refines_evaluates_saves_resumes_and_exports[2-sharded-mcmc]" \
+  "$@"

@@ -262,10 +262,13 @@ def rasterize_packed(
         gaussian_ids=gaussian_ids, **api.isect_ids_kwargs(num_cameras, camera_ids),
     )  # fmt: skip
     isect_offsets = _encode_offsets(isect_ids, flatten_ids, num_cameras, num_tile_cols, num_tile_rows)
+    ours = backgrounds is not None and api.packed_backgrounds_ours  # gsplat 1.5.3 refuses [C, D] here
     render_colors, render_alphas = rasterize_to_pixels(
         means2d, conics, pair_colors, pair_opacities, width, height, tile_size, isect_offsets, flatten_ids,
-        backgrounds=backgrounds, packed=True, absgrad=absgrad,
+        backgrounds=None if ours else backgrounds, packed=True, absgrad=absgrad,
     )  # fmt: skip
+    if ours:  # the kernel's own rule: colour + T background, T = 1 - alpha
+        render_colors = render_colors + (1.0 - render_alphas) * backgrounds[:, None, None, :]
     if render_mode == "RGB+ED":
         depth = render_colors[..., -1:] / render_alphas.clamp(min=1e-10)  # as gsplat
         render_colors = torch.cat([render_colors[..., :-1], depth], dim=-1)

@@ -37,6 +37,7 @@ NEWEST_TESTED = (1, 5, 3)
 #: The releases that made each difference.
 _RADII_PER_AXIS = (1, 5, 0)
 _IMAGE_IDS = (1, 5, 3)
+_PACKED_BACKGROUNDS_OURS = (1, 5, 3)
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -64,6 +65,13 @@ class GsplatApi:
     def radii_per_axis(self) -> bool:
         """gsplat >= 1.5.0: radii carry a trailing (x, y) axis."""
         return self.version >= _RADII_PER_AXIS
+
+    @property
+    def packed_backgrounds_ours(self) -> bool:
+        """gsplat >= 1.5.3: ``rasterize_to_pixels(packed=True)`` asserts ``backgrounds`` of shape ``[D]``
+        (the batch dims of packed ``means2d`` `[nnz, 2]` are empty), so gsplat's own packed
+        ``rasterization`` refuses ``[C, D]`` backgrounds; the caller composites them itself."""
+        return self.version >= _PACKED_BACKGROUNDS_OURS
 
     @property
     def image_ids(self) -> bool:

@@ -1,5 +1,9 @@
 """The CUDA path end to end at small scale: a training step on gsplat's kernels against the
-reference on the same data, and collectives on CUDA tensors (NCCL, and gloo sharing one GPU)."""
+reference on the same data, and collectives on CUDA tensors (NCCL, and gloo sharing one GPU).
+
+The training step's parity runs without a GPU too, on CPU tensors with gsplat's CUDA entry points on
+its PyTorch references (tests/gpu/conftest.py: ``device``); the rest checks what only CUDA has.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from tests.helpers import rank_fns
 from tests.helpers.model_factory import HEIGHT, make_cameras, make_images, make_model
 from tests.helpers.multiproc import run_ranks
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def _step_grads(backend: str, device: str) -> dict:
@@ -37,8 +42,8 @@ def _step_grads(backend: str, device: str) -> dict:
     return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None and p.numel()}
 
 
-def test_training_step_on_gsplat_matches_reference() -> None:
-    gsplat = _step_grads("gsplat", "cuda")
+def test_training_step_on_gsplat_matches_reference(device: str) -> None:
+    gsplat = _step_grads("gsplat", device)
     reference = _step_grads("reference", "cpu")
     for name, ref in reference.items():
         # float32 on different kernels (sorting, atomics in gsplat's backward): 1e-3 relative to the
@@ -72,6 +77,7 @@ def _refined(device: str) -> dict[str, torch.Tensor]:
     return {key: value.cpu() for key, value in model.rows.tensors().items() if value is not None}
 
 
+@needs_cuda  # a model moved to CUDA (the stand-in's version: tests/multiproc/test_standin_training.py)
 def test_refinement_of_a_model_moved_to_cuda_equals_the_cpus() -> None:
     # The first CUDA run (benchmarks/results/gpu_check_2026-12-04) crashed here: ids made on the CPU
     # stayed there after model.to("cuda"). Same decisions and ids on both; the children's offsets are
@@ -84,6 +90,7 @@ def test_refinement_of_a_model_moved_to_cuda_equals_the_cpus() -> None:
         torch.testing.assert_close(cuda[key], want, rtol=1e-5, atol=1e-6, msg=lambda m, key=key: f"{key}: {m}")
 
 
+@needs_cuda  # host syncs exist only on CUDA (set_sync_debug_mode)
 def test_a_training_steps_cameras_and_backgrounds_reach_the_gpu_without_a_sync() -> None:
     # The audit after the first CUDA run: the cameras' fields, K and every background were blocking
     # copies, each waiting for the GPU's queue, on every step (utils/host_to_device.py).
@@ -105,11 +112,13 @@ def test_a_training_steps_cameras_and_backgrounds_reach_the_gpu_without_a_sync()
     torch.testing.assert_close(inputs.viewmats.cpu(), want.viewmats, rtol=1e-6, atol=1e-6)
 
 
+@needs_cuda  # NCCL
 def test_nccl_sums_gradients_on_one_gpu() -> None:
     (grads,) = run_ranks(rank_fns.cuda_sum_gradients, 1, device_type="cuda", backend="nccl")
     assert torch.equal(grads[0], torch.full((7,), 1.0))
 
 
+@needs_cuda  # gloo staging real CUDA tensors through host memory
 def test_gloo_sums_cuda_gradients_of_two_ranks_sharing_one_gpu() -> None:
     results = run_ranks(rank_fns.cuda_sum_gradients, 2, device_type="cuda", backend="gloo")
     for grads in results:

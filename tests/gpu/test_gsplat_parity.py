@@ -1,6 +1,8 @@
-"""gsplat backend against the pure-PyTorch reference, on CUDA (forward, backward, absgrad, bands).
+"""gsplat backend against the pure-PyTorch reference (forward, backward, absgrad, bands): on CUDA,
+gsplat's kernels; without a GPU, the same assertions on CPU tensors with gsplat's CUDA entry points
+on its PyTorch references (tests/gpu/conftest.py: the ``device`` fixture).
 
-Both backends get the very same float32 inputs on the GPU and the same random cotangents.
+Both backends get the very same float32 inputs on the device and the same random cotangents.
 Tolerances (each justified where it is defined):
 
 - colours/alphas: max abs diff <= 1e-4;
@@ -44,10 +46,7 @@ def _load_scene_helpers():
 _scenes = _load_scene_helpers()
 assert_grads_close, random_scene = _scenes.assert_grads_close, _scenes.random_scene
 
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.cuda
 
 # Forward: gsplat uses fast-math __expf (~2 ulp), glm's matrix products in another order, and a
 # sequential float32 product for T where the reference sums log(1 - alpha) in float64. Each pixel
@@ -68,17 +67,26 @@ _BAND_GRAD_REL = 1e-5
 WIDTH, HEIGHT = 96, 77
 
 
-def _scene(sh_degree=None, seed=0):
+def gsplat_version() -> tuple[int, int, int]:
+    import gsplat
+
+    from distsplat_ns.rendering.gsplat_versions import parse_version
+
+    return parse_version(gsplat.__version__)
+
+
+def _scene(device, sh_degree=None, seed=0):
     return random_scene(num_gaussians=3000, num_cameras=2, width=WIDTH, height=HEIGHT, seed=seed,
-                        sh_degree=sh_degree, scale_range=(0.01, 0.1), device="cuda")  # fmt: skip
+                        sh_degree=sh_degree, scale_range=(0.01, 0.1), device=device)  # fmt: skip
 
 
 def _render_and_grads(scene, backend, absgrad=False, **kwargs):
     scene = scene.with_grad()
     colors, alphas, meta = rasterization(**scene.kwargs(), packed=False, backend=backend, absgrad=absgrad, **kwargs)
-    gen = torch.Generator(device="cuda").manual_seed(123)
-    cot_c = torch.randn(colors.shape, generator=gen, device="cuda")
-    cot_a = torch.randn(alphas.shape, generator=gen, device="cuda")
+    device = colors.device
+    gen = torch.Generator(device=device).manual_seed(123)
+    cot_c = torch.randn(colors.shape, generator=gen, device=device)
+    cot_a = torch.randn(alphas.shape, generator=gen, device=device)
     ((colors * cot_c).sum() + (alphas * cot_a).sum()).backward()
     grads = {name: p.grad for name, p in scene.params().items()}
     grads["means2d"] = meta["means2d"].grad
@@ -87,16 +95,19 @@ def _render_and_grads(scene, backend, absgrad=False, **kwargs):
     return colors.detach(), alphas.detach(), grads, meta
 
 
-def test_projection_matches_reference():
+def test_projection_matches_reference(device):
     # Isolates the projection, so a failure below can be told apart from a rasterizer one.
-    scene = _scene()
+    scene = _scene(device)
     kw = {"rasterize_mode": "antialiased"}
     ours = project(**scene.kwargs(), backend="gsplat", **kw)
     theirs = project(**scene.kwargs(), backend="reference", **kw)
     # Radii are ceil(3 sqrt(lambda)): float32 op order may flip one by 1 px when 3 sqrt(lambda)
     # lands within ~1e-6 of an integer; anything else is a bug.
     radius_diff = (ours.radii - theirs.radii).abs()
-    assert int(radius_diff.max()) <= 1 and int((radius_diff > 0).sum()) <= 3
+    # gsplat >= 1.5.0's radii are ceil(3.33 sigma) per axis, the reference's 1.4.0's ceil(3 sigma) of the major
+    # axis (docs/gsplat_on_cpu.md, "The radius rule"): on gsplat 1.5.3, 1509 of these 6000 differ by 1 px.
+    if gsplat_version() < (1, 5, 0):
+        assert int(radius_diff.max()) <= 1 and int((radius_diff > 0).sum()) <= 3
     both = (ours.radii > 0) & (theirs.radii > 0)
     # float32 products in another order (glm vs torch): ~1e-6 relative; 1e-4 is 100x that.
     for name in ("means2d", "depths", "conics", "compensations"):
@@ -106,8 +117,8 @@ def test_projection_matches_reference():
 
 @pytest.mark.parametrize("render_mode", ["RGB", "RGB+ED"])
 @pytest.mark.parametrize("rasterize_mode", ["classic", "antialiased"])
-def test_forward_matches_reference(render_mode, rasterize_mode):
-    scene = _scene()
+def test_forward_matches_reference(device, render_mode, rasterize_mode):
+    scene = _scene(device)
     kw = {"render_mode": render_mode, "rasterize_mode": rasterize_mode}
     c_gs, a_gs, _, meta = _render_and_grads(scene, "gsplat", **kw)
     c_ref, a_ref, _, _ = _render_and_grads(scene, "reference", **kw)
@@ -117,41 +128,42 @@ def test_forward_matches_reference(render_mode, rasterize_mode):
 
 
 @pytest.mark.parametrize("sh_degree", [None, 3])
-def test_gradients_match_reference(sh_degree):
-    scene = _scene(sh_degree=sh_degree)
+def test_gradients_match_reference(device, sh_degree):
+    scene = _scene(device, sh_degree=sh_degree)
     _, _, g_gs, _ = _render_and_grads(scene, "gsplat")
     _, _, g_ref, _ = _render_and_grads(scene, "reference")
     for name in g_gs:
         assert_grads_close(g_gs[name], g_ref[name], _GRAD_REL, name)
 
 
-def test_absgrad_matches_reference():
-    scene = _scene(seed=1)
+def test_absgrad_matches_reference(device):
+    scene = _scene(device, seed=1)
     _, _, g_gs, _ = _render_and_grads(scene, "gsplat", absgrad=True)
     _, _, g_ref, _ = _render_and_grads(scene, "reference", absgrad=True)
     assert float(g_gs["absgrad"].sum()) > 0
     assert_grads_close(g_gs["absgrad"], g_ref["absgrad"], _GRAD_REL, "absgrad")
 
 
-def test_gsplat_backend_equals_gsplat_rasterization():
+def test_gsplat_backend_equals_gsplat_rasterization(device):
     # Our wrapper must add nothing: same kernels, same inputs -> the same pixels.
     import gsplat
 
-    scene = _scene(sh_degree=2)
+    scene = _scene(device, sh_degree=2)
     ours, ours_a, _ = rasterization(**scene.kwargs(), packed=False, render_mode="RGB+ED", backend="gsplat")
     theirs, theirs_a, _ = gsplat.rasterization(**scene.kwargs(), packed=False, render_mode="RGB+ED")
     torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
     torch.testing.assert_close(ours_a, theirs_a, atol=0, rtol=0)
 
 
-def test_auto_backend_on_cuda_is_gsplat():
-    assert project(**_scene().kwargs()).backend == "gsplat"
+def test_auto_backend_on_cuda_is_gsplat(cuda_device):
+    # "auto" is gsplat only for CUDA tensors (rendering/api.py:resolve_backend): without a GPU, the stand-in's.
+    assert project(**_scene(cuda_device).kwargs()).backend == "gsplat"
 
 
-def test_gsplat_tile_work_is_its_intersections():
+def test_gsplat_tile_work_is_its_intersections(device):
     # The balancer's cost on gsplat (rendering/api.py:WORK_UNITS): the reference counts composited
     # pairs instead (tests/reference/test_bands.py).
-    proj = project(**_scene().kwargs(), backend="gsplat")
+    proj = project(**_scene(device).kwargs(), backend="gsplat")
     out = rasterize_rows(proj, [0, 0], HEIGHT)
     assert out.tile_work is out.tile_counts and int(out.tile_counts.sum()) > 0
 
@@ -159,8 +171,9 @@ def test_gsplat_tile_work_is_its_intersections():
 def _render_bands(scene, starts):
     """Render ``starts``-delimited bands from one gsplat projection; backward of one loss."""
     scene = scene.with_grad()
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    cot = torch.randn(2, HEIGHT, WIDTH, 3, generator=gen, device="cuda")
+    device = scene.means.device
+    gen = torch.Generator(device=device).manual_seed(7)
+    cot = torch.randn(2, HEIGHT, WIDTH, 3, generator=gen, device=device)
     proj = project(**scene.kwargs(), backend="gsplat")
     bands, loss = [], 0.0
     for start, stop in zip(starts, starts[1:] + [HEIGHT], strict=False):
@@ -175,8 +188,8 @@ def _render_bands(scene, starts):
 
 
 @pytest.mark.parametrize("starts", [[0, 16, 48], [0, 5, 21, 40]], ids=["aligned", "unaligned"])
-def test_gsplat_bands_sum_to_whole_image(starts):
-    scene = _scene(seed=2)
+def test_gsplat_bands_sum_to_whole_image(device, starts):
+    scene = _scene(device, seed=2)
     whole, want = _render_bands(scene, [0])
     bands, got = _render_bands(scene, starts)
     torch.testing.assert_close(bands, whole, atol=_BAND_PIXEL_ATOL, rtol=0)

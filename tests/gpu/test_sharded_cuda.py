@@ -11,6 +11,8 @@ from tests.helpers.model_factory import HEIGHT
 from tests.helpers.multiproc import run_ranks
 from tests.helpers.rows_by_id import grads_by_id
 
+# CUDA only: on the CPU the sharded exchange on gsplat's path runs end to end instead, 2 ranks under the
+# device stand-in (tests/multiproc/test_standin_training.py, "2-sharded-mcmc").
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 SPLIT = [[(0, 0, 21)], [(0, 21, HEIGHT), (1, 0, HEIGHT)]]

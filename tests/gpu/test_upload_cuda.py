@@ -14,6 +14,7 @@ from distsplat_ns.data.datamanager import ParallelFullImageDatamanagerConfig
 from distsplat_ns.data.upload import DeviceUploader
 from tests.helpers.data_fixtures import write_nerfstudio_scene
 
+# CUDA only: pinned memory and a copy stream ordered against the compute stream (the CPU variant: tests/data/test_upload.py).
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
