@@ -152,7 +152,13 @@ def _features(means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor
     """The packed features `[E, 6 + D]` (E: ``C * N`` unpacked, ``nnz`` packed)."""
     num = opacities.numel()
     return torch.cat(
-        [means2d.reshape(num, 2), conics.reshape(num, 3), opacities.reshape(num, 1), colors.reshape(num, -1)], dim=-1
+        [
+            means2d.reshape(num, 2),
+            conics.reshape(num, 3),
+            opacities.reshape(num, 1),
+            colors.reshape(num, colors.shape[-1]),
+        ],
+        dim=-1,
     )
 
 
