@@ -67,7 +67,7 @@ TARGET_NUMERATOR = {"cpu": 1.5, "standin": 1.2}
 #: backend's projections on "the device" (measured: W = 1 at 100,000 Gaussians peaked at 1.92 GiB RSS).
 STANDIN_BYTES_PER_GAUSSIAN = 2_000
 #: Creating places kept per rank in the JSON, largest first (the rest summed as "other").
-SITES_KEPT = 16
+SITES_KEPT = 48
 #: Each rank's fixed base for the launch check: torch, nerfstudio and the dataset, 1.3-1.6 GB
 #: (docs/sharded.md, "Memory at 2M Gaussians"), and what the first eval adds at any N (measured
 #: here at 2,000 Gaussians: 0.3-0.55 GB per rank; every rank of W = 8 at 500,000 Gaussians peaked
