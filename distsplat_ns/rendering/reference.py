@@ -313,24 +313,34 @@ def _find_composited(feats: Tensor, isects: TileIntersections, chunk_elements: i
 
 
 def _group_pairs(parts: list[_PairChunk], max_pairs: int) -> list[_PairChunk]:
-    """Concatenate per-block pair lists into chunks of about ``max_pairs`` (whole tiles each)."""
+    """Concatenate per-block pair lists into chunks of about ``max_pairs`` (whole tiles each).
+
+    ``parts`` is emptied as it goes: a block's pairs are released once copied into their chunk
+    (a chunk of one block is that block, uncopied), so the find phase holds the image's pairs
+    once plus one chunk, not twice (docs/sharded.md, "Capacity with W in device bytes").
+    """
     chunks: list[_PairChunk] = []
     group: list[_PairChunk] = []
     size = 0
 
     def flush() -> None:
-        if group:
+        if len(group) == 1:
+            chunks.append(group[0])
+        elif group:
             chunks.append(
                 _PairChunk(*(torch.cat([getattr(p, k) for p in group]) for k in ("gauss", "pix", "px", "py")))
             )
-            group.clear()
+        group.clear()
 
-    for part in parts:
+    parts.reverse()  # popped from the end: first block first
+    while parts:
+        part = parts.pop()
         if size and size + part.gauss.numel() > max_pairs:
             flush()
             size = 0
         group.append(part)
         size += part.gauss.numel()
+        del part
     flush()
     return chunks
 

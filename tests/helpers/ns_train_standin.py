@@ -6,7 +6,9 @@ entry point runs in it, and with ``DISTSPLAT_STANDIN_REPORT=PATH`` each rank wri
 to ``PATH.rank<R>`` at the end (the steps are the calls of the pipeline's
 ``train_iteration``, nerfstudio's trainer's step), with the stand-in allocator's figures
 (tests/helpers/device_memory.py): its peak per device over the whole run, and at each memory-budget
-event the Gaussians held and the allocator's peak since the previous event, read before the budget does.
+event the Gaussians held and the allocator's peak since the previous event, read before the budget does,
+and (``DISTSPLAT_STANDIN_PEAK_SITES=1``) the live bytes per creating place at that peak
+(``device_peak_sites``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def main() -> None:
                 device_standin.write_report(
                     os.environ["DISTSPLAT_STANDIN_REPORT"],
                     device_peak_bytes=device_memory.run_peak_bytes(),
+                    device_peak_sites=device_memory.peak_sites(),
                     budget_events=budget_events,
                 )
 

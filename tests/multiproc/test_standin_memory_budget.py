@@ -14,12 +14,13 @@ from tests.multiproc.test_standin_training import NUM_IMAGES, _standin_train, st
 
 pytestmark = pytest.mark.slow
 
-TOTAL_MEMORY = {1: 75_000_000, 2: 44_000_000}
+TOTAL_MEMORY = {1: 60_800_000, 2: 44_000_000}
 """Stand-in device memory (bytes) per number of processes: its budget (90%:
 gaussians/budget_caps.py:AUTO_DEVICE_FRACTION) holds the 11,384 seed points and the fixed bytes and
 caps the growth near 12,000 Gaussians, below the 13,093 of the run without a cap. Measured without a
-cap, 2,020 B per Gaussian: 1 process 43.2 MB fixed at the step-10 event, so (67.5 - 43.2) MB / 2,020 B
-= 12,030; 2 ranks 26.1 MB fixed each, so 2 x (39.6 - 26.1) MB / 2,020 B / 1.10 (SHARD_BOUND) = 12,114."""
+cap, 2,020 B per Gaussian: 1 process 30.4 MB fixed (since the reference rasterizer holds its pairs
+once, rendering/reference.py:_group_pairs; 43.2 MB before), so (54.72 - 30.41) MB / 2,020 B = 12,035;
+2 ranks: 24.1 MB fixed each (26.1 before), and the run refused 1,065 Gaussians (12,568 held at the end)."""
 SHARDED = ["--pipeline.parallel", "sharded", "--pipeline.memory-budget", "auto"]
 
 

@@ -1,11 +1,21 @@
 """The capacity benchmark's pure parts (``benchmarks/bench_capacity.py``): the marginal bytes per
-Gaussian, the ratio to W = 1 and the verdict against the issue's target 1.5 / W."""
+Gaussian, the ratio to W = 1 and the verdict against the target T / W (1.5 for RSS, 1.2 for device
+bytes), and the device slope split by creating place."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_capacity import capacity_table, marginal_bytes_per_gaussian, phase_slopes, target_ratio
+from benchmarks.bench_capacity import (
+    analyse,
+    capacity_table,
+    kept_sites,
+    largest_rank,
+    marginal_bytes_per_gaussian,
+    phase_slopes,
+    site_slopes,
+    target_ratio,
+)
 
 MIB = 2**20
 
@@ -14,6 +24,18 @@ def test_target_ratio_is_one_and_a_half_over_w() -> None:
     assert [target_ratio(w) for w in (1, 2, 4, 8)] == [1.5, 0.75, 0.375, 0.1875]
     with pytest.raises(ValueError, match="world size"):
         target_ratio(0)
+
+
+def test_target_ratio_of_the_device_bytes_is_one_point_two_over_w() -> None:
+    assert [target_ratio(w, 1.2) for w in (1, 2, 4, 8)] == [1.2, 0.6, 0.3, 0.15]
+
+
+def test_table_verdict_follows_the_numerator() -> None:
+    # W = 2 at 0.7 of W = 1: within 1.5 / 2, past 1.2 / 2.
+    peaks = {(1, 0): [0], (1, 100): [1000], (2, 0): [0, 0], (2, 100): [700, 10]}
+    assert capacity_table(peaks, 0, 100)[1]["reached"] is True
+    two = capacity_table(peaks, 0, 100, 1.2)[1]
+    assert two["reached"] is False and two["target_ratio"] == 0.6
 
 
 def test_marginal_bytes_is_the_slope_between_the_two_sizes() -> None:
@@ -69,3 +91,57 @@ def test_phase_slopes_take_each_phase_over_the_ranks_that_had_it() -> None:
         run(200, {"save": 2_000, "consolidate": 9_000}, {"save": 4_200}),
     ]
     assert phase_slopes(runs, 100, 200) == {2: {"save": 30.0, "consolidate": 80.0}}
+
+
+def test_site_slopes_split_the_slope_by_place_and_sum_to_it() -> None:
+    # The draw's place grows 76 B per Gaussian, the parameters' 30, the image's not at all; one place
+    # appears only at N_b, one only at N_a (a temporary alive at one peak, not the other).
+    a = {"initial.py:1": [76_000, 2], "rows.py:9": [30_000, 6], "eval.py:3": [500, 1], "gone.py:4": [1_000, 1]}
+    b = {"initial.py:1": [152_000, 2], "rows.py:9": [60_000, 6], "eval.py:3": [500, 1], "new.py:5": [3_000, 1]}
+    split = site_slopes(a, b, 1_000, 2_000)
+    assert split == [
+        ("initial.py:1", 76.0),
+        ("rows.py:9", 30.0),
+        ("new.py:5", 3.0),
+        ("eval.py:3", 0.0),
+        ("gone.py:4", -1.0),
+    ]
+    total = marginal_bytes_per_gaussian(sum(v[0] for v in a.values()), sum(v[0] for v in b.values()), 1_000, 2_000)
+    assert sum(v for _, v in split) == total
+
+
+def test_largest_rank_is_the_first_of_the_largest() -> None:
+    assert largest_rank([5, 9, 9, 1]) == 1
+    assert largest_rank([7]) == 0
+
+
+def test_kept_sites_keep_the_largest_and_sum_the_rest() -> None:
+    sites = {"a": [10, 1], "b": [30, 2], "c": [20, 1], "d": [5, 4]}
+    assert kept_sites(sites, 2) == {"b": [30, 2], "c": [20, 1], "other": [15, 5]}
+    assert kept_sites(sites, 4) == sites
+
+
+def test_analyse_tables_device_bytes_with_the_rss_beside() -> None:
+    def run(world: int, num: int, device: list[int], rss: list[int], sites: list[dict]) -> dict:
+        return {
+            "world_size": world,
+            "num_random": num,
+            "peak_device_bytes_per_rank": device,
+            "peak_rss_bytes_per_rank": rss,
+            "phase_device_peaks": [{"setup": d} for d in device],
+            "device_peak_sites_per_rank": sites,
+        }
+
+    runs = [
+        run(1, 100, [1_000], [9_000], [{"x": [1_000, 1]}]),
+        run(1, 200, [2_000], [19_000], [{"x": [2_000, 1]}]),
+        run(2, 100, [600, 500], [5_000, 5_000], [{"x": [600, 1]}, {"x": [500, 1]}]),
+        # N_b: rank 1 is the largest; its split is taken at both sizes.
+        run(2, 200, [1_000, 1_300], [9_000, 9_500], [{"x": [1_000, 1]}, {"x": [900, 1], "y": [300, 1]}]),
+    ]
+    out = analyse(runs, 100, 200, 1.2)
+    assert [r["marginal_bytes_per_gaussian"] for r in out["table"]] == [10.0, 7.0]  # max over ranks: 600 -> 1,300
+    assert [r["reached"] for r in out["table"]] == [True, False]  # 0.7 > 1.2 / 2
+    assert [r["marginal_bytes_per_gaussian"] for r in out["rss_table"]] == [100.0, 45.0]
+    assert out["device_phase_slopes"] == {1: {"setup": 10.0}, 2: {"setup": 7.0}}
+    assert out["device_site_slopes"][2] == {"rank": 1, "slopes": [["x", 4.0], ["y", 3.0]]}

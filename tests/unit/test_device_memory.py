@@ -60,3 +60,41 @@ def test_cuda_memory_functions_answer_from_it_per_device(standin) -> None:
     free, total = torch.cuda.mem_get_info(1)
     assert total == 1 << 30 == torch.cuda.get_device_properties(1).total_memory and free == total - 512
     del on_one
+
+
+def _four_thousand_bytes(device: str) -> torch.Tensor:
+    return torch.zeros(1000, device=device)
+
+
+def _eight_thousand_bytes(device: str) -> torch.Tensor:
+    return torch.ones(2000, device=device)
+
+
+def test_peak_sites_are_the_places_that_held_the_run_peak(standin, monkeypatch) -> None:
+    # cuda:7, which no other test uses: its run peak starts here.
+    monkeypatch.setenv(device_memory.PEAK_SITES_ENV, "1")
+    kept = _four_thousand_bytes("cuda:7")
+    freed = _eight_thousand_bytes("cuda:7")  # the run peak: 12,000 B
+    del freed
+    gc.collect()
+    after = torch.ones(500, device="cuda:7")  # 2,000 B: below the peak, no new snapshot
+    sites = device_memory.peak_sites()[7]
+    assert device_memory.run_peak_bytes()[7] == 12_000 == sum(v[0] for v in sites.values())
+    assert {place.split(" in ")[1]: v for place, v in sites.items()} == {
+        "_four_thousand_bytes": [4000, 1],
+        "_eight_thousand_bytes": [8000, 1],
+    }
+    assert all(place.startswith("test_device_memory.py:") for place in sites), sites
+    del kept, after
+
+
+def test_peak_sites_name_the_package_frame_that_made_the_storage(standin, monkeypatch) -> None:
+    from distsplat_ns.utils.keyed_random import keyed_bits_device
+
+    ids = torch.arange(64, device="cuda:6")  # made before the places are on: in no snapshot
+    monkeypatch.setenv(device_memory.PEAK_SITES_ENV, "1")
+    bits = keyed_bits_device(1, 2, ids, 4)
+    sites = device_memory.peak_sites()[6]
+    assert sites and all(place.startswith("distsplat_ns/utils/keyed_random.py:") for place in sites), sites
+    assert sum(v[0] for v in sites.values()) == device_memory.run_peak_bytes()[6] - 64 * 8  # all but the ids
+    del ids, bits
