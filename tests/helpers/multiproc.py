@@ -22,7 +22,13 @@ def free_port() -> int:
 
 # Imported once by the fork server, so each rank starts with them loaded instead of spending
 # ~10 s of a 2-core machine importing them again (docs/startup.md, "Test ranks").
-PRELOAD = ["torch", "torchvision", "nerfstudio.models.splatfacto", "distsplat_ns.pipeline", "distsplat_ns.distributed.context"]
+PRELOAD = [
+    "torch",
+    "torchvision",
+    "nerfstudio.models.splatfacto",
+    "distsplat_ns.pipeline",
+    "distsplat_ns.distributed.context",
+]
 
 
 def _context() -> Any:
