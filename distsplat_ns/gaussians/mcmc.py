@@ -141,7 +141,7 @@ def mcmc_schedule_in_steps(
 ) -> MCMCSchedule:
     """Main's MCMC schedule (warm-up, ``stop_split_at``, ``refine_every``; images) in steps of ``batch_size``.
 
-    As ``gaussians/strategy.py:schedule_in_steps``: each point is the step nearest its image count,
+    As ``gaussians/strategy_schedule.py:schedule_in_steps``: each point is the step nearest its image count,
     so B images per step relocate and grow as often per image as splatfacto at B = 1.
     """
     return MCMCSchedule(

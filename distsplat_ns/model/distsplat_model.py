@@ -32,8 +32,8 @@ from distsplat_ns.gaussians.densifier import Densifier
 from distsplat_ns.gaussians.initial import initial_gaussians, unique_seed_points
 from distsplat_ns.gaussians.mcmc import MCMCConfig
 from distsplat_ns.gaussians.rows import IDS, GaussianRows, gaussian_schema, parameter_fields
-from distsplat_ns.gaussians.strategy import PAUSE_RULES, PauseRule
 from distsplat_ns.gaussians.strategy_choices import STRATEGIES, StrategyName, build_densifier, strategy_help
+from distsplat_ns.gaussians.strategy_schedule import PAUSE_RULES, PauseRule
 from distsplat_ns.model.band_depth import band_depth, with_depth_channel
 from distsplat_ns.model.band_render import (
     BandRenderResult,

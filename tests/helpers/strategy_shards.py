@@ -9,7 +9,8 @@ import functools
 import torch
 
 from distsplat_ns.gaussians.rows import DEFAULT_STATISTICS, GaussianRows, RowField, gaussian_schema
-from distsplat_ns.gaussians.strategy import DefaultDensifier, DefaultThresholds, StrategySchedule
+from distsplat_ns.gaussians.strategy import DefaultDensifier, DefaultThresholds
+from distsplat_ns.gaussians.strategy_schedule import StrategySchedule
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.rows_by_id import gaussians_by_id
 

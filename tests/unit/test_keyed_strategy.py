@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from distsplat_ns.gaussians.densifier import gather_local
-from distsplat_ns.gaussians.strategy import StrategySchedule, allocate_child_ids, grow_masks
+from distsplat_ns.gaussians.strategy import allocate_child_ids, grow_masks
+from distsplat_ns.gaussians.strategy_schedule import StrategySchedule
 from distsplat_ns.utils.keyed_random import keyed_normal
 from tests.helpers.rows_by_id import gaussians_by_id
 from tests.helpers.strategy_shards import (

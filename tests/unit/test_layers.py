@@ -138,6 +138,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "rows.py",
             "strategy.py",
             "strategy_choices.py",
+            "strategy_schedule.py",
         ),
     ),
     (

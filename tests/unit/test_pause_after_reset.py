@@ -10,7 +10,12 @@ import pytest
 import torch
 from nerfstudio.models.splatfacto import SplatfactoModelConfig
 
-from distsplat_ns.gaussians.strategy import grows_at, pause_after_reset_images, resets_opacity_at, schedule_in_steps
+from distsplat_ns.gaussians.strategy_schedule import (
+    grows_at,
+    pause_after_reset_images,
+    resets_opacity_at,
+    schedule_in_steps,
+)
 
 SPLATFACTO = SplatfactoModelConfig()
 

@@ -246,7 +246,7 @@ def test_checkpoint_without_ids_counts_as_ids_in_row_order() -> None:
 
 # ---------------------------------------------------------------------- when to rebalance
 def test_rebalance_is_due_exactly_where_gsplat_grows_and_prunes() -> None:
-    from distsplat_ns.gaussians.strategy import grows_at as rebalance_due
+    from distsplat_ns.gaussians.strategy_schedule import grows_at as rebalance_due
 
     model, _ = make_state_model(with_optimizers=False)
     schedule = model.densifier.schedule

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from distsplat_ns.gaussians.strategy import batch_info, schedule_in_steps, sqrt_batch_scaling
+from distsplat_ns.gaussians.strategy import batch_info, sqrt_batch_scaling
+from distsplat_ns.gaussians.strategy_schedule import schedule_in_steps
 from distsplat_ns.utils.steps import images_to_steps
 
 
