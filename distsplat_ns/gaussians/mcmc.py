@@ -21,7 +21,8 @@ and the copy inherits that dead Gaussian's stale moments. Here the dead Gaussian
 included) leave with it, and its copy -- a new Gaussian, with a new id -- starts at zero like its
 source and like an added Gaussian; keeping the dead's moments would move them between ranks.
 
-``MCMCDensifier`` is this strategy as the pipeline calls it (``gaussians/densifier.py``).
+``MCMCDensifier`` is this strategy as the pipeline calls it (``gaussians/densifier.py``); the
+relocation's Eq. 9 is ``gaussians/mcmc_relocation.py``.
 
 Collectives are injected (``gaussians/densifier.py:IdGather``), so this module never imports
 ``torch.distributed``: ``gather_local`` in one process or a replica, ``all_gather_rows`` over shards.
@@ -32,7 +33,6 @@ Shape letters: ``N`` Gaussians held here, ``J`` draws.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -53,6 +53,7 @@ from distsplat_ns.gaussians.mcmc_draws import (
     reweighted_after_relocation,
     rows_of,
 )
+from distsplat_ns.gaussians.mcmc_relocation import relocation_opacity_scale
 from distsplat_ns.gaussians.rows import GaussianRows
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from distsplat_ns.utils.logging import get_logger
@@ -65,8 +66,6 @@ STREAM_NOISE = 1
 """keyed_random stream of the position noise."""
 GROWTH = 1.05
 """Each event grows the count to ``int(1.05 n)`` (gsplat's ``_add_new_gs``; the paper's 5%)."""
-_N_MAX = 51
-"""Largest relocation ratio gsplat's kernel resolves (its binomial table is 51 x 51)."""
 
 
 @dataclass(frozen=True)
@@ -149,60 +148,6 @@ def mcmc_schedule_in_steps(
         refine_stop_iter=images_to_steps(stop_split_images, batch_size, minimum=0),
         refine_every=images_to_steps(refine_every_images, batch_size),
     )
-
-
-# ---------------------------------------------------------------------- relocation (Eq. 9)
-@functools.cache
-def _eq9_coefficients() -> torch.Tensor:
-    """``a[n, k] = (-1)^k C(n, k+1) / sqrt(k+1)`` for n <= 51 (0 for k >= n). `[52, 51]`, float64.
-
-    Eq. 9's denominator ``sum_{i=1..n} sum_{k<i} C(i-1, k) (-1)^k o^(k+1) / sqrt(k+1)`` regrouped by
-    k with the hockey-stick identity ``sum_{i=k+1..n} C(i-1, k) = C(n, k+1)``.
-    """
-    return torch.tensor(
-        [[(-1) ** k * math.comb(n, k + 1) / math.sqrt(k + 1) for k in range(_N_MAX)] for n in range(_N_MAX + 1)],
-        dtype=torch.float64,
-    )
-
-
-def relocation_opacity_scale(
-    opacities: torch.Tensor, scales: torch.Tensor, ratios: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 9 of the paper: the opacity and scales each of ``n`` Gaussians sharing one place gets.
-
-    On CUDA float32 this is gsplat's ``gsplat.relocation.compute_relocation`` (its kernel, what
-    ``MCMCStrategy`` computes); elsewhere (CPU, float64) the same equation in float64 torch, every
-    operation element-wise (``exp``, ``log1p``, products), so a Gaussian's result does not depend on
-    its row or on the others drawn with it.
-
-    Args:
-        opacities: Source opacities in (0, 1). `[J]`.
-        scales: Source scales (not logs). `[J, 3]`.
-        ratios: Copies sharing the place, source included, >= 1 (clamped to 51 as gsplat does). `[J]`, int.
-
-    Returns:
-        ``(new_opacities, new_scales)``: `[J]`, `[J, 3]`, in ``opacities``' dtype, not clamped.
-    """
-    if opacities.is_cuda and opacities.dtype == torch.float32:
-        from gsplat.relocation import compute_relocation  # gsplat 1.4.0's kernel
-
-        binoms = torch.tensor(
-            [[math.comb(n, k) for k in range(_N_MAX)] for n in range(_N_MAX)],
-            dtype=torch.float32,
-            device=opacities.device,
-        )
-        return compute_relocation(opacities.contiguous(), scales.contiguous(), ratios.clone(), binoms)
-    n = ratios.to(torch.int64).clamp(1, _N_MAX)
-    o = opacities.to(torch.float64)
-    new_o = 1.0 - torch.exp(torch.log1p(-o) / n.to(torch.float64))  # 1 - (1 - o)^(1/n)
-    coefficients = _eq9_coefficients().to(o.device)[n]  # [J, 51]
-    power = torch.ones_like(new_o)
-    denominator = torch.zeros_like(new_o)
-    for k in range(_N_MAX):
-        power = power * new_o
-        denominator = denominator + coefficients[:, k] * power
-    new_scales = (o / denominator)[:, None] * scales.to(torch.float64)
-    return new_o.to(opacities.dtype), new_scales.to(scales.dtype)
 
 
 class MCMCEvent(NamedTuple):
@@ -600,5 +545,4 @@ __all__ = [
     "mcmc_regularizers",
     "mcmc_schedule_in_steps",
     "mcmc_step_post_backward",
-    "relocation_opacity_scale",
 ]

@@ -54,7 +54,7 @@ def device() -> Iterator[str]:
 def cuda_device() -> Iterator[str]:
     """``"cuda"``: the GPU, or without one the device stand-in (tests/helpers/device_standin.py, which
     turns the gsplat shim on), for code that takes gsplat's path only on a CUDA tensor
-    (``gaussians/mcmc.py:relocation_opacity_scale``)."""
+    (``gaussians/mcmc_relocation.py:relocation_opacity_scale``)."""
     if torch.cuda.is_available():
         yield "cuda"
         return

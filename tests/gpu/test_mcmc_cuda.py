@@ -43,7 +43,7 @@ def test_device_bits_on_cuda_equal_numpys_bitwise() -> None:
 
 
 def test_gsplats_relocation_kernel_matches_the_float64_equation(cuda_device: str) -> None:
-    from distsplat_ns.gaussians.mcmc import relocation_opacity_scale
+    from distsplat_ns.gaussians.mcmc_relocation import relocation_opacity_scale
 
     gen = torch.Generator().manual_seed(0)
     opacities = 0.006 + 0.99 * torch.rand(5000, generator=gen)

@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from distsplat_ns.gaussians.mcmc import relocation_opacity_scale
+from distsplat_ns.gaussians.mcmc_relocation import relocation_opacity_scale
 from distsplat_ns.rendering import rasterization
 from tests.helpers import gsplat_cpu
 from tests.helpers.scenes import assert_grads_close, random_scene

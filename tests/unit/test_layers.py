@@ -134,6 +134,7 @@ FLOORS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
             "initial.py",
             "mcmc.py",
             "mcmc_draws.py",
+            "mcmc_relocation.py",
             "ownership.py",
             "rows.py",
             "strategy.py",

@@ -22,7 +22,6 @@ from distsplat_ns.gaussians.mcmc import (
     mcmc_regularizers,
     mcmc_schedule_in_steps,
     mcmc_step_post_backward,
-    relocation_opacity_scale,
 )
 from distsplat_ns.gaussians.mcmc_draws import (
     STREAM_ADD,
@@ -31,6 +30,7 @@ from distsplat_ns.gaussians.mcmc_draws import (
     gather_weight_table,
     opacity_weights,
 )
+from distsplat_ns.gaussians.mcmc_relocation import relocation_opacity_scale
 from distsplat_ns.utils.keyed_random import keyed_normal_device
 from tests.helpers.mcmc_shards import (
     FIRST_ID,
