@@ -13,6 +13,7 @@ copies the live bytes per place: :func:`peak_sites`, what held the device at the
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -24,6 +25,11 @@ TOTAL_MEMORY_ENV = "DISTSPLAT_STANDIN_TOTAL_MEMORY"
 """Environment variable: the total device memory (bytes) the stand-in reports; an H100's 80 GiB when unset."""
 
 _LOCK = threading.Lock()
+_FREED: collections.deque[int] = collections.deque()
+"""Storages whose last device tensor died, not yet subtracted: a finalizer only appends here, because
+it can run inside a section that holds ``_LOCK`` (a garbage collection started by an allocation there),
+and taking the lock in it would deadlock that thread (seen on torch 2.1.2: docs/device_standin.md,
+"Counting")."""
 _STORAGES: dict[int, list[int]] = {}  # storage data_ptr -> [device index, bytes, device tensors on it]
 _LIVE: dict[int, int] = {}
 _PEAK: dict[int, int] = {}
@@ -49,6 +55,7 @@ def register(wrapper: torch.Tensor, host: torch.Tensor, index: int) -> None:
     if size == 0:
         return
     with _LOCK:
+        _apply_frees()
         entry = _STORAGES.get(key)
         if entry is None:
             entry = _STORAGES[key] = [index, size, 0]
@@ -62,11 +69,15 @@ def register(wrapper: torch.Tensor, host: torch.Tensor, index: int) -> None:
                 if sites:
                     _PEAK_SITES[index] = {site: list(v) for site, v in _SITE_LIVE[index].items() if v[0]}
         entry[2] += 1
-    weakref.finalize(wrapper, _release, key)
+    weakref.finalize(wrapper, _FREED.append, key)
 
 
-def _release(key: int) -> None:
-    with _LOCK:
+def _apply_frees() -> None:
+    """Subtract the storages in ``_FREED`` (caller holds ``_LOCK``). Every count is read after this,
+    so each answer is the one an immediate release would give; a storage freed and made again at the
+    same address is released before it is registered anew."""
+    while _FREED:
+        key = _FREED.popleft()
         entry = _STORAGES[key]
         entry[2] -= 1
         if entry[2] == 0:
@@ -116,18 +127,25 @@ def _index(device: object = None) -> int:
 
 def memory_allocated(device: object = None) -> int:
     """Live bytes on ``device`` (``torch.cuda.memory_allocated`` under the stand-in)."""
-    return _LIVE.get(_index(device), 0)
+    index = _index(device)
+    with _LOCK:
+        _apply_frees()
+        return _LIVE.get(index, 0)
 
 
 def max_memory_allocated(device: object = None) -> int:
     """Peak live bytes on ``device`` since the last reset (``torch.cuda.max_memory_allocated``)."""
-    return _PEAK.get(_index(device), 0)
+    index = _index(device)
+    with _LOCK:
+        _apply_frees()
+        return _PEAK.get(index, 0)
 
 
 def reset_peak_memory_stats(device: object = None) -> None:
     """Set the peak of ``device`` to its live bytes (``torch.cuda.reset_peak_memory_stats``)."""
     index = _index(device)
     with _LOCK:
+        _apply_frees()
         _PEAK[index] = _LIVE.get(index, 0)
 
 
@@ -139,6 +157,7 @@ def mem_get_info(device: object = None) -> tuple[int, int]:
 def run_peak_bytes() -> dict[int, int]:
     """Peak live bytes per device index since the process began (no reset clears it)."""
     with _LOCK:
+        _apply_frees()
         return dict(_RUN_PEAK)
 
 
@@ -146,4 +165,5 @@ def peak_sites() -> dict[int, dict[str, list[int]]]:
     """Per device index, the live ``[bytes, storages]`` per creating place at its run peak
     (empty unless ``DISTSPLAT_STANDIN_PEAK_SITES=1``); the bytes sum to :func:`run_peak_bytes`."""
     with _LOCK:
+        _apply_frees()
         return {index: {site: list(v) for site, v in sites.items()} for index, sites in _PEAK_SITES.items()}

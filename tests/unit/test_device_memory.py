@@ -5,6 +5,7 @@ torch.cuda's memory functions answer from it."""
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -98,3 +99,26 @@ def test_peak_sites_name_the_package_frame_that_made_the_storage(standin, monkey
     assert sites and all(place.startswith("distsplat_ns/utils/keyed_random.py:") for place in sites), sites
     assert sum(v[0] for v in sites.values()) == device_memory.run_peak_bytes()[6] - 64 * 8  # all but the ids
     del ids, bits
+
+
+def test_a_collection_inside_the_allocators_lock_frees_without_waiting_on_it(standin, monkeypatch) -> None:
+    # A garbage collection can run a device tensor's release anywhere, inside the allocator's locked
+    # section too (docs/device_standin.md, "Counting"): make one collect a cycle holding a device tensor
+    # there, in a thread, and require it to finish and the bytes to come back.
+    before = torch.cuda.memory_allocated()
+
+    def cyclic_device_tensor() -> None:
+        cycle: list = [torch.zeros(100, device="cuda")]  # 400 B
+        cycle.append(cycle)
+
+    cyclic_device_tensor()
+    assert torch.cuda.memory_allocated() - before == 400
+    sites_on = device_memory._sites_on
+    monkeypatch.setattr(device_memory, "_sites_on", lambda: (gc.collect(), sites_on())[1])
+    # The stand-in's dispatch mode is this thread's; the worker registers a storage directly.
+    worker = threading.Thread(target=lambda: device_memory.register(torch.ones(10), torch.ones(10), 0), daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "a release inside the allocator's lock waited on the lock"
+    monkeypatch.setattr(device_memory, "_sites_on", sites_on)
+    assert torch.cuda.memory_allocated() - before == 0  # the cycle's 400 B released, the 40 B gone with the thread
