@@ -45,13 +45,12 @@ def _worker(
     args: tuple,
     queue: Any,
     timeout_s: float,
-    device_type: str = "cpu",
-    backend: str = "auto",
-    environ: dict[str, str] | None = None,
+    device_type: str,
+    backend: str,
+    environ: dict[str, str],
 ) -> None:
-    if environ is not None:  # the caller's environment at run_ranks, not the fork server's at its start
-        os.environ.clear()
-        os.environ.update(environ)
+    os.environ.clear()  # the caller's environment at run_ranks, not the fork server's at its start
+    os.environ.update(environ)
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
