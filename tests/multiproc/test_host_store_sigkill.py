@@ -66,7 +66,11 @@ def test_sigkilled_rank_leaves_nothing_behind_and_the_others_read_on(tmp_path: P
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0))
+        ctx.Process(
+            target=_worker,
+            args=(r, 3, port, host_store_fns.slow_fill_rank, (paths, report, 0.1), queue, 60.0),
+            kwargs={"device_type": "cpu", "backend": "auto", "environ": dict(os.environ)},
+        )
         for r in range(3)
     ]
     for p in procs:
