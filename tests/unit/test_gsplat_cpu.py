@@ -1,5 +1,5 @@
 """The gsplat CPU shim (tests/helpers/gsplat_cpu.py): gsplat's own Python functions run on it, on
-the installed gsplat (1.4.0 here, 1.5.3 under scripts/test_gsplat_next.sh), against gsplat's
+the installed gsplat (1.4.0 here, 1.5.0 to 1.5.3 under scripts/test_gsplat_next.sh), against gsplat's
 PyTorch references and the package's reference rasterizer.
 
 Tolerances, each where it is used:
@@ -123,6 +123,19 @@ def test_isect_tiles_gives_gsplats_reference_ids():
     got = gsplat.isect_tiles(means2d, radii, depths, 16, 3, 3)
     want = _torch_impl._isect_tiles(means2d, radii, depths, 16, 3, 3)
     assert got[1].numel() > 100
+    for g, w, name in zip(got, want, ("tiles_per_gauss", "isect_ids", "flatten_ids"), strict=True):
+        torch.testing.assert_close(g, w, **_EXACT, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_isect_ids_of_negative_depths_equal_gsplats_reference():
+    # A negative depth's float bits: sign-extended into the id by 1.4.0 and 1.5.0, zero-extended from 1.5.1
+    # (its csrc/IntersectTile.cu and _torch_impl._isect_tiles alike); the same ids for positive depths.
+    radii, means2d, depths, _, _ = _reference_projection(*[getattr(_scene(seed=3, extent=3.0), k) for k in
+                                                           ("means", "quats", "scales", "viewmats", "Ks")])  # fmt: skip
+    depths = torch.where(torch.arange(depths.shape[-1]) % 3 == 0, -depths, depths)
+    assert bool((depths[_alive(radii)] < 0).any())
+    got = gsplat.isect_tiles(means2d, radii, depths, 16, 3, 3)
+    want = _torch_impl._isect_tiles(means2d, radii, depths, 16, 3, 3)
     for g, w, name in zip(got, want, ("tiles_per_gauss", "isect_ids", "flatten_ids"), strict=True):
         torch.testing.assert_close(g, w, **_EXACT, msg=lambda m, name=name: f"{name}: {m}")
 
