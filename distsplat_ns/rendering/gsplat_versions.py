@@ -9,8 +9,13 @@ The differences, each with the release that made it (compare ``gsplat/cuda/_wrap
 - gsplat 1.5.0: ``radii`` is per axis, `[C, N, 2]` / `[nnz, 2]` (x, y) where 1.4.0 had one radius
   `[C, N]` / `[nnz]`, both out of ``fully_fused_projection`` and into ``isect_tiles``.
 - gsplat 1.5.3 (batch dimensions): ``isect_tiles``' ``n_cameras=``/``camera_ids=`` are renamed
-  ``n_images=``/``image_ids=``, and the packed ``fully_fused_projection`` returns ``batch_ids``
-  ahead of ``camera_ids`` (8 outputs, not 7).
+  ``n_images=``/``image_ids=``, the packed ``fully_fused_projection`` returns ``batch_ids``
+  ahead of ``camera_ids`` (8 outputs, not 7), and the packed ``rasterize_to_pixels`` asserts
+  ``backgrounds`` `[D]` where 1.5.2 and older assert `[C, D]`.
+
+gsplat 1.5.0, 1.5.1 and 1.5.2 have none of 1.5.3's changes: their ``_wrapper.py`` differ only in
+functions the package does not call (1.5.2 adds the unscented-transform projection and from-world
+rasterization, and fixes the 2DGS packed backward).
 
 Not a call difference, so not here: gsplat 1.5's radii are 3.33 sigma per axis (and tightened by
 opacity when ``opacities=`` is given) where 1.4.0's are 3 sigma of the major axis; the package's
@@ -31,7 +36,7 @@ from torch import Tensor
 
 __all__ = ["NEWEST_TESTED", "OLDEST", "GsplatApi", "gsplat_api", "parse_version"]
 
-#: The tested range (pyproject's ``gsplat>=1.4.0,<=1.5.3``; scripts/test_gsplat_next.sh runs the newest).
+#: The tested range (pyproject's ``gsplat>=1.4.0,<=1.5.3``; scripts/test_gsplat_next.sh runs 1.5.0 to 1.5.3).
 OLDEST = (1, 4, 0)
 NEWEST_TESTED = (1, 5, 3)
 #: The releases that made each difference.

@@ -1,6 +1,6 @@
 """gsplat's compiled entry points on the CPU, for tests: :func:`installed` swaps gsplat's extension
 object (``_C``, which gsplat's Python wrappers fetch at call time: ``_make_lazy_cuda_func`` in
-``gsplat/cuda/_wrapper.py``, 1.4.0 and 1.5.3 alike) for :class:`CpuExtension`, whose entry points
+``gsplat/cuda/_wrapper.py``, 1.4.0 to 1.5.3 alike) for :class:`CpuExtension`, whose entry points
 compute on torch ops. gsplat's own Python code -- ``gsplat.rasterization``, ``fully_fused_projection``,
 ``isect_tiles``, ``rasterize_to_pixels``, ``spherical_harmonics``, ``relocation.compute_relocation``
 and their autograd Functions -- then runs unchanged on CPU tensors and on the device stand-in's
@@ -73,16 +73,19 @@ ENTRY_POINTS_1_4_0: dict[str, Callable] = {
     "compute_relocation": ops.relocation,
 }
 
-#: gsplat 1.5.3's: every entry point renamed; the projections take ``opacities`` (after ``scales``) and
-#: give per-axis radii ``[..., C, N, 2]`` (3.33 sigma); ``intersect_tile`` takes those radii and
-#: zero-extends the depth bits; batch dimensions ``[...]`` throughout; the packed projection gives
-#: ``batch_ids``. Same signatures as 1.4.0's: offsets, compositor, SH, relocation.
-ENTRY_POINTS_1_5_3: dict[str, Callable] = {
+#: gsplat 1.5.0's: every entry point renamed (1.5.0's gsplat/cuda/ext.cpp, at the v1.5.0 tag: the 1.5.0 and
+#: 1.5.1 wheels leave that file out); the projections take ``opacities`` (after ``scales``) and give per-axis
+#: radii ``[C, N, 2]`` (3.33 sigma, tightened by opacity: csrc/ProjectionEWA3DGSFused.cu); ``intersect_tile``
+#: takes those radii, no ``segmented`` (csrc/Intersect.cpp), and sign-extends the depth bits
+#: (csrc/IntersectTile.cu); the packed projection gives no ``batch_ids`` (csrc/Projection.cpp) and its
+#: backward has 1.4.0's signature (``_wrapper.py``'s ``_FullyFusedProjectionPacked.backward``). Same
+#: signatures as 1.4.0's: offsets, compositor (same rules: csrc/RasterizeToPixels3DGSFwd.cu), SH, relocation.
+ENTRY_POINTS_1_5_0: dict[str, Callable] = {
     "projection_ewa_3dgs_fused_fwd": ops.projection_fwd_153,
     "projection_ewa_3dgs_fused_bwd": ops.projection_bwd,
-    "projection_ewa_3dgs_packed_fwd": ops.projection_packed_fwd_153,
-    "projection_ewa_3dgs_packed_bwd": ops.projection_packed_bwd_153,
-    "intersect_tile": ops.intersect_tile_153,
+    "projection_ewa_3dgs_packed_fwd": ops.projection_packed_fwd_150,
+    "projection_ewa_3dgs_packed_bwd": ops.projection_packed_bwd,
+    "intersect_tile": ops.intersect_tile_150,
     "intersect_offset": ops.isect_offset_encode,
     "rasterize_to_pixels_3dgs_fwd": raster.rasterize_fwd,
     "rasterize_to_pixels_3dgs_bwd": raster.rasterize_bwd,
@@ -91,9 +94,27 @@ ENTRY_POINTS_1_5_3: dict[str, Callable] = {
     "relocation": ops.relocation,
 }
 
-#: The tables by release: the one place the two releases' names and signatures differ.
+#: gsplat 1.5.1's and 1.5.2's: 1.5.0's, with the depth bits zero-extended in ``intersect_tile`` (1.5.1's
+#: csrc/IntersectTile.cu). 1.5.2 changes nothing the package meets: it adds the unscented-transform and
+#: from-world kernels, and drops 1.5.1's eigenvalue cap on the radii, which never changes them (see
+#: gsplat_cpu_ops._opacity_radii; the shim's radii without ``opacities`` are each release's own reference's).
+ENTRY_POINTS_1_5_1: dict[str, Callable] = {**ENTRY_POINTS_1_5_0, "intersect_tile": ops.intersect_tile_151}
+
+#: gsplat 1.5.3's: 1.5.1's with batch dimensions ``[...]`` throughout: the packed projection gives
+#: ``batch_ids`` (first, after ``indptr``) and its backward takes them; ``intersect_tile`` takes ``segmented``.
+ENTRY_POINTS_1_5_3: dict[str, Callable] = {
+    **ENTRY_POINTS_1_5_1,
+    "projection_ewa_3dgs_packed_fwd": ops.projection_packed_fwd_153,
+    "projection_ewa_3dgs_packed_bwd": ops.projection_packed_bwd_153,
+    "intersect_tile": ops.intersect_tile_153,
+}
+
+#: The tables by release: the one place the releases' names and signatures differ.
 ENTRY_POINTS: dict[tuple[int, int, int], dict[str, Callable]] = {
     (1, 4, 0): ENTRY_POINTS_1_4_0,
+    (1, 5, 0): ENTRY_POINTS_1_5_0,
+    (1, 5, 1): ENTRY_POINTS_1_5_1,
+    (1, 5, 2): ENTRY_POINTS_1_5_1,
     (1, 5, 3): ENTRY_POINTS_1_5_3,
 }
 
@@ -116,7 +137,8 @@ def entry_points(version: str) -> dict[str, Callable]:
     parsed = tuple(int(x) for x in match.groups()) if match else None
     if parsed in ENTRY_POINTS:
         return ENTRY_POINTS[parsed]
-    raise ValueError(f"gsplat CPU shim: gsplat {version} has no entry-point table (1.4.0, 1.5.3 have)")
+    known = ", ".join(".".join(map(str, v)) for v in ENTRY_POINTS)
+    raise ValueError(f"gsplat CPU shim: gsplat {version} has no entry-point table ({known} have)")
 
 
 class CpuExtension:

@@ -1,6 +1,7 @@
 """The gsplat CPU shim's entry points other than the compositor (tests/helpers/gsplat_cpu.py):
 projection (unpacked and packed), tile intersection, offsets, spherical harmonics and the MCMC
-relocation, on torch ops, in gsplat 1.4.0's signatures (1.5.3's adapt them in gsplat_cpu.py).
+relocation, on torch ops, in gsplat 1.4.0's signatures, and the adapters for 1.5.3's and for 1.5.0 to
+1.5.2's where theirs differ (the tables: gsplat_cpu.py).
 
 Forwards call the installed gsplat's own references (``gsplat/cuda/_torch_impl.py``:
 ``_fully_fused_projection``, ``_isect_offset_encode``, ``_spherical_harmonics``) where they are
@@ -344,7 +345,10 @@ def _opacity_radii(means, covars, quats, scales, opacities, viewmats, Ks, width,
                    comps, camera_model):  # fmt: skip
     """gsplat 1.5.3's kernel with ``opacities``: an entry whose opacity (times its compensation) is below
     1/255 is culled, the others' extent shrinks to ``min(3.33, sqrt(2 ln(255 o)))`` sigma per axis
-    (ProjectionEWA3DGSFused.cu) -- its reference ``_fully_fused_projection`` keeps 3.33."""
+    (ProjectionEWA3DGSFused.cu) -- its reference ``_fully_fused_projection`` keeps 3.33. The same rule from
+    1.5.0; 1.5.0 and 1.5.1 also cap each axis at ``extend sqrt(v1)``, ``v1`` the larger eigenvalue raised by
+    their ``max(0.01, b^2 - det)`` clamp, which a diagonal entry never exceeds: not modelled (on 2M random
+    float32 covariances the cap binds 28 times, by rounding, and never changes the ``ceil``'d radius)."""
     ref = torch_impl()
     means_c, covars_c = ref._world_to_cam(means, full_covars(covars, quats, scales), viewmats)
     proj = {"pinhole": ref._persp_proj, "ortho": ref._ortho_proj, "fisheye": ref._fisheye_proj}[camera_model]
@@ -410,15 +414,64 @@ def projection_packed_bwd_153(
     )  # fmt: skip
 
 
+def _intersect_per_axis(means2d, radii, depths, image_ids, num_images, tile_size, tile_width, tile_height, sort,
+                        zero_extend_depth):  # fmt: skip
+    """gsplat >= 1.5's ``intersect_tile`` on per-axis radii `[..., N, 2]` / `[nnz, 2]`."""
+    if means2d.dim() != 2:  # unpacked [..., N, 2]: image = flat index // N
+        image_ids = torch.arange(num_images, device=means2d.device).repeat_interleave(means2d.shape[-2])
+    counts, isect_ids, flatten_ids = intersect(
+        means2d, radii[..., 0], radii[..., 1], depths, image_ids, tile_size, tile_width, tile_height, sort,
+        zero_extend_depth=zero_extend_depth,
+    )  # fmt: skip
+    return counts.reshape(radii.shape[:-1]), isect_ids, flatten_ids
+
+
 def intersect_tile_153(
     means2d, radii, depths, image_ids, gaussian_ids, num_images, tile_size, tile_width, tile_height, sort, segmented
 ):  # fmt: skip
     """1.5.3 ``intersect_tile``: radii per axis, batch dims, ids with the depth bits zero-extended."""
     del gaussian_ids, segmented  # segmented: a sort strategy, same order
-    if means2d.dim() != 2:  # unpacked [..., N, 2]: image = flat index // N
-        image_ids = torch.arange(num_images, device=means2d.device).repeat_interleave(means2d.shape[-2])
-    counts, isect_ids, flatten_ids = intersect(
-        means2d, radii[..., 0], radii[..., 1], depths, image_ids, tile_size, tile_width, tile_height, sort,
-        zero_extend_depth=True,
+    return _intersect_per_axis(
+        means2d, radii, depths, image_ids, num_images, tile_size, tile_width, tile_height, sort, True
     )  # fmt: skip
-    return counts.reshape(radii.shape[:-1]), isect_ids, flatten_ids
+
+
+# ---------------------------------------------------------------------- gsplat 1.5.0 to 1.5.2's signatures
+# 1.5.3's entry points before its batch dimensions: ``[C, N, ...]`` / ``[nnz, ...]`` only, no ``batch_ids``,
+# and ``intersect_tile`` without ``segmented`` (gsplat/cuda/csrc/Intersect.cpp and Projection.cpp of each).
+
+
+def intersect_tile_150(
+    means2d, radii, depths, camera_ids, gaussian_ids, num_cameras, tile_size, tile_width, tile_height, sort
+):  # fmt: skip
+    """1.5.0 ``intersect_tile``: per-axis radii, no ``segmented``, the depth bits sign-extended as 1.4.0's
+    (csrc/IntersectTile.cu: ``(int64_t) * (int32_t *)&(depths[idx])``)."""
+    del gaussian_ids  # the kernel does not read it for the ids
+    return _intersect_per_axis(
+        means2d, radii, depths, camera_ids, num_cameras, tile_size, tile_width, tile_height, sort, False
+    )  # fmt: skip
+
+
+def intersect_tile_151(
+    means2d, radii, depths, camera_ids, gaussian_ids, num_cameras, tile_size, tile_width, tile_height, sort
+):  # fmt: skip
+    """1.5.1 and 1.5.2 ``intersect_tile``: 1.5.0's, with the depth bits zero-extended (1.5.1's
+    csrc/IntersectTile.cu: ``static_cast<uint32_t>(depth_i32)``, "tolerance for negative depth")."""
+    del gaussian_ids
+    return _intersect_per_axis(
+        means2d, radii, depths, camera_ids, num_cameras, tile_size, tile_width, tile_height, sort, True
+    )  # fmt: skip
+
+
+def projection_packed_fwd_150(
+    means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+    radius_clip, calc_compensations, camera_model,
+):  # fmt: skip
+    """1.5.0 to 1.5.2 ``projection_ewa_3dgs_packed_fwd``: 1.5.3's arguments (``opacities`` after ``scales``)
+    and 8 outputs without ``batch_ids``: ``(indptr [C + 1], camera_ids, gaussian_ids, radii [nnz, 2], means2d,
+    depths, conics, compensations)``, camera-major (csrc/Projection.cpp's ``std::make_tuple``)."""
+    indptr, _, *rest = projection_packed_fwd_153(
+        means, covars, quats, scales, opacities, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+        radius_clip, calc_compensations, camera_model,
+    )  # fmt: skip
+    return indptr, *rest

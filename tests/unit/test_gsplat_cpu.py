@@ -1,5 +1,5 @@
 """The gsplat CPU shim (tests/helpers/gsplat_cpu.py): gsplat's own Python functions run on it, on
-the installed gsplat (1.4.0 here, 1.5.3 under scripts/test_gsplat_next.sh), against gsplat's
+the installed gsplat (1.4.0 here, 1.5.0 to 1.5.3 under scripts/test_gsplat_next.sh), against gsplat's
 PyTorch references and the package's reference rasterizer.
 
 Tolerances, each where it is used:
@@ -26,6 +26,7 @@ import torch
 
 from distsplat_ns.gaussians.mcmc_relocation import relocation_opacity_scale
 from distsplat_ns.rendering import rasterization
+from distsplat_ns.rendering.gsplat_versions import parse_version
 from tests.helpers import gsplat_cpu
 from tests.helpers.scenes import assert_grads_close, random_scene
 
@@ -36,7 +37,8 @@ _COLOR_ATOL = 1e-5
 _GRAD_REL = 1e-4
 _EXACT = {"rtol": 0.0, "atol": 0.0}
 WIDTH, HEIGHT = 45, 37
-_PER_AXIS = tuple(int(x) for x in gsplat.__version__.split(".")[:2]) >= (1, 5)  # radii [..., 2] from 1.5.0
+_GSPLAT = parse_version(gsplat.__version__)
+_PER_AXIS = _GSPLAT >= (1, 5, 0)  # radii [..., 2] from 1.5.0
 
 
 @pytest.fixture(autouse=True)
@@ -125,6 +127,29 @@ def test_isect_tiles_gives_gsplats_reference_ids():
     assert got[1].numel() > 100
     for g, w, name in zip(got, want, ("tiles_per_gauss", "isect_ids", "flatten_ids"), strict=True):
         torch.testing.assert_close(g, w, **_EXACT, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_isect_ids_of_negative_depths_carry_the_releases_depth_bits():
+    # A negative depth's float32 bits go into the id's low 32 bits sign-extended by 1.4.0 and 1.5.0 and
+    # zero-extended from 1.5.1 (each release's csrc/IntersectTile.cu); the tile and image bits are those of
+    # the same entry at a positive depth (held to gsplat's reference above).
+    radii, means2d, depths, _, _ = _reference_projection(*[getattr(_scene(seed=3, extent=3.0), k) for k in
+                                                           ("means", "quats", "scales", "viewmats", "Ks")])  # fmt: skip
+    flipped = torch.where(torch.arange(depths.shape[-1]) % 3 == 0, -depths, depths)
+    _, ids, flat = gsplat.isect_tiles(means2d, radii, depths, 16, 3, 3, sort=False)
+    _, got, got_flat = gsplat.isect_tiles(means2d, radii, flipped, 16, 3, 3, sort=False)
+    torch.testing.assert_close(got_flat, flat, **_EXACT)
+    bits = flipped.reshape(-1)[flat.long()].contiguous().view(torch.int32).to(torch.int64)
+    zero_extends = _GSPLAT >= (1, 5, 1)
+    if zero_extends:
+        bits = bits & 0xFFFFFFFF
+    torch.testing.assert_close(got, (ids & ~0xFFFFFFFF) | bits, **_EXACT)
+    assert bool((got < 0).any()) != zero_extends  # negative depths were listed, and it shows
+    if _GSPLAT < (1, 5, 3):
+        # gsplat 1.5.3's own _isect_tiles cannot take a negative depth: it stores the zero-extended bits in
+        # an int32 tensor ("value cannot be converted to type int without overflow").
+        want = _torch_impl._isect_tiles(means2d, radii, flipped, 16, 3, 3, sort=False)
+        torch.testing.assert_close(got, want[1], **_EXACT)
 
 
 def test_packed_isect_tiles_lists_the_same_pairs_as_unpacked():

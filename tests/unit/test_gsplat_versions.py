@@ -2,8 +2,10 @@
 
 The table is checked for every release of the tested range, and against the installed gsplat: its
 keywords must be that gsplat's ``isect_tiles`` parameters, and its radii conversions must give what
-that gsplat's own PyTorch reference (``gsplat/cuda/_torch_impl.py``) returns and accepts. CI runs
-this file on gsplat 1.4.0 (scripts/test.sh) and 1.5.3 (scripts/test_gsplat_next.sh).
+that gsplat's own PyTorch reference (``gsplat/cuda/_torch_impl.py``) returns and accepts, and its
+packed rules must be what that gsplat's own wrappers do on the CPU shim (tests/helpers/gsplat_cpu.py).
+Runs on gsplat 1.4.0 (scripts/test.sh) and on any of 1.5.0 to 1.5.3 (scripts/test_gsplat_next.sh,
+``GSPLAT_VERSION``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from distsplat_ns.rendering import gsplat_backend
 from distsplat_ns.rendering.gsplat_versions import GsplatApi, gsplat_api, parse_version
+from tests.helpers import gsplat_cpu
 from tests.helpers.scenes import random_scene
 
 
@@ -38,18 +41,21 @@ def test_older_than_the_tested_range_is_refused():
 
 
 @pytest.mark.parametrize(
-    "version, per_axis, image_ids",
+    "version, per_axis, image_ids, backgrounds_ours",
     [
-        ("1.4.0", False, False),
-        ("1.4.9", False, False),
-        ("1.5.0", True, False),
-        ("1.5.2", True, False),
-        ("1.5.3", True, True),
+        ("1.4.0", False, False, False),
+        ("1.4.9", False, False, False),
+        # Read in each release's gsplat/cuda/_wrapper.py: 1.5.0 to 1.5.2 return radii [C, N, 2], keep
+        # isect_tiles' n_cameras/camera_ids, give 7 packed outputs and assert packed backgrounds [C, D].
+        ("1.5.0", True, False, False),
+        ("1.5.1", True, False, False),
+        ("1.5.2", True, False, False),
+        ("1.5.3", True, True, True),
     ],
 )
-def test_each_difference_starts_at_its_release(version, per_axis, image_ids):
+def test_each_difference_starts_at_its_release(version, per_axis, image_ids, backgrounds_ours):
     api = gsplat_api(version)
-    assert (api.radii_per_axis, api.image_ids) == (per_axis, image_ids)
+    assert (api.radii_per_axis, api.image_ids, api.packed_backgrounds_ours) == (per_axis, image_ids, backgrounds_ours)
     want_keys = {"n_images", "image_ids"} if image_ids else {"n_cameras", "camera_ids"}
     assert set(api.isect_ids_kwargs(2, torch.zeros(3, dtype=torch.int32))) == want_keys
     assert set(api.isect_ids_kwargs(2)) == want_keys - {"image_ids", "camera_ids"}
@@ -100,6 +106,46 @@ def test_table_matches_the_installed_gsplat():
     # gsplat's own reference asserts the radii shape of its release.
     tiles_per_gauss, _, _ = gsplat_torch._isect_tiles(means2d, api.radii_to_gsplat(contract), depths, 16, 3, 2)
     assert int(tiles_per_gauss.sum()) > 0
+
+
+def _packed_on_the_shim(gsplat):
+    """The installed gsplat's packed projection and tile intersection on the CPU shim, called as
+    ``rasterize_packed`` calls them: ``(api, outputs of the projection, rasterize_to_pixels' arguments)``."""
+    api = gsplat_backend._api()
+    s = random_scene(num_gaussians=30, num_cameras=2, width=40, height=32, seed=1)
+    outputs = gsplat.fully_fused_projection(s.means, None, s.quats, s.scales, s.viewmats, s.Ks, s.width, s.height,
+                                            packed=True)  # fmt: skip
+    camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = api.split_packed_projection(outputs)
+    _, isect_ids, flatten_ids = gsplat.isect_tiles(means2d, radii, depths, 16, 3, 2, packed=True,
+                                                   gaussian_ids=gaussian_ids, **api.isect_ids_kwargs(2, camera_ids))  # fmt: skip
+    offsets = gsplat.isect_offset_encode(isect_ids, 2, 3, 2)
+    nnz = camera_ids.numel()
+    assert nnz > 0
+    colors, opacities = torch.rand(nnz, 3, generator=torch.Generator().manual_seed(0)), torch.full((nnz,), 0.5)
+    return api, outputs, (means2d, conics, colors, opacities, s.width, s.height, 16, offsets, flatten_ids)
+
+
+def test_packed_projection_output_count_is_the_installed_gsplats():
+    gsplat = pytest.importorskip("gsplat")
+    with gsplat_cpu.installed():
+        api, outputs, _ = _packed_on_the_shim(gsplat)  # split_packed_projection raises on another count
+    assert len(outputs) == (8 if api.image_ids else 7)
+
+
+def test_packed_backgrounds_rule_is_the_installed_gsplats():
+    # packed_backgrounds_ours <=> this gsplat's packed rasterize_to_pixels refuses [C, D] backgrounds.
+    gsplat = pytest.importorskip("gsplat")
+    with gsplat_cpu.installed():
+        api, _, args = _packed_on_the_shim(gsplat)
+        backgrounds = torch.tensor([[0.2, 0.5, 0.9], [0.1, 0.1, 0.1]])
+        if api.packed_backgrounds_ours:
+            with pytest.raises(AssertionError):
+                gsplat.rasterize_to_pixels(*args, backgrounds=backgrounds, packed=True)
+            return
+        colors, alphas = gsplat.rasterize_to_pixels(*args, backgrounds=backgrounds, packed=True)
+        plain, _ = gsplat.rasterize_to_pixels(*args, packed=True)
+    # the kernel's rule, which rasterize_packed applies itself where gsplat refuses: colour + (1 - alpha) bg
+    torch.testing.assert_close(colors, plain + (1.0 - alphas) * backgrounds[:, None, None, :])
 
 
 def test_the_expected_gsplat_is_the_one_imported():
